@@ -1,0 +1,68 @@
+#pragma once
+/// \file
+/// The error kinds of eredu, as a std::error_code enum (category "eredu").
+///
+/// Every failure eredu reports carries one of these kinds; the accompanying
+/// eredu::Error adds the file, tensor and offset it concerns.
+
+#include <system_error>
+
+namespace eredu {
+
+/// Kinds of failure, grouped by layer. Values are stable: they may be logged.
+enum class errc {
+  // --- checkpoint format: safetensors header (order of the reference parser's checks) ---
+  header_too_small = 1,      ///< file shorter than the 8-byte length prefix
+  header_too_large,          ///< header length above 100,000,000 bytes
+  invalid_header_length,     ///< 8 + header length overflows or exceeds the file size
+  invalid_header_utf8,       ///< header bytes are not valid UTF-8
+  invalid_header_json,       ///< header is not strict JSON (syntax, trailing bytes, nesting)
+  header_not_object,         ///< header JSON is valid but its top level is not an object
+  invalid_tensor_entry,      ///< a tensor's value is not an object
+  missing_field,             ///< a tensor lacks dtype, shape or data_offsets
+  duplicate_field,           ///< a tensor or the header repeats a field
+  unknown_dtype,             ///< dtype is not one of the 22 known names
+  invalid_shape,             ///< shape is not an array of non-negative integers < 2^64
+  invalid_data_offsets,      ///< data_offsets is not an array of exactly two u64 integers
+  invalid_metadata,          ///< __metadata__ is not null or a string-to-string object
+  duplicate_tensor,          ///< the same tensor name appears twice
+  invalid_offset,            ///< data_offsets leave a gap, overlap, or run backwards
+  size_overflow,             ///< elements or bytes overflow 64 bits
+  misaligned_slice,          ///< a sub-byte dtype whose bit count is not a whole byte
+  tensor_size_mismatch,      ///< end - begin differs from elements x dtype bits / 8
+  incomplete_data,           ///< data does not end exactly at end of file
+  // --- checkpoint format: sharded index and file discovery ---
+  invalid_index,             ///< model.safetensors.index.json is malformed
+  shard_missing,             ///< a shard named by the index does not exist
+  tensor_missing_from_shard, ///< the index maps a tensor to a shard that lacks it
+  tensor_in_two_shards,      ///< a tensor appears in two shards
+  tensor_not_in_index,       ///< a shard holds a tensor the index does not list
+  unknown_format,            ///< no checkpoint format recognises the file
+  // --- reading ---
+  tensor_not_found,          ///< a request names a tensor the catalog lacks
+  invalid_selection,         ///< a selection's rank or ranges do not fit the tensor
+  exceeds_budget,            ///< a RequireBounded request is larger than the lease pool
+  io_error,                  ///< the operating system failed a read (errno in the message)
+  unexpected_eof,            ///< the file ended before the tensor's bytes (truncated)
+  file_changed,              ///< the file's size changed since it was opened
+  direct_io_unsupported,     ///< --direct on, but the file system refuses O_DIRECT
+  uring_unavailable,         ///< io_uring was requested but cannot be set up
+  cancelled,                 ///< the operation was cancelled or its owner destroyed
+  invalid_argument,          ///< an option or argument is out of range
+};
+
+/// The category of eredu::errc values.
+const std::error_category& error_category() noexcept;
+
+/// Makes an error_code of the eredu category.
+inline std::error_code make_error_code(errc e) noexcept {
+  return {static_cast<int>(e), error_category()};
+}
+
+/// Short stable identifier of a kind ("invalid_offset"); used in JSON output.
+const char* errc_name(errc e) noexcept;
+
+}  // namespace eredu
+
+template <>
+struct std::is_error_code_enum<eredu::errc> : std::true_type {};

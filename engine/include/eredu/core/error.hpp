@@ -1,0 +1,46 @@
+#pragma once
+/// \file
+/// eredu::Error: a typed error (an errc kind) with a message that names what failed.
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+
+#include "eredu/core/errc.hpp"
+
+namespace eredu {
+
+/// Where an error happened: every field that is known is named in the message.
+struct ErrorContext {
+  std::string file;                    ///< path of the file concerned, if any
+  std::string tensor;                  ///< tensor name concerned, if any
+  std::optional<std::uint64_t> offset; ///< absolute byte offset in the file, if any
+  std::error_code os_error;            ///< errno-based cause for I/O errors, if any
+};
+
+/// Exception thrown (or carried in std::exception_ptr by async operations) for every
+/// eredu failure. code() is the kind; what() reads
+/// "<file>: tensor '<name>' at offset <n>: <detail>" with the unknown parts left out.
+class Error : public std::system_error {
+ public:
+  /// Builds the message from the context and a detail sentence.
+  Error(errc kind, ErrorContext context, const std::string& detail);
+
+  /// The kind of failure.
+  errc kind() const noexcept { return static_cast<errc>(code().value()); }
+  /// File, tensor and offset the failure concerns.
+  const ErrorContext& context() const noexcept { return context_; }
+  /// The detail sentence without the context prefix.
+  const std::string& detail() const noexcept { return detail_; }
+  /// The whole message (std::system_error would append the category text again).
+  const char* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  ErrorContext context_;
+  std::string detail_;
+  std::string message_;
+};
+
+}  // namespace eredu

@@ -1,0 +1,122 @@
+#include "eredu/core/error.hpp"
+
+#include <fmt/format.h>
+
+namespace eredu {
+namespace {
+
+class Category final : public std::error_category {
+ public:
+  const char* name() const noexcept override { return "eredu"; }
+  std::string message(int value) const override {
+    switch (static_cast<errc>(value)) {
+      case errc::header_too_small: return "file too small for a safetensors header";
+      case errc::header_too_large: return "header length exceeds 100,000,000 bytes";
+      case errc::invalid_header_length: return "header length exceeds the file";
+      case errc::invalid_header_utf8: return "header is not valid UTF-8";
+      case errc::invalid_header_json: return "header is not valid JSON";
+      case errc::header_not_object: return "header is not a JSON object";
+      case errc::invalid_tensor_entry: return "tensor entry is not an object";
+      case errc::missing_field: return "tensor entry lacks a required field";
+      case errc::duplicate_field: return "field given twice";
+      case errc::unknown_dtype: return "unknown dtype";
+      case errc::invalid_shape: return "invalid shape";
+      case errc::invalid_data_offsets: return "invalid data_offsets";
+      case errc::invalid_metadata: return "__metadata__ is not a string-to-string map";
+      case errc::duplicate_tensor: return "duplicate tensor name";
+      case errc::invalid_offset: return "tensor data offsets do not tile the data region";
+      case errc::size_overflow: return "size computation overflows";
+      case errc::misaligned_slice: return "bit count is not a whole number of bytes";
+      case errc::tensor_size_mismatch: return "byte range does not match shape and dtype";
+      case errc::incomplete_data: return "data does not end at end of file";
+      case errc::invalid_index: return "invalid sharded-checkpoint index";
+      case errc::shard_missing: return "shard file missing";
+      case errc::tensor_missing_from_shard: return "tensor missing from its shard";
+      case errc::tensor_in_two_shards: return "tensor present in two shards";
+      case errc::tensor_not_in_index: return "tensor not listed in the index";
+      case errc::unknown_format: return "unknown checkpoint format";
+      case errc::tensor_not_found: return "tensor not found";
+      case errc::invalid_selection: return "invalid selection";
+      case errc::exceeds_budget: return "request larger than the staging budget";
+      case errc::io_error: return "I/O error";
+      case errc::unexpected_eof: return "unexpected end of file";
+      case errc::file_changed: return "file changed since it was opened";
+      case errc::direct_io_unsupported: return "O_DIRECT unsupported";
+      case errc::uring_unavailable: return "io_uring unavailable";
+      case errc::cancelled: return "cancelled";
+      case errc::invalid_argument: return "invalid argument";
+    }
+    return "unknown eredu error";
+  }
+};
+
+}  // namespace
+
+const std::error_category& error_category() noexcept {
+  static const Category category;
+  return category;
+}
+
+const char* errc_name(errc e) noexcept {
+  switch (e) {
+#define EREDU_ERRC_NAME(x) \
+  case errc::x: return #x;
+    EREDU_ERRC_NAME(header_too_small)
+    EREDU_ERRC_NAME(header_too_large)
+    EREDU_ERRC_NAME(invalid_header_length)
+    EREDU_ERRC_NAME(invalid_header_utf8)
+    EREDU_ERRC_NAME(invalid_header_json)
+    EREDU_ERRC_NAME(header_not_object)
+    EREDU_ERRC_NAME(invalid_tensor_entry)
+    EREDU_ERRC_NAME(missing_field)
+    EREDU_ERRC_NAME(duplicate_field)
+    EREDU_ERRC_NAME(unknown_dtype)
+    EREDU_ERRC_NAME(invalid_shape)
+    EREDU_ERRC_NAME(invalid_data_offsets)
+    EREDU_ERRC_NAME(invalid_metadata)
+    EREDU_ERRC_NAME(duplicate_tensor)
+    EREDU_ERRC_NAME(invalid_offset)
+    EREDU_ERRC_NAME(size_overflow)
+    EREDU_ERRC_NAME(misaligned_slice)
+    EREDU_ERRC_NAME(tensor_size_mismatch)
+    EREDU_ERRC_NAME(incomplete_data)
+    EREDU_ERRC_NAME(invalid_index)
+    EREDU_ERRC_NAME(shard_missing)
+    EREDU_ERRC_NAME(tensor_missing_from_shard)
+    EREDU_ERRC_NAME(tensor_in_two_shards)
+    EREDU_ERRC_NAME(tensor_not_in_index)
+    EREDU_ERRC_NAME(unknown_format)
+    EREDU_ERRC_NAME(tensor_not_found)
+    EREDU_ERRC_NAME(invalid_selection)
+    EREDU_ERRC_NAME(exceeds_budget)
+    EREDU_ERRC_NAME(io_error)
+    EREDU_ERRC_NAME(unexpected_eof)
+    EREDU_ERRC_NAME(file_changed)
+    EREDU_ERRC_NAME(direct_io_unsupported)
+    EREDU_ERRC_NAME(uring_unavailable)
+    EREDU_ERRC_NAME(cancelled)
+    EREDU_ERRC_NAME(invalid_argument)
+#undef EREDU_ERRC_NAME
+  }
+  return "unknown";
+}
+
+namespace {
+std::string compose(const ErrorContext& c, errc kind, const std::string& detail) {
+  std::string out;
+  if (!c.file.empty()) fmt::format_to(std::back_inserter(out), "{}: ", c.file);
+  if (!c.tensor.empty()) fmt::format_to(std::back_inserter(out), "tensor '{}': ", c.tensor);
+  if (c.offset) fmt::format_to(std::back_inserter(out), "at offset {}: ", *c.offset);
+  fmt::format_to(std::back_inserter(out), "{} [{}]", detail, errc_name(kind));
+  if (c.os_error) fmt::format_to(std::back_inserter(out), " ({})", c.os_error.message());
+  return out;
+}
+}  // namespace
+
+Error::Error(errc kind, ErrorContext context, const std::string& detail)
+    : std::system_error(make_error_code(kind)),
+      context_(std::move(context)),
+      detail_(detail),
+      message_(compose(context_, kind, detail_)) {}
+
+}  // namespace eredu

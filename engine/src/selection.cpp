@@ -1,0 +1,112 @@
+#include "eredu/core/selection.hpp"
+
+#include <fmt/format.h>
+
+namespace eredu {
+
+Selection Selection::rows(const Shape& shape, std::uint64_t start, std::uint64_t stop) {
+  Selection s;
+  for (std::size_t d = 0; d < shape.size(); ++d) s.ranges.push_back({0, shape[d]});
+  if (!s.ranges.empty()) s.ranges.front() = {start, stop};
+  return s;
+}
+
+Selection Selection::columns(const Shape& shape, std::uint64_t start, std::uint64_t stop) {
+  Selection s;
+  for (std::size_t d = 0; d < shape.size(); ++d) s.ranges.push_back({0, shape[d]});
+  if (!s.ranges.empty()) s.ranges.back() = {start, stop};
+  return s;
+}
+
+Shape Selection::selected_shape(const Shape& shape) const {
+  if (ranges.empty()) return shape;
+  Shape out;
+  out.reserve(ranges.size());
+  for (const auto& r : ranges) out.push_back(r.size());
+  return out;
+}
+
+std::string Selection::check(const Shape& shape) const {
+  if (ranges.empty()) return {};
+  if (ranges.size() != shape.size()) {
+    return fmt::format("selection has {} ranges but the tensor has rank {}", ranges.size(),
+                       shape.size());
+  }
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    const auto& r = ranges[d];
+    if (r.start > r.stop || r.stop > shape[d]) {
+      return fmt::format("range {}:{} of dimension {} does not fit its size {}", r.start, r.stop,
+                         d, shape[d]);
+    }
+  }
+  return {};
+}
+
+std::string Selection::to_string() const {
+  if (ranges.empty()) return "[all]";
+  std::string out = "[";
+  for (std::size_t d = 0; d < ranges.size(); ++d) {
+    if (d) out += ", ";
+    out += fmt::format("{}:{}", ranges[d].start, ranges[d].stop);
+  }
+  return out + "]";
+}
+
+std::vector<ByteRun> selection_runs(const Shape& shape, DType dtype, const Selection& selection) {
+  const std::uint64_t elem_bits = dtype_bits(dtype);
+  std::vector<ByteRun> runs;
+  if (selection.is_all()) {
+    auto n = checked_element_count(shape);
+    auto bytes = n ? checked_byte_size(*n, dtype) : std::nullopt;
+    if (bytes && *bytes) runs.push_back({0, 0, *bytes});
+    return runs;
+  }
+  const std::uint64_t elem = elem_bits / 8;
+  const std::size_t rank = shape.size();
+  for (const auto& r : selection.ranges) {
+    if (r.size() == 0) return runs;  // nothing selected
+  }
+  // Find the innermost dimension that is not selected whole: everything inside it is
+  // one contiguous run per index of the outer dimensions.
+  std::size_t k = rank;  // k == rank: every dimension whole
+  for (std::size_t d = rank; d-- > 0;) {
+    if (selection.ranges[d].start != 0 || selection.ranges[d].stop != shape[d]) {
+      k = d;
+      break;
+    }
+  }
+  // stride[d] = bytes between consecutive indices of dimension d.
+  std::vector<std::uint64_t> stride(rank + 1, elem);
+  for (std::size_t d = rank; d-- > 0;) stride[d] = stride[d + 1] * shape[d];
+  if (k == rank) {
+    if (stride[0]) runs.push_back({0, 0, stride[0]});
+    return runs;
+  }
+  const std::uint64_t run_len = selection.ranges[k].size() * stride[k + 1];
+  const std::uint64_t run_base = selection.ranges[k].start * stride[k + 1];
+  // Odometer over the outer dimensions [0, k); index i of dimension d advances the
+  // source by stride[d + 1] bytes.
+  std::vector<std::uint64_t> idx(k);
+  for (std::size_t d = 0; d < k; ++d) idx[d] = selection.ranges[d].start;
+  std::uint64_t dest = 0;
+  while (true) {
+    std::uint64_t src = run_base;
+    for (std::size_t d = 0; d < k; ++d) src += idx[d] * stride[d + 1];
+    if (!runs.empty() && runs.back().source_offset + runs.back().length == src) {
+      runs.back().length += run_len;
+    } else {
+      runs.push_back({src, dest, run_len});
+    }
+    dest += run_len;
+    std::size_t d = k;
+    while (d > 0) {
+      --d;
+      if (++idx[d] < selection.ranges[d].stop) break;
+      idx[d] = selection.ranges[d].start;
+      if (d == 0) return runs;
+    }
+    if (k == 0) return runs;
+  }
+}
+
+}  // namespace eredu
