@@ -1,0 +1,212 @@
+#include "eredu/io/open_catalog.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <unordered_map>
+#include <utility>
+
+#include "eredu/core/error.hpp"
+#include "eredu/io/checkpoint_format.hpp"
+#include "eredu/io/sharded_index.hpp"
+
+namespace eredu::io {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr std::string_view index_file_name = "model.safetensors.index.json";
+
+// Owns a file descriptor for the duration of a header parse.
+class FileDescriptor {
+ public:
+  explicit FileDescriptor(int fd) noexcept : fd_(fd) {}
+  ~FileDescriptor() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  int get() const noexcept { return fd_; }
+
+ private:
+  int fd_;
+};
+
+std::error_code last_os_error() noexcept { return {errno, std::system_category()}; }
+
+// One parsed file: what goes into the catalog.
+struct ParsedFile {
+  CheckpointFile file;
+  std::vector<TensorInfo> tensors;
+};
+
+const CheckpointFormat& pick_format(std::span<const std::byte> head, std::string_view path) {
+  const auto formats = checkpoint_formats();
+  for (const CheckpointFormat* f : formats) {
+    if (f->probe(head, path)) return *f;
+  }
+  return *formats.back();
+}
+
+// Parses the checkpoint file at `path`. `missing` is the error kind for a file that does
+// not exist (shard_missing for shards, io_error otherwise); `why` explains who named it.
+ParsedFile parse_file(const std::string& path, errc missing, const std::string& why) {
+  FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    const auto err = last_os_error();
+    const errc kind = err == std::errc::no_such_file_or_directory ? missing : errc::io_error;
+    throw Error(kind, {.file = path, .os_error = err},
+                why.empty() ? std::string("cannot open the checkpoint file") : why);
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) {
+    throw Error(errc::io_error, {.file = path, .os_error = last_os_error()}, "cannot stat the checkpoint file");
+  }
+  if (!S_ISREG(st.st_mode)) {
+    throw Error(errc::unknown_format, {.file = path}, "not a regular file, so not a checkpoint");
+  }
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  std::array<std::byte, 64> head{};
+  std::size_t got = 0;
+  while (got < head.size() && got < size) {
+    const ssize_t r = ::pread(fd.get(), head.data() + got, head.size() - got, static_cast<off_t>(got));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw Error(errc::io_error, {.file = path, .offset = got, .os_error = last_os_error()},
+                  "cannot read the start of the checkpoint file");
+    }
+    if (r == 0) break;
+    got += static_cast<std::size_t>(r);
+  }
+  const CheckpointFormat& format = pick_format(std::span(head.data(), got), path);
+  FileLayout layout = format.parse(fd.get(), size, path);
+  ParsedFile out;
+  out.file.path = path;
+  out.file.format = layout.format.empty() ? std::string(format.name()) : layout.format;
+  out.file.size = size;
+  out.file.data_offset = layout.data_offset;
+  out.file.metadata = std::move(layout.metadata);
+  out.tensors = std::move(layout.tensors);
+  return out;
+}
+
+void add_to_catalog(Catalog& catalog, ParsedFile&& parsed) {
+  const std::uint32_t index = catalog.add_file(std::move(parsed.file));
+  for (auto& t : parsed.tensors) {
+    t.file = index;
+    catalog.add_tensor(std::move(t));
+  }
+}
+
+Catalog open_single(const std::string& path) {
+  ParsedFile parsed = parse_file(path, errc::io_error, {});
+  Catalog catalog;
+  catalog.set_metadata(parsed.file.metadata);
+  add_to_catalog(catalog, std::move(parsed));
+  return catalog;
+}
+
+Catalog open_sharded(const fs::path& index_path) {
+  const std::string index_name = index_path.string();
+  const ShardedIndex index = read_sharded_index(index_name);
+  const fs::path dir = index_path.parent_path();
+
+  std::vector<ParsedFile> shards;
+  std::unordered_map<std::string_view, std::size_t> shard_of_name;  // shard file name -> shards[i]
+  const std::vector<std::string> names = index.shards();
+  shards.reserve(names.size());
+  for (const auto& name : names) {
+    std::size_t listed = 0;
+    for (const auto& entry : index.weight_map) listed += entry.second == name;
+    shards.push_back(parse_file((dir / name).string(), errc::shard_missing,
+                                fmt::format("shard named by {} for {} tensors does not exist",
+                                            index_name, listed)));
+    shard_of_name.emplace(name, shards.size() - 1);
+  }
+
+  // Where each tensor actually is (first shard that has it).
+  std::unordered_map<std::string_view, std::size_t> found;
+  for (std::size_t s = 0; s < shards.size(); ++s) {
+    for (const auto& t : shards[s].tensors) found.try_emplace(t.name, s);
+  }
+
+  // The checks of st_check.py, in its order.
+  for (const auto& [tensor, shard] : index.weight_map) {
+    const auto& in_named = shards[shard_of_name.at(shard)];
+    const bool present = std::any_of(in_named.tensors.begin(), in_named.tensors.end(),
+                                     [&](const TensorInfo& t) { return t.name == tensor; });
+    if (!present) {
+      auto it = found.find(tensor);
+      throw Error(errc::tensor_missing_from_shard, {.file = in_named.file.path, .tensor = tensor},
+                  fmt::format("{} maps the tensor to this shard, but the shard does not contain it{}",
+                              index_name,
+                              it == found.end() ? std::string("; no shard does")
+                                                : fmt::format("; it is in {}", shards[it->second].file.path)));
+    }
+  }
+  for (std::size_t s = 0; s < shards.size(); ++s) {
+    for (const auto& t : shards[s].tensors) {
+      const std::size_t first = found.at(t.name);
+      if (first != s) {
+        throw Error(errc::tensor_in_two_shards, {.file = shards[s].file.path, .tensor = t.name, .offset = t.offset},
+                    fmt::format("the tensor is also in {}", shards[first].file.path));
+      }
+    }
+  }
+  std::unordered_map<std::string_view, std::string_view> listed;
+  listed.reserve(index.weight_map.size());
+  for (const auto& [tensor, shard] : index.weight_map) listed.emplace(tensor, shard);
+  for (const auto& shard : shards) {
+    for (const auto& t : shard.tensors) {
+      if (!listed.contains(t.name)) {
+        throw Error(errc::tensor_not_in_index, {.file = shard.file.path, .tensor = t.name, .offset = t.offset},
+                    fmt::format("the shard holds this tensor but {} does not list it", index_name));
+      }
+    }
+  }
+
+  Catalog catalog;
+  catalog.set_metadata(index.metadata);
+  for (auto& shard : shards) add_to_catalog(catalog, std::move(shard));
+  return catalog;
+}
+
+}  // namespace
+
+Catalog open_catalog(const fs::path& path) {
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (ec) throw Error(errc::io_error, {.file = path.string(), .os_error = ec}, "cannot open the checkpoint");
+  if (fs::is_directory(status)) {
+    const fs::path index = path / index_file_name;
+    if (fs::exists(index, ec)) return open_sharded(index);
+    std::vector<fs::path> candidates;
+    for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
+      const auto& p = it->path();
+      if (p.extension() == ".safetensors" && it->is_regular_file(ec)) candidates.push_back(p);
+    }
+    if (ec) throw Error(errc::io_error, {.file = path.string(), .os_error = ec}, "cannot list the directory");
+    std::sort(candidates.begin(), candidates.end());
+    if (candidates.size() == 1) return open_single(candidates.front().string());
+    if (candidates.empty()) {
+      throw Error(errc::unknown_format, {.file = path.string()},
+                  fmt::format("the directory holds no checkpoint: no {} and no *.safetensors file",
+                              index_file_name));
+    }
+    throw Error(errc::unknown_format, {.file = path.string()},
+                fmt::format("the directory holds {} *.safetensors files ({}, {}, ...) and no {}; open "
+                            "one file, or the index of a sharded checkpoint",
+                            candidates.size(), candidates[0].filename().string(),
+                            candidates[1].filename().string(), index_file_name));
+  }
+  const std::string name = path.filename().string();
+  if (name.ends_with(".index.json")) return open_sharded(path);
+  return open_single(path.string());
+}
+
+}  // namespace eredu::io
