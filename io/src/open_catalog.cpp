@@ -136,8 +136,10 @@ Catalog open_sharded(const fs::path& index_path) {
   }
 
   // The checks of st_check.py, in its order.
-  for (const auto& [tensor, shard] : index.weight_map) {
-    const auto& in_named = shards[shard_of_name.at(shard)];
+  for (const auto& mapping : index.weight_map) {
+    // Named, not a structured binding: clang 14 cannot capture bindings in lambdas.
+    const std::string& tensor = mapping.first;
+    const auto& in_named = shards[shard_of_name.at(mapping.second)];
     const bool present = std::any_of(in_named.tensors.begin(), in_named.tensors.end(),
                                      [&](const TensorInfo& t) { return t.name == tensor; });
     if (!present) {
