@@ -113,9 +113,12 @@ class HeaderChecker {
   }
 
   Entry check_entry(std::string_view name, const json::Value& value) {
-    const std::string tensor(name);
+    // Built only when an error is thrown: a million-tensor header must not pay for it.
+    auto ctx = [&](const json::Value& at_value) {
+      return ErrorContext{.file = path_, .tensor = std::string(name), .offset = at(at_value)};
+    };
     if (value.kind() != json::Kind::object) {
-      throw Error(errc::invalid_tensor_entry, {.file = path_, .tensor = tensor, .offset = at(value)},
+      throw Error(errc::invalid_tensor_entry, ctx(value),
                   fmt::format("tensor entry must be an object with dtype, shape and data_offsets, "
                               "not a {}",
                               describe(value)));
@@ -126,7 +129,7 @@ class HeaderChecker {
     bool has_dtype = false, has_shape = false, has_offsets = false;
     auto once = [&](bool& seen, const json::Value& key) {
       if (seen) {
-        throw Error(errc::duplicate_field, {.file = path_, .tensor = tensor, .offset = at(key)},
+        throw Error(errc::duplicate_field, ctx(key),
                     fmt::format("field `{}` given twice", key.as_string()));
       }
       seen = true;
@@ -139,7 +142,7 @@ class HeaderChecker {
         std::optional<DType> dt;
         if (v.kind() == json::Kind::string) dt = dtype_from_name(v.as_string());
         if (!dt) {
-          throw Error(errc::unknown_dtype, {.file = path_, .tensor = tensor, .offset = at(v)},
+          throw Error(errc::unknown_dtype, ctx(v),
                       fmt::format("unknown dtype {}; expected one of the 22 case-sensitive "
                                   "safetensors names (BOOL, U8, F16, BF16, F32, ...)",
                                   describe(v)));
@@ -148,7 +151,7 @@ class HeaderChecker {
       } else if (field == "shape") {
         once(has_shape, m.key);
         if (v.kind() != json::Kind::array) {
-          throw Error(errc::invalid_shape, {.file = path_, .tensor = tensor, .offset = at(v)},
+          throw Error(errc::invalid_shape, ctx(v),
                       fmt::format("shape must be an array of non-negative integers, not a {}",
                                   describe(v)));
         }
@@ -157,7 +160,7 @@ class HeaderChecker {
         for (const auto& d : v.items()) {
           auto dim = d.as_u64();
           if (!dim) {
-            throw Error(errc::invalid_shape, {.file = path_, .tensor = tensor, .offset = at(d)},
+            throw Error(errc::invalid_shape, ctx(d),
                         fmt::format("shape dimension {} is {}; dimensions are integer literals "
                                     "from 0 to 18446744073709551615",
                                     i, describe(d)));
@@ -168,7 +171,7 @@ class HeaderChecker {
       } else if (field == "data_offsets") {
         once(has_offsets, m.key);
         if (v.kind() != json::Kind::array || v.size() != 2) {
-          throw Error(errc::invalid_data_offsets, {.file = path_, .tensor = tensor, .offset = at(v)},
+          throw Error(errc::invalid_data_offsets, ctx(v),
                       fmt::format("data_offsets must be an array of exactly two integers "
                                   "[begin, end], not a {}{}",
                                   describe(v),
@@ -181,7 +184,7 @@ class HeaderChecker {
         for (const auto& x : v.items()) {
           auto n = x.as_u64();
           if (!n) {
-            throw Error(errc::invalid_data_offsets, {.file = path_, .tensor = tensor, .offset = at(x)},
+            throw Error(errc::invalid_data_offsets, ctx(x),
                         fmt::format("data_offsets[{}] is {}; offsets are integer literals from 0 "
                                     "to 18446744073709551615",
                                     k, describe(x)));
@@ -195,7 +198,7 @@ class HeaderChecker {
     }
     const char* missing = !has_dtype ? "dtype" : !has_shape ? "shape" : !has_offsets ? "data_offsets" : nullptr;
     if (missing) {
-      throw Error(errc::missing_field, {.file = path_, .tensor = tensor, .offset = at(value)},
+      throw Error(errc::missing_field, ctx(value),
                   fmt::format("tensor entry lacks the required field `{}`", missing));
     }
     return e;
@@ -203,18 +206,22 @@ class HeaderChecker {
 
   void validate_offsets(std::vector<Entry>& entries, FileLayout& layout) {
     // Metadata::validate walks tensors by (begin, end); JSON key order does not matter.
-    std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    auto by_range = [](const Entry& a, const Entry& b) {
       return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-    });
+    };
+    // Writers emit offset order almost always; skip the sort (and its buffer) then.
+    if (!std::is_sorted(entries.begin(), entries.end(), by_range)) {
+      std::stable_sort(entries.begin(), entries.end(), by_range);
+    }
     std::uint64_t start = 0;
     for (const auto& e : entries) {
-      const ErrorContext where{.file = path_, .tensor = std::string(e.name), .offset = e.header_offset};
+      auto where = [&] { return ErrorContext{.file = path_, .tensor = std::string(e.name), .offset = e.header_offset}; };
       if (e.end < e.begin) {
-        throw Error(errc::invalid_offset, where,
+        throw Error(errc::invalid_offset, where(),
                     fmt::format("data_offsets [{}, {}] end before they begin", e.begin, e.end));
       }
       if (e.begin != start) {
-        throw Error(errc::invalid_offset, where,
+        throw Error(errc::invalid_offset, where(),
                     fmt::format("data_offsets [{}, {}] begin at {} but the previous tensor ends at "
                                 "{} ({})",
                                 e.begin, e.end, e.begin, start,
@@ -223,25 +230,25 @@ class HeaderChecker {
       start = e.end;
       const auto elements = checked_element_count(e.shape);
       if (!elements) {
-        throw Error(errc::size_overflow, where,
+        throw Error(errc::size_overflow, where(),
                     fmt::format("the element count of shape {} overflows 64 bits",
                                 format_shape(e.shape)));
       }
       std::uint64_t bits = 0;
       if (__builtin_mul_overflow(*elements, std::uint64_t{dtype_bits(e.dtype)}, &bits)) {
-        throw Error(errc::size_overflow, where,
+        throw Error(errc::size_overflow, where(),
                     fmt::format("{} {}: {} elements x {} bits overflows 64 bits", dtype_name(e.dtype),
                                 format_shape(e.shape), *elements, dtype_bits(e.dtype)));
       }
       if (bits % 8 != 0) {
-        throw Error(errc::misaligned_slice, where,
+        throw Error(errc::misaligned_slice, where(),
                     fmt::format("{} {}: {} elements x {} bits = {} bits is not a whole number of "
                                 "bytes",
                                 dtype_name(e.dtype), format_shape(e.shape), *elements,
                                 dtype_bits(e.dtype), bits));
       }
       if (e.end - e.begin != bits / 8) {
-        throw Error(errc::tensor_size_mismatch, where,
+        throw Error(errc::tensor_size_mismatch, where(),
                     fmt::format("data_offsets [{}, {}] hold {} bytes but {} {} needs {}", e.begin,
                                 e.end, e.end - e.begin, dtype_name(e.dtype), format_shape(e.shape),
                                 bits / 8));
