@@ -17,11 +17,17 @@
 ///
 /// Neither N nor the data needs to be aligned. Checks run in the reference's order, so the
 /// error kind of a file that breaks several rules is the first rule it breaks:
-/// header_too_small, header_too_large, invalid_header_length, invalid_header_utf8,
-/// invalid_header_json, header_not_object, the schema (invalid_metadata, duplicate_field,
-/// invalid_tensor_entry, unknown_dtype, invalid_shape, invalid_data_offsets, missing_field,
-/// duplicate_tensor), then, in (begin, end) order, invalid_offset, size_overflow,
-/// misaligned_slice, tensor_size_mismatch, and finally incomplete_data.
+///  1. header_too_small, header_too_large (a Git LFS pointer is named as such),
+///     invalid_header_length, invalid_header_utf8, invalid_header_json, header_not_object;
+///  2. the schema: `__metadata__` first wherever it sits (invalid_metadata, or duplicate_field
+///     when given twice), then each tensor entry in header order: invalid_tensor_entry, its
+///     fields as they appear (duplicate_field, unknown_dtype, invalid_shape,
+///     invalid_data_offsets), missing_field, and duplicate_tensor for a name seen before
+///     (the reference silently keeps the last one; eredu refuses); unknown fields are ignored;
+///  3. per tensor in (begin, end) order: invalid_offset, size_overflow, misaligned_slice,
+///     tensor_size_mismatch;
+///  4. incomplete_data unless the last tensor ends exactly at end of file.
+/// All arithmetic on file values is overflow-checked.
 
 #include <cstdint>
 #include <span>
