@@ -1,0 +1,181 @@
+#pragma once
+/// \file
+/// eredu::io::CheckpointSource: an open checkpoint that serves TensorReadRequests as leases.
+///
+/// It owns the catalog, the open files, the lease pool and a reader. Every read is an
+/// Asio asynchronous operation, so a caller may `co_await` it with asio::use_awaitable,
+/// pass a callback, or take a std::future with asio::use_future:
+///
+/// \code
+///   auto source = co_await io::async_open_checkpoint(ex, "model/", {}, asio::use_awaitable);
+///   io::Lease w = co_await source->async_read({"model.embed_tokens.weight"}, asio::use_awaitable);
+///   consume(w.bytes());   // drop `w` to return its staging memory
+/// \endcode
+///
+/// Failures arrive as an eredu::Error (in the std::exception_ptr of the completion, thrown
+/// by co_await) whose code() is the errc kind and whose message names file, tensor and
+/// offset. Leases must be dropped before the source is destroyed.
+///
+/// g++ 12 note: inside a coroutine, name the request (`TensorReadRequest r{key};
+/// co_await source->async_read(r, ...)`) rather than writing a temporary in the co_await
+/// expression: that compiler relocates such temporaries bitwise, corrupting std::string.
+
+#include <asio/any_io_executor.hpp>
+#include <asio/async_result.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/co_spawn.hpp>
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "eredu/io/catalog.hpp"
+#include "eredu/io/lease.hpp"
+#include "eredu/io/lease_pool.hpp"
+#include "eredu/io/open_file.hpp"
+#include "eredu/io/reader.hpp"
+#include "eredu/io/tensor_read_request.hpp"
+
+namespace eredu::io {
+
+/// Everything configurable about a CheckpointSource.
+struct SourceOptions {
+  LeasePoolOptions pool;   ///< staging budget (default 256 MiB)
+  ReaderOptions reader;    ///< reader kind, depth, request size, O_DIRECT policy
+  /// Largest chunk of a chunked read (clamped so a chunk's window fits the budget).
+  std::size_t chunk_bytes = std::size_t{64} << 20;
+};
+
+class ChunkStream;
+
+/// An open checkpoint (see file comment). Not movable: readers and leases point into it.
+class CheckpointSource {
+ public:
+  /// Opens the checkpoint at `path` (file, directory or index) and its files, creates the
+  /// pool and the reader (io_uring, or pread where io_uring is unavailable, with a log
+  /// line). Blocking; throws eredu::Error. Prefer async_open_checkpoint on an event loop.
+  static std::unique_ptr<CheckpointSource> open(asio::any_io_executor executor,
+                                                const std::filesystem::path& path,
+                                                const SourceOptions& options = {});
+  ~CheckpointSource();
+  CheckpointSource(const CheckpointSource&) = delete;
+  CheckpointSource& operator=(CheckpointSource&&) = delete;
+  CheckpointSource& operator=(const CheckpointSource&) = delete;
+
+  /// Executor completions run on when a handler has none of its own.
+  const asio::any_io_executor& get_executor() const noexcept { return executor_; }
+  /// The checkpoint's tensors.
+  const Catalog& catalog() const noexcept { return catalog_; }
+  /// The staging pool (budget, high-water mark).
+  LeasePool& pool() noexcept { return *pool_; }
+  /// The reader in use.
+  Reader& reader() noexcept { return *reader_; }
+  /// The options the source was opened with.
+  const SourceOptions& options() const noexcept { return options_; }
+
+  /// Reads the request's bytes into one lease.
+  ///
+  /// Completion signature: void(std::exception_ptr, Lease). Errors: tensor_not_found,
+  /// invalid_selection, exceeds_budget (the selection is larger than the pool: use
+  /// stream()), io_error, unexpected_eof, direct_io_unsupported, cancelled. Waits while
+  /// the pool is full.
+  template <class Token>
+  auto async_read(const TensorReadRequest& request, Token&& token) {
+    return asio::co_spawn(executor_, read_lease(std::make_unique<TensorReadRequest>(request)),
+                          std::forward<Token>(token));
+  }
+
+  /// Reads the request's bytes straight into `destination` (exactly the selected size),
+  /// bypassing the pool: for callers that own the final memory (one copy from the page
+  /// cache, or none with O_DIRECT when everything is page-aligned).
+  /// Completion signature: void(std::exception_ptr).
+  template <class Token>
+  auto async_read_into(const TensorReadRequest& request, std::span<std::byte> destination, Token&& token) {
+    return asio::co_spawn(executor_, read_into(std::make_unique<TensorReadRequest>(request), destination),
+                          std::forward<Token>(token));
+  }
+
+  /// A stream of bounded chunk leases covering the request, in order; for tensors larger
+  /// than the pool. Validates the request at once (throws eredu::Error).
+  ChunkStream stream(TensorReadRequest request);
+
+  /// Selected bytes of a request, validated: throws tensor_not_found / invalid_selection.
+  std::uint64_t selected_bytes(const TensorReadRequest& request) const;
+
+ private:
+  friend class ChunkStream;
+  struct Plan;
+  struct Key {
+    explicit Key() = default;
+  };
+
+ public:
+  /// Use open(); the key keeps construction inside the class.
+  CheckpointSource(Key, asio::any_io_executor executor, const SourceOptions& options);
+
+ private:
+  Plan make_plan(const TensorReadRequest& request) const;
+  asio::awaitable<Lease> read_lease(std::unique_ptr<TensorReadRequest> request);
+  asio::awaitable<void> read_into(std::unique_ptr<TensorReadRequest> request, std::span<std::byte> destination);
+  asio::awaitable<Lease> read_chunk(const Plan& plan, std::uint64_t offset, std::uint64_t length);
+
+  asio::any_io_executor executor_;
+  SourceOptions options_;
+  Catalog catalog_;
+  std::vector<OpenFile> files_;
+  std::unique_ptr<LeasePool> pool_;   // destroyed after the reader, which may write into it
+  std::unique_ptr<Reader> reader_;
+};
+
+/// Sequence of chunk leases of one request (CheckpointSource::stream). Move-only; the
+/// source must outlive it. One async_next at a time.
+class ChunkStream {
+ public:
+  ChunkStream(ChunkStream&&) noexcept;
+  ChunkStream& operator=(ChunkStream&&) noexcept;
+  ~ChunkStream();
+
+  /// Bytes the request selects in all.
+  std::uint64_t total() const noexcept;
+  /// Bytes not yet handed out.
+  std::uint64_t remaining() const noexcept;
+
+  /// The next chunk, or an empty optional after the last one.
+  /// Completion signature: void(std::exception_ptr, std::optional<Lease>).
+  template <class Token>
+  auto async_next(Token&& token) {
+    return asio::co_spawn(source_->executor_, next(), std::forward<Token>(token));
+  }
+
+ private:
+  friend class CheckpointSource;
+  struct State;
+  ChunkStream(CheckpointSource* source, std::unique_ptr<State> state);
+  asio::awaitable<std::optional<Lease>> next();
+  CheckpointSource* source_;
+  std::unique_ptr<State> state_;
+};
+
+/// Opens a checkpoint without blocking the caller's event loop: headers are parsed on a
+/// helper thread. Completion signature:
+/// void(std::exception_ptr, std::unique_ptr<CheckpointSource>).
+template <class Token>
+auto async_open_checkpoint(asio::any_io_executor executor, std::filesystem::path path,
+                           SourceOptions options, Token&& token) {
+  using Sig = void(std::exception_ptr, std::unique_ptr<CheckpointSource>);
+  return asio::async_initiate<Token, Sig>(
+      [](auto handler, asio::any_io_executor ex, std::filesystem::path p, SourceOptions o) {
+        auto done = detail::deliver_on_handler_executor<std::exception_ptr, std::unique_ptr<CheckpointSource>>(
+            std::move(handler), ex);
+        start_open_thread(std::move(ex), std::move(p), std::move(o), std::move(done));
+      },
+      token, std::move(executor), std::move(path), std::move(options));
+}
+
+/// Implementation of async_open_checkpoint: opens on a short-lived thread.
+void start_open_thread(asio::any_io_executor executor, std::filesystem::path path, SourceOptions options,
+                       UniqueFunction<void(std::exception_ptr, std::unique_ptr<CheckpointSource>)> done);
+
+}  // namespace eredu::io

@@ -1,0 +1,131 @@
+#pragma once
+/// \file
+/// eredu::io::LeasePool: a fixed budget of page-aligned staging memory.
+///
+/// Every byte read from a checkpoint lands in the pool first (or, for direct reads, is
+/// read by the kernel into it), so the pool's budget bounds the memory a load stages,
+/// whatever the checkpoint size. Acquiring waits asynchronously while the pool is full;
+/// waiters are served strictly in arrival order, so a large request is never starved by
+/// a stream of small ones. The memory is one anonymous mapping, allocated at
+/// construction, which readers register with io_uring as fixed buffers.
+
+#include <asio/any_io_executor.hpp>
+#include <asio/async_result.hpp>
+#include <asio/associated_cancellation_slot.hpp>
+#include <asio/error.hpp>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <system_error>
+
+#include "eredu/core/unique_function.hpp"
+#include "eredu/io/detail/handler_completion.hpp"
+#include "eredu/io/staging_buffer.hpp"
+
+namespace eredu::io {
+
+/// Construction options of a LeasePool.
+struct LeasePoolOptions {
+  std::size_t budget = std::size_t{256} << 20;  ///< bytes of staging memory (rounded up to pages)
+  bool huge_pages = true;  ///< madvise(MADV_HUGEPAGE) on the region: cheaper first touch
+  bool prefault = true;    ///< touch every page at construction, on all cores
+};
+
+/// Bounded pool of staging memory handing out StagingBuffers.
+class LeasePool {
+ public:
+  /// Granularity and alignment of every block (O_DIRECT needs page alignment).
+  static constexpr std::size_t alignment = 4096;
+
+  /// Maps `options.budget` bytes. `executor` runs completions of handlers that have no
+  /// associated executor. Throws eredu::Error(invalid_argument) for a zero budget and
+  /// eredu::Error(io_error) when the memory cannot be mapped.
+  LeasePool(asio::any_io_executor executor, LeasePoolOptions options = {});
+  /// Completes every waiter with asio::error::operation_aborted. Every StagingBuffer must
+  /// have been returned.
+  ~LeasePool();
+  LeasePool(const LeasePool&) = delete;
+  LeasePool& operator=(const LeasePool&) = delete;
+
+  /// Fallback executor for completions.
+  const asio::any_io_executor& get_executor() const noexcept { return executor_; }
+  /// Total staging bytes.
+  std::size_t budget() const noexcept { return memory_.size(); }
+  /// Bytes currently handed out.
+  std::size_t in_use() const noexcept { return in_use_.load(std::memory_order_relaxed); }
+  /// Most bytes ever handed out at once since construction or reset_high_water().
+  std::size_t high_water() const noexcept { return high_water_.load(std::memory_order_relaxed); }
+  /// Restarts high-water tracking from the current use.
+  void reset_high_water() noexcept { high_water_.store(in_use(), std::memory_order_relaxed); }
+  /// Number of acquisitions currently waiting.
+  std::size_t waiting() const;
+  /// The pool's whole memory region (for io_uring / CUDA registration).
+  std::span<std::byte> memory() const noexcept { return memory_; }
+
+  /// Bytes a request of `bytes` occupies (rounded up to whole pages, at least one page).
+  static std::size_t block_size(std::size_t bytes) noexcept {
+    std::size_t b = bytes ? bytes : 1;
+    return (b + alignment - 1) / alignment * alignment;
+  }
+
+  /// A block of at least `bytes` now, or nullopt when it must wait (or never fits).
+  std::optional<StagingBuffer> try_acquire(std::size_t bytes);
+
+  /// Acquires a block of at least `bytes`, waiting while the pool is full.
+  ///
+  /// Completion signature: void(std::error_code, StagingBuffer). Fails at once with
+  /// eredu::errc::exceeds_budget when `bytes` exceeds the budget; with
+  /// asio::error::operation_aborted when cancelled (per-operation cancellation: terminal)
+  /// or when the pool is destroyed. The handler runs on its associated executor.
+  template <class Token>
+  auto async_acquire(std::size_t bytes, Token&& token) {
+    return asio::async_initiate<Token, void(std::error_code, StagingBuffer)>(
+        [this](auto handler, std::size_t n) {
+          auto slot = asio::get_associated_cancellation_slot(handler);
+          auto done = detail::deliver_on_handler_executor<std::error_code, StagingBuffer>(
+              std::move(handler), executor_);
+          start_acquire(n, std::move(done), slot);
+        },
+        token, bytes);
+  }
+
+ private:
+  friend class StagingBuffer;
+  using Completion = UniqueFunction<void(std::error_code, StagingBuffer)>;
+  struct Waiter {
+    std::uint64_t id;
+    std::size_t bytes;
+    Completion done;
+  };
+
+  template <class Slot>
+  void start_acquire(std::size_t bytes, Completion done, Slot& slot) {
+    std::uint64_t id = enqueue_or_complete(bytes, std::move(done));
+    if (id != 0 && slot.is_connected()) {
+      slot.assign([this, id](asio::cancellation_type type) {
+        if (type != asio::cancellation_type::none) cancel_waiter(id);
+      });
+    }
+  }
+  // Completes at once (returns 0) or queues the waiter (returns its id).
+  std::uint64_t enqueue_or_complete(std::size_t bytes, Completion done);
+  void cancel_waiter(std::uint64_t id);
+  std::byte* allocate_locked(std::size_t block);
+  void release(std::byte* data, std::size_t size) noexcept;
+
+  asio::any_io_executor executor_;
+  std::span<std::byte> memory_;
+  mutable std::mutex mutex_;
+  std::map<std::size_t, std::size_t> free_;  // offset -> length, coalesced
+  std::list<Waiter> waiters_;                // FIFO
+  std::uint64_t next_waiter_id_ = 1;
+  std::atomic<std::size_t> in_use_{0};
+  std::atomic<std::size_t> high_water_{0};
+};
+
+}  // namespace eredu::io

@@ -1,0 +1,35 @@
+#pragma once
+/// \file
+/// eredu::io::PreadReader: the portable Reader, for kernels where io_uring is missing or
+/// disabled. `depth` worker threads each issue one pread at a time; completions are
+/// delivered to the awaiting handler's executor exactly as UringReader delivers them.
+
+#include <memory>
+#include <span>
+
+#include "eredu/io/open_file.hpp"
+#include "eredu/io/reader.hpp"
+
+namespace eredu::io {
+
+/// pread-based reader (see file comment).
+class PreadReader final : public Reader {
+ public:
+  /// Starts `options.depth` worker threads reading `files` (which must outlive the reader).
+  PreadReader(std::span<OpenFile> files, const ReaderOptions& options);
+  /// Lets the workers finish the read each is doing, then completes every unfinished batch
+  /// with errc::cancelled.
+  ~PreadReader() override;
+
+  std::string_view name() const noexcept override { return "pread"; }
+  void read(std::vector<ReadSegment> segments, ReadCallback done) override;
+  ReaderStats stats() const override;
+  std::size_t direct_alignment(std::uint32_t file) const noexcept override;
+  std::string describe() const override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace eredu::io

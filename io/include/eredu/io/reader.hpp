@@ -1,0 +1,117 @@
+#pragma once
+/// \file
+/// eredu::io::Reader: moves byte ranges of open checkpoint files into staging memory.
+///
+/// Two implementations share this interface and its tests: UringReader (io_uring, the
+/// default) and PreadReader (a thread pool of pread calls, for kernels without io_uring).
+/// A reader splits every segment into device-sized requests (up to max_request bytes),
+/// keeps up to `depth` of them in flight, resubmits short reads, requeues EAGAIN and
+/// turns every failure into a ReadFailure. It knows nothing of tensors or formats.
+
+#include <asio/any_io_executor.hpp>
+#include <asio/async_result.hpp>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include "eredu/core/unique_function.hpp"
+#include "eredu/io/detail/handler_completion.hpp"
+#include "eredu/io/open_file.hpp"
+#include "eredu/io/read_fault.hpp"
+
+namespace eredu::io {
+
+/// One contiguous range of a file to read into memory.
+struct ReadSegment {
+  std::uint32_t file = 0;    ///< index into the reader's files
+  std::uint64_t offset = 0;  ///< absolute file offset
+  std::byte* dest = nullptr; ///< where the bytes go (inside the lease pool)
+  std::uint64_t length = 0;  ///< bytes to read
+  /// Bytes from the start that must be read; the rest may lie past end of file. Less
+  /// than `length` only for page-aligned windows of direct reads.
+  std::uint64_t required = 0;
+};
+
+/// Why a batch of segments failed: the first failure seen.
+struct ReadFailure {
+  std::error_code code;       ///< eredu::errc::io_error, unexpected_eof, cancelled, direct_io_unsupported
+  std::error_code os_error;   ///< errno of an io_error
+  std::uint32_t file = 0;     ///< file of the failed request
+  std::uint64_t offset = 0;   ///< absolute offset of the failed request
+  std::string detail;         ///< what went wrong, with the numbers
+};
+
+/// Counters a reader keeps (for summaries and tests).
+struct ReaderStats {
+  std::uint64_t requests = 0;        ///< read requests issued (resubmissions included)
+  std::uint64_t bytes = 0;           ///< bytes delivered
+  std::uint64_t short_reads = 0;     ///< requests that returned fewer bytes than asked
+  std::uint64_t requeued = 0;        ///< EAGAIN requeues
+  std::uint64_t direct_requests = 0; ///< requests issued with O_DIRECT
+  std::uint64_t fixed_buffer_requests = 0;  ///< io_uring requests into registered buffers
+  std::uint64_t syscalls = 0;        ///< submit/read system calls made
+};
+
+/// Which of the two reader implementations to use.
+enum class ReaderKind { automatic, uring, pread };
+
+/// Whether to read with O_DIRECT.
+enum class DirectMode {
+  automatic,  ///< O_DIRECT for ranges not in the page cache, where the file system allows it
+  on,         ///< always O_DIRECT; a file system without it is an error
+  off,        ///< buffered reads only
+};
+
+/// Options shared by both readers.
+struct ReaderOptions {
+  ReaderKind kind = ReaderKind::automatic;  ///< implementation
+  unsigned depth = 4;                          ///< requests in flight
+  std::size_t max_request = std::size_t{4} << 20;  ///< largest single request, bytes
+  DirectMode direct = DirectMode::automatic;   ///< O_DIRECT policy
+  bool register_buffers = true;  ///< register the lease pool with io_uring (fixed buffers)
+  /// Cap on registered bytes (0 = the whole pool); the fallback for small memlock limits
+  /// also lands here.
+  std::size_t max_registered_bytes = 0;
+  FaultInjector* faults = nullptr;  ///< test hook; must outlive the reader
+};
+
+/// Called exactly once per batch, on the reader's own context, when every request of the
+/// batch has completed (so no kernel write into its memory is still pending).
+using ReadCallback = UniqueFunction<void(std::optional<ReadFailure>)>;
+
+/// A reader of byte ranges (see file comment).
+class Reader {
+ public:
+  virtual ~Reader() = default;
+  /// "io_uring" or "pread".
+  virtual std::string_view name() const noexcept = 0;
+  /// Starts reading every segment fully; `done` runs once, after the last byte landed or
+  /// after the first failure once nothing of the batch is in flight any more.
+  virtual void read(std::vector<ReadSegment> segments, ReadCallback done) = 0;
+  /// Counters so far.
+  virtual ReaderStats stats() const = 0;
+  /// Alignment a direct read of `file` needs (0: the file is read buffered only).
+  virtual std::size_t direct_alignment(std::uint32_t file) const noexcept = 0;
+  /// Describes the configuration in one line (for logs and summaries).
+  virtual std::string describe() const = 0;
+
+  /// Reads every segment (see read()). Completion signature:
+  /// void(std::optional<ReadFailure>), run on the handler's associated executor (or
+  /// `fallback`). The memory behind the segments must stay valid until then.
+  template <class Token>
+  auto async_read(std::vector<ReadSegment> segments, const asio::any_io_executor& fallback,
+                  Token&& token) {
+    return asio::async_initiate<Token, void(std::optional<ReadFailure>)>(
+        [this, &fallback](auto handler, std::vector<ReadSegment> segs) {
+          read(std::move(segs),
+               detail::deliver_on_handler_executor<std::optional<ReadFailure>>(std::move(handler),
+                                                                               fallback));
+        },
+        token, std::move(segments));
+  }
+};
+
+}  // namespace eredu::io

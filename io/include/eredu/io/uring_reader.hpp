@@ -1,0 +1,46 @@
+#pragma once
+/// \file
+/// eredu::io::UringReader: the io_uring implementation of Reader.
+///
+/// One ring; the checkpoint's files registered as fixed files and the lease pool's memory
+/// as fixed buffers (as much of it as the locked-memory limit allows); up to `depth`
+/// requests in flight, submitted in batches with one system call. The completion queue
+/// is reaped from the Asio event loop: the ring signals an eventfd that the loop waits
+/// on, so no thread ever blocks waiting for I/O.
+
+#include <asio/any_io_executor.hpp>
+#include <memory>
+#include <span>
+
+#include "eredu/io/open_file.hpp"
+#include "eredu/io/reader.hpp"
+
+namespace eredu::io {
+
+/// io_uring reader (see file comment). All ring work runs on a strand of the executor.
+class UringReader final : public Reader {
+ public:
+  /// Sets up the ring for `files` (which must outlive the reader) and registers
+  /// `pool_memory` as fixed buffers. Throws eredu::Error(uring_unavailable) when
+  /// io_uring_setup fails (old kernel, seccomp, kernel.io_uring_disabled).
+  UringReader(asio::any_io_executor executor, std::span<OpenFile> files,
+              std::span<std::byte> pool_memory, const ReaderOptions& options);
+  /// Waits for the kernel to finish every request in flight (their memory may be freed
+  /// right after), then completes every unfinished batch with errc::cancelled. Must not
+  /// run concurrently with the executor running this reader's handlers.
+  ~UringReader() override;
+
+  std::string_view name() const noexcept override { return "io_uring"; }
+  void read(std::vector<ReadSegment> segments, ReadCallback done) override;
+  ReaderStats stats() const override;
+  std::size_t direct_alignment(std::uint32_t file) const noexcept override;
+  std::string describe() const override;
+  /// Bytes of the pool registered as fixed buffers.
+  std::size_t registered_bytes() const noexcept;
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;  // shared with the handlers queued on the event loop
+};
+
+}  // namespace eredu::io

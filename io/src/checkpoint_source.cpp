@@ -1,0 +1,266 @@
+#include "eredu/io/checkpoint_source.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <asio/redirect_error.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "eredu/core/error.hpp"
+#include "eredu/core/log.hpp"
+#include "eredu/io/open_catalog.hpp"
+#include "eredu/io/pread_reader.hpp"
+#include "eredu/io/uring_reader.hpp"
+
+namespace eredu::io {
+
+struct CheckpointSource::Plan {
+  const TensorInfo* tensor = nullptr;
+  std::vector<ByteRun> runs;  // dest offsets are positions within the selected bytes
+  std::uint64_t total = 0;
+  std::size_t alignment = 0;  // direct-read alignment of the tensor's file, 0 for none
+};
+
+struct ChunkStream::State {
+  CheckpointSource::Plan plan;
+  std::uint64_t position = 0;
+  std::uint64_t chunk = 0;
+};
+
+namespace {
+
+std::error_code sys_error(int e) { return {e, std::system_category()}; }
+
+std::uint64_t align_down(std::uint64_t v, std::uint64_t a) { return v / a * a; }
+std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+
+[[noreturn]] void throw_failure(const ReadFailure& f, const TensorInfo& tensor,
+                                std::span<const OpenFile> files) {
+  errc kind = f.code.category() == error_category() ? static_cast<errc>(f.code.value()) : errc::io_error;
+  throw Error(kind,
+              {.file = f.file < files.size() ? files[f.file].path : std::string{},
+               .tensor = tensor.name,
+               .offset = f.offset,
+               .os_error = f.os_error},
+              f.detail);
+}
+
+}  // namespace
+
+CheckpointSource::CheckpointSource(Key, asio::any_io_executor executor, const SourceOptions& options)
+    : executor_(std::move(executor)), options_(options) {}
+
+CheckpointSource::~CheckpointSource() {
+  reader_.reset();  // drains the kernel's writes into pool memory first
+  if (pool_ && pool_->in_use() != 0) {
+    log::warn("checkpoint source destroyed while {} bytes of leases are still held", pool_->in_use());
+  }
+}
+
+std::unique_ptr<CheckpointSource> CheckpointSource::open(asio::any_io_executor executor,
+                                                         const std::filesystem::path& path,
+                                                         const SourceOptions& options) {
+  auto source = std::make_unique<CheckpointSource>(Key{}, executor, options);
+  source->catalog_ = open_catalog(path);
+  const auto direct = options.reader.direct;
+  std::size_t no_direct = 0;
+  std::string no_direct_example;
+  for (const auto& file : source->catalog_.files()) {
+    OpenFile f;
+    f.path = file.path;
+    f.buffered.reset(::open(file.path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!f.buffered) {
+      throw Error(errc::io_error, {.file = file.path, .os_error = sys_error(errno)}, "cannot open");
+    }
+    struct stat st {};
+    if (::fstat(f.buffered.get(), &st) != 0) {
+      throw Error(errc::io_error, {.file = file.path, .os_error = sys_error(errno)}, "cannot stat");
+    }
+    f.size = static_cast<std::uint64_t>(st.st_size);
+    if (f.size != file.size) {
+      throw Error(errc::file_changed, {.file = file.path},
+                  fmt::format("file is {} bytes but was {} bytes when its header was parsed", f.size, file.size));
+    }
+    if (direct != DirectMode::off) {
+      f.direct.reset(::open(file.path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT));
+      if (!f.direct) {
+        const int e = errno;
+        if (direct == DirectMode::on) {
+          throw Error(errc::direct_io_unsupported, {.file = file.path, .os_error = sys_error(e)},
+                      "cannot open with O_DIRECT and --direct on was asked");
+        }
+        if (no_direct++ == 0) no_direct_example = fmt::format("{} ({})", file.path, sys_error(e).message());
+      }
+    }
+    source->files_.push_back(std::move(f));
+  }
+  if (no_direct) {
+    log::info("O_DIRECT unavailable for {} of {} files, e.g. {}: reading them buffered", no_direct,
+              source->files_.size(), no_direct_example);
+  }
+  source->pool_ = std::make_unique<LeasePool>(executor, options.pool);
+  auto kind = options.reader.kind;
+  if (kind != ReaderKind::pread) {
+    try {
+      source->reader_ = std::make_unique<UringReader>(executor, source->files_, source->pool_->memory(),
+                                                      options.reader);
+    } catch (const Error& e) {
+      if (kind == ReaderKind::uring || e.kind() != errc::uring_unavailable) throw;
+      log::info("io_uring unavailable ({}): using the pread reader", e.what());
+    }
+  }
+  if (!source->reader_) source->reader_ = std::make_unique<PreadReader>(source->files_, options.reader);
+  return source;
+}
+
+CheckpointSource::Plan CheckpointSource::make_plan(const TensorReadRequest& request) const {
+  Plan plan;
+  plan.tensor = &catalog_.at(request.key);
+  const auto& t = *plan.tensor;
+  const auto& file = catalog_.file_of(t).path;
+  if (auto why = request.selection.check(t.shape); !why.empty()) {
+    throw Error(errc::invalid_selection, {.file = file, .tensor = t.name},
+                fmt::format("selection {} of shape {}: {}", request.selection.to_string(), format_shape(t.shape), why));
+  }
+  if (!request.selection.is_all() && dtype_bits(t.dtype) % 8 != 0) {
+    throw Error(errc::invalid_selection, {.file = file, .tensor = t.name},
+                fmt::format("partial selections of {} (sub-byte elements) are not supported", dtype_name(t.dtype)));
+  }
+  plan.runs = selection_runs(t.shape, t.dtype, request.selection);
+  for (const auto& r : plan.runs) plan.total += r.length;
+  plan.alignment = reader_->direct_alignment(t.file);
+  return plan;
+}
+
+std::uint64_t CheckpointSource::selected_bytes(const TensorReadRequest& request) const {
+  return make_plan(request).total;
+}
+
+asio::awaitable<Lease> CheckpointSource::read_chunk(const Plan& plan, std::uint64_t offset, std::uint64_t length) {
+  const auto& t = *plan.tensor;
+  if (length == 0) co_return Lease(StagingBuffer{}, 0, 0, &t, offset, plan.total);
+  // Find the runs that overlap [offset, offset + length) of the selected bytes.
+  auto first = std::upper_bound(plan.runs.begin(), plan.runs.end(), offset,
+                                [](std::uint64_t v, const ByteRun& r) { return v < r.dest_offset; });
+  --first;
+  std::vector<ReadSegment> segments;
+  std::size_t buffer_bytes = length;
+  std::size_t view = 0;
+  const std::uint64_t end = offset + length;
+  const bool one_run = first->dest_offset + first->length >= end;
+  std::uint64_t window_start = 0;
+  if (one_run && plan.alignment) {
+    // A page-aligned window around the bytes lets the reader use O_DIRECT.
+    const std::uint64_t file_off = t.offset + first->source_offset + (offset - first->dest_offset);
+    window_start = align_down(file_off, plan.alignment);
+    const std::uint64_t window_end = align_up(file_off + length, plan.alignment);
+    if (window_end - window_start <= pool_->budget()) {
+      buffer_bytes = window_end - window_start;
+      view = file_off - window_start;
+    }
+  }
+  std::error_code ec;
+  StagingBuffer buffer = co_await pool_->async_acquire(buffer_bytes, asio::redirect_error(asio::use_awaitable, ec));
+  if (ec) {
+    const auto& file = catalog_.file_of(t).path;
+    if (ec == errc::exceeds_budget) {
+      throw Error(errc::exceeds_budget, {.file = file, .tensor = t.name},
+                  fmt::format("needs {} bytes of staging but the budget is {} bytes: read it with "
+                              "ReadPolicy::chunked (stream) or raise the budget",
+                              buffer_bytes, pool_->budget()));
+    }
+    throw Error(errc::cancelled, {.file = file, .tensor = t.name}, "waiting for staging memory was cancelled");
+  }
+  if (view || buffer_bytes != length) {
+    segments.push_back({t.file, window_start, buffer.data(), buffer_bytes, view + length});
+  } else {
+    for (auto it = first; it != plan.runs.end() && it->dest_offset < end; ++it) {
+      const std::uint64_t b = std::max(offset, it->dest_offset);
+      const std::uint64_t e = std::min(end, it->dest_offset + it->length);
+      segments.push_back({t.file, t.offset + it->source_offset + (b - it->dest_offset),
+                          buffer.data() + (b - offset), e - b, e - b});
+    }
+  }
+  auto failure = co_await reader_->async_read(std::move(segments), executor_, asio::use_awaitable);
+  if (failure) throw_failure(*failure, t, files_);
+  co_return Lease(std::move(buffer), view, length, &t, offset, plan.total);
+}
+
+asio::awaitable<Lease> CheckpointSource::read_lease(std::unique_ptr<TensorReadRequest> owned) {
+  const TensorReadRequest& request = *owned;
+  Plan plan = make_plan(request);
+  if (LeasePool::block_size(plan.total) > pool_->budget()) {
+    throw Error(errc::exceeds_budget, {.file = catalog_.file_of(*plan.tensor).path, .tensor = plan.tensor->name},
+                fmt::format("selection {} needs {} bytes but the staging budget is {} bytes: read it with "
+                            "ReadPolicy::chunked (stream) or raise the budget",
+                            request.selection.to_string(), plan.total, pool_->budget()));
+  }
+  Lease lease = co_await read_chunk(plan, 0, plan.total);
+  co_return lease;
+}
+
+asio::awaitable<void> CheckpointSource::read_into(std::unique_ptr<TensorReadRequest> owned,
+                                                  std::span<std::byte> destination) {
+  Plan plan = make_plan(*owned);
+  const auto& t = *plan.tensor;
+  if (destination.size() != plan.total) {
+    throw Error(errc::invalid_argument, {.file = catalog_.file_of(t).path, .tensor = t.name},
+                fmt::format("destination holds {} bytes but the selection has {}", destination.size(), plan.total));
+  }
+  std::vector<ReadSegment> segments;
+  for (const auto& r : plan.runs) {
+    segments.push_back({t.file, t.offset + r.source_offset, destination.data() + r.dest_offset, r.length, r.length});
+  }
+  auto failure = co_await reader_->async_read(std::move(segments), executor_, asio::use_awaitable);
+  if (failure) throw_failure(*failure, t, files_);
+}
+
+ChunkStream CheckpointSource::stream(TensorReadRequest request) {
+  auto state = std::make_unique<ChunkStream::State>();
+  state->plan = make_plan(request);
+  // Leave room for the direct-read window around each chunk.
+  const std::uint64_t slack = 2 * LeasePool::alignment;
+  std::uint64_t chunk = std::min<std::uint64_t>(options_.chunk_bytes, pool_->budget() > slack ? pool_->budget() - slack
+                                                                                             : pool_->budget());
+  state->chunk = std::max<std::uint64_t>(LeasePool::alignment, chunk / LeasePool::alignment * LeasePool::alignment);
+  return ChunkStream(this, std::move(state));
+}
+
+ChunkStream::ChunkStream(CheckpointSource* source, std::unique_ptr<State> state)
+    : source_(source), state_(std::move(state)) {}
+ChunkStream::ChunkStream(ChunkStream&&) noexcept = default;
+ChunkStream& ChunkStream::operator=(ChunkStream&&) noexcept = default;
+ChunkStream::~ChunkStream() = default;
+
+std::uint64_t ChunkStream::total() const noexcept { return state_->plan.total; }
+std::uint64_t ChunkStream::remaining() const noexcept { return state_->plan.total - state_->position; }
+
+asio::awaitable<std::optional<Lease>> ChunkStream::next() {
+  auto& s = *state_;
+  if (s.position >= s.plan.total) co_return std::nullopt;
+  const std::uint64_t length = std::min(s.chunk, s.plan.total - s.position);
+  Lease lease = co_await source_->read_chunk(s.plan, s.position, length);
+  s.position += length;
+  co_return std::optional<Lease>(std::move(lease));
+}
+
+void start_open_thread(asio::any_io_executor executor, std::filesystem::path path, SourceOptions options,
+                       UniqueFunction<void(std::exception_ptr, std::unique_ptr<CheckpointSource>)> done) {
+  // Header parsing is blocking file I/O: keep it off the caller's event loop.
+  std::thread([ex = std::move(executor), p = std::move(path), o = std::move(options), d = std::move(done)]() mutable {
+    std::unique_ptr<CheckpointSource> source;
+    std::exception_ptr error;
+    try {
+      source = CheckpointSource::open(ex, p, o);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    d(error, std::move(source));
+  }).detach();
+}
+
+}  // namespace eredu::io

@@ -1,0 +1,425 @@
+#include "eredu/io/uring_reader.hpp"
+
+#include <liburing.h>
+#include <sys/eventfd.h>
+
+#include <asio/bind_executor.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+#include <asio/post.hpp>
+#include <asio/strand.hpp>
+#include <cstdlib>
+#include <deque>
+#include <list>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "eredu/core/error.hpp"
+#include "eredu/core/log.hpp"
+#include "page_cache_probe.hpp"
+#include "read_piece.hpp"
+
+namespace eredu::io {
+
+using detail::Batch;
+using detail::Next;
+using detail::Piece;
+
+namespace {
+constexpr std::size_t direct_align = 4096;
+constexpr std::size_t max_iovec = std::size_t{1} << 30;  // io_uring's limit per fixed buffer
+constexpr unsigned max_small_requests = 64;
+
+bool aligned(std::uint64_t v) { return v % direct_align == 0; }
+
+std::error_code sys_error(int e) { return {e, std::system_category()}; }
+}  // namespace
+
+struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
+  struct BatchState {
+    Batch batch;
+    std::vector<Piece> pieces;
+  };
+
+  asio::strand<asio::any_io_executor> strand;
+  std::span<OpenFile> files;
+  ReaderOptions options;
+  io_uring ring{};
+  bool ring_ready = false;
+  UniqueFd event_fd;
+  asio::posix::stream_descriptor event_desc;
+  bool files_registered = false;
+  std::byte* reg_base = nullptr;
+  std::size_t reg_bytes = 0;
+  std::vector<bool> direct_enabled;
+  std::vector<detail::PageCacheProbe> probes;
+  std::list<BatchState> batches;
+  std::deque<Piece*> pending;
+  unsigned in_flight = 0;
+  std::uint64_t in_flight_bytes = 0;
+  unsigned submit_failures = 0;
+  bool closed = false;
+  bool armed = false;  // an eventfd wait is queued on the loop
+  mutable std::mutex stats_mutex;
+  ReaderStats stats;
+
+  Impl(asio::any_io_executor ex, std::span<OpenFile> f, const ReaderOptions& o)
+      : strand(asio::make_strand(ex)), files(f), options(o), event_desc(ex) {}
+
+  ~Impl() {
+    if (ring_ready) io_uring_queue_exit(&ring);
+  }
+
+  void setup(std::span<std::byte> pool_memory) {
+    if (const char* off = std::getenv("EREDU_DISABLE_URING"); off && *off && *off != '0') {
+      throw Error(errc::uring_unavailable, {}, "io_uring disabled by EREDU_DISABLE_URING");
+    }
+    if (options.depth == 0 || options.max_request == 0 || options.max_request > (1u << 30)) {
+      throw Error(errc::invalid_argument, {},
+                  fmt::format("depth {} and max request {} must be positive (max request <= 1 GiB)",
+                              options.depth, options.max_request));
+    }
+    unsigned entries = max_small_requests;
+    while (entries < options.depth) entries *= 2;
+    if (int r = io_uring_queue_init(entries, &ring, 0); r < 0) {
+      throw Error(errc::uring_unavailable, {.os_error = sys_error(-r)}, "io_uring_setup failed");
+    }
+    ring_ready = true;
+    int efd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (efd < 0) throw Error(errc::uring_unavailable, {.os_error = sys_error(errno)}, "eventfd failed");
+    event_fd.reset(efd);
+    if (int r = io_uring_register_eventfd(&ring, efd); r < 0) {
+      throw Error(errc::uring_unavailable, {.os_error = sys_error(-r)}, "io_uring_register_eventfd failed");
+    }
+    event_desc.assign(::dup(efd));
+    register_files();
+    if (options.register_buffers) register_buffers(pool_memory);
+    direct_enabled.assign(files.size(), options.direct != DirectMode::off);
+    probes.reserve(files.size());
+    for (auto& f : files) {
+      probes.emplace_back(options.direct == DirectMode::automatic && f.direct ? f.buffered.get() : -1,
+                          options.direct == DirectMode::automatic && f.direct ? f.size : 0);
+    }
+  }
+
+  void register_files() {
+    // Slot 2i is file i's buffered descriptor, 2i+1 its direct one (-1: a sparse slot).
+    std::vector<int> fds;
+    for (auto& f : files) {
+      fds.push_back(f.buffered.get());
+      fds.push_back(f.direct ? f.direct.get() : -1);
+    }
+    if (fds.empty()) return;
+    int r = io_uring_register_files(&ring, fds.data(), static_cast<unsigned>(fds.size()));
+    files_registered = r == 0;
+    if (!files_registered) log::debug("io_uring_register_files failed ({}): using plain descriptors", -r);
+  }
+
+  void register_buffers(std::span<std::byte> memory) {
+    std::size_t want = memory.size();
+    if (options.max_registered_bytes) want = std::min(want, options.max_registered_bytes);
+    want = want / direct_align * direct_align;
+    int last_error = 0;
+    while (want >= (std::size_t{1} << 20)) {
+      std::vector<iovec> iov;
+      for (std::size_t off = 0; off < want; off += max_iovec) {
+        iov.push_back({memory.data() + off, std::min(max_iovec, want - off)});
+      }
+      int r = io_uring_register_buffers(&ring, iov.data(), static_cast<unsigned>(iov.size()));
+      if (r == 0) {
+        reg_base = memory.data();
+        reg_bytes = want;
+        break;
+      }
+      last_error = -r;
+      want = want / 2 / direct_align * direct_align;
+    }
+    if (reg_bytes < memory.size()) {
+      log::info("registered {} of {} MiB of staging memory as io_uring fixed buffers{}; the rest is "
+                "read into unregistered memory (raise `ulimit -l` to register all)",
+                reg_bytes >> 20, memory.size() >> 20,
+                last_error ? fmt::format(" ({})", sys_error(last_error).message()) : std::string{});
+    }
+  }
+
+  // --- everything below runs on the strand (or in the destructor) ---
+
+  void start(std::vector<ReadSegment> segments, ReadCallback done) {
+    if (closed) {
+      done(ReadFailure{make_error_code(errc::cancelled), {}, 0, 0, "reader shut down"});
+      return;
+    }
+    auto& state = batches.emplace_back();
+    state.batch.done = std::move(done);
+    state.pieces = detail::split_segments(segments, &state.batch, options.max_request);
+    state.batch.remaining = state.pieces.size();
+    if (state.pieces.empty()) {
+      finish_batch(state.batch);
+      return;
+    }
+    for (auto& p : state.pieces) pending.push_back(&p);
+    drive();
+  }
+
+  // Submits and reaps until neither makes progress: page-cache hits complete inside the
+  // submit call, so they are handled here without a round trip through the event loop.
+  void drive() {
+    for (;;) {
+      bool submitted = submit_pending();
+      unsigned reaped = reap();
+      if (!submitted && reaped == 0) break;
+    }
+    // Wait on the eventfd only while the kernel holds requests: an idle reader must not
+    // keep its io_context's run() from returning.
+    if (in_flight > 0 && !armed && !closed) arm();
+  }
+
+  bool want_direct(const Piece& p, std::uint64_t pos, const std::byte* dst, std::uint64_t len) {
+    const auto& f = files[p.file];
+    if (!f.direct || !direct_enabled[p.file] || p.buffered_only) return false;
+    if (!aligned(pos) || !aligned(reinterpret_cast<std::uintptr_t>(dst)) || !aligned(len)) return false;
+    if (options.direct == DirectMode::on) return true;
+    return !probes[p.file].mostly_resident(pos, len);
+  }
+
+  bool submit_pending() {
+    unsigned queued = 0;
+    const std::uint64_t byte_limit = std::uint64_t{options.depth} * options.max_request;
+    while (!pending.empty()) {
+      Piece* p = pending.front();
+      const auto len = static_cast<unsigned>(p->length - p->done);
+      // `depth` device-sized requests, or more small ones (a column selection's rows) as
+      // long as they carry no more bytes than `depth` large ones would.
+      const bool room = in_flight < options.depth ||
+                        (in_flight < max_small_requests && in_flight_bytes + len <= byte_limit);
+      if (!room) break;
+      io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+      if (!sqe) break;
+      pending.pop_front();
+      const std::uint64_t pos = p->offset + p->done;
+      std::byte* dst = p->dest + p->done;
+      p->submitted = len;
+      in_flight_bytes += len;
+      p->direct = want_direct(*p, pos, dst, len);
+      const auto& f = files[p->file];
+      int fd = p->direct ? f.direct.get() : f.buffered.get();
+      if (files_registered) fd = static_cast<int>(2 * p->file + (p->direct ? 1 : 0));
+      const bool fixed_buf = dst >= reg_base && dst + len <= reg_base + reg_bytes &&
+                             (dst - reg_base) / max_iovec == (dst + len - 1 - reg_base) / max_iovec;
+      if (fixed_buf) {
+        io_uring_prep_read_fixed(sqe, fd, dst, len, pos, static_cast<int>((dst - reg_base) / max_iovec));
+      } else {
+        io_uring_prep_read(sqe, fd, dst, len, pos);
+      }
+      if (files_registered) sqe->flags |= IOSQE_FIXED_FILE;
+      io_uring_sqe_set_data(sqe, p);
+      ++in_flight;
+      ++p->batch->in_flight;
+      ++queued;
+      std::lock_guard lock(stats_mutex);
+      ++stats.requests;
+      stats.direct_requests += p->direct;
+      stats.fixed_buffer_requests += fixed_buf;
+    }
+    if (queued == 0 && io_uring_sq_ready(&ring) == 0) return false;
+    int r = io_uring_submit(&ring);
+    {
+      std::lock_guard lock(stats_mutex);
+      ++stats.syscalls;
+    }
+    if (r < 0) {
+      // The entries stay in the submission queue; retry from the loop unless the ring is
+      // broken for good.
+      if (++submit_failures > 1000) fail_everything(-r);
+      else asio::post(strand, [self = shared_from_this()] { if (!self->closed) self->drive(); });
+      return false;
+    }
+    submit_failures = 0;
+    return queued > 0;
+  }
+
+  unsigned reap() {
+    io_uring_cqe* cqes[64];
+    unsigned total = 0;
+    while (unsigned n = io_uring_peek_batch_cqe(&ring, cqes, 64)) {
+      for (unsigned i = 0; i < n; ++i) {
+        auto* p = static_cast<Piece*>(io_uring_cqe_get_data(cqes[i]));
+        int res = cqes[i]->res;
+        handle(*p, res);
+      }
+      io_uring_cq_advance(&ring, n);
+      total += n;
+    }
+    return total;
+  }
+
+  void handle(Piece& p, long res) {
+    --in_flight;
+    in_flight_bytes -= p.submitted;
+    --p.batch->in_flight;
+    Batch& b = *p.batch;
+    if (b.failure) {
+      finish_piece(p);
+      return;
+    }
+    res = detail::apply_fault(options.faults, p, res);
+    ReadFailure failure;
+    Next next;
+    {
+      std::lock_guard lock(stats_mutex);
+      next = detail::classify(p, res, files[p.file].path, failure, stats);
+    }
+    switch (next) {
+      case Next::finished:
+        finish_piece(p);
+        break;
+      case Next::resubmit:
+      case Next::requeue:
+        pending.push_front(&p);
+        break;
+      case Next::retry_buffered:
+        if (res == -EINVAL) disable_direct(p.file, res);
+        if (options.direct == DirectMode::on && res == -EINVAL) {
+          fail_batch(b, {make_error_code(errc::direct_io_unsupported), sys_error(EINVAL), p.file,
+                         p.offset + p.done,
+                         fmt::format("O_DIRECT read of {} refused (EINVAL) and --direct on was asked",
+                                     files[p.file].path)});
+          finish_piece(p);
+          break;
+        }
+        p.buffered_only = true;
+        pending.push_front(&p);
+        break;
+      case Next::failed:
+        fail_batch(b, std::move(failure));
+        finish_piece(p);
+        break;
+    }
+  }
+
+  void disable_direct(std::uint32_t file, long res) {
+    if (!direct_enabled[file]) return;
+    direct_enabled[file] = false;
+    log::info("O_DIRECT read of {} refused ({}): falling back to buffered reads for it",
+              files[file].path, sys_error(static_cast<int>(-res)).message());
+  }
+
+  void fail_batch(Batch& b, ReadFailure failure) {
+    if (!b.failure) b.failure = std::move(failure);
+    // Pieces not yet submitted will never be: account them as finished now.
+    for (auto it = pending.begin(); it != pending.end();) {
+      if ((*it)->batch == &b) {
+        it = pending.erase(it);
+        --b.remaining;
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  void finish_piece(Piece& p) {
+    Batch& b = *p.batch;
+    if (--b.remaining == 0) finish_batch(b);
+  }
+
+  void finish_batch(Batch& b) {
+    auto done = std::move(b.done);
+    auto failure = std::move(b.failure);
+    batches.remove_if([&b](const BatchState& s) { return &s.batch == &b; });
+    done(std::move(failure));
+  }
+
+  void fail_everything(int error) {
+    log::warn("io_uring submission keeps failing ({}): failing every pending read", sys_error(error).message());
+    closed = true;
+    for (auto& s : batches) {
+      if (!s.batch.failure) {
+        s.batch.failure = ReadFailure{make_error_code(errc::io_error), sys_error(error), 0, 0,
+                                      "io_uring_submit failed repeatedly"};
+      }
+    }
+  }
+
+  void arm() {
+    armed = true;
+    event_desc.async_wait(asio::posix::stream_descriptor::wait_read,
+                          asio::bind_executor(strand, [self = shared_from_this()](std::error_code ec) {
+                            self->armed = false;
+                            if (ec || self->closed) return;
+                            std::uint64_t value;
+                            while (::read(self->event_fd.get(), &value, sizeof value) > 0) {
+                            }
+                            self->drive();
+                          }));
+  }
+
+  void shutdown() {
+    closed = true;
+    if (in_flight > 0) io_uring_submit(&ring);
+    while (in_flight > 0) {
+      io_uring_cqe* cqe = nullptr;
+      __kernel_timespec ts{5, 0};
+      int r = io_uring_wait_cqe_timeout(&ring, &cqe, &ts);
+      if (r == -EINTR) continue;
+      if (r == -ETIME) {
+        log::warn("still waiting for {} io_uring reads to finish before freeing their memory", in_flight);
+        continue;
+      }
+      if (r < 0) break;
+      auto* p = static_cast<Piece*>(io_uring_cqe_get_data(cqe));
+      io_uring_cqe_seen(&ring, cqe);
+      --in_flight;
+      --p->batch->in_flight;
+    }
+    pending.clear();
+    for (auto& s : batches) {
+      if (!s.batch.done) continue;
+      auto failure = s.batch.failure ? std::move(*s.batch.failure)
+                                     : ReadFailure{make_error_code(errc::cancelled), {}, 0, 0,
+                                                   "the reader was destroyed before the read finished"};
+      s.batch.done(std::move(failure));
+    }
+    batches.clear();
+    std::error_code ignored;
+    event_desc.close(ignored);
+  }
+};
+
+UringReader::UringReader(asio::any_io_executor executor, std::span<OpenFile> files,
+                         std::span<std::byte> pool_memory, const ReaderOptions& options)
+    : impl_(std::make_shared<Impl>(std::move(executor), files, options)) {
+  impl_->setup(pool_memory);
+}
+
+UringReader::~UringReader() { impl_->shutdown(); }
+
+void UringReader::read(std::vector<ReadSegment> segments, ReadCallback done) {
+  asio::post(impl_->strand, [self = impl_, segs = std::move(segments), d = std::move(done)]() mutable {
+    self->start(std::move(segs), std::move(d));
+  });
+}
+
+ReaderStats UringReader::stats() const {
+  std::lock_guard lock(impl_->stats_mutex);
+  return impl_->stats;
+}
+
+std::size_t UringReader::direct_alignment(std::uint32_t file) const noexcept {
+  if (impl_->options.direct == DirectMode::off || file >= impl_->files.size()) return 0;
+  return impl_->files[file].direct ? direct_align : 0;
+}
+
+std::size_t UringReader::registered_bytes() const noexcept { return impl_->reg_bytes; }
+
+std::string UringReader::describe() const {
+  std::size_t direct_files = 0;
+  for (auto& f : impl_->files) direct_files += f.direct ? 1 : 0;
+  return fmt::format("io_uring, depth {}, requests up to {} KiB, {} MiB fixed buffers, O_DIRECT {} ({} of {} files)",
+                     impl_->options.depth, impl_->options.max_request >> 10, impl_->reg_bytes >> 20,
+                     impl_->options.direct == DirectMode::off  ? "off"
+                     : impl_->options.direct == DirectMode::on ? "on"
+                                                               : "auto",
+                     direct_files, impl_->files.size());
+}
+
+}  // namespace eredu::io
