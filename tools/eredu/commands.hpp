@@ -1,0 +1,13 @@
+#pragma once
+// The eredu subcommands; each returns the process exit status.
+
+namespace eredu::cli {
+
+/// `eredu inspect PATH [--json]`: the catalog as a table or JSON.
+int run_inspect(int argc, char** argv);
+/// `eredu read PATH ...`: reads every tensor through the lease pool and verifies it.
+int run_read(int argc, char** argv);
+/// `eredu gen OUT ...`: writes a synthetic transformer-shaped checkpoint.
+int run_gen(int argc, char** argv);
+
+}  // namespace eredu::cli

@@ -1,0 +1,66 @@
+// eredu: inspect, read and generate checkpoints from the command line.
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "commands.hpp"
+#include "eredu/core/error.hpp"
+
+namespace {
+
+constexpr const char* usage = R"(eredu — asynchronous checkpoint loading
+
+usage:
+  eredu inspect PATH [--json]
+      the tensors of a checkpoint (file, sharded directory, or *.index.json): name, dtype,
+      shape, bytes, file, and totals
+  eredu read PATH [--reader auto|uring|pread] [--budget 256M] [--depth 4] [--request 4M]
+                  [--direct auto|on|off] [--concurrency 4] [--verify on|off] [--json]
+      reads every tensor through the bounded lease pool, verifies each against an
+      independent pread pass, and prints bytes, seconds, GB/s, staging high-water, peak RSS
+  eredu gen OUT [--size 512M] [--dtype bf16|f16|f32] [--shards N] [--seed S] [--layers N]
+      writes a deterministic synthetic Llama-shaped checkpoint (OUT is a directory when
+      --shards > 1)
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
+    std::fputs(usage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string command = argv[1];
+  const bool json = [&] {
+    for (int i = 2; i < argc; ++i)
+      if (!std::strcmp(argv[i], "--json")) return true;
+    return false;
+  }();
+  try {
+    if (command == "inspect") return eredu::cli::run_inspect(argc, argv);
+    if (command == "read") return eredu::cli::run_read(argc, argv);
+    if (command == "gen") return eredu::cli::run_gen(argc, argv);
+    fmt::print(stderr, "eredu: unknown command '{}'\n\n{}", command, usage);
+    return 2;
+  } catch (const eredu::Error& e) {
+    if (json) {
+      fmt::print("{{\"error\":\"{}\",\"message\":\"", eredu::errc_name(e.kind()));
+      for (char c : std::string(e.what())) {
+        if (c == '"' || c == '\\') std::putchar('\\');
+        if (static_cast<unsigned char>(c) >= 0x20) std::putchar(c);
+      }
+      fmt::print("\"}}\n");
+    }
+    fmt::print(stderr, "eredu {}: {}\n", command, e.what());
+    return 1;
+  } catch (const std::invalid_argument& e) {
+    fmt::print(stderr, "eredu {}: {}\n", command, e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "eredu {}: {}\n", command, e.what());
+    return 1;
+  }
+}
