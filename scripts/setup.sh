@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs what eredu needs from Debian's packages (only what is missing), then configures
+# and builds the given CMake preset (default: release). Idempotent; quiet when all is there.
+# usage: scripts/setup.sh [preset] [extra targets...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+preset="${1:-release}"
+shift || true
+
+packages=(cmake ninja-build g++ clang libclang-rt-14-dev pkg-config liburing-dev libtbb-dev libasio-dev
+          catch2 libfmt-dev libxxhash-dev python3 fio)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo_cmd apt-get update -qq >/dev/null
+  $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [ ! -f "build/$preset/build.ninja" ]; then
+  cmake --preset "$preset" >/dev/null
+fi
+jobs="${EREDU_JOBS:-$(nproc)}"
+if [ $# -gt 0 ]; then
+  cmake --build --preset "$preset" -j "$jobs" --target "$@" | grep -v -E '^\[[0-9]+/[0-9]+\]' || true
+  exit "${PIPESTATUS[0]}"
+fi
+cmake --build --preset "$preset" -j "$jobs" | grep -v -E '^\[[0-9]+/[0-9]+\]' || true
+exit "${PIPESTATUS[0]}"
