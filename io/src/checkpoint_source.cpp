@@ -242,7 +242,15 @@ std::uint64_t ChunkStream::remaining() const noexcept { return state_->plan.tota
 asio::awaitable<std::optional<Lease>> ChunkStream::next() {
   auto& s = *state_;
   if (s.position >= s.plan.total) co_return std::nullopt;
-  const std::uint64_t length = std::min(s.chunk, s.plan.total - s.position);
+  std::uint64_t length = std::min(s.chunk, s.plan.total - s.position);
+  if (s.plan.runs.size() == 1 && s.plan.alignment && length < s.plan.total - s.position) {
+    // End chunks on aligned file offsets, so every direct-read window after the first is
+    // exactly one chunk (one request) instead of a chunk plus a page.
+    const auto& run = s.plan.runs.front();
+    const std::uint64_t file_pos = s.plan.tensor->offset + run.source_offset + (s.position - run.dest_offset);
+    const std::uint64_t end = (file_pos + length) / s.plan.alignment * s.plan.alignment;
+    if (end > file_pos) length = end - file_pos;
+  }
   Lease lease = co_await source_->read_chunk(s.plan, s.position, length);
   s.position += length;
   co_return std::optional<Lease>(std::move(lease));

@@ -23,6 +23,7 @@ struct ReadState {
   io::CheckpointSource* source = nullptr;
   std::span<const io::TensorInfo> tensors;
   bool verify = true;
+  std::uint64_t chunk = 0;  // 0: one lease per tensor when it fits the pool
   std::size_t next = 0;
   std::uint64_t bytes_done = 0;
   std::vector<std::uint64_t> hashes;
@@ -46,7 +47,7 @@ asio::awaitable<void> read_worker(ReadState* st) {
     const auto& t = st->tensors[i];
     XXH3_64bits_reset(h.get());
     io::TensorReadRequest request{t.name};
-    if (io::LeasePool::block_size(t.nbytes) <= st->source->pool().budget()) {
+    if (st->chunk == 0 && io::LeasePool::block_size(t.nbytes) <= st->source->pool().budget()) {
       io::Lease lease = co_await st->source->async_read(request, asio::use_awaitable);
       absorb(*st, h.get(), lease.bytes());
     } else {
@@ -85,12 +86,12 @@ std::vector<std::uint64_t> reference_hashes(const io::Catalog& catalog) {
 }  // namespace
 
 int run_read(int argc, char** argv) {
-  Args args = parse_args(argc, argv, 2, {"reader", "budget", "depth", "direct", "request", "concurrency", "verify"},
-                         {"json"});
+  Args args = parse_args(argc, argv, 2,
+                         {"reader", "budget", "depth", "direct", "request", "concurrency", "verify", "chunk"}, {"json"});
   if (args.positional.size() != 1) {
     throw std::invalid_argument(
         "usage: eredu read PATH [--reader auto|uring|pread] [--budget 256M] [--depth 4] [--request 4M] "
-        "[--direct auto|on|off] [--concurrency 4] [--verify on|off] [--json]");
+        "[--direct auto|on|off] [--concurrency 4] [--chunk 4M|0] [--verify on|off] [--json]");
   }
   io::SourceOptions opts;
   opts.pool.budget = parse_bytes(args.get("budget", "256M"));
@@ -113,6 +114,7 @@ int run_read(int argc, char** argv) {
   const bool json = args.has("json");
 
   asio::io_context ctx(1);
+  if (auto c = parse_bytes(args.get("chunk", "4M")); c) opts.chunk_bytes = c;
   const double t_setup = now_seconds();
   auto source = io::CheckpointSource::open(ctx.get_executor(), args.positional[0], opts);
   const double setup_s = now_seconds() - t_setup;
@@ -122,6 +124,10 @@ int run_read(int argc, char** argv) {
   st.source = source.get();
   st.tensors = catalog.tensors();
   st.verify = verify == "on";
+  // Consuming a tensor in request-sized leases keeps the staging memory that is written
+  // cache-warm and reused; whole-tensor leases (--chunk 0) are what a loader that needs the
+  // tensor at once gets.
+  st.chunk = parse_bytes(args.get("chunk", "4M"));
   st.hashes.resize(st.tensors.size());
   Progress progress("read", catalog.total_bytes());
   st.progress = &progress;
@@ -157,13 +163,13 @@ int run_read(int argc, char** argv) {
         "{{\"path\":{},\"reader\":{},\"tensors\":{},\"files\":{},\"bytes\":{},\"seconds\":{:.6f},\"gb_per_s\":{:.4f},"
         "\"gib_per_s\":{:.4f},\"setup_seconds\":{:.6f},\"budget\":{},\"staging_high_water\":{},\"peak_rss\":{},"
         "\"requests\":{},\"direct_requests\":{},\"fixed_buffer_requests\":{},\"short_reads\":{},\"syscalls\":{},"
-        "\"depth\":{},\"max_request\":{},\"concurrency\":{},\"verify\":{},\"verify_seconds\":{:.6f},"
+        "\"depth\":{},\"max_request\":{},\"chunk\":{},\"concurrency\":{},\"verify\":{},\"verify_seconds\":{:.6f},"
         "\"mismatches\":{}}}\n",
         json_string(args.positional[0]), json_string(source->reader().name()), st.tensors.size(),
         catalog.files().size(), st.bytes_done, read_s, gbps, static_cast<double>(st.bytes_done) / read_s / (1u << 30),
         setup_s, source->pool().budget(), source->pool().high_water(), rss, stats.requests, stats.direct_requests,
         stats.fixed_buffer_requests, stats.short_reads, stats.syscalls, opts.reader.depth, opts.reader.max_request,
-        concurrency, st.verify ? "true" : "false", verify_s, mismatches);
+        st.chunk, concurrency, st.verify ? "true" : "false", verify_s, mismatches);
   } else {
     fmt::print("read {} ({} tensors, {} file{}) in {:.3f} s: {:.2f} GB/s\n", format_bytes(st.bytes_done),
                st.tensors.size(), catalog.files().size(), catalog.files().size() == 1 ? "" : "s", read_s, gbps);
