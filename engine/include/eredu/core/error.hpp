@@ -22,7 +22,8 @@ struct ErrorContext {
 
 /// Exception thrown (or carried in std::exception_ptr by async operations) for every
 /// eredu failure. code() is the kind; what() reads
-/// "<file>: tensor '<name>' at offset <n>: <detail>" with the unknown parts left out.
+/// "<file>: tensor '<name>': at offset <n>: <detail> [<kind>] (<os error>)" with the
+/// unknown parts left out.
 class Error : public std::system_error {
  public:
   /// Builds the message from the context and a detail sentence.

@@ -7,8 +7,10 @@
 /// pass a callback, or take a std::future with asio::use_future:
 ///
 /// \code
-///   auto source = co_await io::async_open_checkpoint(ex, "model/", {}, asio::use_awaitable);
-///   io::Lease w = co_await source->async_read({"model.embed_tokens.weight"}, asio::use_awaitable);
+///   std::filesystem::path path = "model/";
+///   auto source = co_await io::async_open_checkpoint(ex, path, io::SourceOptions{}, asio::use_awaitable);
+///   io::TensorReadRequest request{"model.embed_tokens.weight"};
+///   io::Lease w = co_await source->async_read(request, asio::use_awaitable);
 ///   consume(w.bytes());   // drop `w` to return its staging memory
 /// \endcode
 ///
