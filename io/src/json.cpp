@@ -483,19 +483,23 @@ Range<Member> Value::members() const noexcept {
   return Range<Member>(doc_, index_ + 1, size());
 }
 
-namespace {
-void append_json_string(std::string& out, std::string_view s) {
+void append_quoted(std::string& out, std::string_view s) {
+  static constexpr char hex[] = "0123456789abcdef";
   out.push_back('"');
   for (unsigned char c : s) {
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
       case '\n': out += "\\n"; break;
       case '\r': out += "\\r"; break;
       case '\t': out += "\\t"; break;
       default:
         if (c < 0x20) {
-          out += fmt::format("\\u{:04x}", c);
+          out += "\\u00";
+          out.push_back(hex[c >> 4]);
+          out.push_back(hex[c & 0xF]);
         } else {
           out.push_back(static_cast<char>(c));
         }
@@ -504,12 +508,13 @@ void append_json_string(std::string& out, std::string_view s) {
   out.push_back('"');
 }
 
+namespace {
 void append_json(std::string& out, const Value& v) {
   switch (v.kind()) {
     case Kind::null: out += "null"; break;
     case Kind::boolean: out += v.as_bool() ? "true" : "false"; break;
     case Kind::number: out += v.number_text(); break;
-    case Kind::string: append_json_string(out, v.as_string()); break;
+    case Kind::string: append_quoted(out, v.as_string()); break;
     case Kind::array: {
       out.push_back('[');
       bool first = true;
@@ -527,7 +532,7 @@ void append_json(std::string& out, const Value& v) {
       for (const auto& m : v.members()) {
         if (!first) out.push_back(',');
         first = false;
-        append_json_string(out, m.key.as_string());
+        append_quoted(out, m.key.as_string());
         out.push_back(':');
         append_json(out, m.value);
       }

@@ -14,6 +14,7 @@
 /// String and number values are views into the parsed text (unless a string contained
 /// escapes, which are decoded into the document), so the text must outlive the Document.
 
+#include "eredu/io/json_text.hpp"
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -36,10 +37,6 @@ class SyntaxError : public std::runtime_error {
  private:
   std::size_t offset_;
 };
-
-/// Offset of the first byte that makes `bytes` invalid UTF-8 (overlong forms, encoded
-/// surrogates, code points above U+10FFFF, truncated sequences), or nullopt when valid.
-std::optional<std::size_t> find_invalid_utf8(std::string_view bytes) noexcept;
 
 /// Kind of a JSON value.
 enum class Kind : std::uint8_t { null, boolean, number, string, array, object };

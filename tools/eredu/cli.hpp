@@ -30,8 +30,6 @@ Args parse_args(int argc, char** argv, int first, const std::vector<std::string>
 std::uint64_t parse_bytes(std::string_view text);
 /// "1.50 GiB" style.
 std::string format_bytes(std::uint64_t bytes);
-/// JSON string literal of `s` (quotes included).
-std::string json_string(std::string_view s);
 
 /// Peak resident set size of this process in bytes.
 std::uint64_t peak_rss_bytes();

@@ -5,6 +5,7 @@
 
 #include "cli.hpp"
 #include "commands.hpp"
+#include "eredu/io/json_text.hpp"
 #include "eredu/io/open_catalog.hpp"
 
 namespace eredu::cli {
@@ -15,24 +16,24 @@ int run_inspect(int argc, char** argv) {
   io::Catalog catalog = io::open_catalog(args.positional[0]);
   auto files = catalog.files();
   if (args.has("json")) {
-    std::string out = "{\"path\":" + json_string(args.positional[0]) + ",\"files\":[";
+    std::string out = "{\"path\":" + io::json::quoted(args.positional[0]) + ",\"files\":[";
     for (std::size_t i = 0; i < files.size(); ++i) {
       out += fmt::format("{}{{\"path\":{},\"format\":{},\"size\":{},\"data_offset\":{}}}", i ? "," : "",
-                         json_string(files[i].path), json_string(files[i].format), files[i].size,
+                         io::json::quoted(files[i].path), io::json::quoted(files[i].format), files[i].size,
                          files[i].data_offset);
     }
     out += "],\"metadata\":{";
     bool first = true;
     for (const auto& [k, v] : catalog.metadata()) {
-      out += fmt::format("{}{}:{}", first ? "" : ",", json_string(k), json_string(v));
+      out += fmt::format("{}{}:{}", first ? "" : ",", io::json::quoted(k), io::json::quoted(v));
       first = false;
     }
     out += "},\"tensors\":[";
     first = true;
     for (const auto& t : catalog.tensors()) {
       out += fmt::format("{}{{\"name\":{},\"dtype\":\"{}\",\"shape\":[{}],\"bytes\":{},\"file\":{},\"offset\":{}}}",
-                         first ? "" : ",", json_string(t.name), dtype_name(t.dtype), fmt::join(t.shape, ","),
-                         t.nbytes, json_string(files[t.file].path), t.offset);
+                         first ? "" : ",", io::json::quoted(t.name), dtype_name(t.dtype), fmt::join(t.shape, ","),
+                         t.nbytes, io::json::quoted(files[t.file].path), t.offset);
       first = false;
     }
     out += fmt::format("],\"tensor_count\":{},\"total_bytes\":{}}}", catalog.size(), catalog.total_bytes());

@@ -8,6 +8,7 @@
 
 #include "commands.hpp"
 #include "eredu/core/error.hpp"
+#include "eredu/io/json_text.hpp"
 
 namespace {
 
@@ -48,12 +49,8 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const eredu::Error& e) {
     if (json) {
-      fmt::print("{{\"error\":\"{}\",\"message\":\"", eredu::errc_name(e.kind()));
-      for (char c : std::string(e.what())) {
-        if (c == '"' || c == '\\') std::putchar('\\');
-        if (static_cast<unsigned char>(c) >= 0x20) std::putchar(c);
-      }
-      fmt::print("\"}}\n");
+      fmt::print("{{\"error\":\"{}\",\"message\":{}}}\n", eredu::errc_name(e.kind()),
+                 eredu::io::json::quoted(e.what()));
     }
     fmt::print(stderr, "eredu {}: {}\n", command, e.what());
     return 1;

@@ -13,6 +13,7 @@
 
 #include "cli.hpp"
 #include "commands.hpp"
+#include "eredu/io/json_text.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/io/checkpoint_source.hpp"
 
@@ -165,7 +166,7 @@ int run_read(int argc, char** argv) {
         "\"requests\":{},\"direct_requests\":{},\"fixed_buffer_requests\":{},\"short_reads\":{},\"syscalls\":{},"
         "\"depth\":{},\"max_request\":{},\"chunk\":{},\"concurrency\":{},\"verify\":{},\"verify_seconds\":{:.6f},"
         "\"mismatches\":{}}}\n",
-        json_string(args.positional[0]), json_string(source->reader().name()), st.tensors.size(),
+        io::json::quoted(args.positional[0]), io::json::quoted(source->reader().name()), st.tensors.size(),
         catalog.files().size(), st.bytes_done, read_s, gbps, static_cast<double>(st.bytes_done) / read_s / (1u << 30),
         setup_s, source->pool().budget(), source->pool().high_water(), rss, stats.requests, stats.direct_requests,
         stats.fixed_buffer_requests, stats.short_reads, stats.syscalls, opts.reader.depth, opts.reader.max_request,

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "eredu/core/error.hpp"
+#include "eredu/io/json_text.hpp"
 
 namespace eredu::synth {
 namespace {
@@ -21,71 +22,12 @@ static_assert(std::endian::native == std::endian::little,
 
 std::error_code last_os_error() { return {errno, std::system_category()}; }
 
-// Strict UTF-8 (no overlong forms, no surrogates, nothing above U+10FFFF): the reference
-// parser rejects exactly these, so a header built from them would be unreadable.
-bool valid_utf8(std::string_view s) noexcept {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  const auto* end = p + s.size();
-  while (p < end) {
-    unsigned c = *p;
-    if (c < 0x80) {
-      ++p;
-      continue;
-    }
-    int extra = 0;
-    unsigned lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-    if (c >= 0xC2 && c <= 0xDF) {
-      extra = 1;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      extra = 2;
-      if (c == 0xE0) lo = 0xA0;
-      if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      extra = 3;
-      if (c == 0xF0) lo = 0x90;
-      if (c == 0xF4) hi = 0x8F;
-    } else {
-      return false;
-    }
-    if (end - p <= extra) return false;
-    if (p[1] < lo || p[1] > hi) return false;
-    for (int i = 2; i <= extra; ++i) {
-      if ((p[i] & 0xC0) != 0x80) return false;
-    }
-    p += extra + 1;
-  }
-  return true;
-}
-
-// Escapes like serde_json: quote, backslash, the five short control escapes, \u00xx
-// (lowercase hex) for the other controls, and everything else (UTF-8 included) verbatim.
+// The reference parser rejects invalid UTF-8, so a header built from it would be unreadable.
 void append_json_string(std::string& out, std::string_view s, const char* what) {
-  if (!valid_utf8(s)) {
+  if (io::json::find_invalid_utf8(s)) {
     throw Error(errc::invalid_argument, {}, fmt::format("{} is not valid UTF-8", what));
   }
-  static constexpr char hex[] = "0123456789abcdef";
-  out.push_back('"');
-  for (char ch : s) {
-    auto c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (c < 0x20) {
-          out += "\\u00";
-          out.push_back(hex[c >> 4]);
-          out.push_back(hex[c & 0xF]);
-        } else {
-          out.push_back(ch);
-        }
-    }
-  }
-  out.push_back('"');
+  io::json::append_quoted(out, s);
 }
 
 void check_same_count(std::size_t tensors, std::size_t data) {
@@ -175,24 +117,6 @@ std::string safetensors_header(std::span<const TensorSpec> tensors_in_file_order
   return out;
 }
 
-// --- UniqueFd ---
-
-namespace detail {
-
-UniqueFd& UniqueFd::operator=(UniqueFd&& other) noexcept {
-  if (this != &other) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = std::exchange(other.fd_, -1);
-  }
-  return *this;
-}
-
-UniqueFd::~UniqueFd() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
-}  // namespace detail
-
 // --- SafetensorsFileWriter ---
 
 SafetensorsFileWriter::SafetensorsFileWriter(const std::filesystem::path& path,
@@ -202,7 +126,7 @@ SafetensorsFileWriter::SafetensorsFileWriter(const std::filesystem::path& path,
   std::string header = safetensors_header(tensors_in_file_order, metadata);
   header_size_ = header.size();
   data_size_ = total_nbytes(tensors_in_file_order);
-  fd_ = detail::UniqueFd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  fd_ = io::UniqueFd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (fd_.get() < 0) {
     throw Error(errc::io_error, {.file = path_.string(), .os_error = last_os_error()},
                 "cannot create the file");
@@ -269,7 +193,7 @@ void SafetensorsFileWriter::write_all(std::span<const std::byte> bytes) {
 // --- whole files and sharded checkpoints ---
 
 void write_text_file(const std::filesystem::path& path, std::string_view contents) {
-  detail::UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  io::UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (fd.get() < 0) {
     throw Error(errc::io_error, {.file = path.string(), .os_error = last_os_error()},
                 "cannot create the file");

@@ -25,6 +25,7 @@
 #include "eredu/core/dtype.hpp"
 #include "eredu/core/shape.hpp"
 #include "eredu/io/tensor_info.hpp"
+#include "eredu/io/unique_fd.hpp"
 
 namespace eredu::synth {
 
@@ -49,31 +50,6 @@ std::uint64_t total_nbytes(std::span<const TensorSpec> tensors);
 /// for a name or metadata string that is not valid UTF-8, (size_overflow) for sizes.
 std::string safetensors_header(std::span<const TensorSpec> tensors_in_file_order,
                                const io::Metadata& metadata);
-
-namespace detail {
-
-/// Owns a file descriptor: closes it on destruction (errors ignored there).
-class UniqueFd {
- public:
-  UniqueFd() noexcept = default;
-  /// Takes ownership of `fd` (-1 for none).
-  explicit UniqueFd(int fd) noexcept : fd_(fd) {}
-  UniqueFd(UniqueFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  UniqueFd& operator=(UniqueFd&& other) noexcept;
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  ~UniqueFd();
-
-  /// The descriptor, or -1.
-  int get() const noexcept { return fd_; }
-  /// Gives up ownership and returns the descriptor.
-  int release() noexcept { return std::exchange(fd_, -1); }
-
- private:
-  int fd_ = -1;
-};
-
-}  // namespace detail
 
 /// Streams one safetensors file: the constructor writes the length prefix and header, write()
 /// appends tensor data in file order, finish() checks that exactly the declared data was
@@ -113,7 +89,7 @@ class SafetensorsFileWriter {
   void write_all(std::span<const std::byte> bytes);
 
   std::filesystem::path path_;
-  detail::UniqueFd fd_;
+  io::UniqueFd fd_;
   std::uint64_t header_size_ = 0;
   std::uint64_t data_size_ = 0;
   std::uint64_t data_written_ = 0;
