@@ -20,7 +20,6 @@ namespace eredu::io::detail {
 /// A batch of segments handed to Reader::read(), completed once.
 struct Batch {
   std::size_t remaining = 0;            ///< pieces not yet finished (queued or in flight)
-  std::size_t in_flight = 0;            ///< pieces the kernel (or a worker) holds now
   std::optional<ReadFailure> failure;   ///< the first failure
   ReadCallback done;                    ///< run once remaining reaches 0
 };

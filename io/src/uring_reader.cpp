@@ -8,42 +8,28 @@
 #include <asio/post.hpp>
 #include <asio/strand.hpp>
 #include <cstdlib>
-#include <deque>
-#include <list>
-#include <mutex>
 
 #include <fmt/format.h>
 
 #include "eredu/core/error.hpp"
 #include "eredu/core/log.hpp"
-#include "page_cache_probe.hpp"
-#include "read_piece.hpp"
+#include "reader_core.hpp"
 
 namespace eredu::io {
 
-using detail::Batch;
-using detail::Next;
 using detail::Piece;
 
 namespace {
-constexpr std::size_t direct_align = 4096;
+constexpr std::size_t direct_align = detail::ReaderCore::direct_align;
 constexpr std::size_t max_iovec = std::size_t{1} << 30;  // io_uring's limit per fixed buffer
 constexpr unsigned max_small_requests = 64;
-
-bool aligned(std::uint64_t v) { return v % direct_align == 0; }
 
 std::error_code sys_error(int e) { return {e, std::system_category()}; }
 }  // namespace
 
 struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
-  struct BatchState {
-    Batch batch;
-    std::vector<Piece> pieces;
-  };
-
   asio::strand<asio::any_io_executor> strand;
-  std::span<OpenFile> files;
-  ReaderOptions options;
+  detail::ReaderCore core;  // used on the strand only (and in shutdown)
   io_uring ring{};
   bool ring_ready = false;
   UniqueFd event_fd;
@@ -51,20 +37,14 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
   bool files_registered = false;
   std::byte* reg_base = nullptr;
   std::size_t reg_bytes = 0;
-  std::vector<bool> direct_enabled;
-  std::vector<detail::PageCacheProbe> probes;
-  std::list<BatchState> batches;
-  std::deque<Piece*> pending;
   unsigned in_flight = 0;
   std::uint64_t in_flight_bytes = 0;
   unsigned submit_failures = 0;
   bool closed = false;
   bool armed = false;  // an eventfd wait is queued on the loop
-  mutable std::mutex stats_mutex;
-  ReaderStats stats;
 
   Impl(asio::any_io_executor ex, std::span<OpenFile> f, const ReaderOptions& o)
-      : strand(asio::make_strand(ex)), files(f), options(o), event_desc(ex) {}
+      : strand(asio::make_strand(ex)), core(f, o), event_desc(ex) {}
 
   ~Impl() {
     if (ring_ready) io_uring_queue_exit(&ring);
@@ -74,13 +54,8 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
     if (const char* off = std::getenv("EREDU_DISABLE_URING"); off && *off && *off != '0') {
       throw Error(errc::uring_unavailable, {}, "io_uring disabled by EREDU_DISABLE_URING");
     }
-    if (options.depth == 0 || options.max_request == 0 || options.max_request > (1u << 30)) {
-      throw Error(errc::invalid_argument, {},
-                  fmt::format("depth {} and max request {} must be positive (max request <= 1 GiB)",
-                              options.depth, options.max_request));
-    }
     unsigned entries = max_small_requests;
-    while (entries < options.depth) entries *= 2;
+    while (entries < core.options.depth) entries *= 2;
     if (int r = io_uring_queue_init(entries, &ring, 0); r < 0) {
       throw Error(errc::uring_unavailable, {.os_error = sys_error(-r)}, "io_uring_setup failed");
     }
@@ -93,19 +68,13 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
     }
     event_desc.assign(::dup(efd));
     register_files();
-    if (options.register_buffers) register_buffers(pool_memory);
-    direct_enabled.assign(files.size(), options.direct != DirectMode::off);
-    probes.reserve(files.size());
-    for (auto& f : files) {
-      probes.emplace_back(options.direct == DirectMode::automatic && f.direct ? f.buffered.get() : -1,
-                          options.direct == DirectMode::automatic && f.direct ? f.size : 0);
-    }
+    if (core.options.register_buffers) register_buffers(pool_memory);
   }
 
   void register_files() {
     // Slot 2i is file i's buffered descriptor, 2i+1 its direct one (-1: a sparse slot).
     std::vector<int> fds;
-    for (auto& f : files) {
+    for (auto& f : core.files) {
       fds.push_back(f.buffered.get());
       fds.push_back(f.direct ? f.direct.get() : -1);
     }
@@ -117,7 +86,7 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
 
   void register_buffers(std::span<std::byte> memory) {
     std::size_t want = memory.size();
-    if (options.max_registered_bytes) want = std::min(want, options.max_registered_bytes);
+    if (core.options.max_registered_bytes) want = std::min(want, core.options.max_registered_bytes);
     want = want / direct_align * direct_align;
     int last_error = 0;
     while (want >= (std::size_t{1} << 20)) {
@@ -149,15 +118,7 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
       done(ReadFailure{make_error_code(errc::cancelled), {}, 0, 0, "reader shut down"});
       return;
     }
-    auto& state = batches.emplace_back();
-    state.batch.done = std::move(done);
-    state.pieces = detail::split_segments(segments, &state.batch, options.max_request);
-    state.batch.remaining = state.pieces.size();
-    if (state.pieces.empty()) {
-      finish_batch(state.batch);
-      return;
-    }
-    for (auto& p : state.pieces) pending.push_back(&p);
+    core.add(segments, std::move(done));
     drive();
   }
 
@@ -174,19 +135,12 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
     if (in_flight > 0 && !armed && !closed) arm();
   }
 
-  bool want_direct(const Piece& p, std::uint64_t pos, const std::byte* dst, std::uint64_t len) {
-    const auto& f = files[p.file];
-    if (!f.direct || !direct_enabled[p.file] || p.buffered_only) return false;
-    if (!aligned(pos) || !aligned(reinterpret_cast<std::uintptr_t>(dst)) || !aligned(len)) return false;
-    if (options.direct == DirectMode::on) return true;
-    return !probes[p.file].mostly_resident(pos, len);
-  }
-
   bool submit_pending() {
     unsigned queued = 0;
+    const auto& options = core.options;
     const std::uint64_t byte_limit = std::uint64_t{options.depth} * options.max_request;
-    while (!pending.empty()) {
-      Piece* p = pending.front();
+    while (!core.pending.empty()) {
+      Piece* p = core.pending.front();
       const auto len = static_cast<unsigned>(p->length - p->done);
       // `depth` device-sized requests, or more small ones (a column selection's rows) as
       // long as they carry no more bytes than `depth` large ones would.
@@ -195,13 +149,13 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
       if (!room) break;
       io_uring_sqe* sqe = io_uring_get_sqe(&ring);
       if (!sqe) break;
-      pending.pop_front();
+      core.pending.pop_front();
       const std::uint64_t pos = p->offset + p->done;
       std::byte* dst = p->dest + p->done;
       p->submitted = len;
       in_flight_bytes += len;
-      p->direct = want_direct(*p, pos, dst, len);
-      const auto& f = files[p->file];
+      p->direct = core.want_direct(*p, pos, dst, len);
+      const auto& f = core.files[p->file];
       int fd = p->direct ? f.direct.get() : f.buffered.get();
       if (files_registered) fd = static_cast<int>(2 * p->file + (p->direct ? 1 : 0));
       const bool fixed_buf = dst >= reg_base && dst + len <= reg_base + reg_bytes &&
@@ -214,19 +168,12 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
       if (files_registered) sqe->flags |= IOSQE_FIXED_FILE;
       io_uring_sqe_set_data(sqe, p);
       ++in_flight;
-      ++p->batch->in_flight;
       ++queued;
-      std::lock_guard lock(stats_mutex);
-      ++stats.requests;
-      stats.direct_requests += p->direct;
-      stats.fixed_buffer_requests += fixed_buf;
+      core.count_request(p->direct, fixed_buf);
     }
     if (queued == 0 && io_uring_sq_ready(&ring) == 0) return false;
     int r = io_uring_submit(&ring);
-    {
-      std::lock_guard lock(stats_mutex);
-      ++stats.syscalls;
-    }
+    core.count_syscall();
     if (r < 0) {
       // The entries stay in the submission queue; retry from the loop unless the ring is
       // broken for good.
@@ -256,88 +203,13 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
   void handle(Piece& p, long res) {
     --in_flight;
     in_flight_bytes -= p.submitted;
-    --p.batch->in_flight;
-    Batch& b = *p.batch;
-    if (b.failure) {
-      finish_piece(p);
-      return;
-    }
-    res = detail::apply_fault(options.faults, p, res);
-    ReadFailure failure;
-    Next next;
-    {
-      std::lock_guard lock(stats_mutex);
-      next = detail::classify(p, res, files[p.file].path, failure, stats);
-    }
-    switch (next) {
-      case Next::finished:
-        finish_piece(p);
-        break;
-      case Next::resubmit:
-      case Next::requeue:
-        pending.push_front(&p);
-        break;
-      case Next::retry_buffered:
-        if (res == -EINVAL) disable_direct(p.file, res);
-        if (options.direct == DirectMode::on && res == -EINVAL) {
-          fail_batch(b, {make_error_code(errc::direct_io_unsupported), sys_error(EINVAL), p.file,
-                         p.offset + p.done,
-                         fmt::format("O_DIRECT read of {} refused (EINVAL) and --direct on was asked",
-                                     files[p.file].path)});
-          finish_piece(p);
-          break;
-        }
-        p.buffered_only = true;
-        pending.push_front(&p);
-        break;
-      case Next::failed:
-        fail_batch(b, std::move(failure));
-        finish_piece(p);
-        break;
-    }
-  }
-
-  void disable_direct(std::uint32_t file, long res) {
-    if (!direct_enabled[file]) return;
-    direct_enabled[file] = false;
-    log::info("O_DIRECT read of {} refused ({}): falling back to buffered reads for it",
-              files[file].path, sys_error(static_cast<int>(-res)).message());
-  }
-
-  void fail_batch(Batch& b, ReadFailure failure) {
-    if (!b.failure) b.failure = std::move(failure);
-    // Pieces not yet submitted will never be: account them as finished now.
-    for (auto it = pending.begin(); it != pending.end();) {
-      if ((*it)->batch == &b) {
-        it = pending.erase(it);
-        --b.remaining;
-      } else {
-        ++it;
-      }
-    }
-  }
-
-  void finish_piece(Piece& p) {
-    Batch& b = *p.batch;
-    if (--b.remaining == 0) finish_batch(b);
-  }
-
-  void finish_batch(Batch& b) {
-    auto done = std::move(b.done);
-    auto failure = std::move(b.failure);
-    batches.remove_if([&b](const BatchState& s) { return &s.batch == &b; });
-    done(std::move(failure));
+    core.on_result(p, res);
   }
 
   void fail_everything(int error) {
     log::warn("io_uring submission keeps failing ({}): failing every pending read", sys_error(error).message());
     closed = true;
-    for (auto& s : batches) {
-      if (!s.batch.failure) {
-        s.batch.failure = ReadFailure{make_error_code(errc::io_error), sys_error(error), 0, 0,
-                                      "io_uring_submit failed repeatedly"};
-      }
-    }
+    core.fail_all({make_error_code(errc::io_error), sys_error(error), 0, 0, "io_uring_submit failed repeatedly"});
   }
 
   void arm() {
@@ -366,20 +238,10 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
         continue;
       }
       if (r < 0) break;
-      auto* p = static_cast<Piece*>(io_uring_cqe_get_data(cqe));
       io_uring_cqe_seen(&ring, cqe);
       --in_flight;
-      --p->batch->in_flight;
     }
-    pending.clear();
-    for (auto& s : batches) {
-      if (!s.batch.done) continue;
-      auto failure = s.batch.failure ? std::move(*s.batch.failure)
-                                     : ReadFailure{make_error_code(errc::cancelled), {}, 0, 0,
-                                                   "the reader was destroyed before the read finished"};
-      s.batch.done(std::move(failure));
-    }
-    batches.clear();
+    core.cancel_all();
     std::error_code ignored;
     event_desc.close(ignored);
   }
@@ -399,27 +261,24 @@ void UringReader::read(std::vector<ReadSegment> segments, ReadCallback done) {
   });
 }
 
-ReaderStats UringReader::stats() const {
-  std::lock_guard lock(impl_->stats_mutex);
-  return impl_->stats;
-}
+ReaderStats UringReader::stats() const { return impl_->core.stats(); }
 
 std::size_t UringReader::direct_alignment(std::uint32_t file) const noexcept {
-  if (impl_->options.direct == DirectMode::off || file >= impl_->files.size()) return 0;
-  return impl_->files[file].direct ? direct_align : 0;
+  return impl_->core.direct_alignment(file);
 }
 
 std::size_t UringReader::registered_bytes() const noexcept { return impl_->reg_bytes; }
 
 std::string UringReader::describe() const {
   std::size_t direct_files = 0;
-  for (auto& f : impl_->files) direct_files += f.direct ? 1 : 0;
+  const auto& options = impl_->core.options;
+  for (auto& f : impl_->core.files) direct_files += f.direct ? 1 : 0;
   return fmt::format("io_uring, depth {}, requests up to {} KiB, {} MiB fixed buffers, O_DIRECT {} ({} of {} files)",
-                     impl_->options.depth, impl_->options.max_request >> 10, impl_->reg_bytes >> 20,
-                     impl_->options.direct == DirectMode::off  ? "off"
-                     : impl_->options.direct == DirectMode::on ? "on"
-                                                               : "auto",
-                     direct_files, impl_->files.size());
+                     options.depth, options.max_request >> 10, impl_->reg_bytes >> 20,
+                     options.direct == DirectMode::off  ? "off"
+                     : options.direct == DirectMode::on ? "on"
+                                                        : "auto",
+                     direct_files, impl_->core.files.size());
 }
 
 }  // namespace eredu::io

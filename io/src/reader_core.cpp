@@ -1,0 +1,155 @@
+#include "reader_core.hpp"
+
+#include <fmt/format.h>
+
+#include "eredu/core/error.hpp"
+#include "eredu/core/log.hpp"
+
+namespace eredu::io::detail {
+namespace {
+bool aligned(std::uint64_t v) { return v % ReaderCore::direct_align == 0; }
+}  // namespace
+
+ReaderCore::ReaderCore(std::span<OpenFile> f, const ReaderOptions& o) : files(f), options(o) {
+  if (options.depth == 0 || options.max_request == 0 || options.max_request > (std::size_t{1} << 30)) {
+    throw Error(errc::invalid_argument, {},
+                fmt::format("depth {} and max request {} must be positive (max request <= 1 GiB)",
+                            options.depth, options.max_request));
+  }
+  direct_enabled_.assign(files.size(), options.direct != DirectMode::off);
+  probes_.reserve(files.size());
+  for (auto& file : files) {
+    // Only `automatic` asks the page cache; the mapping costs address space, nothing else.
+    const bool probe = options.direct == DirectMode::automatic && file.direct;
+    probes_.emplace_back(probe ? file.buffered.get() : -1, probe ? file.size : 0);
+  }
+}
+
+void ReaderCore::add(const std::vector<ReadSegment>& segments, ReadCallback done) {
+  auto& state = batches_.emplace_back();
+  state.batch.done = std::move(done);
+  state.pieces = split_segments(segments, &state.batch, options.max_request);
+  state.batch.remaining = state.pieces.size();
+  if (state.pieces.empty()) {
+    complete(state.batch);
+    return;
+  }
+  for (auto& p : state.pieces) pending.push_back(&p);
+}
+
+bool ReaderCore::want_direct(const Piece& p, std::uint64_t pos, const std::byte* dst, std::uint64_t len) {
+  if (!files[p.file].direct || !direct_enabled_[p.file] || p.buffered_only) return false;
+  if (!aligned(pos) || !aligned(reinterpret_cast<std::uintptr_t>(dst)) || !aligned(len)) return false;
+  if (options.direct == DirectMode::on) return true;
+  return !probes_[p.file].mostly_resident(pos, len);
+}
+
+void ReaderCore::on_result(Piece& p, long res) {
+  Batch& b = *p.batch;
+  if (b.failure) {
+    finish_piece(p);
+    return;
+  }
+  res = apply_fault(options.faults, p, res);
+  ReadFailure failure;
+  Next next;
+  {
+    std::lock_guard lock(stats_mutex_);
+    next = classify(p, res, files[p.file].path, failure, stats_);
+  }
+  switch (next) {
+    case Next::finished:
+      finish_piece(p);
+      return;
+    case Next::resubmit:
+    case Next::requeue:
+      pending.push_front(&p);
+      return;
+    case Next::retry_buffered:
+      if (res == -EINVAL) {
+        if (options.direct == DirectMode::on) {
+          fail(b, {make_error_code(errc::direct_io_unsupported), {EINVAL, std::system_category()}, p.file,
+                   p.offset + p.done,
+                   fmt::format("O_DIRECT read of {} refused (EINVAL) and --direct on was asked", files[p.file].path)});
+          finish_piece(p);
+          return;
+        }
+        if (direct_enabled_[p.file]) {
+          direct_enabled_[p.file] = false;
+          log::info("O_DIRECT read of {} refused (EINVAL): falling back to buffered reads for it",
+                    files[p.file].path);
+        }
+      }
+      p.buffered_only = true;
+      pending.push_front(&p);
+      return;
+    case Next::failed:
+      fail(b, std::move(failure));
+      finish_piece(p);
+      return;
+  }
+}
+
+void ReaderCore::fail(Batch& b, ReadFailure failure) {
+  if (!b.failure) b.failure = std::move(failure);
+  // Pieces not yet issued never will be: account them as finished now.
+  for (auto it = pending.begin(); it != pending.end();) {
+    if ((*it)->batch == &b) {
+      it = pending.erase(it);
+      --b.remaining;
+    } else {
+      ++it;
+    }
+  }
+}
+
+void ReaderCore::fail_all(const ReadFailure& failure) {
+  for (auto& s : batches_) fail(s.batch, failure);
+}
+
+void ReaderCore::finish_piece(Piece& p) {
+  Batch& b = *p.batch;
+  if (--b.remaining == 0) complete(b);
+}
+
+void ReaderCore::complete(Batch& b) {
+  auto done = std::move(b.done);
+  auto failure = std::move(b.failure);
+  batches_.remove_if([&b](const BatchState& s) { return &s.batch == &b; });
+  done(std::move(failure));  // posts to the handler's executor; never runs it here
+}
+
+void ReaderCore::cancel_all() {
+  pending.clear();
+  for (auto& s : batches_) {
+    auto failure = s.batch.failure ? std::move(*s.batch.failure)
+                                   : ReadFailure{make_error_code(errc::cancelled), {}, 0, 0,
+                                                 "the reader was destroyed before the read finished"};
+    if (s.batch.done) s.batch.done(std::move(failure));
+  }
+  batches_.clear();
+}
+
+std::size_t ReaderCore::direct_alignment(std::uint32_t file) const noexcept {
+  if (options.direct == DirectMode::off || file >= files.size()) return 0;
+  return files[file].direct ? direct_align : 0;
+}
+
+void ReaderCore::count_request(bool direct, bool fixed_buffer) {
+  std::lock_guard lock(stats_mutex_);
+  ++stats_.requests;
+  stats_.direct_requests += direct;
+  stats_.fixed_buffer_requests += fixed_buffer;
+}
+
+void ReaderCore::count_syscall() {
+  std::lock_guard lock(stats_mutex_);
+  ++stats_.syscalls;
+}
+
+ReaderStats ReaderCore::stats() const {
+  std::lock_guard lock(stats_mutex_);
+  return stats_;
+}
+
+}  // namespace eredu::io::detail
