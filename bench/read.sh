@@ -5,10 +5,10 @@
 #   cold: (when /proc/sys/vm/drop_caches is writable) the best O_DIRECT io_uring bandwidth
 #         fio reaches on the same file over request sizes 1M/4M and depths 1/4/8
 # Prints medians and min-max; staging high-water and peak RSS come from eredu's summary.
-# usage: bench/read.sh [size=2G] [runs=5] [dir=/tmp/eredu-bench]
+# usage: bench/read.sh [size=4G] [runs=7] [dir=/tmp/eredu-bench]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-size="${1:-2G}"; runs="${2:-5}"; dir="${3:-${TMPDIR:-/tmp}/eredu-bench}"
+size="${1:-4G}"; runs="${2:-7}"; dir="${3:-${TMPDIR:-/tmp}/eredu-bench}"
 bash scripts/setup.sh release eredu_cli pread_baseline >/dev/null
 eredu=build/release/tools/eredu; base=build/release/bench/pread_baseline
 mkdir -p "$dir"; file="$dir/model-$size.safetensors"

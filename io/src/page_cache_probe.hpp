@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <cstdint>
-#include <vector>
 
 namespace eredu::io::detail {
 
@@ -28,24 +27,28 @@ class PageCacheProbe {
     if (base_) ::munmap(base_, size_);
   }
 
-  /// True when at least half of the pages of [offset, offset + length) are cached.
+  /// True when the request [offset, offset + length) looks cached: at least two of its
+  /// first, middle and last pages are. Three one-page mincore() calls cost about a
+  /// microsecond; asking about every page of a 4 MiB request cost more than copying it.
   bool mostly_resident(std::uint64_t offset, std::uint64_t length) {
     if (!base_ || length == 0 || offset >= size_) return false;
-    const std::uint64_t page = 4096;
-    std::uint64_t begin = offset / page * page;
-    std::uint64_t end = std::min(size_, offset + length);
-    std::size_t pages = static_cast<std::size_t>((end - begin + page - 1) / page);
-    vec_.resize(pages);
-    if (::mincore(base_ + begin, end - begin, vec_.data()) != 0) return false;
-    std::size_t resident = 0;
-    for (auto v : vec_) resident += v & 1u;
-    return resident * 2 >= pages;
+    const std::uint64_t last = std::min(size_, offset + length) - 1;
+    const std::uint64_t samples[3] = {offset, offset + (last - offset) / 2, last};
+    int resident = 0;
+    for (std::uint64_t at : samples) resident += page_resident(at) ? 1 : 0;
+    return resident >= 2;
   }
 
  private:
+  bool page_resident(std::uint64_t at) const {
+    unsigned char v = 0;
+    return ::mincore(base_ + at / page * page, 1, &v) == 0 && (v & 1u);
+  }
+
+  static constexpr std::uint64_t page = 4096;
+
   unsigned char* base_ = nullptr;
   std::uint64_t size_ = 0;
-  std::vector<unsigned char> vec_;
 };
 
 }  // namespace eredu::io::detail

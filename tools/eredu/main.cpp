@@ -19,7 +19,7 @@ usage:
       the tensors of a checkpoint (file, sharded directory, or *.index.json): name, dtype,
       shape, bytes, file, and totals
   eredu read PATH [--reader auto|uring|pread] [--budget 256M] [--depth 4] [--request 4M]
-                  [--direct auto|on|off] [--concurrency 4] [--chunk 4M] [--verify on|off] [--json]
+                  [--direct auto|on|off] [--concurrency 2] [--chunk 4M] [--verify on|off] [--json]
       reads every tensor through the bounded lease pool (in --chunk sized leases; 0 for
       one lease per tensor), verifies each against an
       independent pread pass, and prints bytes, seconds, GB/s, staging high-water, peak RSS

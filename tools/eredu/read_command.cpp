@@ -92,7 +92,7 @@ int run_read(int argc, char** argv) {
   if (args.positional.size() != 1) {
     throw std::invalid_argument(
         "usage: eredu read PATH [--reader auto|uring|pread] [--budget 256M] [--depth 4] [--request 4M] "
-        "[--direct auto|on|off] [--concurrency 4] [--chunk 4M|0] [--verify on|off] [--json]");
+        "[--direct auto|on|off] [--concurrency 2] [--chunk 4M|0] [--verify on|off] [--json]");
   }
   io::SourceOptions opts;
   opts.pool.budget = parse_bytes(args.get("budget", "256M"));
@@ -110,7 +110,7 @@ int run_read(int argc, char** argv) {
   else throw std::invalid_argument("--direct must be auto, on or off");
   const std::string verify = args.get("verify", "on");
   if (verify != "on" && verify != "off") throw std::invalid_argument("--verify must be on or off");
-  const unsigned concurrency = static_cast<unsigned>(std::stoul(args.get("concurrency", "4")));
+  const unsigned concurrency = static_cast<unsigned>(std::stoul(args.get("concurrency", "2")));
   if (concurrency == 0) throw std::invalid_argument("--concurrency must be at least 1");
   const bool json = args.has("json");
 
