@@ -113,9 +113,13 @@ int run_read(int argc, char** argv) {
   const unsigned concurrency = static_cast<unsigned>(std::stoul(args.get("concurrency", "2")));
   if (concurrency == 0) throw std::invalid_argument("--concurrency must be at least 1");
   const bool json = args.has("json");
+  // Consuming a tensor in request-sized leases keeps the staging memory that is written
+  // cache-warm and reused; whole-tensor leases (--chunk 0) are what a loader that needs the
+  // tensor at once gets.
+  const std::uint64_t chunk = parse_bytes(args.get("chunk", "4M"));
+  if (chunk) opts.chunk_bytes = chunk;
 
   asio::io_context ctx(1);
-  if (auto c = parse_bytes(args.get("chunk", "4M")); c) opts.chunk_bytes = c;
   const double t_setup = now_seconds();
   auto source = io::CheckpointSource::open(ctx.get_executor(), args.positional[0], opts);
   const double setup_s = now_seconds() - t_setup;
@@ -125,10 +129,7 @@ int run_read(int argc, char** argv) {
   st.source = source.get();
   st.tensors = catalog.tensors();
   st.verify = verify == "on";
-  // Consuming a tensor in request-sized leases keeps the staging memory that is written
-  // cache-warm and reused; whole-tensor leases (--chunk 0) are what a loader that needs the
-  // tensor at once gets.
-  st.chunk = parse_bytes(args.get("chunk", "4M"));
+  st.chunk = chunk;
   st.hashes.resize(st.tensors.size());
   Progress progress("read", catalog.total_bytes());
   st.progress = &progress;
