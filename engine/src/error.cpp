@@ -45,6 +45,25 @@ class Category final : public std::error_category {
       case errc::uring_unavailable: return "io_uring unavailable";
       case errc::cancelled: return "cancelled";
       case errc::invalid_argument: return "invalid argument";
+      case errc::recipe_unknown_key: return "recipe names an unknown tensor";
+      case errc::recipe_invalid_selection: return "recipe selection does not fit its tensor";
+      case errc::recipe_rank_mismatch: return "recipe rank mismatch";
+      case errc::recipe_shape_mismatch: return "recipe shape mismatch";
+      case errc::recipe_bad_dim: return "recipe dimension out of range";
+      case errc::recipe_dtype_mismatch: return "recipe inputs differ in dtype";
+      case errc::recipe_unsupported_cast: return "unsupported cast";
+      case errc::recipe_sub_byte_layout: return "layout recipe on a sub-byte dtype";
+      case errc::invalid_parameter_id: return "invalid parameter identity";
+      case errc::duplicate_binding: return "duplicate binding";
+      case errc::alias_unknown_owner: return "alias of an unknown owner";
+      case errc::alias_chain: return "alias of an alias";
+      case errc::byte_mismatch: return "declared bytes differ from the recipe's";
+      case errc::missing_binding: return "parameter has no materialized value";
+      case errc::unexpected_bindings: return "materialized values for unknown parameters";
+      case errc::bind_shape_mismatch: return "weight shape differs from the parameter's";
+      case errc::bind_dtype_mismatch: return "weight dtype differs from the parameter's";
+      case errc::out_of_memory: return "out of memory";
+      case errc::backend_failure: return "backend failure";
     }
     return "unknown eredu error";
   }
@@ -96,15 +115,44 @@ const char* errc_name(errc e) noexcept {
     EREDU_ERRC_NAME(uring_unavailable)
     EREDU_ERRC_NAME(cancelled)
     EREDU_ERRC_NAME(invalid_argument)
+    EREDU_ERRC_NAME(recipe_unknown_key)
+    EREDU_ERRC_NAME(recipe_invalid_selection)
+    EREDU_ERRC_NAME(recipe_rank_mismatch)
+    EREDU_ERRC_NAME(recipe_shape_mismatch)
+    EREDU_ERRC_NAME(recipe_bad_dim)
+    EREDU_ERRC_NAME(recipe_dtype_mismatch)
+    EREDU_ERRC_NAME(recipe_unsupported_cast)
+    EREDU_ERRC_NAME(recipe_sub_byte_layout)
+    EREDU_ERRC_NAME(invalid_parameter_id)
+    EREDU_ERRC_NAME(duplicate_binding)
+    EREDU_ERRC_NAME(alias_unknown_owner)
+    EREDU_ERRC_NAME(alias_chain)
+    EREDU_ERRC_NAME(byte_mismatch)
+    EREDU_ERRC_NAME(missing_binding)
+    EREDU_ERRC_NAME(unexpected_bindings)
+    EREDU_ERRC_NAME(bind_shape_mismatch)
+    EREDU_ERRC_NAME(bind_dtype_mismatch)
+    EREDU_ERRC_NAME(out_of_memory)
+    EREDU_ERRC_NAME(backend_failure)
 #undef EREDU_ERRC_NAME
   }
   return "unknown";
+}
+
+error_family errc_family(errc e) noexcept {
+  if (e <= errc::unknown_format) return error_family::format;
+  if (e <= errc::invalid_argument) return error_family::store;
+  if (e <= errc::recipe_sub_byte_layout) return error_family::recipe;
+  if (e <= errc::byte_mismatch) return error_family::declaration;
+  if (e <= errc::unexpected_bindings) return error_family::orchestration;
+  return error_family::backend;
 }
 
 namespace {
 std::string compose(const ErrorContext& c, errc kind, const std::string& detail) {
   std::string out;
   if (!c.file.empty()) fmt::format_to(std::back_inserter(out), "{}: ", c.file);
+  if (!c.parameter.empty()) fmt::format_to(std::back_inserter(out), "parameter '{}': ", c.parameter);
   if (!c.tensor.empty()) fmt::format_to(std::back_inserter(out), "tensor '{}': ", c.tensor);
   if (c.offset) fmt::format_to(std::back_inserter(out), "at offset {}: ", *c.offset);
   fmt::format_to(std::back_inserter(out), "{} [{}]", detail, errc_name(kind));

@@ -89,7 +89,8 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
     if (core.options.max_registered_bytes) want = std::min(want, core.options.max_registered_bytes);
     want = want / direct_align * direct_align;
     int last_error = 0;
-    while (want >= (std::size_t{1} << 20)) {
+    // Try the whole pool first, however small; halve on failure down to 1 MiB.
+    while (want > 0) {
       std::vector<iovec> iov;
       for (std::size_t off = 0; off < want; off += max_iovec) {
         iov.push_back({memory.data() + off, std::min(max_iovec, want - off)});
@@ -101,12 +102,13 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
         break;
       }
       last_error = -r;
+      if (want <= (std::size_t{1} << 20)) break;
       want = want / 2 / direct_align * direct_align;
     }
     if (reg_bytes < memory.size()) {
-      log::info("registered {} of {} MiB of staging memory as io_uring fixed buffers{}; the rest is "
+      log::info("registered {:.1f} of {:.1f} MiB of staging memory as io_uring fixed buffers{}; the rest is "
                 "read into unregistered memory (raise `ulimit -l` to register all)",
-                reg_bytes >> 20, memory.size() >> 20,
+                static_cast<double>(reg_bytes) / (1 << 20), static_cast<double>(memory.size()) / (1 << 20),
                 last_error ? fmt::format(" ({})", sys_error(last_error).message()) : std::string{});
     }
   }

@@ -49,7 +49,43 @@ enum class errc {
   uring_unavailable,         ///< io_uring was requested but cannot be set up
   cancelled,                 ///< the operation was cancelled or its owner destroyed
   invalid_argument,          ///< an option or argument is out of range
+  // --- recipes (RecipeError): rejected by metadata inference, before any read ---
+  recipe_unknown_key,        ///< a source names a tensor the checkpoint lacks
+  recipe_invalid_selection,  ///< a source's selection does not fit its tensor
+  recipe_rank_mismatch,      ///< inputs of different rank, or a permutation of the wrong length
+  recipe_shape_mismatch,     ///< concat inputs disagree off the concat dim, reshape changes the size
+  recipe_bad_dim,            ///< a dim or range outside the input's shape, or not a permutation
+  recipe_dtype_mismatch,     ///< concat inputs of different dtypes
+  recipe_unsupported_cast,   ///< a cast between dtypes no backend converts
+  recipe_sub_byte_layout,    ///< slice/concat/permute of a dtype narrower than a byte
+  // --- binding declarations (the seed's ResidencyDeclarationError) ---
+  invalid_parameter_id,      ///< a binding name is not a valid dotted parameter identity
+  duplicate_binding,         ///< two bindings target the same parameter
+  alias_unknown_owner,       ///< an alias names an owner that is not a binding
+  alias_chain,               ///< an alias names another alias
+  byte_mismatch,             ///< declared bytes differ from what the recipe produces
+  // --- binding a materialized unit (ParameterOrchestrationError) ---
+  missing_binding,           ///< a module parameter has no materialized value
+  unexpected_bindings,       ///< materialized values name no parameter of the module
+  // --- backends ---
+  bind_shape_mismatch,       ///< a weight's shape differs from its parameter's
+  bind_dtype_mismatch,       ///< a weight's dtype differs from its parameter's
+  out_of_memory,             ///< the backend could not allocate tensor storage
+  backend_failure,           ///< any other backend operation failed
 };
+
+/// The layer a kind belongs to: which of the seed's error types it realises.
+enum class error_family {
+  format,        ///< checkpoint format (safetensors header, sharded index)
+  store,         ///< reading (the seed's StoreError)
+  recipe,        ///< recipe validation (RecipeError)
+  declaration,   ///< binding declarations (ResidencyDeclarationError)
+  orchestration, ///< materialize/bind orchestration (ParameterOrchestrationError)
+  backend,       ///< backend-native failure (ParameterOrchestrationError::Backend)
+};
+
+/// Family of a kind.
+error_family errc_family(errc e) noexcept;
 
 /// The category of eredu::errc values.
 const std::error_category& error_category() noexcept;

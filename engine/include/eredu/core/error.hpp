@@ -15,6 +15,7 @@ namespace eredu {
 /// Where an error happened: every field that is known is named in the message.
 struct ErrorContext {
   std::string file;                    ///< path of the file concerned, if any
+  std::string parameter;               ///< runtime parameter identity concerned, if any
   std::string tensor;                  ///< tensor name concerned, if any
   std::optional<std::uint64_t> offset; ///< absolute byte offset in the file, if any
   std::error_code os_error;            ///< errno-based cause for I/O errors, if any
@@ -22,7 +23,7 @@ struct ErrorContext {
 
 /// Exception thrown (or carried in std::exception_ptr by async operations) for every
 /// eredu failure. code() is the kind; what() reads
-/// "<file>: tensor '<name>': at offset <n>: <detail> [<kind>] (<os error>)" with the
+/// "<file>: parameter '<id>': tensor '<name>': at offset <n>: <detail> [<kind>] (<os error>)" with the
 /// unknown parts left out.
 class Error : public std::system_error {
  public:
@@ -31,6 +32,8 @@ class Error : public std::system_error {
 
   /// The kind of failure.
   errc kind() const noexcept { return static_cast<errc>(code().value()); }
+  /// The layer the kind belongs to.
+  error_family family() const noexcept { return errc_family(kind()); }
   /// File, tensor and offset the failure concerns.
   const ErrorContext& context() const noexcept { return context_; }
   /// The detail sentence without the context prefix.
@@ -42,6 +45,31 @@ class Error : public std::system_error {
   ErrorContext context_;
   std::string detail_;
   std::string message_;
+};
+
+/// A recipe rejected by metadata inference (the seed's RecipeError); family() == recipe.
+class RecipeError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// Invalid binding declarations (the seed's ResidencyDeclarationError); family() == declaration.
+class DeclarationError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A materialized unit that does not fit its module (ParameterOrchestrationError's
+/// MissingBinding / UnexpectedBindings / ByteMismatch).
+class OrchestrationError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A backend-native failure (allocation, shape/dtype refusal at bind, device errors).
+class BackendError : public Error {
+ public:
+  using Error::Error;
 };
 
 }  // namespace eredu

@@ -169,7 +169,7 @@ auto async_open_checkpoint(asio::any_io_executor executor, std::filesystem::path
   using Sig = void(std::exception_ptr, std::unique_ptr<CheckpointSource>);
   return asio::async_initiate<Token, Sig>(
       [](auto handler, asio::any_io_executor ex, std::filesystem::path p, SourceOptions o) {
-        auto done = detail::deliver_on_handler_executor<std::exception_ptr, std::unique_ptr<CheckpointSource>>(
+        auto done = eredu::detail::deliver_on_handler_executor<std::exception_ptr, std::unique_ptr<CheckpointSource>>(
             std::move(handler), ex);
         start_open_thread(std::move(ex), std::move(p), std::move(o), std::move(done));
       },

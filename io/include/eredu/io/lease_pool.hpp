@@ -24,7 +24,7 @@
 #include <system_error>
 
 #include "eredu/core/unique_function.hpp"
-#include "eredu/io/detail/handler_completion.hpp"
+#include "eredu/core/detail/handler_delivery.hpp"
 #include "eredu/io/staging_buffer.hpp"
 
 namespace eredu::io {
@@ -87,7 +87,7 @@ class LeasePool {
     return asio::async_initiate<Token, void(std::error_code, StagingBuffer)>(
         [this](auto handler, std::size_t n) {
           auto slot = asio::get_associated_cancellation_slot(handler);
-          auto done = detail::deliver_on_handler_executor<std::error_code, StagingBuffer>(
+          auto done = eredu::detail::deliver_on_handler_executor<std::error_code, StagingBuffer>(
               std::move(handler), executor_);
           start_acquire(n, std::move(done), slot);
         },

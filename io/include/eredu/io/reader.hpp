@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "eredu/core/unique_function.hpp"
-#include "eredu/io/detail/handler_completion.hpp"
+#include "eredu/core/detail/handler_delivery.hpp"
 #include "eredu/io/open_file.hpp"
 #include "eredu/io/read_fault.hpp"
 
@@ -107,7 +107,7 @@ class Reader {
     return asio::async_initiate<Token, void(std::optional<ReadFailure>)>(
         [this, &fallback](auto handler, std::vector<ReadSegment> segs) {
           read(std::move(segs),
-               detail::deliver_on_handler_executor<std::optional<ReadFailure>>(std::move(handler),
+               eredu::detail::deliver_on_handler_executor<std::optional<ReadFailure>>(std::move(handler),
                                                                                fallback));
         },
         token, std::move(segments));

@@ -12,7 +12,7 @@
 
 #include "eredu/core/unique_function.hpp"
 
-namespace eredu::io::detail {
+namespace eredu::detail {
 
 /// Wraps `handler` so that calling the result with Args posts the handler, with those
 /// arguments, to its associated executor (or `fallback` when it has none). A work guard
@@ -32,4 +32,4 @@ UniqueFunction<void(Args...)> deliver_on_handler_executor(Handler handler, const
   };
 }
 
-}  // namespace eredu::io::detail
+}  // namespace eredu::detail
