@@ -1,0 +1,103 @@
+#pragma once
+/// \file
+/// eredu::cpu::Backend: the oneTBB CPU backend, realising the engine's ParameterBackend,
+/// SubmissionBackend and TransferBackend concepts.
+///
+/// How a weight reaches its tensor:
+///  * checkpoint dtype kept, no recipe: the tensor's storage is allocated (recycled from the
+///    StoragePool when possible, otherwise populated on all cores of the executor's arena)
+///    and the reader writes the selected bytes straight into it — one copy from the page
+///    cache, no staging lease, no second copy;
+///  * a cast: the tensor is read in bounded chunk leases; each chunk is converted on the
+///    arena while the next one is read, and each lease is released as soon as its
+///    conversion has completed;
+///  * other recipes: sources read straight into their place where the layout allows it
+///    (a concat along the outermost dim, a reshape, a slice folded into the read's
+///    selection), otherwise into temporary tensors, then sliced, concatenated or transposed
+///    on the arena.
+/// Every step runs as a coroutine on the source's Asio executor; TBB work is awaited as an
+/// eredu::Completion, so no coroutine ever resumes inside a TBB worker.
+
+#include <memory>
+#include <stop_token>
+#include <utility>
+#include <vector>
+
+#include "eredu/core/completion.hpp"
+#include "eredu/cpu/executor.hpp"
+#include "eredu/cpu/host_buffer.hpp"
+#include "eredu/cpu/materialization.hpp"
+#include "eredu/cpu/materialization_context.hpp"
+#include "eredu/cpu/parameter.hpp"
+#include "eredu/cpu/tensor.hpp"
+#include "eredu/engine/recipe.hpp"
+#include "eredu/io/checkpoint_source.hpp"
+
+namespace eredu::cpu {
+
+/// The CPU backend's types and operations (see file comment). Stateless: state lives in
+/// the MaterializationContext, the Executor and the StoragePool.
+struct Backend {
+  using Parameter = cpu::Parameter;                            ///< a module's slot
+  using MaterializedWeight = Tensor;                           ///< a realized weight
+  using MaterializationContext = cpu::MaterializationContext;  ///< executor + storage pool
+  using Materialization = cpu::Materialization;                ///< an in-flight realization
+  using Executor = cpu::Executor;                              ///< a TBB arena
+  using HostBuffer = cpu::HostBuffer;                          ///< a parked weight
+
+  // --- ParameterBackend ---
+
+  /// Starts reading `request` (checkpoint dtype kept) straight into a new tensor. Throws
+  /// at once for an unknown tensor, a bad selection, or an allocation failure.
+  static Materialization materialize(io::CheckpointSource& source, const io::TensorReadRequest& request,
+                                     MaterializationContext& context, std::stop_token stop);
+  /// Starts executing a recipe into a new tensor. Throws RecipeError at once if it does not
+  /// infer against the source's catalog.
+  static Materialization materialize_recipe(io::CheckpointSource& source, const engine::DerivedWeightRecipe& recipe,
+                                            MaterializationContext& context, std::stop_token stop);
+  /// The completion of an in-flight realization.
+  static Completion completion(const Materialization& m) { return m.done; }
+  /// The tensor an in-flight realization writes.
+  static const Tensor& materialized_weight(const Materialization& m) { return m.weight; }
+  /// The realized tensor; rethrows the realization's error. Call once completion() is ready.
+  static Tensor finish_materialization(Materialization&& m);
+  /// Another handle to the same storage.
+  static Tensor share_materialized_weight(const Tensor& weight) { return weight; }
+  /// Throws BackendError(bind_dtype_mismatch / bind_shape_mismatch) naming both sides.
+  static void validate_bind(const Parameter& parameter, const Tensor& weight);
+  /// Stores the tensor in the slot (replacing, and so releasing, any previous one).
+  static void bind(Parameter& parameter, Tensor&& weight) noexcept { parameter.value = std::move(weight); }
+
+  // --- SubmissionBackend ---
+
+  /// `count` new arenas with `executor`'s concurrency.
+  static std::vector<std::unique_ptr<Executor>> fork_executors(Executor& executor, std::size_t count) {
+    return executor.fork(count);
+  }
+  /// Completes when everything submitted to `executor` so far has (CPU tensors are written
+  /// eagerly: submitting values is a fence).
+  static Completion submit(Executor& executor) { return executor.fence(); }
+  /// Later work on `executor` starts after `completion`.
+  static void order_after(const Completion& completion, Executor& executor) { executor.order_after(completion); }
+  /// Keeps `value` alive until `completion` has completed.
+  template <class T>
+  static void retain_until_complete(Executor&, const Completion& completion, T value) {
+    Executor::retain_until_complete(completion, std::move(value));
+  }
+
+  // --- TransferBackend ---
+
+  /// Copies a parked weight back into pooled tensor storage on `executor` (parallel).
+  /// The tensor must not be read before the completion.
+  static std::pair<Tensor, Completion> promote(Executor& executor, const HostBuffer& host, StoragePool& storage);
+  /// promote() into a process-wide default pool.
+  static std::pair<Tensor, Completion> promote(Executor& executor, const HostBuffer& host);
+  /// Copies a weight into a compact host buffer on `executor` (parallel); the weight's
+  /// storage is retained until the copy completes.
+  static std::pair<HostBuffer, Completion> demote(Executor& executor, const Tensor& weight);
+
+  /// The pool used by the two-argument promote().
+  static StoragePool& default_storage();
+};
+
+}  // namespace eredu::cpu

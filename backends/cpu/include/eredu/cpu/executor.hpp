@@ -1,0 +1,72 @@
+#pragma once
+/// \file
+/// eredu::cpu::Executor: a oneTBB task arena as a backend executor (SubmissionBackend).
+///
+/// Work submitted to an executor runs on the arena's worker threads; its result is an
+/// eredu::Completion, so a coroutine co_awaits it and resumes on its own Asio executor,
+/// never inside a TBB worker. An arena's concurrency bounds how many cores the work may
+/// use: a background load (hot-swap) gets a small arena, so serving keeps priority.
+
+#include <tbb/task_arena.h>
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "eredu/core/completion.hpp"
+#include "eredu/core/unique_function.hpp"
+
+namespace eredu::cpu {
+
+/// A TBB arena that runs submitted work and reports each as a Completion. Not movable
+/// (tasks refer to it); own it through std::unique_ptr to pass it around. The destructor
+/// waits for the work already submitted.
+class Executor {
+ public:
+  /// Value of `concurrency` that means "every hardware thread".
+  static constexpr int automatic = -1;
+
+  /// An arena of `concurrency` threads (including the thread that submits, as TBB counts).
+  explicit Executor(int concurrency = automatic);
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  /// Threads the arena may use.
+  int concurrency() const noexcept { return concurrency_; }
+
+  /// Runs `work` on the arena once every completion passed to order_after has finished;
+  /// an exception it throws fails the returned completion, as does a failed predecessor.
+  Completion submit(UniqueFunction<void()> work);
+
+  /// Orders work submitted from now on after `completion` (the seed's order_after).
+  void order_after(const Completion& completion);
+
+  /// A completion that finishes when all work submitted so far has.
+  Completion fence();
+
+  /// Keeps `value` alive until `completion` has finished, then destroys it on the
+  /// completing thread (the seed's retain_until_complete).
+  template <class T>
+  static void retain_until_complete(const Completion& completion, T value) {
+    auto held = std::make_unique<T>(std::move(value));
+    completion.on_complete([held = std::move(held)](std::exception_ptr) mutable { held.reset(); });
+  }
+
+  /// `count` new executors on the same cores, each with this one's concurrency, for
+  /// independently scheduled lanes.
+  std::vector<std::unique_ptr<Executor>> fork(std::size_t count) const;
+
+  /// Runs `fn` on the calling thread inside the arena and waits for it (parallel algorithms
+  /// inside it then use this arena's threads). For synchronous callers and tests.
+  void run_blocking(UniqueFunction<void()> fn);
+
+ private:
+  int concurrency_;
+  std::unique_ptr<tbb::task_arena> arena_;
+  std::mutex mutex_;
+  std::vector<Completion> predecessors_;
+  std::vector<Completion> outstanding_;
+};
+
+}  // namespace eredu::cpu

@@ -1,0 +1,102 @@
+#pragma once
+/// \file
+/// eredu::cpu::StoragePool: where CPU tensor storage comes from, and goes back to.
+///
+/// On these machines a load into fresh memory is bound by populating that memory (the VM
+/// hands freed pages back to its host, and faulting them in again costs 0.5 GB/s per core),
+/// while a load into memory that is already resident runs at memcpy speed. So tensor
+/// storage is pooled: a block freed by a dropped tensor is kept, populated, and handed to
+/// the next allocation of the same size class — a repeated load, a hot-swap reusing the
+/// retired version's storage, or a pipeline reusing the released unit's. Fresh blocks are
+/// populated on all cores (StoragePool::populate), in parallel with reads of other tensors.
+/// Blocks of 2 MiB and more are 2 MiB-aligned and advised for transparent huge pages.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+namespace eredu::cpu {
+
+namespace detail {
+struct PoolState;
+}
+
+/// Sizing of a StoragePool.
+struct StoragePoolOptions {
+  /// Freed bytes kept for reuse; beyond this, freed blocks are returned to the system.
+  std::uint64_t max_retained_bytes = UINT64_MAX;
+  /// Advise transparent huge pages on 2 MiB-aligned blocks.
+  bool huge_pages = true;
+};
+
+/// Counters of a pool, for reports and tests.
+struct StoragePoolStats {
+  std::uint64_t live_bytes = 0;       ///< bytes of blocks currently handed out
+  std::uint64_t retained_bytes = 0;   ///< bytes of freed blocks kept for reuse
+  std::uint64_t fresh_allocations = 0;     ///< blocks that came from the system
+  std::uint64_t recycled_allocations = 0;  ///< blocks that came from the retained set
+};
+
+/// One 64-byte-aligned allocation of a pool; returns itself to the pool when destroyed.
+/// Move-only.
+class StorageBlock {
+ public:
+  StorageBlock() noexcept = default;
+  StorageBlock(StorageBlock&& other) noexcept;
+  StorageBlock& operator=(StorageBlock&& other) noexcept;
+  StorageBlock(const StorageBlock&) = delete;
+  StorageBlock& operator=(const StorageBlock&) = delete;
+  ~StorageBlock();
+
+  /// The usable bytes (exactly the requested size).
+  std::span<std::byte> bytes() const noexcept { return {data_, size_}; }
+  /// First byte (64-byte aligned; 2 MiB aligned for large blocks).
+  std::byte* data() const noexcept { return data_; }
+  /// Requested size in bytes.
+  std::size_t size() const noexcept { return size_; }
+  /// True when the memory came from the system and has not been populated yet.
+  bool fresh() const noexcept { return fresh_; }
+  /// Marks the block populated (StoragePool::populate does this).
+  void mark_populated() noexcept { fresh_ = false; }
+  /// True when the block holds memory.
+  explicit operator bool() const noexcept { return data_ != nullptr; }
+
+ private:
+  friend class StoragePool;
+  std::shared_ptr<detail::PoolState> pool_;
+  std::byte* data_ = nullptr;
+  std::size_t size_ = 0;
+  std::size_t capacity_ = 0;  // size class actually mapped
+  bool fresh_ = false;
+  bool mapped_ = false;       // mmap'd (large) or operator new'd (small)
+};
+
+/// Thread-safe source of tensor storage (see file comment). Copies are handles to the
+/// same pool; blocks keep the pool's state alive, so a block may outlive every handle.
+class StoragePool {
+ public:
+  /// A new, empty pool.
+  explicit StoragePool(StoragePoolOptions options = {});
+
+  /// A block of `bytes` bytes: a retained block of the same size class if there is one
+  /// (already populated), else fresh memory (fresh() is true: call populate). Throws
+  /// eredu::BackendError(out_of_memory) naming the size when the system refuses.
+  StorageBlock allocate(std::size_t bytes);
+
+  /// Faults a fresh block's pages in, on every thread of the calling TBB arena, 2 MiB per
+  /// task (MADV_POPULATE_WRITE, or a write per page where that is unsupported). Blocking;
+  /// call it from a TBB task. No-op for a block that is not fresh.
+  static void populate(StorageBlock& block);
+
+  /// Returns retained blocks to the system until at most `keep_bytes` remain.
+  void trim(std::uint64_t keep_bytes = 0);
+
+  /// Current counters.
+  StoragePoolStats stats() const;
+
+ private:
+  std::shared_ptr<detail::PoolState> state_;
+};
+
+}  // namespace eredu::cpu

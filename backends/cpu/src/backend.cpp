@@ -1,0 +1,307 @@
+#include "eredu/cpu/backend.hpp"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <asio/co_spawn.hpp>
+#include <asio/use_awaitable.hpp>
+#include <cstring>
+#include <optional>
+
+#include "eredu/core/error.hpp"
+#include "eredu/cpu/convert.hpp"
+#include "eredu/cpu/copy_bytes.hpp"
+#include "eredu/cpu/layout.hpp"
+
+namespace eredu::cpu {
+namespace {
+
+using engine::DerivedWeightRecipe;
+using Kind = DerivedWeightRecipe::Kind;
+
+/// Bytes per element of a whole-byte dtype (recipes that reach here were inferred, so
+/// layout operations only see whole-byte dtypes).
+std::size_t element_bytes(DType t) { return dtype_bits(t) / 8; }
+
+[[noreturn]] void throw_stopped(const std::string& what) {
+  throw Error(errc::cancelled, {.tensor = what}, "stopped because another weight of the unit failed");
+}
+
+/// Awaits `c`, rethrowing its failure.
+asio::awaitable<void> await(Completion c) { co_await c.async_wait(asio::use_awaitable); }
+
+/// Awaits `c` and hands back its failure instead of throwing (for draining on error paths,
+/// where a catch handler may not co_await).
+asio::awaitable<std::exception_ptr> settle(Completion c) {
+  try {
+    co_await c.async_wait(asio::use_awaitable);
+  } catch (...) {
+    co_return std::current_exception();
+  }
+  co_return nullptr;
+}
+
+/// Faults a fresh tensor's pages in on every thread of the arena (no-op when recycled).
+asio::awaitable<void> populate(Executor& executor, const Tensor& tensor) {
+  if (!tensor.storage()->fresh()) co_return;
+  Completion c = executor.submit([block = tensor.storage()] { StoragePool::populate(*block); });
+  co_await c.async_wait(asio::use_awaitable);
+}
+
+/// What every step of one realization needs.
+struct Job {
+  io::CheckpointSource& source;
+  Executor& executor;
+  StoragePool& storage;
+  std::stop_token stop;
+};
+
+/// The checkpoint dtype kept: read straight into the (populated) tensor.
+asio::awaitable<void> read_direct(Job job, std::unique_ptr<io::TensorReadRequest> request, Tensor tensor) {
+  if (job.stop.stop_requested()) throw_stopped(request->key);
+  co_await populate(job.executor, tensor);
+  if (job.stop.stop_requested()) throw_stopped(request->key);
+  co_await job.source.async_read_into(*request, tensor.mutable_bytes(), asio::use_awaitable);
+}
+
+/// Reads `source` in bounded chunk leases and converts each into `out` on the arena while
+/// the next is read; each lease is released by its conversion task once done. Chunk
+/// boundaries need not fall on elements: a split element is carried over.
+asio::awaitable<void> stream_convert(const Job& job, const DerivedWeightRecipe& source, DType from, DType to,
+                                     std::span<std::byte> out) {
+  io::TensorReadRequest request{source.key(), source.selection(), io::ReadPolicy::chunked};
+  io::ChunkStream stream = job.source.stream(request);
+  const std::size_t in_elem = element_bytes(from), out_elem = element_bytes(to);
+  std::array<std::byte, 8> carry{};
+  std::size_t carry_n = 0;
+  std::uint64_t consumed = 0;  // input bytes converted so far
+  Completion pending = Completion::ready_now();
+  for (;;) {
+    std::exception_ptr failure;
+    std::optional<io::Lease> lease;
+    if (job.stop.stop_requested()) {
+      failure = std::make_exception_ptr(Error(errc::cancelled, {.tensor = source.key()},
+                                              "stopped because another weight of the unit failed"));
+    } else {
+      try {
+        lease = co_await stream.async_next(asio::use_awaitable);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+    if (failure) {
+      // The previous chunk's conversion still writes into `out`: let it finish first.
+      co_await settle(pending);
+      std::rethrow_exception(failure);
+    }
+    if (!lease) break;
+    std::span<const std::byte> bytes = lease->bytes();
+    if (carry_n) {
+      std::size_t take = std::min(in_elem - carry_n, bytes.size());
+      std::memcpy(carry.data() + carry_n, bytes.data(), take);
+      carry_n += take;
+      bytes = bytes.subspan(take);
+      if (carry_n == in_elem) {
+        convert_serial(from, to, std::span(carry).first(in_elem), out.subspan(consumed / in_elem * out_elem, out_elem));
+        consumed += in_elem;
+        carry_n = 0;
+      }
+    }
+    const std::size_t whole = bytes.size() / in_elem * in_elem;
+    std::span<const std::byte> src = bytes.first(whole);
+    std::span<std::byte> dst = out.subspan(consumed / in_elem * out_elem, whole / in_elem * out_elem);
+    consumed += whole;
+    std::memcpy(carry.data(), bytes.data() + whole, bytes.size() - whole);
+    carry_n = bytes.size() - whole;
+    // One chunk converts while the next is read: at most two leases per tensor.
+    co_await await(pending);
+    pending = job.executor.submit([held = std::move(*lease), src, dst, from, to]() mutable {
+      struct Release {
+        io::Lease& l;
+        ~Release() { l.release(); }
+      } release{held};
+      convert(from, to, src, dst);
+    });
+  }
+  co_await await(pending);
+}
+
+/// A temporary tensor for an intermediate recipe result.
+Tensor temporary(const Job& job, const engine::InferredWeight& w) { return Tensor::allocate(job.storage, w.dtype, w.shape); }
+
+/// Writes the value of `node` (inferred as `info`) into `out`, which is exactly info.bytes.
+asio::awaitable<void> eval_into(const Job& job, const DerivedWeightRecipe& node, std::span<std::byte> out) {
+  const io::Catalog& catalog = job.source.catalog();
+  if (job.stop.stop_requested()) throw_stopped(node.to_string());
+  switch (node.kind()) {
+    case Kind::source: {
+      io::TensorReadRequest request{node.key(), node.selection()};
+      co_await job.source.async_read_into(request, out, asio::use_awaitable);
+      co_return;
+    }
+    case Kind::reshape:
+      // Row-major bytes do not change under a reshape.
+      co_await eval_into(job, node.inputs()[0], out);
+      co_return;
+    case Kind::cast: {
+      const DerivedWeightRecipe& child = node.inputs()[0];
+      engine::InferredWeight in = child.infer(catalog);
+      if (in.dtype == node.dtype()) {
+        co_await eval_into(job, child, out);
+      } else if (child.kind() == Kind::source) {
+        co_await stream_convert(job, child, in.dtype, node.dtype(), out);
+      } else {
+        Tensor tmp = temporary(job, in);
+        co_await eval_into(job, child, tmp.mutable_bytes());
+        Completion c = job.executor.submit([tmp, out, from = in.dtype, to = node.dtype()] {
+          convert(from, to, tmp.bytes(), out);
+        });
+        co_await await(c);
+      }
+      co_return;
+    }
+    case Kind::slice: {
+      const DerivedWeightRecipe& child = node.inputs()[0];
+      engine::InferredWeight in = child.infer(catalog);
+      if (child.kind() == Kind::source) {
+        // Fold the slice into the read's selection: only the sliced bytes are read.
+        const io::TensorInfo& t = catalog.at(child.key());
+        std::vector<Range> ranges = child.selection().ranges;
+        if (ranges.empty())
+          for (auto d : t.shape) ranges.push_back({0, d});
+        Range& r = ranges[node.dim()];
+        r = {r.start + node.range().start, r.start + node.range().stop};
+        io::TensorReadRequest request{child.key(), Selection{std::move(ranges)}};
+        co_await job.source.async_read_into(request, out, asio::use_awaitable);
+      } else {
+        Tensor tmp = temporary(job, in);
+        co_await eval_into(job, child, tmp.mutable_bytes());
+        Completion c = job.executor.submit([tmp, out, shape = in.shape, elem = element_bytes(in.dtype),
+                                            dim = node.dim(), range = node.range()] {
+          copy_slice(tmp.bytes(), shape, elem, dim, range, out);
+        });
+        co_await await(c);
+      }
+      co_return;
+    }
+    case Kind::concat: {
+      engine::InferredWeight whole = node.infer(catalog);
+      std::uint64_t outer = 1;
+      for (std::size_t d = 0; d < node.dim(); ++d) outer *= whole.shape[d];
+      if (outer == 1) {
+        // Each input is one contiguous block of the output: evaluate it in place.
+        std::size_t offset = 0;
+        for (const DerivedWeightRecipe& child : node.inputs()) {
+          std::size_t bytes = child.infer(catalog).bytes;
+          co_await eval_into(job, child, out.subspan(offset, bytes));
+          offset += bytes;
+        }
+        co_return;
+      }
+      std::vector<Tensor> parts;
+      for (const DerivedWeightRecipe& child : node.inputs()) {
+        parts.push_back(temporary(job, child.infer(catalog)));
+        co_await eval_into(job, child, parts.back().mutable_bytes());
+      }
+      Completion c = job.executor.submit([parts, out, dim = node.dim(), elem = element_bytes(whole.dtype)] {
+        std::vector<ConcatInput> inputs;
+        for (const Tensor& p : parts) inputs.push_back({p.bytes(), p.shape()});
+        concat(inputs, dim, elem, out);
+      });
+      co_await await(c);
+      co_return;
+    }
+    case Kind::permute: {
+      const DerivedWeightRecipe& child = node.inputs()[0];
+      engine::InferredWeight in = child.infer(catalog);
+      Tensor tmp = temporary(job, in);
+      co_await eval_into(job, child, tmp.mutable_bytes());
+      std::vector<std::size_t> order(node.order().begin(), node.order().end());
+      Completion c = job.executor.submit([tmp, out, shape = in.shape, elem = element_bytes(in.dtype), order] {
+        permute(tmp.bytes(), shape, elem, order, out);
+      });
+      co_await await(c);
+      co_return;
+    }
+  }
+}
+
+/// The whole recipe into its (populated) output tensor.
+asio::awaitable<void> run_recipe(Job job, std::unique_ptr<DerivedWeightRecipe> recipe, Tensor out) {
+  co_await populate(job.executor, out);
+  co_await eval_into(job, *recipe, out.mutable_bytes());
+}
+
+/// Runs `work` on the source's executor; its end completes the returned Materialization.
+Materialization start(io::CheckpointSource& source, Tensor weight, asio::awaitable<void> work) {
+  CompletionSource done;
+  Completion completion = done.completion();
+  asio::co_spawn(source.get_executor(), std::move(work),
+                 [done = std::move(done)](std::exception_ptr e) mutable { done.finish(std::move(e)); });
+  return Materialization{std::move(weight), std::move(completion)};
+}
+
+}  // namespace
+
+Materialization Backend::materialize(io::CheckpointSource& source, const io::TensorReadRequest& request,
+                                     MaterializationContext& context, std::stop_token stop) {
+  const io::TensorInfo& info = source.catalog().at(request.key);
+  source.selected_bytes(request);  // validates the selection before anything is allocated
+  Shape shape = request.selection.is_all() ? info.shape : request.selection.selected_shape(info.shape);
+  Tensor weight = Tensor::allocate(context.storage, info.dtype, std::move(shape));
+  Job job{source, context.executor, context.storage, std::move(stop)};
+  return start(source, weight, read_direct(job, std::make_unique<io::TensorReadRequest>(request), weight));
+}
+
+Materialization Backend::materialize_recipe(io::CheckpointSource& source, const engine::DerivedWeightRecipe& recipe,
+                                            MaterializationContext& context, std::stop_token stop) {
+  engine::InferredWeight w = recipe.infer(source.catalog());
+  Tensor weight = Tensor::allocate(context.storage, w.dtype, w.shape);
+  Job job{source, context.executor, context.storage, std::move(stop)};
+  return start(source, weight, run_recipe(job, std::make_unique<DerivedWeightRecipe>(recipe), weight));
+}
+
+Tensor Backend::finish_materialization(Materialization&& m) {
+  m.done.get();
+  return std::move(m.weight);
+}
+
+void Backend::validate_bind(const Parameter& parameter, const Tensor& weight) {
+  if (weight.dtype() != parameter.dtype)
+    throw BackendError(errc::bind_dtype_mismatch, {},
+                       fmt::format("the parameter holds {} but the weight is {}", dtype_name(parameter.dtype),
+                                   dtype_name(weight.dtype())));
+  if (weight.shape() != parameter.shape)
+    throw BackendError(errc::bind_shape_mismatch, {},
+                       fmt::format("the parameter has shape {} but the weight has shape {}",
+                                   format_shape(parameter.shape), format_shape(weight.shape())));
+}
+
+std::pair<Tensor, Completion> Backend::promote(Executor& executor, const HostBuffer& host, StoragePool& storage) {
+  Tensor t = Tensor::allocate(storage, host.dtype(), host.shape());
+  Completion c = executor.submit([t, bytes = host.shared_bytes(), n = host.bytes().size()] {
+    StoragePool::populate(*t.storage());
+    std::span<const std::byte> src(bytes.get(), n);
+    copy_bytes(src, t.mutable_bytes());
+  });
+  return {std::move(t), std::move(c)};
+}
+
+std::pair<Tensor, Completion> Backend::promote(Executor& executor, const HostBuffer& host) {
+  return promote(executor, host, default_storage());
+}
+
+std::pair<HostBuffer, Completion> Backend::demote(Executor& executor, const Tensor& weight) {
+  HostBuffer host(weight.dtype(), weight.shape(), weight.nbytes());
+  Completion c = executor.submit([weight, bytes = host.shared_bytes(), n = weight.nbytes()] {
+    copy_bytes(weight.bytes(), std::span<std::byte>(bytes.get(), n));
+  });
+  return {std::move(host), std::move(c)};
+}
+
+StoragePool& Backend::default_storage() {
+  static StoragePool pool;
+  return pool;
+}
+
+}  // namespace eredu::cpu

@@ -1,0 +1,197 @@
+#include "eredu/cpu/storage_pool.hpp"
+
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <system_error>
+#include <vector>
+
+#include "eredu/core/error.hpp"
+
+namespace eredu::cpu {
+namespace {
+
+constexpr std::size_t small_limit = std::size_t{64} << 10;  // below: aligned_alloc
+constexpr std::size_t page = 4096;
+constexpr std::size_t huge = std::size_t{2} << 20;
+
+std::size_t round_up(std::size_t v, std::size_t to) { return (v + to - 1) / to * to; }
+
+std::size_t size_class(std::size_t bytes) {
+  if (bytes == 0) bytes = 1;
+  if (bytes < small_limit) return round_up(bytes, 64);
+  if (bytes < huge) return round_up(bytes, page);
+  return round_up(bytes, huge);
+}
+
+bool is_mapped(std::size_t capacity) { return capacity >= small_limit; }
+
+[[noreturn]] void throw_oom(std::size_t bytes, int err) {
+  throw BackendError(errc::out_of_memory, {.os_error = std::error_code(err, std::system_category())},
+                     fmt::format("cannot allocate {} bytes of tensor storage", bytes));
+}
+
+/// Maps `capacity` bytes; large classes are 2 MiB-aligned so huge pages can back them.
+std::byte* map_block(std::size_t capacity, bool huge_pages) {
+  if (capacity < huge) {
+    void* p = ::mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw_oom(capacity, errno);
+    return static_cast<std::byte*>(p);
+  }
+  // Over-map by 2 MiB and trim both ends to get 2 MiB alignment.
+  std::size_t span = capacity + huge;
+  void* p = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw_oom(capacity, errno);
+  auto base = reinterpret_cast<std::uintptr_t>(p);
+  auto aligned = round_up(base, huge);
+  if (aligned > base) ::munmap(p, aligned - base);
+  std::size_t tail = (base + span) - (aligned + capacity);
+  if (tail) ::munmap(reinterpret_cast<void*>(aligned + capacity), tail);
+  if (huge_pages) ::madvise(reinterpret_cast<void*>(aligned), capacity, MADV_HUGEPAGE);
+  return reinterpret_cast<std::byte*>(aligned);
+}
+
+void free_block(std::byte* data, std::size_t capacity) {
+  if (is_mapped(capacity))
+    ::munmap(data, capacity);
+  else
+    std::free(data);
+}
+
+}  // namespace
+
+namespace detail {
+
+struct PoolState {
+  explicit PoolState(StoragePoolOptions o) : options(o) {}
+  ~PoolState() {
+    for (auto& [capacity, blocks] : retained)
+      for (auto* b : blocks) free_block(b, capacity);
+  }
+  StoragePoolOptions options;
+  mutable std::mutex mutex;
+  std::map<std::size_t, std::vector<std::byte*>> retained;  // capacity -> populated blocks
+  StoragePoolStats stats;
+
+  /// Takes a freed block back; keeps it while under the retention limit.
+  void give_back(std::byte* data, std::size_t capacity, bool fresh) {
+    {
+      std::lock_guard lock(mutex);
+      stats.live_bytes -= capacity;
+      // A never-populated block is no cheaper to reuse than new memory: return it.
+      if (!fresh && stats.retained_bytes + capacity <= options.max_retained_bytes) {
+        retained[capacity].push_back(data);
+        stats.retained_bytes += capacity;
+        return;
+      }
+    }
+    free_block(data, capacity);
+  }
+};
+
+}  // namespace detail
+
+StorageBlock::StorageBlock(StorageBlock&& other) noexcept
+    : pool_(std::move(other.pool_)), data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)), capacity_(std::exchange(other.capacity_, 0)),
+      fresh_(other.fresh_), mapped_(other.mapped_) {}
+
+StorageBlock& StorageBlock::operator=(StorageBlock&& other) noexcept {
+  if (this != &other) {
+    StorageBlock old(std::move(*this));
+    pool_ = std::move(other.pool_);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    capacity_ = std::exchange(other.capacity_, 0);
+    fresh_ = other.fresh_;
+    mapped_ = other.mapped_;
+  }
+  return *this;
+}
+
+StorageBlock::~StorageBlock() {
+  if (data_) pool_->give_back(data_, capacity_, fresh_);
+}
+
+StoragePool::StoragePool(StoragePoolOptions options) : state_(std::make_shared<detail::PoolState>(options)) {}
+
+StorageBlock StoragePool::allocate(std::size_t bytes) {
+  std::size_t capacity = size_class(bytes);
+  StorageBlock block;
+  block.pool_ = state_;
+  block.size_ = bytes;
+  block.capacity_ = capacity;
+  block.mapped_ = is_mapped(capacity);
+  {
+    std::lock_guard lock(state_->mutex);
+    auto it = state_->retained.find(capacity);
+    if (it != state_->retained.end() && !it->second.empty()) {
+      block.data_ = it->second.back();
+      it->second.pop_back();
+      state_->stats.retained_bytes -= capacity;
+      state_->stats.live_bytes += capacity;
+      ++state_->stats.recycled_allocations;
+      return block;
+    }
+  }
+  if (block.mapped_) {
+    block.data_ = map_block(capacity, state_->options.huge_pages);
+  } else {
+    block.data_ = static_cast<std::byte*>(std::aligned_alloc(64, capacity));
+    if (!block.data_) throw_oom(capacity, ENOMEM);
+  }
+  // Small blocks are not worth a parallel populate: the first write faults them in.
+  block.fresh_ = block.mapped_;
+  std::lock_guard lock(state_->mutex);
+  state_->stats.live_bytes += capacity;
+  ++state_->stats.fresh_allocations;
+  return block;
+}
+
+void StoragePool::populate(StorageBlock& block) {
+  if (!block.fresh_) return;
+  std::size_t capacity = block.capacity_;
+  std::size_t chunks = (capacity + huge - 1) / huge;
+  tbb::parallel_for(tbb::blocked_range<std::size_t>(0, chunks, 1), [&](const tbb::blocked_range<std::size_t>& r) {
+    for (std::size_t c = r.begin(); c < r.end(); ++c) {
+      std::byte* p = block.data_ + c * huge;
+      std::size_t n = std::min(huge, capacity - c * huge);
+#ifdef MADV_POPULATE_WRITE
+      if (::madvise(p, n, MADV_POPULATE_WRITE) == 0) continue;
+#endif
+      // Kernels before 5.14: a write per page faults it in.
+      for (std::size_t off = 0; off < n; off += page) reinterpret_cast<volatile char*>(p)[off] = 0;
+    }
+  });
+  block.fresh_ = false;
+}
+
+void StoragePool::trim(std::uint64_t keep_bytes) {
+  std::vector<std::pair<std::byte*, std::size_t>> victims;
+  {
+    std::lock_guard lock(state_->mutex);
+    for (auto it = state_->retained.begin(); it != state_->retained.end() && state_->stats.retained_bytes > keep_bytes;) {
+      auto& blocks = it->second;
+      while (!blocks.empty() && state_->stats.retained_bytes > keep_bytes) {
+        victims.emplace_back(blocks.back(), it->first);
+        blocks.pop_back();
+        state_->stats.retained_bytes -= it->first;
+      }
+      it = blocks.empty() ? state_->retained.erase(it) : std::next(it);
+    }
+  }
+  for (auto [p, c] : victims) free_block(p, c);
+}
+
+StoragePoolStats StoragePool::stats() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->stats;
+}
+
+}  // namespace eredu::cpu

@@ -1,0 +1,89 @@
+#pragma once
+/// \file
+/// bind_materialized_unit: publishes a realized unit into a module's parameter slots, all or
+/// nothing (the seed's `bind_materialized_unit`).
+///
+/// Every slot is validated first — a value exists for it, and the backend accepts it (shape,
+/// dtype) — and every realized value must belong to some slot. Only then is anything
+/// published; `B::bind` cannot fail after `B::validate_bind`, so a failed bind leaves the
+/// module exactly as it was.
+
+#include <fmt/format.h>
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "eredu/core/error.hpp"
+#include "eredu/engine/materialized_unit.hpp"
+#include "eredu/engine/parameter_error.hpp"
+#include "eredu/engine/parameterized.hpp"
+
+namespace eredu::engine {
+
+/// Binds `unit` into `module` (see file comment). Throws OrchestrationError
+/// (missing_binding naming the first slot without a value; unexpected_bindings naming every
+/// value without a slot) or the backend's BackendError with the parameter named; in every
+/// case the module is unchanged.
+template <ParameterBackend B, class M>
+  requires Parameterized<M, typename B::Parameter>
+void bind_materialized_unit(M& module, MaterializedUnit<B> unit) {
+  using Weights = typename MaterializedUnit<B>::Weights;
+  using Parameter = typename B::Parameter;
+
+  struct Validator final : ParameterVisitor<Parameter> {
+    explicit Validator(const Weights& w) : weights(w) {}
+    void visit(const ParameterMetadata& metadata, const Parameter& parameter) override {
+      if (error) return;
+      auto it = weights.find(metadata.id);
+      if (it == weights.end()) {
+        error = std::make_exception_ptr(OrchestrationError(
+            errc::missing_binding, {.parameter = metadata.id.str()},
+            fmt::format("the materialized unit has no value for this {} {} parameter", dtype_name(metadata.dtype),
+                        format_shape(metadata.shape))));
+        return;
+      }
+      if (!visited.insert(metadata.id).second) {
+        error = std::make_exception_ptr(OrchestrationError(errc::duplicate_binding, {.parameter = metadata.id.str()},
+                                                           "the module visits this parameter twice"));
+        return;
+      }
+      try {
+        B::validate_bind(parameter, it->second);
+      } catch (...) {
+        error = attach_parameter(std::current_exception(), metadata.id.str());
+      }
+    }
+    const Weights& weights;
+    std::set<ParameterId> visited;
+    std::exception_ptr error;
+  };
+
+  Weights weights = std::move(unit).release();
+  Validator validator(weights);
+  std::as_const(module).visit_parameters(validator, std::string());
+  if (validator.error) std::rethrow_exception(validator.error);
+  if (validator.visited.size() != weights.size()) {
+    std::vector<std::string> unexpected;
+    for (auto& [id, weight] : weights)
+      if (!validator.visited.contains(id)) unexpected.push_back(id.str());
+    throw OrchestrationError(errc::unexpected_bindings, {},
+                             fmt::format("the materialized unit has values for {} parameter(s) the module does not "
+                                         "have: {}",
+                                         unexpected.size(), fmt::join(unexpected, ", ")));
+  }
+
+  // Publication: every slot was validated against exactly these values.
+  struct Binder final : ParameterVisitorMut<Parameter> {
+    explicit Binder(Weights& w) : weights(w) {}
+    void visit_mut(const ParameterMetadata& metadata, Parameter& parameter) override {
+      auto node = weights.extract(metadata.id);
+      B::bind(parameter, std::move(node.mapped()));
+    }
+    Weights& weights;
+  };
+  Binder binder(weights);
+  module.visit_parameters_mut(binder, std::string());
+}
+
+}  // namespace eredu::engine

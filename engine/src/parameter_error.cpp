@@ -1,0 +1,46 @@
+#include "eredu/engine/parameter_error.hpp"
+
+#include <string>
+
+#include "eredu/core/error.hpp"
+
+namespace eredu::engine {
+namespace {
+
+template <class E>
+std::exception_ptr rebuild(const E& e, std::string_view parameter) {
+  ErrorContext context = e.context();
+  context.parameter = std::string(parameter);
+  return std::make_exception_ptr(E(e.kind(), std::move(context), e.detail()));
+}
+
+}  // namespace
+
+std::exception_ptr attach_parameter(std::exception_ptr error, std::string_view parameter) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error& e) {
+    if (!e.context().parameter.empty()) return error;
+    // Most derived first, so the caller can still catch the specific type.
+    if (auto* r = dynamic_cast<const RecipeError*>(&e)) return rebuild(*r, parameter);
+    if (auto* d = dynamic_cast<const DeclarationError*>(&e)) return rebuild(*d, parameter);
+    if (auto* o = dynamic_cast<const OrchestrationError*>(&e)) return rebuild(*o, parameter);
+    if (auto* b = dynamic_cast<const BackendError*>(&e)) return rebuild(*b, parameter);
+    return rebuild(e, parameter);
+  } catch (...) {
+    return error;
+  }
+}
+
+bool is_cancellation(const std::exception_ptr& error) noexcept {
+  if (!error) return false;
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error& e) {
+    return e.kind() == errc::cancelled;
+  } catch (...) {
+    return false;
+  }
+}
+
+}  // namespace eredu::engine

@@ -1,0 +1,316 @@
+// The CPU backend: storage pool, executor, materialization (direct, cast, recipes), transfer.
+
+#include <catch2/catch.hpp>
+#include <atomic>
+#include <cstdint>
+#include <thread>
+
+#include "cpu/cpu_fixture.hpp"
+#include "eredu/core/error.hpp"
+#include "eredu/cpu/convert.hpp"
+#include "eredu/cpu/layout.hpp"
+
+using namespace eredu;
+using namespace eredu::test;
+using engine::DerivedWeightRecipe;
+
+namespace {
+
+/// A checkpoint whose odd-sized u8 tensor puts every later tensor at an odd file offset, so
+/// chunk boundaries (aligned on file offsets) split elements.
+std::vector<synth::TensorSpec> mixed_specs() {
+  return {
+      {"odd", DType::U8, {7}},
+      {"q", DType::BF16, {8, 16}},
+      {"k", DType::BF16, {8, 16}},
+      {"v", DType::BF16, {8, 16}},
+      {"gate", DType::F32, {4, 6}},
+      {"up", DType::F32, {4, 10}},
+      {"big", DType::BF16, {300, 257}},   // ~150 KiB: several 64 KiB chunks
+      {"mat", DType::F32, {67, 131}},
+      {"cube", DType::F16, {3, 5, 7}},
+  };
+}
+
+struct Env {
+  CpuCheckpoint ckpt{mixed_specs()};
+  asio::io_context ctx;
+  std::unique_ptr<io::CheckpointSource> source;
+  cpu::Executor executor{2};
+  cpu::StoragePool storage;
+  cpu::MaterializationContext mc{executor, storage};
+
+  explicit Env(io::SourceOptions options = small_source_options()) {
+    source = io::CheckpointSource::open(ctx.get_executor(), ckpt.path, options);
+  }
+  cpu::Tensor run(const DerivedWeightRecipe& recipe) {
+    return finish(ctx, cpu::Backend::materialize_recipe(*source, recipe, mc, {}));
+  }
+  cpu::Tensor read(const io::TensorReadRequest& request) {
+    return finish(ctx, cpu::Backend::materialize(*source, request, mc, {}));
+  }
+};
+
+std::vector<std::byte> converted(DType from, DType to, const std::vector<std::byte>& in) {
+  std::vector<std::byte> out(in.size() / (dtype_bits(from) / 8) * (dtype_bits(to) / 8));
+  cpu::convert_serial(from, to, in, out);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("storage pool – large blocks are 2 MiB aligned, recycled populated, trimmed", "[cpu][storage]") {
+  cpu::StoragePool pool;
+  std::byte* first = nullptr;
+  {
+    cpu::StorageBlock b = pool.allocate(3 << 20);
+    REQUIRE(b);
+    CHECK(b.size() == std::size_t{3} << 20);
+    CHECK(reinterpret_cast<std::uintptr_t>(b.data()) % (2 << 20) == 0);
+    CHECK(b.fresh());
+    cpu::Executor ex(2);
+    ex.run_blocking([&] { cpu::StoragePool::populate(b); });
+    CHECK_FALSE(b.fresh());
+    b.bytes()[12345] = std::byte{7};
+    first = b.data();
+    CHECK(pool.stats().live_bytes == std::size_t{4} << 20);  // the 2 MiB size class
+  }
+  CHECK(pool.stats().retained_bytes == std::size_t{4} << 20);
+  cpu::StorageBlock again = pool.allocate((3 << 20) + 5);  // same size class
+  CHECK(again.data() == first);
+  CHECK_FALSE(again.fresh());
+  CHECK(pool.stats().recycled_allocations == 1);
+  cpu::StorageBlock other = pool.allocate(100);  // small: aligned, never "fresh"
+  CHECK(reinterpret_cast<std::uintptr_t>(other.data()) % 64 == 0);
+  CHECK_FALSE(other.fresh());
+  again = cpu::StorageBlock();
+  CHECK(pool.stats().retained_bytes == std::size_t{4} << 20);
+  pool.trim();
+  CHECK(pool.stats().retained_bytes == 0);
+}
+
+TEST_CASE("storage pool – a never-populated block and blocks over the retention limit go back", "[cpu][storage]") {
+  cpu::StoragePool pool({.max_retained_bytes = std::size_t{1} << 20});
+  { auto fresh = pool.allocate(std::size_t{2} << 20); }
+  CHECK(pool.stats().retained_bytes == 0);  // not populated: nothing to gain by keeping it
+  {
+    auto b = pool.allocate(std::size_t{2} << 20);
+    b.mark_populated();
+  }
+  CHECK(pool.stats().retained_bytes == 0);  // over the 1 MiB limit
+  CHECK(pool.stats().live_bytes == 0);
+}
+
+TEST_CASE("executor – completions, errors, order_after, fence and retention", "[cpu][executor]") {
+  cpu::Executor ex(2);
+  std::atomic<int> ran{0};
+  Completion ok = ex.submit([&] { ran += 1; });
+  ok.get();
+  CHECK(ran == 1);
+
+  Completion bad = ex.submit([] { throw Error(errc::backend_failure, {}, "kernel failed"); });
+  CHECK_THROWS_WITH(bad.get(), Catch::Contains("kernel failed"));
+
+  // Work ordered after a pending completion does not start before it.
+  CompletionSource gate;
+  ex.order_after(gate.completion());
+  Completion later = ex.submit([&] { ran += 10; });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK_FALSE(later.ready());
+  CHECK(ran == 1);
+  gate.complete();
+  later.get();
+  CHECK(ran == 11);
+
+  // A failed predecessor fails the work ordered after it, which never runs.
+  auto lanes = cpu::Backend::fork_executors(ex, 2);
+  REQUIRE(lanes.size() == 2);
+  CompletionSource failing;
+  cpu::Backend::order_after(failing.completion(), *lanes[0]);
+  Completion skipped = lanes[0]->submit([&] { ran += 100; });
+  failing.fail(std::make_exception_ptr(Error(errc::io_error, {}, "EIO")));
+  CHECK_THROWS_AS(skipped.get(), Error);
+  CHECK(ran == 11);
+
+  // retain_until_complete keeps a value exactly until the completion.
+  auto alive = std::make_shared<int>(5);
+  std::weak_ptr<int> watch = alive;
+  CompletionSource hold;
+  cpu::Backend::retain_until_complete(*lanes[1], hold.completion(), std::move(alive));
+  CHECK_FALSE(watch.expired());
+  hold.complete();
+  CHECK(watch.expired());
+
+  Completion fenced = cpu::Backend::submit(ex);
+  fenced.wait();
+  CHECK_FALSE(static_cast<bool>(fenced.error()));
+}
+
+TEST_CASE("materialize – checkpoint dtype kept: bytes land in the tensor, whole or selected", "[cpu][materialize]") {
+  Env env;
+  for (const char* name : {"q", "gate", "big", "cube", "odd"}) {
+    io::TensorReadRequest r{name};
+    cpu::Tensor t = env.read(r);
+    CHECK(t.dtype() == env.ckpt.spec(name).dtype);
+    CHECK(t.shape() == env.ckpt.spec(name).shape);
+    CHECK(to_vector(t.bytes()) == env.ckpt.bytes(name));
+  }
+  const auto& big = env.ckpt.spec("big");
+  for (Selection sel : {Selection::rows(big.shape, 10, 120), Selection::columns(big.shape, 3, 200)}) {
+    io::TensorReadRequest r{"big", sel};
+    cpu::Tensor t = env.read(r);
+    CHECK(t.shape() == sel.selected_shape(big.shape));
+    CHECK(to_vector(t.bytes()) == select_bytes(env.ckpt.bytes("big"), big.shape, DType::BF16, sel));
+  }
+  CHECK(env.source->pool().high_water() == 0);  // no staging: read straight into the tensor
+  io::TensorReadRequest missing{"nope"};
+  CHECK_THROWS_AS(cpu::Backend::materialize(*env.source, missing, env.mc, {}), Error);
+}
+
+TEST_CASE("materialize – a cast streams bounded chunks, converts each, splits elements correctly",
+          "[cpu][materialize]") {
+  Env env;
+  for (auto [name, from, to] : {std::tuple{"big", DType::BF16, DType::F32}, std::tuple{"mat", DType::F32, DType::BF16},
+                                std::tuple{"cube", DType::F16, DType::F32}, std::tuple{"q", DType::BF16, DType::F16}}) {
+    INFO(name);
+    cpu::Tensor t = env.run(DerivedWeightRecipe::cast(DerivedWeightRecipe::source(name), to));
+    CHECK(t.dtype() == to);
+    CHECK(t.shape() == env.ckpt.spec(name).shape);
+    CHECK(to_vector(t.bytes()) == converted(from, to, env.ckpt.bytes(name)));
+  }
+  CHECK(env.source->pool().high_water() > 0);
+  CHECK(env.source->pool().high_water() <= env.source->pool().budget());
+  CHECK(env.source->pool().in_use() == 0);  // every lease returned
+}
+
+TEST_CASE("materialize – recipes: fused QKV, gate+up, transpose, slice, reshape, permute, nested cast",
+          "[cpu][materialize][recipe]") {
+  Env env;
+  using R = DerivedWeightRecipe;
+  auto cat = [](std::vector<const std::vector<std::byte>*> parts) {
+    std::vector<std::byte> out;
+    for (auto* p : parts) out.insert(out.end(), p->begin(), p->end());
+    return out;
+  };
+  const auto &q = env.ckpt.bytes("q"), &k = env.ckpt.bytes("k"), &v = env.ckpt.bytes("v");
+
+  cpu::Tensor qkv = env.run(R::concat({R::source("q"), R::source("k"), R::source("v")}, 0));
+  CHECK(qkv.shape() == Shape{24, 16});
+  CHECK(to_vector(qkv.bytes()) == cat({&q, &k, &v}));
+
+  // Along the last dim: rows interleave.
+  cpu::Tensor gu = env.run(R::concat({R::source("gate"), R::source("up")}, 1));
+  CHECK(gu.shape() == Shape{4, 16});
+  std::vector<std::byte> expect;
+  for (std::size_t row = 0; row < 4; ++row) {
+    auto& g = env.ckpt.bytes("gate");
+    auto& u = env.ckpt.bytes("up");
+    expect.insert(expect.end(), g.begin() + row * 24, g.begin() + (row + 1) * 24);
+    expect.insert(expect.end(), u.begin() + row * 40, u.begin() + (row + 1) * 40);
+  }
+  CHECK(to_vector(gu.bytes()) == expect);
+
+  cpu::Tensor tr = env.run(R::transpose(R::source("mat")));
+  CHECK(tr.shape() == Shape{131, 67});
+  {
+    auto in = env.ckpt.bytes("mat");
+    bool same = true;
+    for (std::size_t i = 0; i < 67 && same; ++i)
+      for (std::size_t j = 0; j < 131 && same; ++j)
+        same = std::memcmp(tr.bytes().data() + (j * 67 + i) * 4, in.data() + (i * 131 + j) * 4, 4) == 0;
+    CHECK(same);
+  }
+
+  // A slice of a source is folded into the read's selection.
+  const auto& big = env.ckpt.spec("big");
+  cpu::Tensor sl = env.run(R::slice(R::source("big"), 1, {5, 77}));
+  CHECK(to_vector(sl.bytes()) ==
+        select_bytes(env.ckpt.bytes("big"), big.shape, DType::BF16, Selection{{{0, 300}, {5, 77}}}));
+  // A slice of a derived value runs as a kernel.
+  cpu::Tensor sl2 = env.run(R::slice(R::concat({R::source("q"), R::source("k")}, 0), 0, {4, 12}));
+  auto qk = cat({&q, &k});
+  CHECK(to_vector(sl2.bytes()) == std::vector<std::byte>(qk.begin() + 4 * 32, qk.begin() + 12 * 32));
+
+  cpu::Tensor rs = env.run(R::reshape(R::source("cube"), {15, 7}));
+  CHECK(rs.shape() == Shape{15, 7});
+  CHECK(to_vector(rs.bytes()) == env.ckpt.bytes("cube"));
+
+  cpu::Tensor pm = env.run(R::permute(R::source("cube"), {2, 0, 1}));
+  CHECK(pm.shape() == Shape{7, 3, 5});
+  {
+    auto& in = env.ckpt.bytes("cube");
+    bool same = true;
+    for (std::size_t a = 0; a < 3; ++a)
+      for (std::size_t b = 0; b < 5; ++b)
+        for (std::size_t c = 0; c < 7; ++c)
+          same = same && std::memcmp(pm.bytes().data() + ((c * 3 + a) * 5 + b) * 2, in.data() + ((a * 5 + b) * 7 + c) * 2, 2) == 0;
+    CHECK(same);
+  }
+
+  // A cast of a derived value: concat first, then convert.
+  cpu::Tensor cc = env.run(R::cast(R::concat({R::source("q"), R::source("k"), R::source("v")}, 0), DType::F32));
+  CHECK(cc.dtype() == DType::F32);
+  CHECK(to_vector(cc.bytes()) == converted(DType::BF16, DType::F32, cat({&q, &k, &v})));
+
+  // A bad recipe is refused before anything starts.
+  CHECK_THROWS_AS(cpu::Backend::materialize_recipe(*env.source, R::source("absent"), env.mc, {}), RecipeError);
+  CHECK(env.source->pool().in_use() == 0);
+}
+
+TEST_CASE("materialize – a stop request before the work starts completes it as cancelled", "[cpu][materialize]") {
+  Env env;
+  std::stop_source stop;
+  stop.request_stop();
+  io::TensorReadRequest r{"big"};
+  cpu::Materialization m = cpu::Backend::materialize(*env.source, r, env.mc, stop.get_token());
+  drive_until(env.ctx, m.done);
+  try {
+    cpu::Backend::finish_materialization(std::move(m));
+    FAIL("expected cancellation");
+  } catch (const Error& e) {
+    CHECK(e.kind() == errc::cancelled);
+  }
+  cpu::Materialization c = cpu::Backend::materialize_recipe(
+      *env.source, DerivedWeightRecipe::cast(DerivedWeightRecipe::source("big"), DType::F32), env.mc, stop.get_token());
+  drive_until(env.ctx, c.done);
+  CHECK(c.done.error());
+  CHECK(env.source->pool().in_use() == 0);
+}
+
+TEST_CASE("transfer – demote to host and promote back preserves bytes, dtype and shape", "[cpu][transfer]") {
+  Env env;
+  io::TensorReadRequest r{"big"};
+  cpu::Tensor t = env.read(r);
+  auto [host, demoted] = cpu::Backend::demote(env.executor, t);
+  demoted.get();
+  CHECK(host.dtype() == DType::BF16);
+  CHECK(host.shape() == t.shape());
+  CHECK(to_vector(host.bytes()) == to_vector(t.bytes()));
+  auto [back, promoted] = cpu::Backend::promote(env.executor, host, env.storage);
+  promoted.get();
+  CHECK_FALSE(back.shares_storage_with(t));
+  CHECK(to_vector(back.bytes()) == env.ckpt.bytes("big"));
+}
+
+TEST_CASE("bind – validate_bind refuses wrong dtype and shape; bind publishes", "[cpu][bind]") {
+  cpu::StoragePool pool;
+  cpu::Tensor t = cpu::Tensor::allocate(pool, DType::BF16, {4, 4});
+  cpu::Parameter right(DType::BF16, {4, 4}), wrong_dtype(DType::F32, {4, 4}), wrong_shape(DType::BF16, {16});
+  CHECK_NOTHROW(cpu::Backend::validate_bind(right, t));
+  try {
+    cpu::Backend::validate_bind(wrong_dtype, t);
+    FAIL();
+  } catch (const BackendError& e) {
+    CHECK(e.kind() == errc::bind_dtype_mismatch);
+    CHECK_THAT(e.what(), Catch::Contains("F32") && Catch::Contains("BF16"));
+  }
+  try {
+    cpu::Backend::validate_bind(wrong_shape, t);
+    FAIL();
+  } catch (const BackendError& e) {
+    CHECK(e.kind() == errc::bind_shape_mismatch);
+    CHECK_THAT(e.what(), Catch::Contains("[16]") && Catch::Contains("[4, 4]"));
+  }
+  cpu::Backend::bind(right, cpu::Backend::share_materialized_weight(t));
+  CHECK(right.value.shares_storage_with(t));
+}

@@ -1,0 +1,318 @@
+// The engine's materialize/bind orchestration on the CPU backend: a successful atomic load,
+// and every failure leaving the module exactly as it was, with every lease returned.
+
+#include <catch2/catch.hpp>
+#include <asio/use_future.hpp>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <functional>
+
+#include "cpu/cpu_fixture.hpp"
+#include "eredu/core/error.hpp"
+#include "eredu/cpu/convert.hpp"
+#include "eredu/engine/bindings_from_recipe_set.hpp"
+#include "eredu/engine/load.hpp"
+#include "eredu/engine/parameter_backend.hpp"
+#include "eredu/engine/transfer_backend.hpp"
+
+using namespace eredu;
+using namespace eredu::test;
+using engine::DerivedWeightRecipe;
+using engine::WeightBinding;
+using engine::WeightBindingPlan;
+using R = DerivedWeightRecipe;
+
+static_assert(engine::ParameterBackend<cpu::Backend>);
+static_assert(engine::SubmissionBackend<cpu::Backend>);
+static_assert(engine::TransferBackend<cpu::Backend>);
+
+namespace {
+
+std::vector<synth::TensorSpec> specs() {
+  return {
+      {"odd", DType::U8, {7}},
+      {"embed", DType::BF16, {8, 16}},
+      {"q", DType::BF16, {8, 16}},
+      {"k", DType::BF16, {8, 16}},
+      {"v", DType::BF16, {8, 16}},
+      {"gate", DType::F32, {4, 6}},
+      {"up", DType::F32, {4, 10}},
+      {"big", DType::BF16, {300, 257}},
+      {"norm", DType::F16, {3, 5, 7}},
+  };
+}
+
+/// Calls `fn(local_name, slot)` for each slot of a block: one traversal for both visitors.
+template <class Self, class Fn>
+void for_each_block_slot(Self& self, Fn&& fn) {
+  fn("attn.qkv.weight", self.qkv);
+  fn("mlp.gate_up.weight", self.gate_up);
+  fn("mlp.big.weight", self.big);
+  fn("norm.weight", self.norm);
+}
+
+struct Block {
+  cpu::Parameter qkv{DType::BF16, {24, 16}};
+  cpu::Parameter gate_up{DType::F32, {4, 16}};
+  cpu::Parameter big{DType::F32, {300, 257}};
+  cpu::Parameter norm{DType::F16, {3, 5, 7}};
+
+  void visit_parameters(engine::ParameterVisitor<cpu::Parameter>& v, const std::string& prefix) const {
+    for_each_block_slot(*this, [&](const char* name, const cpu::Parameter& p) {
+      v.visit({engine::ParameterId(engine::join_name(prefix, name)), p.dtype, p.shape}, p);
+    });
+  }
+  void visit_parameters_mut(engine::ParameterVisitorMut<cpu::Parameter>& v, const std::string& prefix) {
+    for_each_block_slot(*this, [&](const char* name, cpu::Parameter& p) {
+      v.visit_mut({engine::ParameterId(engine::join_name(prefix, name)), p.dtype, p.shape}, p);
+    });
+  }
+};
+
+struct Model {
+  cpu::Parameter embed{DType::BF16, {8, 16}};
+  Block layer;
+  cpu::Parameter lm_head{DType::BF16, {8, 16}};  // tied to embed
+
+  template <class V, class Self>
+  static void visit(Self& self, V& v, const std::string& prefix) {
+    auto one = [&](const char* name, auto& p) {
+      engine::ParameterMetadata m{engine::ParameterId(engine::join_name(prefix, name)), p.dtype, p.shape};
+      if constexpr (requires { v.visit_mut(m, p); }) v.visit_mut(m, p); else v.visit(m, p);
+    };
+    one("embed.weight", self.embed);
+    if constexpr (std::is_const_v<Self>)
+      self.layer.visit_parameters(v, engine::join_name(prefix, "layers.0"));
+    else
+      self.layer.visit_parameters_mut(v, engine::join_name(prefix, "layers.0"));
+    one("lm_head.weight", self.lm_head);
+  }
+  void visit_parameters(engine::ParameterVisitor<cpu::Parameter>& v, const std::string& prefix) const {
+    visit(*this, v, prefix);
+  }
+  void visit_parameters_mut(engine::ParameterVisitorMut<cpu::Parameter>& v, const std::string& prefix) {
+    visit(*this, v, prefix);
+  }
+};
+static_assert(engine::Parameterized<Model, cpu::Parameter>);
+
+/// Everything observable about a module: per slot, its storage identity and bytes.
+struct Snapshot {
+  std::vector<std::pair<const void*, std::vector<std::byte>>> slots;
+  friend bool operator==(const Snapshot&, const Snapshot&) = default;
+};
+
+Snapshot snapshot(const Model& m) {
+  Snapshot s;
+  auto add = [&](const cpu::Parameter& p) {
+    s.slots.emplace_back(p.value.storage().get(), to_vector(p.value.bytes()));
+  };
+  add(m.embed);
+  for_each_block_slot(m.layer, [&](const char*, const cpu::Parameter& p) { add(p); });
+  add(m.lm_head);
+  return s;
+}
+
+std::uint64_t bytes_of(DType t, const Shape& s) { return *checked_byte_size(*checked_element_count(s), t); }
+
+/// The plan that loads Model from the checkpoint: plain, fused, concatenated, cast, tied.
+std::vector<WeightBinding> good_bindings() {
+  return {
+      WeightBinding::tensor("embed.weight", "embed", Selection::all(), 256),
+      WeightBinding::from_recipe("layers.0.attn.qkv.weight", R::concat({R::source("q"), R::source("k"), R::source("v")}, 0),
+                                 768),
+      WeightBinding::from_recipe("layers.0.mlp.gate_up.weight", R::concat({R::source("gate"), R::source("up")}, 1), 256),
+      WeightBinding::from_recipe("layers.0.mlp.big.weight", R::cast(R::source("big"), DType::F32),
+                                 bytes_of(DType::F32, {300, 257})),
+      WeightBinding::tensor("layers.0.norm.weight", "norm", Selection::all(), 210),
+      WeightBinding::alias("lm_head.weight", "embed.weight", 256),
+  };
+}
+
+/// Fails every read that touches [offset, offset + length) of file 0 with EIO.
+struct FailRange final : io::FaultInjector {
+  std::uint64_t begin = 0, end = 0;
+  io::ReadFault on_complete(std::uint32_t, std::uint64_t offset, std::uint64_t length) override {
+    if (offset < end && offset + length > begin) return {.error = EIO};
+    return {};
+  }
+};
+
+struct Env {
+  CpuCheckpoint ckpt{specs()};
+  asio::io_context ctx;
+  FailRange faults;
+  std::unique_ptr<io::CheckpointSource> source;
+  cpu::Executor executor{2};
+  cpu::StoragePool storage;
+  cpu::MaterializationContext mc{executor, storage};
+
+  Env() {
+    auto options = small_source_options();
+    options.reader.faults = &faults;
+    source = io::CheckpointSource::open(ctx.get_executor(), ckpt.path, options);
+  }
+  /// Runs async_load to completion; rethrows its failure.
+  void load(Model& model, const WeightBindingPlan& plan) {
+    auto done = engine::async_load<cpu::Backend>(model, *source, plan, mc, asio::use_future);
+    ctx.restart();
+    while (done.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+      ctx.restart();
+      ctx.run_one_for(std::chrono::milliseconds(5));
+    }
+    done.get();
+  }
+};
+
+template <class E>
+E expect_failure(const std::function<void()>& fn, errc kind) {
+  try {
+    fn();
+  } catch (const E& e) {
+    CHECK(e.kind() == kind);
+    return e;
+  } catch (const std::exception& e) {
+    FAIL("unexpected exception: " << e.what());
+  }
+  FAIL("no exception");
+  throw std::logic_error("unreachable");
+}
+
+}  // namespace
+
+TEST_CASE("orchestration – a unit loads atomically: recipes, casts, tied alias sharing storage",
+          "[engine][orchestration]") {
+  Env env;
+  Model model;
+  env.load(model, WeightBindingPlan(good_bindings()));
+  CHECK(to_vector(model.embed.value.bytes()) == env.ckpt.bytes("embed"));
+  CHECK(model.lm_head.value.shares_storage_with(model.embed.value));  // an alias is one storage
+  std::vector<std::byte> qkv;
+  for (auto* n : {"q", "k", "v"}) qkv.insert(qkv.end(), env.ckpt.bytes(n).begin(), env.ckpt.bytes(n).end());
+  CHECK(to_vector(model.layer.qkv.value.bytes()) == qkv);
+  std::vector<std::byte> f32(env.ckpt.bytes("big").size() * 2);
+  cpu::convert_serial(DType::BF16, DType::F32, env.ckpt.bytes("big"), f32);
+  CHECK(to_vector(model.layer.big.value.bytes()) == f32);
+  CHECK(to_vector(model.layer.norm.value.bytes()) == env.ckpt.bytes("norm"));
+  CHECK(env.source->pool().in_use() == 0);
+  CHECK(env.source->pool().high_water() <= env.source->pool().budget());
+}
+
+TEST_CASE("orchestration – every failure leaves the module exactly as it was", "[engine][orchestration]") {
+  Env env;
+  Model model;
+  env.load(model, WeightBindingPlan(good_bindings()));
+  const Snapshot before = snapshot(model);
+  const auto live_before = env.storage.stats().live_bytes;
+
+  auto with = [](std::function<void(std::vector<WeightBinding>&)> edit) {
+    auto b = good_bindings();
+    edit(b);
+    return b;
+  };
+
+  SECTION("declared bytes differ: refused before any read") {
+    const auto read_before = env.source->reader().stats().bytes;
+    auto b = with([](auto& v) { v[3] = WeightBinding::from_recipe("layers.0.mlp.big.weight", R::cast(R::source("big"), DType::F32), 1234); });
+    auto e = expect_failure<OrchestrationError>([&] { env.load(model, WeightBindingPlan(b)); }, errc::byte_mismatch);
+    CHECK_THAT(e.what(), Catch::Contains("layers.0.mlp.big.weight") && Catch::Contains("1234"));
+    CHECK(env.source->reader().stats().bytes == read_before);
+  }
+  SECTION("a recipe naming an unknown tensor") {
+    auto b = with([](auto& v) { v[1] = WeightBinding::from_recipe("layers.0.attn.qkv.weight", R::concat({R::source("q"), R::source("kk")}, 0), 512); });
+    auto e = expect_failure<RecipeError>([&] { env.load(model, WeightBindingPlan(b)); }, errc::recipe_unknown_key);
+    CHECK_THAT(e.what(), Catch::Contains("kk"));
+  }
+  SECTION("a slot without a value") {
+    auto b = with([](auto& v) { v.erase(v.begin() + 4); });
+    auto e = expect_failure<OrchestrationError>([&] { env.load(model, WeightBindingPlan(b)); }, errc::missing_binding);
+    CHECK_THAT(e.what(), Catch::Contains("layers.0.norm.weight"));
+  }
+  SECTION("a value without a slot") {
+    auto b = with([](auto& v) { v.push_back(WeightBinding::tensor("layers.0.extra", "odd", Selection::all(), 7)); });
+    auto e = expect_failure<OrchestrationError>([&] { env.load(model, WeightBindingPlan(b)); }, errc::unexpected_bindings);
+    CHECK_THAT(e.what(), Catch::Contains("layers.0.extra"));
+  }
+  SECTION("a weight of the wrong shape") {
+    auto b = with([](auto& v) { v[0] = WeightBinding::tensor("embed.weight", "embed", Selection{{{0, 4}, {0, 16}}}, 128); v[5] = WeightBinding::alias("lm_head.weight", "embed.weight", 128); });
+    auto e = expect_failure<BackendError>([&] { env.load(model, WeightBindingPlan(b)); }, errc::bind_shape_mismatch);
+    CHECK_THAT(e.what(), Catch::Contains("embed.weight") && Catch::Contains("[4, 16]"));
+  }
+  SECTION("a weight of the wrong dtype") {
+    auto b = with([](auto& v) { v[3] = WeightBinding::tensor("layers.0.mlp.big.weight", "big", Selection::all(), bytes_of(DType::BF16, {300, 257})); });
+    auto e = expect_failure<BackendError>([&] { env.load(model, WeightBindingPlan(b)); }, errc::bind_dtype_mismatch);
+    CHECK_THAT(e.what(), Catch::Contains("layers.0.mlp.big.weight"));
+  }
+  SECTION("an I/O error in one tensor while the others are in flight") {
+    const io::TensorInfo& big = env.source->catalog().at("big");
+    env.faults.begin = big.offset + big.nbytes / 2;
+    env.faults.end = env.faults.begin + 1;
+    auto e = expect_failure<Error>([&] { env.load(model, WeightBindingPlan(good_bindings())); }, errc::io_error);
+    CHECK_THAT(e.what(), Catch::Contains(env.ckpt.path.string()) && Catch::Contains("'big'") &&
+                             Catch::Contains("layers.0.mlp.big.weight"));
+    env.faults.end = 0;
+  }
+  SECTION("the file is truncated after it was opened") {
+    std::filesystem::resize_file(env.ckpt.path, env.source->catalog().at("big").offset + 100);
+    Error e = expect_failure<Error>([&] { env.load(model, WeightBindingPlan(good_bindings())); },
+                                    errc::unexpected_eof);
+    CHECK_THAT(e.what(), Catch::Contains(env.ckpt.path.string()));
+  }
+  CHECK(snapshot(model) == before);
+  CHECK(env.source->pool().in_use() == 0);                  // every lease returned
+  CHECK(env.storage.stats().live_bytes == live_before);    // the failed unit's tensors freed
+}
+
+TEST_CASE("orchestration – invalid declarations are refused when the plan is built", "[engine][orchestration]") {
+  auto plan_of = [](std::vector<WeightBinding> b) { return WeightBindingPlan(std::move(b)); };
+  expect_failure<DeclarationError>([&] { plan_of({WeightBinding::tensor("a", "q", {}, 256), WeightBinding::tensor("a", "k", {}, 256)}); },
+                                   errc::duplicate_binding);
+  expect_failure<DeclarationError>([&] { plan_of({WeightBinding::alias("b", "nobody", 256)}); }, errc::alias_unknown_owner);
+  expect_failure<DeclarationError>(
+      [&] {
+        plan_of({WeightBinding::tensor("a", "q", {}, 256), WeightBinding::alias("b", "a", 256), WeightBinding::alias("c", "b", 256)});
+      },
+      errc::alias_chain);
+  expect_failure<DeclarationError>([&] { WeightBinding::tensor("bad..name", "q", {}, 256); }, errc::invalid_parameter_id);
+}
+
+TEST_CASE("orchestration – a recipe set is consumed whole into bindings that load", "[engine][orchestration]") {
+  Env env;
+  engine::AtomicRecipeSet set;
+  set.add_output("embed.weight", R::source("embed"));
+  set.add_output("layers.0.attn.qkv.weight", R::concat({R::source("q"), R::source("k"), R::source("v")}, 0));
+  set.add_output("layers.0.mlp.gate_up.weight", R::concat({R::source("gate"), R::source("up")}, 1));
+  set.add_output("layers.0.mlp.big.weight", R::cast(R::source("big"), DType::F32));
+  set.add_output("layers.0.norm.weight", R::source("norm"));
+  set.add_alias("lm_head.weight", "embed.weight");
+  auto bindings = engine::bindings_from_recipe_set(env.source->catalog(), std::move(set));
+  REQUIRE(bindings.size() == 6);
+  CHECK(bindings.back().is_alias());
+  CHECK(bindings.back().expected_bytes() == 256);
+  Model model;
+  env.load(model, WeightBindingPlan(bindings));
+  CHECK(model.lm_head.value.shares_storage_with(model.embed.value));
+
+  engine::AtomicRecipeSet bad;
+  bad.add_output("a", R::source("q"));
+  bad.add_output("b", R::cast(R::source("odd"), DType::F32));  // u8 -> f32 is not a supported cast
+  CHECK_THROWS_AS(engine::bindings_from_recipe_set(env.source->catalog(), std::move(bad)), RecipeError);
+}
+
+TEST_CASE("orchestration – park a unit in host memory and bring it back without re-reading", "[engine][transfer]") {
+  Env env;
+  Model model;
+  env.load(model, WeightBindingPlan(good_bindings()));
+  const auto read_before = env.source->reader().stats().bytes;
+  auto [host, demoted] = cpu::Backend::demote(env.executor, model.layer.big.value);
+  demoted.get();
+  auto original = to_vector(model.layer.big.value.bytes());
+  model.layer.big.value = cpu::Tensor();  // dropped: only the host copy remains
+  auto [back, promoted] = cpu::Backend::promote(env.executor, host, env.storage);
+  promoted.get();
+  cpu::Backend::validate_bind(model.layer.big, back);
+  cpu::Backend::bind(model.layer.big, std::move(back));
+  CHECK(to_vector(model.layer.big.value.bytes()) == original);
+  CHECK(env.source->reader().stats().bytes == read_before);
+}
