@@ -7,6 +7,8 @@ namespace eredu::cli {
 int run_inspect(int argc, char** argv);
 /// `eredu read PATH ...`: reads every tensor through the lease pool and verifies it.
 int run_read(int argc, char** argv);
+/// `eredu load PATH ...`: loads every tensor into CPU tensors through the engine.
+int run_load(int argc, char** argv);
 /// `eredu gen OUT ...`: writes a synthetic transformer-shaped checkpoint.
 int run_gen(int argc, char** argv);
 

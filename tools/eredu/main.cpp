@@ -1,4 +1,4 @@
-// eredu: inspect, read and generate checkpoints from the command line.
+// eredu: inspect, read, load and generate checkpoints from the command line.
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
@@ -23,6 +23,11 @@ usage:
       reads every tensor through the bounded lease pool (in --chunk sized leases; 0 for
       one lease per tensor), verifies each against an
       independent pread pass, and prints bytes, seconds, GB/s, staging high-water, peak RSS
+  eredu load PATH [--dtype keep|bf16|f16|f32] [--threads N] [--budget 256M] [--repeat N]
+                  [--reader auto|uring|pread] [--json]
+      loads every tensor into CPU tensors through the engine (one slot per tensor; --dtype
+      casts float tensors), with a progress bar, and prints bytes, seconds, GB/s, staging
+      high-water and peak RSS; --repeat N loads N times, reusing the previous load's storage
   eredu gen OUT [--size 512M] [--dtype bf16|f16|f32] [--shards N] [--seed S] [--layers N]
       writes a deterministic synthetic Llama-shaped checkpoint (OUT is a directory when
       --shards > 1)
@@ -45,6 +50,7 @@ int main(int argc, char** argv) {
     if (command == "inspect") return eredu::cli::run_inspect(argc, argv);
     if (command == "read") return eredu::cli::run_read(argc, argv);
     if (command == "gen") return eredu::cli::run_gen(argc, argv);
+    if (command == "load") return eredu::cli::run_load(argc, argv);
     fmt::print(stderr, "eredu: unknown command '{}'\n\n{}", command, usage);
     return 2;
   } catch (const eredu::Error& e) {

@@ -216,7 +216,8 @@ asio::awaitable<void> eval_into(const Job& job, const DerivedWeightRecipe& node,
       engine::InferredWeight in = child.infer(catalog);
       Tensor tmp = temporary(job, in);
       co_await eval_into(job, child, tmp.mutable_bytes());
-      std::vector<std::size_t> order(node.order().begin(), node.order().end());
+      // permutation() resolves a transpose of a rank only known from the catalog.
+      std::vector<std::size_t> order = node.permutation(in.shape.size());
       Completion c = job.executor.submit([tmp, out, shape = in.shape, elem = element_bytes(in.dtype), order] {
         permute(tmp.bytes(), shape, elem, order, out);
       });
