@@ -168,6 +168,9 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
         io_uring_prep_read(sqe, fd, dst, len, pos);
       }
       if (files_registered) sqe->flags |= IOSQE_FIXED_FILE;
+      // A buffered read of cached data is a memcpy done inside io_uring_enter on this thread;
+      // punted to io-wq, the requests in flight copy on several cores at once.
+      if (!p->direct && core.options.parallel_buffered_copies) sqe->flags |= IOSQE_ASYNC;
       io_uring_sqe_set_data(sqe, p);
       ++in_flight;
       ++queued;
