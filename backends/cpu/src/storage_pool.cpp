@@ -23,11 +23,13 @@ constexpr std::size_t huge = std::size_t{2} << 20;
 
 std::size_t round_up(std::size_t v, std::size_t to) { return (v + to - 1) / to * to; }
 
+/// Capacity actually mapped for `bytes`: whole pages, never whole huge pages — rounding a
+/// tensor up to 2 MiB would add up to 2 MiB of resident memory per tensor (huge pages are
+/// faulted in whole), a hundred MiB over a model's few hundred tensors.
 std::size_t size_class(std::size_t bytes) {
   if (bytes == 0) bytes = 1;
   if (bytes < small_limit) return round_up(bytes, 64);
-  if (bytes < huge) return round_up(bytes, page);
-  return round_up(bytes, huge);
+  return round_up(bytes, page);
 }
 
 bool is_mapped(std::size_t capacity) { return capacity >= small_limit; }
@@ -37,7 +39,8 @@ bool is_mapped(std::size_t capacity) { return capacity >= small_limit; }
                      fmt::format("cannot allocate {} bytes of tensor storage", bytes));
 }
 
-/// Maps `capacity` bytes; large classes are 2 MiB-aligned so huge pages can back them.
+/// Maps `capacity` bytes; large blocks start 2 MiB-aligned so huge pages can back every
+/// whole 2 MiB of them (the tail stays in 4 KiB pages).
 std::byte* map_block(std::size_t capacity, bool huge_pages) {
   if (capacity < huge) {
     void* p = ::mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

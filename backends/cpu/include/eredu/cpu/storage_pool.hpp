@@ -9,7 +9,8 @@
 /// the next allocation of the same size class — a repeated load, a hot-swap reusing the
 /// retired version's storage, or a pipeline reusing the released unit's. Fresh blocks are
 /// populated on all cores (StoragePool::populate), in parallel with reads of other tensors.
-/// Blocks of 2 MiB and more are 2 MiB-aligned and advised for transparent huge pages.
+/// Blocks of 2 MiB and more start 2 MiB-aligned and are advised for transparent huge pages;
+/// their size is rounded to 4 KiB pages only, so the resident size follows the tensor's.
 
 #include <cstddef>
 #include <cstdint>
