@@ -2,6 +2,8 @@
 // Shared by the CPU backend and orchestration tests: a small checkpoint of random bytes with
 // its expected contents, an open source over it, and a CPU materialization context.
 
+#include <tbb/global_control.h>
+
 #include <asio/io_context.hpp>
 #include <asio/use_awaitable.hpp>
 #include <chrono>
@@ -14,6 +16,10 @@
 #include "io/read_fixture.hpp"
 
 namespace eredu::test {
+
+/// Two TBB workers besides the test thread, as `eredu load` sets up, so that executors of
+/// concurrency 2 really run two tasks at once (TBB's default is hardware threads - 1).
+inline tbb::global_control test_workers(tbb::global_control::max_allowed_parallelism, 3);
 
 /// A single-file checkpoint whose tensors hold random bytes (float tensors get random bit
 /// patterns, NaNs included: conversions must handle them), kept in memory for comparison.

@@ -4,8 +4,59 @@
 
 #include <algorithm>
 
+#if defined(__SANITIZE_THREAD__)
+#define EREDU_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define EREDU_TSAN 1
+#endif
+#endif
+#ifdef EREDU_TSAN
+#include <sanitizer/tsan_interface.h>
+#endif
+
 namespace eredu::cpu {
 namespace {
+
+/// The functor TBB copies into its task object. libtbb is not built with ThreadSanitizer,
+/// so TSan cannot see that enqueueing a task happens before running it; under TSan each
+/// copy publishes itself (release) and the run acquires it, making the hand-off visible.
+struct HandOff {
+  std::shared_ptr<CompletionSource> source;
+  std::shared_ptr<UniqueFunction<void()>> work;
+
+  HandOff(std::shared_ptr<CompletionSource> s, std::shared_ptr<UniqueFunction<void()>> w)
+      : source(std::move(s)), work(std::move(w)) {
+    publish();
+  }
+  HandOff(const HandOff& other) : source(other.source), work(other.work) { publish(); }
+  HandOff(HandOff&& other) noexcept : source(std::move(other.source)), work(std::move(other.work)) { publish(); }
+  HandOff& operator=(const HandOff&) = delete;
+  HandOff& operator=(HandOff&&) = delete;
+
+  void publish() {
+#ifdef EREDU_TSAN
+    __tsan_release(this);
+#endif
+  }
+  void operator()() const {
+#ifdef EREDU_TSAN
+    __tsan_acquire(const_cast<HandOff*>(this));
+#endif
+    std::exception_ptr error;
+    {
+      // Destroy the work, and whatever it captured (leases, temporaries), before completing:
+      // whoever awaits the completion may rely on those being released.
+      UniqueFunction<void()> fn = std::move(*work);
+      try {
+        fn();
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    source->finish(std::move(error));
+  }
+};
 
 /// Drops predecessors that have finished successfully; failed ones stay so that work
 /// ordered after them keeps failing rather than running on bad inputs.
@@ -22,7 +73,9 @@ void prune_finished(std::vector<Completion>& completions) {
 
 Executor::Executor(int concurrency)
     : concurrency_(concurrency == automatic ? tbb::this_task_arena::max_concurrency() : std::max(1, concurrency)),
-      arena_(std::make_unique<tbb::task_arena>(concurrency_)) {}
+      // No slot reserved for an application thread: work arrives by enqueue from the event
+      // loop, which never joins the arena, so every slot must be open to TBB's workers.
+      arena_(std::make_unique<tbb::task_arena>(concurrency_, 0)) {}
 
 Executor::~Executor() { fence().wait(); }
 
@@ -36,14 +89,7 @@ Completion Executor::submit(UniqueFunction<void()> work) {
     }
     // The arena copies its functor; the move-only work travels in a shared holder.
     auto task = std::make_shared<UniqueFunction<void()>>(std::move(work));
-    arena_->enqueue([source, task] {
-      try {
-        (*task)();
-        source->complete();
-      } catch (...) {
-        source->fail(std::current_exception());
-      }
-    });
+    arena_->enqueue(HandOff(source, std::move(task)));
   };
   Completion after;
   {

@@ -6,6 +6,13 @@
 /// eredu::Completion, so a coroutine co_awaits it and resumes on its own Asio executor,
 /// never inside a TBB worker. An arena's concurrency bounds how many cores the work may
 /// use: a background load (hot-swap) gets a small arena, so serving keeps priority.
+///
+/// TBB starts (hardware threads - 1) workers by default, assuming the application thread
+/// joins the work. Here it does not (the event loop only enqueues), so an application that
+/// wants every core busy raises the limit once, process-wide:
+/// `tbb::global_control workers(tbb::global_control::max_allowed_parallelism, threads + 1);`
+/// (`eredu load` does). Executors cannot do it themselves: TBB applies the smallest limit of
+/// all live global_control objects.
 
 #include <tbb/task_arena.h>
 

@@ -1,0 +1,227 @@
+#include "eredu/cpu/convert.hpp"
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <fmt/format.h>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include "eredu/core/error.hpp"
+#include "eredu/cpu/float_formats.hpp"
+
+namespace eredu::cpu {
+namespace {
+
+// Checkpoint bytes carry no alignment guarantee (safetensors offsets are arbitrary), so
+// every element is moved with memcpy, which compiles to a plain (vectorizable) load/store.
+template <class T>
+T load(const std::byte* p) noexcept {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+template <class T>
+void store(std::byte* p, T v) noexcept {
+  std::memcpy(p, &v, sizeof v);
+}
+
+// The element functions below are branchless rewrites of float_formats.hpp so the loops
+// vectorize (all but f32 -> f16, whose per-lane shifts g++ 12 leaves scalar); the
+// exhaustive tests hold them to the scalar reference bit for bit. Lanes choose between
+// results with all-ones masks because g++ 12 does not if-convert nested ?: here.
+
+// All ones when `c`, else zero.
+std::uint32_t mask(bool c) noexcept { return 0u - static_cast<std::uint32_t>(c); }
+
+std::uint32_t bf16_to_f32_bits(std::uint16_t h) noexcept { return std::uint32_t{h} << 16; }
+
+std::uint16_t f32_to_bf16_bits(std::uint32_t x) noexcept {
+  const std::uint32_t rounded = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16;
+  const std::uint32_t quiet_nan = (x >> 16) | 0x0040u;
+  const bool nan = (x & 0x7FFF'FFFFu) > 0x7F80'0000u;
+  return static_cast<std::uint16_t>(nan ? quiet_nan : rounded);
+}
+
+std::uint32_t f16_to_f32_bits(std::uint16_t h) noexcept {
+  const std::uint32_t sign = std::uint32_t{h & 0x8000u} << 16;
+  const std::uint32_t em = h & 0x7FFFu;
+  const std::uint32_t normal = (em << 13) + (112u << 23);
+  const std::uint32_t inf_nan = (em << 13) | 0x7F80'0000u | (static_cast<std::uint32_t>(em > 0x7C00u) << 22);
+  // A subnormal is em units of 2^-24; the int-to-float conversion and the power-of-two
+  // scale are both exact, so this does not depend on the rounding mode.
+  const std::uint32_t subnormal = std::bit_cast<std::uint32_t>(static_cast<float>(static_cast<std::int32_t>(em)) * 0x1p-24f);
+  const std::uint32_t special = mask(em >= 0x7C00u), tiny = mask(em < 0x0400u);
+  return sign | (inf_nan & special) | (subnormal & tiny) | (normal & ~(special | tiny));
+}
+
+std::uint16_t f32_to_f16_bits(std::uint32_t x) noexcept {
+  const std::uint32_t sign = (x >> 16) & 0x8000u;
+  const std::uint32_t a = x & 0x7FFF'FFFFu;
+  // Normal range: rebias the exponent by -112 (mod 2^32) and round half to even at bit 13.
+  const std::uint32_t normal = (a + 0xC800'0FFFu + ((a >> 13) & 1u)) >> 13;
+  // Subnormal range: units of 2^-24 are m >> (126 - e); the shift is clamped so it stays
+  // defined for every lane (values it clamps round to zero or are not selected).
+  const std::uint32_t e = a >> 23;
+  const auto s = static_cast<std::uint32_t>(std::clamp(126 - static_cast<std::int32_t>(e), 14, 31));
+  const std::uint32_t m = (a & 0x7F'FFFFu) | 0x80'0000u;
+  const std::uint32_t q = m >> s;
+  const std::uint32_t rem = m & ((1u << s) - 1u);
+  const std::uint32_t half = 1u << (s - 1u);
+  const std::uint32_t subnormal = q + ((rem > half) | ((rem == half) & q & 1u));
+  const std::uint32_t nan = 0x7E00u | ((a >> 13) & 0x3FFu);
+  const std::uint32_t is_nan = mask(a > 0x7F80'0000u);
+  const std::uint32_t is_inf = mask(a >= 0x477F'F000u) & ~is_nan;
+  const std::uint32_t is_normal = mask(a >= 0x3880'0000u) & ~(is_nan | is_inf);
+  const std::uint32_t is_subnormal = ~(is_nan | is_inf | is_normal);
+  const std::uint32_t magnitude =
+      (nan & is_nan) | (0x7C00u & is_inf) | (normal & is_normal) | (subnormal & is_subnormal);
+  return static_cast<std::uint16_t>(sign | magnitude);
+}
+
+template <float (*Decode)(std::uint8_t)>
+constexpr std::array<std::uint32_t, 256> f8_to_f32_table() {
+  std::array<std::uint32_t, 256> t{};
+  for (unsigned i = 0; i < 256; ++i) t[i] = f32_bits(Decode(static_cast<std::uint8_t>(i)));
+  return t;
+}
+
+// Every FP8 value is exact in bf16 (at most 3 mantissa bits, f32's exponent range), so
+// rounding the f32 value to bf16 only matters for NaN, which it quiets.
+template <float (*Decode)(std::uint8_t)>
+constexpr std::array<std::uint16_t, 256> f8_to_bf16_table() {
+  std::array<std::uint16_t, 256> t{};
+  for (unsigned i = 0; i < 256; ++i) t[i] = f32_to_bf16(Decode(static_cast<std::uint8_t>(i)));
+  return t;
+}
+
+constexpr auto e4m3_f32 = f8_to_f32_table<f8_e4m3_to_f32>();
+constexpr auto e5m2_f32 = f8_to_f32_table<f8_e5m2_to_f32>();
+constexpr auto e8m0_f32 = f8_to_f32_table<f8_e8m0_to_f32>();
+constexpr auto e4m3_bf16 = f8_to_bf16_table<f8_e4m3_to_f32>();
+constexpr auto e5m2_bf16 = f8_to_bf16_table<f8_e5m2_to_f32>();
+constexpr auto e8m0_bf16 = f8_to_bf16_table<f8_e8m0_to_f32>();
+
+// Converts n elements; input and output do not overlap (validated), hence __restrict.
+using Kernel = void (*)(const std::byte* __restrict in, std::byte* __restrict out, std::size_t n);
+
+template <class From, class To, To (*Element)(From) noexcept>
+void map_kernel(const std::byte* __restrict in, std::byte* __restrict out, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) store<To>(out + i * sizeof(To), Element(load<From>(in + i * sizeof(From))));
+}
+
+template <class To, const std::array<To, 256>& Table>
+void table_kernel(const std::byte* __restrict in, std::byte* __restrict out, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) store<To>(out + i * sizeof(To), Table[std::to_integer<std::uint8_t>(in[i])]);
+}
+
+void copy_kernel(const std::byte* __restrict in, std::byte* __restrict out, std::size_t n) {
+  if (n != 0) std::memcpy(out, in, n);
+}
+
+std::uint16_t bf16_to_f16_bits(std::uint16_t h) noexcept { return f32_to_f16_bits(bf16_to_f32_bits(h)); }
+std::uint16_t f16_to_bf16_bits(std::uint16_t h) noexcept { return f32_to_bf16_bits(f16_to_f32_bits(h)); }
+
+// The kernel for a supported cast between distinct dtypes, or nullptr.
+Kernel find_kernel(DType from, DType to) noexcept {
+  using D = DType;
+  using u16 = std::uint16_t;
+  using u32 = std::uint32_t;
+  if (from == D::BF16 && to == D::F32) return map_kernel<u16, u32, bf16_to_f32_bits>;
+  if (from == D::F32 && to == D::BF16) return map_kernel<u32, u16, f32_to_bf16_bits>;
+  if (from == D::F16 && to == D::F32) return map_kernel<u16, u32, f16_to_f32_bits>;
+  if (from == D::F32 && to == D::F16) return map_kernel<u32, u16, f32_to_f16_bits>;
+  if (from == D::BF16 && to == D::F16) return map_kernel<u16, u16, bf16_to_f16_bits>;
+  if (from == D::F16 && to == D::BF16) return map_kernel<u16, u16, f16_to_bf16_bits>;
+  if (from == D::F8_E4M3 && to == D::F32) return table_kernel<u32, e4m3_f32>;
+  if (from == D::F8_E5M2 && to == D::F32) return table_kernel<u32, e5m2_f32>;
+  if (from == D::F8_E8M0 && to == D::F32) return table_kernel<u32, e8m0_f32>;
+  if (from == D::F8_E4M3 && to == D::BF16) return table_kernel<u16, e4m3_bf16>;
+  if (from == D::F8_E5M2 && to == D::BF16) return table_kernel<u16, e5m2_bf16>;
+  if (from == D::F8_E8M0 && to == D::BF16) return table_kernel<u16, e8m0_bf16>;
+  return nullptr;
+}
+
+// What a validated conversion runs: the kernel and the bytes of one of its elements on
+// each side (a same-dtype copy counts single bytes, which also covers sub-byte dtypes).
+struct Plan {
+  Kernel kernel = nullptr;
+  std::size_t in_elem = 1;
+  std::size_t out_elem = 1;
+  std::size_t count = 0;  // elements
+};
+
+Plan validate(DType from, DType to, std::span<const std::byte> in, std::span<std::byte> out) {
+  if (!convert_supported(from, to))
+    throw Error(errc::recipe_unsupported_cast, {},
+                fmt::format("the CPU backend cannot convert {} to {}", dtype_name(from), dtype_name(to)));
+  Plan plan;
+  if (from == to) {
+    plan.kernel = copy_kernel;
+    if (in.size() != out.size())
+      throw Error(errc::invalid_argument, {},
+                  fmt::format("copying {} needs equal sizes, but the input has {} bytes and the output {} bytes",
+                              dtype_name(from), in.size(), out.size()));
+  } else {
+    plan.kernel = find_kernel(from, to);
+    plan.in_elem = dtype_bits(from) / 8;
+    plan.out_elem = dtype_bits(to) / 8;
+    if (in.size() % plan.in_elem != 0 || out.size() % plan.out_elem != 0 ||
+        in.size() / plan.in_elem != out.size() / plan.out_elem)
+      throw Error(errc::invalid_argument, {},
+                  fmt::format("converting {} to {}: {} input bytes ({} per element) and {} output bytes ({} per "
+                              "element) do not hold the same whole number of elements",
+                              dtype_name(from), dtype_name(to), in.size(), plan.in_elem, out.size(),
+                              plan.out_elem));
+  }
+  plan.count = out.size() / plan.out_elem;
+  if (!in.empty() && !out.empty()) {
+    const auto in_begin = reinterpret_cast<std::uintptr_t>(in.data());
+    const auto out_begin = reinterpret_cast<std::uintptr_t>(out.data());
+    if (in_begin < out_begin + out.size() && out_begin < in_begin + in.size())
+      throw Error(errc::invalid_argument, {},
+                  fmt::format("converting {} to {}: the {}-byte input and the {}-byte output overlap",
+                              dtype_name(from), dtype_name(to), in.size(), out.size()));
+  }
+  return plan;
+}
+
+}  // namespace
+
+bool convert_supported(DType from, DType to) noexcept {
+  using D = DType;
+  if (from == to) return true;
+  const bool wide_from = from == D::F16 || from == D::BF16 || from == D::F32;
+  const bool wide_to = to == D::F16 || to == D::BF16 || to == D::F32;
+  const bool f8_from = from == D::F8_E4M3 || from == D::F8_E5M2 || from == D::F8_E8M0;
+  return (wide_from && wide_to) || (f8_from && (to == D::BF16 || to == D::F32));
+}
+
+void convert_serial(DType from, DType to, std::span<const std::byte> in, std::span<std::byte> out) {
+  const Plan plan = validate(from, to, in, out);
+  plan.kernel(in.data(), out.data(), plan.count);
+}
+
+void convert(DType from, DType to, std::span<const std::byte> in, std::span<std::byte> out) {
+  const Plan plan = validate(from, to, in, out);
+  const std::size_t per_block = std::max<std::size_t>(1, convert_block_bytes / plan.out_elem);
+  if (plan.count <= per_block) {
+    plan.kernel(in.data(), out.data(), plan.count);
+    return;
+  }
+  const std::size_t blocks = (plan.count + per_block - 1) / per_block;
+  // Blocks are fixed by index (not by the partitioner's splits) so each covers whole
+  // elements and about one block of output, however TBB groups them.
+  tbb::parallel_for(tbb::blocked_range<std::size_t>(0, blocks), [&](const tbb::blocked_range<std::size_t>& r) {
+    for (std::size_t b = r.begin(); b != r.end(); ++b) {
+      const std::size_t first = b * per_block;
+      const std::size_t n = std::min(per_block, plan.count - first);
+      plan.kernel(in.data() + first * plan.in_elem, out.data() + first * plan.out_elem, n);
+    }
+  });
+}
+
+}  // namespace eredu::cpu
