@@ -1,0 +1,394 @@
+// Baselines for bench/load.sh: the physical limits an `eredu load` into CPU tensors is
+// measured against (see "What fast means here" in DESIGN.md). Each mode prints one JSON line
+// with mode, bytes, seconds, gb_per_s (1e9 bytes/s), threads and peak_rss_bytes.
+//
+//   populated-pread FILE  (a) the one-copy limit: pread of the whole file into a buffer that was
+//                         populated first (untimed), in 4 MiB pieces over N threads. What a load
+//                         into recycled, resident storage cannot beat.
+//   populate BYTES        (b) the populate limit: first touch of BYTES of fresh anonymous memory
+//                         on N threads. What a first load into fresh storage cannot beat.
+//   malloc-pread FILE     (c) a naive loader: malloc(size) and one sequential pread loop, one
+//                         thread; the page faults happen inside the kernel's copy.
+//
+// "First touch" writes one byte per 4 KiB page rather than memsetting every byte: the page
+// fault (the kernel zeroing a page, and on these VMs the host backing it again) is the cost a
+// loader cannot avoid, while filling the bytes is the copy it does anyway and is measured by (a).
+// With THP in "madvise" mode a plain mapping gets 4 KiB pages; --hugepages asks for 2 MiB ones.
+//
+// usage: load_baseline populated-pread FILE [--threads N] [--hugepages]
+//        load_baseline populate BYTES [--threads N] [--hugepages]     (BYTES: 512M, 4G, 4294967296)
+//        load_baseline malloc-pread FILE
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/global_control.h>
+#include <oneapi/tbb/parallel_for.h>
+#include <oneapi/tbb/partitioner.h>
+#include <oneapi/tbb/task_arena.h>
+
+namespace {
+
+constexpr std::size_t page_bytes = 4096;
+constexpr std::size_t huge_page_bytes = std::size_t{2} << 20;
+constexpr std::size_t piece_bytes = std::size_t{4} << 20;       // the parallel pread request size
+constexpr std::size_t max_pread_bytes = std::size_t{1} << 30;   // a naive loop's largest request
+
+/// Prints "load_baseline: WHAT: strerror (errno N)" (errno omitted when 0) and exits with 1.
+[[noreturn]] void fail(const std::string& what, int err) {
+  if (err != 0) {
+    fmt::print(stderr, "load_baseline: {}: {} (errno {})\n", what, std::strerror(err), err);
+  } else {
+    fmt::print(stderr, "load_baseline: {}\n", what);
+  }
+  std::exit(1);
+}
+
+/// Prints the usage and exits with 2.
+[[noreturn]] void usage() {
+  std::fputs(
+      "usage: load_baseline populated-pread FILE [--threads N] [--hugepages]\n"
+      "       load_baseline populate BYTES [--threads N] [--hugepages]\n"
+      "       load_baseline malloc-pread FILE\n",
+      stderr);
+  std::exit(2);
+}
+
+/// Parses a byte count such as 4294967296, 512M, 4G or 4GiB (binary units, as `eredu gen`).
+std::uint64_t parse_bytes(std::string_view text) {
+  std::size_t digits = 0;
+  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
+  if (digits == 0 || digits > 19) fail(fmt::format("'{}' is not a byte count (e.g. 512M, 4G)", text), 0);
+  std::uint64_t value = std::stoull(std::string(text.substr(0, digits)));
+  std::string unit(text.substr(digits));
+  if (unit.ends_with("iB") || unit.ends_with("ib")) unit.resize(unit.size() - 2);
+  else if (unit.size() > 1 && (unit.back() == 'B' || unit.back() == 'b')) unit.pop_back();
+  int shift = 0;
+  if (unit.empty() || unit == "B" || unit == "b") shift = 0;
+  else if (unit == "K" || unit == "k") shift = 10;
+  else if (unit == "M" || unit == "m") shift = 20;
+  else if (unit == "G" || unit == "g") shift = 30;
+  else if (unit == "T" || unit == "t") shift = 40;
+  else fail(fmt::format("'{}' is not a byte count (e.g. 512M, 4G)", text), 0);
+  if (value > (UINT64_MAX >> shift)) fail(fmt::format("'{}' does not fit in 64 bits", text), 0);
+  return value << shift;
+}
+
+/// Peak resident set of this process so far, in bytes.
+std::uint64_t peak_rss_bytes() {
+  rusage usage{};
+  if (::getrusage(RUSAGE_SELF, &usage) != 0) fail("getrusage", errno);
+  return static_cast<std::uint64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+/// Seconds on the steady clock, for intervals.
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+/// Quotes a string for JSON (paths may hold quotes, backslashes or control characters).
+std::string json_quoted(std::string_view s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += fmt::format("\\u{:04x}", static_cast<unsigned>(static_cast<unsigned char>(c)));
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+/// Prints the one JSON line of a mode's result.
+void print_result(std::string_view mode, const std::optional<std::string>& path, std::uint64_t bytes,
+                  double seconds, unsigned threads, bool hugepages) {
+  std::string path_field = path ? fmt::format("\"path\":{},", json_quoted(*path)) : std::string();
+  fmt::print("{{\"mode\":\"{}\",{}\"bytes\":{},\"seconds\":{:.6f},\"gb_per_s\":{:.4f},\"threads\":{},"
+             "\"hugepages\":{},\"peak_rss_bytes\":{}}}\n",
+             mode, path_field, bytes, seconds, static_cast<double>(bytes) / seconds / 1e9, threads,
+             hugepages ? "true" : "false", peak_rss_bytes());
+}
+
+/// A private anonymous mapping, unmapped when it goes out of scope.
+class AnonMapping {
+ public:
+  /// Maps `bytes` of fresh memory (no page is touched); with `hugepages`, a 2 MiB-aligned
+  /// region advised MADV_HUGEPAGE.
+  AnonMapping(std::size_t bytes, bool hugepages) : size_(bytes) {
+    if (bytes == 0) fail("cannot map 0 bytes", 0);
+    // Over-map by one huge page so an aligned start exists; the slack is never touched.
+    map_size_ = hugepages ? bytes + huge_page_bytes : bytes;
+    void* p = ::mmap(nullptr, map_size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                     -1, 0);
+    if (p == MAP_FAILED) fail(fmt::format("mmap of {} bytes of anonymous memory", map_size_), errno);
+    base_ = static_cast<char*>(p);
+    data_ = base_;
+    if (hugepages) {
+      auto addr = reinterpret_cast<std::uintptr_t>(base_);
+      data_ = base_ + ((huge_page_bytes - addr % huge_page_bytes) % huge_page_bytes);
+      if (::madvise(data_, bytes, MADV_HUGEPAGE) != 0) fail("madvise(MADV_HUGEPAGE)", errno);
+    }
+  }
+  /// Unmaps the whole region.
+  ~AnonMapping() { ::munmap(base_, map_size_); }
+  AnonMapping(const AnonMapping&) = delete;
+  AnonMapping& operator=(const AnonMapping&) = delete;
+
+  /// The first usable byte (2 MiB-aligned with huge pages).
+  char* data() const { return data_; }
+  /// The usable size requested.
+  std::size_t size() const { return size_; }
+
+ private:
+  char* base_ = nullptr;
+  char* data_ = nullptr;
+  std::size_t size_ = 0;
+  std::size_t map_size_ = 0;
+};
+
+/// A file opened read-only, closed when it goes out of scope.
+class ReadOnlyFile {
+ public:
+  /// Opens `path` and reads its size.
+  explicit ReadOnlyFile(std::string path) : path_(std::move(path)) {
+    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) fail(fmt::format("open {}", path_), errno);
+    struct stat st{};
+    if (::fstat(fd_, &st) != 0) fail(fmt::format("fstat {}", path_), errno);
+    if (!S_ISREG(st.st_mode)) fail(fmt::format("{} is not a regular file", path_), 0);
+    if (st.st_size == 0) fail(fmt::format("{} is empty", path_), 0);
+    size_ = static_cast<std::size_t>(st.st_size);
+  }
+  /// Closes the descriptor.
+  ~ReadOnlyFile() { ::close(fd_); }
+  ReadOnlyFile(const ReadOnlyFile&) = delete;
+  ReadOnlyFile& operator=(const ReadOnlyFile&) = delete;
+
+  /// Reads exactly [offset, offset + n) into dst; returns 0, the errno of a failed pread, or
+  /// -1 when the file ended early. Safe to call from several threads at once.
+  int read_exact(char* dst, std::size_t n, std::uint64_t offset) const {
+    for (std::size_t done = 0; done < n;) {
+      ssize_t got = ::pread(fd_, dst + done, n - done, static_cast<off_t>(offset + done));
+      if (got < 0) {
+        if (errno == EINTR) continue;
+        return errno;
+      }
+      if (got == 0) return -1;
+      done += static_cast<std::size_t>(got);
+    }
+    return 0;
+  }
+
+  /// Exits with a message naming the file, the offset and the error of a failed read_exact.
+  [[noreturn]] void fail_read(int err, std::uint64_t offset) const {
+    if (err < 0) fail(fmt::format("pread {} at offset {}: unexpected end of file (did it shrink?)", path_, offset), 0);
+    fail(fmt::format("pread {} at offset {}", path_, offset), err);
+  }
+
+  /// The path it was opened with, for messages and the result line.
+  const std::string& path() const { return path_; }
+  /// The file's size in bytes when it was opened.
+  std::size_t size() const { return size_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  std::size_t size_ = 0;
+};
+
+/// The first error seen by parallel readers; later pieces see it and skip their work.
+struct FirstError {
+  std::atomic<bool> failed{false};
+  std::mutex mutex;
+  int err = 0;
+  std::uint64_t offset = 0;
+
+  /// Records (err, offset) unless an earlier error was recorded.
+  void record(int e, std::uint64_t off) {
+    std::lock_guard lock(mutex);
+    if (failed.load(std::memory_order_relaxed)) return;
+    err = e;
+    offset = off;
+    failed.store(true, std::memory_order_release);
+  }
+};
+
+/// Threads for the parallel modes: the TBB arena, allowed to have exactly `threads` of them.
+class Pool {
+ public:
+  /// Creates the arena and brings its workers up, so that thread start-up is not timed.
+  explicit Pool(unsigned threads)
+      : threads_(threads),
+        control_(oneapi::tbb::global_control::max_allowed_parallelism, threads),
+        arena_(static_cast<int>(threads)) {
+    arena_.execute([&] {
+      oneapi::tbb::parallel_for(0u, threads_ * 64, [](unsigned) {
+        volatile unsigned spin = 0;
+        for (unsigned i = 0; i < 10000; ++i) spin = spin + 1;
+      });
+    });
+  }
+
+  /// Runs `body(begin, end)` over [0, n) split into ranges of at least `grain`, on the arena.
+  template <class Body>
+  void parallel(std::size_t n, std::size_t grain, Body&& body) {
+    arena_.execute([&] {
+      oneapi::tbb::parallel_for(oneapi::tbb::blocked_range<std::size_t>(0, n, grain),
+                                [&](const oneapi::tbb::blocked_range<std::size_t>& r) { body(r.begin(), r.end()); });
+    });
+  }
+
+  /// Like parallel(), one index per task: for pieces that each take a long syscall.
+  template <class Body>
+  void each(std::size_t n, Body&& body) {
+    arena_.execute([&] {
+      oneapi::tbb::parallel_for(
+          oneapi::tbb::blocked_range<std::size_t>(0, n, 1),
+          [&](const oneapi::tbb::blocked_range<std::size_t>& r) {
+            for (std::size_t i = r.begin(); i != r.end(); ++i) body(i);
+          },
+          oneapi::tbb::simple_partitioner());
+    });
+  }
+
+  /// The number of threads the arena runs on.
+  unsigned threads() const { return threads_; }
+
+ private:
+  unsigned threads_;
+  oneapi::tbb::global_control control_;
+  oneapi::tbb::task_arena arena_;
+};
+
+/// Writes one byte to every 4 KiB page of `mem` on the pool's threads. The volatile stores keep
+/// the compiler from dropping writes to memory it sees nobody read.
+void touch_pages(Pool& pool, const AnonMapping& mem) {
+  const std::size_t pages = (mem.size() + page_bytes - 1) / page_bytes;
+  volatile char* base = mem.data();
+  pool.parallel(pages, huge_page_bytes / page_bytes, [&](std::size_t begin, std::size_t end) {
+    for (std::size_t p = begin; p != end; ++p) base[p * page_bytes] = 1;
+  });
+}
+
+/// The options shared by the modes.
+struct Options {
+  std::string mode;
+  std::string target;  // FILE or BYTES
+  unsigned threads = 0;
+  bool hugepages = false;
+};
+
+/// Parses argv into Options; exits with the usage on anything unexpected.
+Options parse_options(int argc, char** argv) {
+  if (argc < 3) usage();
+  Options o{.mode = argv[1], .target = argv[2]};
+  o.threads = std::max(1u, std::thread::hardware_concurrency());
+  for (int i = 3; i < argc; ++i) {
+    std::string_view a = argv[i];
+    if (a == "--threads" && i + 1 < argc) {
+      char* end = nullptr;
+      unsigned long n = std::strtoul(argv[++i], &end, 10);
+      if (*end != '\0' || n == 0 || n > 4096) fail(fmt::format("--threads wants a count, not '{}'", argv[i]), 0);
+      o.threads = static_cast<unsigned>(n);
+    } else if (a == "--hugepages") {
+      o.hugepages = true;
+    } else {
+      fmt::print(stderr, "load_baseline: unexpected argument '{}'\n", a);
+      usage();
+    }
+  }
+  return o;
+}
+
+/// (a) Populates a file-sized buffer on all threads (untimed), then times pread of the whole
+/// file into it in 4 MiB pieces spread over the threads.
+int run_populated_pread(const Options& o) {
+  ReadOnlyFile file(o.target);
+  AnonMapping buffer(file.size(), o.hugepages);
+  Pool pool(o.threads);
+  touch_pages(pool, buffer);
+  const std::size_t pieces = (file.size() + piece_bytes - 1) / piece_bytes;
+  FirstError error;
+  double t0 = now_seconds();
+  pool.each(pieces, [&](std::size_t i) {
+    if (error.failed.load(std::memory_order_acquire)) return;
+    const std::uint64_t offset = std::uint64_t{i} * piece_bytes;
+    const std::size_t n = std::min(piece_bytes, file.size() - static_cast<std::size_t>(offset));
+    if (int err = file.read_exact(buffer.data() + offset, n, offset); err != 0) error.record(err, offset);
+  });
+  double seconds = now_seconds() - t0;
+  if (error.failed.load(std::memory_order_acquire)) file.fail_read(error.err, error.offset);
+  print_result("populated-pread", file.path(), file.size(), seconds, pool.threads(), o.hugepages);
+  return 0;
+}
+
+/// (b) Times the first touch of BYTES of fresh anonymous memory on the threads.
+int run_populate(const Options& o) {
+  const std::uint64_t bytes = parse_bytes(o.target);
+  Pool pool(o.threads);
+  AnonMapping mem(static_cast<std::size_t>(bytes), o.hugepages);
+  double t0 = now_seconds();
+  touch_pages(pool, mem);
+  double seconds = now_seconds() - t0;
+  print_result("populate", std::nullopt, bytes, seconds, pool.threads(), o.hugepages);
+  return 0;
+}
+
+/// Releases memory from malloc.
+struct FreeDeleter {
+  /// Calls free.
+  void operator()(char* p) const { std::free(p); }
+};
+
+/// (c) Times malloc of the file's size plus one sequential pread loop into it, on one thread.
+int run_malloc_pread(const Options& o) {
+  ReadOnlyFile file(o.target);
+  double t0 = now_seconds();
+  std::unique_ptr<char, FreeDeleter> buffer(static_cast<char*>(std::malloc(file.size())));
+  if (!buffer) fail(fmt::format("malloc of {} bytes for {}", file.size(), file.path()), ENOMEM);
+  for (std::uint64_t offset = 0; offset < file.size();) {
+    const std::size_t n = std::min(max_pread_bytes, file.size() - static_cast<std::size_t>(offset));
+    if (int err = file.read_exact(buffer.get() + offset, n, offset); err != 0) file.fail_read(err, offset);
+    offset += n;
+  }
+  double seconds = now_seconds() - t0;
+  print_result("malloc-pread", file.path(), file.size(), seconds, 1, false);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o = parse_options(argc, argv);
+  if (o.mode == "populated-pread") return run_populated_pread(o);
+  if (o.mode == "populate") return run_populate(o);
+  if (o.mode == "malloc-pread") {
+    // It models a naive loader, so it has nothing to tune.
+    if (argc > 3) fail("malloc-pread runs on one thread with plain malloc and takes no options", 0);
+    return run_malloc_pread(o);
+  }
+  fmt::print(stderr, "load_baseline: unknown mode '{}'\n", o.mode);
+  usage();
+}
