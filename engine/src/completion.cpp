@@ -93,16 +93,6 @@ void CompletionSource::finish(std::exception_ptr error) noexcept {
 
 namespace {
 
-bool is_cancellation(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const Error& err) {
-    return err.kind() == errc::cancelled;
-  } catch (...) {
-    return false;
-  }
-}
-
 struct JoinState {
   std::mutex mutex;
   std::size_t remaining = 0;

@@ -148,6 +148,17 @@ error_family errc_family(errc e) noexcept {
   return error_family::backend;
 }
 
+bool is_cancellation(const std::exception_ptr& error) noexcept {
+  if (!error) return false;
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error& e) {
+    return e.kind() == errc::cancelled;
+  } catch (...) {
+    return false;
+  }
+}
+
 namespace {
 std::string compose(const ErrorContext& c, errc kind, const std::string& detail) {
   std::string out;

@@ -32,15 +32,4 @@ std::exception_ptr attach_parameter(std::exception_ptr error, std::string_view p
   }
 }
 
-bool is_cancellation(const std::exception_ptr& error) noexcept {
-  if (!error) return false;
-  try {
-    std::rethrow_exception(error);
-  } catch (const Error& e) {
-    return e.kind() == errc::cancelled;
-  } catch (...) {
-    return false;
-  }
-}
-
 }  // namespace eredu::engine

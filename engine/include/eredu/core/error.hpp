@@ -3,6 +3,7 @@
 /// eredu::Error: a typed error (an errc kind) with a message that names what failed.
 
 #include <cstdint>
+#include <exception>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -46,6 +47,10 @@ class Error : public std::system_error {
   std::string detail_;
   std::string message_;
 };
+
+/// True when `error` holds an eredu::Error of kind errc::cancelled (work stopped because of
+/// another failure, or its owner went away): a consequence, not a root cause.
+bool is_cancellation(const std::exception_ptr& error) noexcept;
 
 /// A recipe rejected by metadata inference (the seed's RecipeError); family() == recipe.
 class RecipeError : public Error {

@@ -12,7 +12,4 @@ namespace eredu::engine {
 /// any other exception is returned unchanged.
 std::exception_ptr attach_parameter(std::exception_ptr error, std::string_view parameter);
 
-/// True when `error` is an eredu::Error of kind errc::cancelled.
-bool is_cancellation(const std::exception_ptr& error) noexcept;
-
 }  // namespace eredu::engine
