@@ -101,10 +101,13 @@ struct LogCapture {
 TEST_CASE("checkpoint source – whole tensors equal a reference pread", "[io][read]") {
   auto kind = GENERATE(ReaderKind::uring, ReaderKind::pread);
   auto direct = GENERATE(DirectMode::off, DirectMode::automatic, DirectMode::on);
-  CAPTURE(static_cast<int>(kind), static_cast<int>(direct));
+  auto parallel_copies = GENERATE(true, false);  // buffered reads on io-wq, or inline
+  CAPTURE(static_cast<int>(kind), static_cast<int>(direct), parallel_copies);
   Checkpoint ck;
   asio::io_context ctx;
-  auto source = CheckpointSource::open(ctx.get_executor(), ck.path, options_for(kind, direct));
+  auto options = options_for(kind, direct);
+  options.reader.parallel_buffered_copies = parallel_copies;
+  auto source = CheckpointSource::open(ctx.get_executor(), ck.path, options);
   CHECK(source->reader().name() == (kind == ReaderKind::uring ? "io_uring" : "pread"));
   for (const auto& t : source->catalog().tensors()) {
     CAPTURE(t.name);
