@@ -64,16 +64,29 @@ void Completion::on_complete(UniqueFunction<void(std::exception_ptr)> fn) const 
 
 CompletionSource::CompletionSource() : state_(std::make_shared<detail::CompletionState>()) {}
 
+namespace {
+
+/// True when `state` is set and not yet complete: only then is there anyone to tell.
+bool pending(const std::shared_ptr<detail::CompletionState>& state) {
+  if (!state) return false;
+  std::lock_guard lock(state->mutex);
+  return !state->done;
+}
+
+}  // namespace
+
 CompletionSource& CompletionSource::operator=(CompletionSource&& other) noexcept {
   if (this != &other) {
-    if (state_) fail(std::make_exception_ptr(Error(errc::cancelled, {}, "completion source replaced before it completed")));
+    if (pending(state_)) fail(std::make_exception_ptr(Error(errc::cancelled, {}, "completion source replaced before it completed")));
     state_ = std::move(other.state_);
   }
   return *this;
 }
 
 CompletionSource::~CompletionSource() {
-  if (state_) fail(std::make_exception_ptr(Error(errc::cancelled, {}, "producer destroyed before completing its work")));
+  // Building the error only when it is needed keeps this destructor trivial for completed
+  // sources, which may be destroyed by a TBB worker while the process exits.
+  if (pending(state_)) fail(std::make_exception_ptr(Error(errc::cancelled, {}, "producer destroyed before completing its work")));
 }
 
 void CompletionSource::finish(std::exception_ptr error) noexcept {

@@ -23,7 +23,7 @@ errc kind_of(const std::exception_ptr& e) {
 }
 }  // namespace
 
-TEST_CASE("completion – pending, then complete; callbacks run once", "[core][completion]") {
+TEST_CASE("completion – pending, then complete, and callbacks run once", "[core][completion]") {
   CompletionSource source;
   Completion c = source.completion();
   CHECK_FALSE(c.ready());

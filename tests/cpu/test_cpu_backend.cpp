@@ -305,7 +305,7 @@ TEST_CASE("transfer – demote to host and promote back preserves bytes, dtype a
   CHECK(to_vector(back.bytes()) == env.ckpt.bytes("big"));
 }
 
-TEST_CASE("bind – validate_bind refuses wrong dtype and shape; bind publishes", "[cpu][bind]") {
+TEST_CASE("bind – validate_bind refuses wrong dtype and shape, and bind publishes", "[cpu][bind]") {
   cpu::StoragePool pool;
   cpu::Tensor t = cpu::Tensor::allocate(pool, DType::BF16, {4, 4});
   cpu::Parameter right(DType::BF16, {4, 4}), wrong_dtype(DType::F32, {4, 4}), wrong_shape(DType::BF16, {16});

@@ -204,7 +204,7 @@ TEST_CASE("binding plan – recipe errors from check name the parameter", "[engi
                               {"/ckpt/model-00001-of-00002.safetensors: parameter 's': tensor 'q'", "4:12"});
 }
 
-TEST_CASE("atomic recipe set – names are unique ids; into_parts consumes the set", "[engine][binding]") {
+TEST_CASE("atomic recipe set – names are unique ids, and into_parts consumes the set", "[engine][binding]") {
   AtomicRecipeSet set;
   CHECK(set.empty());
   set.add_output("attn.qkv", qkv());

@@ -275,7 +275,7 @@ TEST_CASE("recipe – sizes that overflow 64 bits are rejected", "[engine][recip
   CHECK_THROWS_AS(R::concat(std::vector<R>(4, R::source("huge")), 0).infer(catalog), RecipeError);
 }
 
-TEST_CASE("recipe – copies share nodes and compare equal; equality is structural", "[engine][recipe]") {
+TEST_CASE("recipe – copies share nodes and compare equal, and equality is structural", "[engine][recipe]") {
   const R q = R::source("q");
   const R qkv = R::concat({q, src("k"), src("v")}, 0);
   const R copy = qkv;  // NOLINT(performance-unnecessary-copy-initialization): the point of the test
