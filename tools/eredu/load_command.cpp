@@ -22,7 +22,7 @@ namespace {
 
 constexpr const char* load_usage =
     "usage: eredu load PATH [--dtype keep|bf16|f16|f32] [--threads N] [--budget 256M] [--repeat N] "
-    "[--reader auto|uring|pread] [--json]";
+    "[--reader auto|uring|pread] [--depth 4] [--request 4M] [--json]";
 
 /// One timed load.
 struct LoadRun {
@@ -52,7 +52,7 @@ std::optional<DType> parse_dtype(const std::string& text) {
 }  // namespace
 
 int run_load(int argc, char** argv) {
-  Args args = parse_args(argc, argv, 2, {"dtype", "threads", "budget", "repeat", "reader"}, {"json"});
+  Args args = parse_args(argc, argv, 2, {"dtype", "threads", "budget", "repeat", "reader", "depth", "request"}, {"json"});
   if (args.positional.size() != 1) throw std::invalid_argument(load_usage);
   const std::string dtype_text = args.get("dtype", "keep");
   const std::optional<DType> cast_to = parse_dtype(dtype_text);
@@ -62,6 +62,8 @@ int run_load(int argc, char** argv) {
   if (repeat < 1) throw std::invalid_argument("--repeat must be at least 1");
   io::SourceOptions opts;
   opts.pool.budget = parse_bytes(args.get("budget", "256M"));
+  opts.reader.depth = static_cast<unsigned>(std::stoul(args.get("depth", std::to_string(opts.reader.depth))));
+  opts.reader.max_request = parse_bytes(args.get("request", "4M"));
   const std::string reader = args.get("reader", "auto");
   if (reader == "uring") opts.reader.kind = io::ReaderKind::uring;
   else if (reader == "pread") opts.reader.kind = io::ReaderKind::pread;
