@@ -8,6 +8,8 @@
 
 #include <stdlib.h>  // mkdtemp
 
+#include <tbb/global_control.h>
+
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <asio/use_awaitable.hpp>
@@ -23,6 +25,7 @@
 #include <memory>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -221,6 +224,10 @@ int run(int argc, char** argv) {
   }
 
   asio::io_context ctx;
+  // This thread runs the event loop and never joins TBB's work, so let TBB start one worker
+  // per hardware thread (its default assumes the main thread helps).
+  const std::size_t threads = std::max(1u, std::thread::hardware_concurrency());
+  tbb::global_control workers(tbb::global_control::max_allowed_parallelism, threads + 1);
   cpu::Executor executor;    // a TBB arena: populates memory, converts, concatenates
   cpu::StoragePool storage;  // tensor storage, recycled across loads
   cpu::MaterializationContext context{executor, storage};
