@@ -2,6 +2,8 @@
 // and every failure leaving the module exactly as it was, with every lease returned.
 
 #include <catch2/catch.hpp>
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
 #include <asio/use_future.hpp>
 #include <cerrno>
 #include <cstring>
@@ -315,4 +317,40 @@ TEST_CASE("orchestration – park a unit in host memory and bring it back withou
   cpu::Backend::bind(model.layer.big, std::move(back));
   CHECK(to_vector(model.layer.big.value.bytes()) == original);
   CHECK(env.source->reader().stats().bytes == read_before);
+}
+
+TEST_CASE("orchestration – cancelling a load through its Asio cancellation slot publishes nothing",
+          "[engine][orchestration][cancel]") {
+  Env env;
+  Model model;
+  env.load(model, WeightBindingPlan(good_bindings()));
+  const Snapshot before = snapshot(model);
+  const auto live_before = env.storage.stats().live_bytes;
+
+  asio::cancellation_signal signal;
+  std::exception_ptr result;
+  bool done = false;
+  WeightBindingPlan plan(good_bindings());
+  engine::async_load<cpu::Backend>(model, *env.source, plan, env.mc,
+                                   asio::bind_cancellation_slot(signal.slot(), [&](std::exception_ptr e) {
+                                     result = e;
+                                     done = true;
+                                   }));
+  env.ctx.restart();
+  env.ctx.run_one();  // the orchestration starts every owner and waits for them
+  signal.emit(asio::cancellation_type::terminal);
+  while (!done) {
+    env.ctx.restart();
+    env.ctx.run_one_for(std::chrono::milliseconds(5));
+  }
+  REQUIRE(result);
+  try {
+    std::rethrow_exception(result);
+  } catch (const Error& e) {
+    CHECK(e.kind() == errc::cancelled);
+    CHECK_THAT(e.what(), Catch::Contains("cancelled"));
+  }
+  CHECK(snapshot(model) == before);
+  CHECK(env.source->pool().in_use() == 0);
+  CHECK(env.storage.stats().live_bytes == live_before);
 }

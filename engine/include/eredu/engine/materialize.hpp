@@ -20,9 +20,15 @@
 ///     backend work still writes into a weight — before it reports the first root-cause
 ///     error, with the parameter named. Nothing is returned, so nothing can be published.
 ///  4. Aliases get another handle to their owner's storage: never a copy, never a re-read.
+///
+/// Cancellation: bind an Asio cancellation slot to the token (asio::bind_cancellation_slot);
+/// emitting it stops every realization at its next step, waits for all of them as in 3., and
+/// fails the operation with eredu::errc::cancelled.
 
 #include <asio/awaitable.hpp>
+#include <asio/cancellation_state.hpp>
 #include <asio/co_spawn.hpp>
+#include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 #include <atomic>
 #include <cstdint>
@@ -31,7 +37,10 @@
 #include <stop_token>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "eredu/core/completion.hpp"
+#include "eredu/core/error.hpp"
 #include "eredu/engine/materialized_unit.hpp"
 #include "eredu/engine/parameter_backend.hpp"
 #include "eredu/engine/parameter_error.hpp"
@@ -73,8 +82,20 @@ asio::awaitable<MaterializedUnit<B>> materialize_unit(io::CheckpointSource& sour
     options.progress->bytes_total = bytes;
   }
 
-  // 2. Start every owner.
+  // Cancellation (an Asio cancellation slot bound to the completion token) stops every
+  // realization at its next step; the unit is then awaited whole, like any failure.
   std::stop_source stop;
+  auto cancelled_by_caller = std::make_shared<std::atomic<bool>>(false);
+  co_await asio::this_coro::throw_if_cancelled(false);
+  asio::cancellation_state cancel_state = co_await asio::this_coro::cancellation_state;
+  if (cancel_state.slot().is_connected()) {
+    cancel_state.slot().assign([stop, cancelled_by_caller](asio::cancellation_type) mutable {
+      cancelled_by_caller->store(true);
+      stop.request_stop();
+    });
+  }
+
+  // 2. Start every owner.
   std::vector<typename B::Materialization> in_flight;
   in_flight.reserve(owners.size());
   std::exception_ptr start_error;
@@ -122,6 +143,10 @@ asio::awaitable<MaterializedUnit<B>> materialize_unit(io::CheckpointSource& sour
       failure = attach_parameter(e, owners[i]->name());
   }
   if (start_error && (!failure || is_cancellation(failure))) failure = start_error;
+  if (cancel_state.slot().is_connected()) cancel_state.slot().clear();
+  if (cancelled_by_caller->load() && (!failure || is_cancellation(failure)))
+    throw Error(errc::cancelled, {}, fmt::format("the load of {} weight(s) was cancelled; nothing was published",
+                                                 owners.size()));
   if (failure) std::rethrow_exception(failure);
 
   // 4. Collect owners, then share them with aliases.
