@@ -77,11 +77,18 @@ struct Model {
   Block layer;
   cpu::Parameter lm_head{DType::BF16, {8, 16}};  // tied to embed
 
+  static void visit_one(engine::ParameterVisitor<cpu::Parameter>& v, const engine::ParameterMetadata& m,
+                        const cpu::Parameter& p) {
+    v.visit(m, p);
+  }
+  static void visit_one(engine::ParameterVisitorMut<cpu::Parameter>& v, const engine::ParameterMetadata& m,
+                        cpu::Parameter& p) {
+    v.visit_mut(m, p);
+  }
   template <class V, class Self>
   static void visit(Self& self, V& v, const std::string& prefix) {
     auto one = [&](const char* name, auto& p) {
-      engine::ParameterMetadata m{engine::ParameterId(engine::join_name(prefix, name)), p.dtype, p.shape};
-      if constexpr (requires { v.visit_mut(m, p); }) v.visit_mut(m, p); else v.visit(m, p);
+      visit_one(v, {engine::ParameterId(engine::join_name(prefix, name)), p.dtype, p.shape}, p);
     };
     one("embed.weight", self.embed);
     if constexpr (std::is_const_v<Self>)
