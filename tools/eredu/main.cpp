@@ -24,7 +24,7 @@ usage:
       one lease per tensor), verifies each against an
       independent pread pass, and prints bytes, seconds, GB/s, staging high-water, peak RSS
   eredu load PATH [--dtype keep|bf16|f16|f32] [--threads N] [--budget 256M] [--repeat N]
-                  [--reader auto|uring|pread] [--json]
+                  [--reader auto|uring|pread] [--depth 8] [--request 8M] [--json]
       loads every tensor into CPU tensors through the engine (one slot per tensor; --dtype
       casts float tensors), with a progress bar, and prints bytes, seconds, GB/s, staging
       high-water and peak RSS; --repeat N loads N times, reusing the previous load's storage
