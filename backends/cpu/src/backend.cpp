@@ -23,9 +23,12 @@ using Kind = DerivedWeightRecipe::Kind;
 /// layout operations only see whole-byte dtypes).
 std::size_t element_bytes(DType t) { return dtype_bits(t) / 8; }
 
-[[noreturn]] void throw_stopped(const std::string& what) {
-  throw Error(errc::cancelled, {.tensor = what}, "stopped because another weight of the unit failed");
+/// The error a realization ends with when the unit told it to stop.
+Error stopped(const std::string& what) {
+  return Error(errc::cancelled, {.tensor = what}, "stopped because another weight of the unit failed");
 }
+
+[[noreturn]] void throw_stopped(const std::string& what) { throw stopped(what); }
 
 /// Awaits `c`, rethrowing its failure.
 asio::awaitable<void> await(Completion c) { co_await c.async_wait(asio::use_awaitable); }
@@ -80,8 +83,7 @@ asio::awaitable<void> stream_convert(const Job& job, const DerivedWeightRecipe& 
     std::exception_ptr failure;
     std::optional<io::Lease> lease;
     if (job.stop.stop_requested()) {
-      failure = std::make_exception_ptr(Error(errc::cancelled, {.tensor = source.key()},
-                                              "stopped because another weight of the unit failed"));
+      failure = std::make_exception_ptr(stopped(source.key()));
     } else {
       try {
         lease = co_await stream.async_next(asio::use_awaitable);
