@@ -78,7 +78,10 @@ void bind_materialized_unit(M& module, MaterializedUnit<B> unit) {
     explicit Binder(Weights& w) : weights(w) {}
     void visit_mut(const ParameterMetadata& metadata, Parameter& parameter) override {
       auto node = weights.extract(metadata.id);
-      B::bind(parameter, std::move(node.mapped()));
+      // Validation saw a value for every slot; a module whose mutable traversal visits a slot
+      // its const one did not is broken, and that slot is left untouched rather than read
+      // from an empty node.
+      if (node) B::bind(parameter, std::move(node.mapped()));
     }
     Weights& weights;
   };
