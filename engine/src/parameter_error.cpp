@@ -3,6 +3,7 @@
 #include <string>
 
 #include "eredu/core/error.hpp"
+#include "eredu/engine/parameterized.hpp"
 
 namespace eredu::engine {
 namespace {
@@ -14,13 +15,14 @@ std::exception_ptr rebuild(const E& e, std::string_view parameter) {
   return std::make_exception_ptr(E(e.kind(), std::move(context), e.detail()));
 }
 
-}  // namespace
-
-std::exception_ptr attach_parameter(std::exception_ptr error, std::string_view parameter) {
+/// `error` rebuilt with the parameter `name(old parameter)`, keeping its most derived type.
+template <class Name>
+std::exception_ptr with_parameter(std::exception_ptr error, Name&& name) {
   try {
     std::rethrow_exception(error);
   } catch (const Error& e) {
-    if (!e.context().parameter.empty()) return error;
+    std::string parameter = name(e.context().parameter);
+    if (parameter == e.context().parameter) return error;
     // Most derived first, so the caller can still catch the specific type.
     if (auto* r = dynamic_cast<const RecipeError*>(&e)) return rebuild(*r, parameter);
     if (auto* d = dynamic_cast<const DeclarationError*>(&e)) return rebuild(*d, parameter);
@@ -30,6 +32,18 @@ std::exception_ptr attach_parameter(std::exception_ptr error, std::string_view p
   } catch (...) {
     return error;
   }
+}
+
+}  // namespace
+
+std::exception_ptr attach_parameter(std::exception_ptr error, std::string_view parameter) {
+  return with_parameter(error, [&](const std::string& old) { return old.empty() ? std::string(parameter) : old; });
+}
+
+std::exception_ptr qualify_parameter(std::exception_ptr error, std::string_view prefix) {
+  return with_parameter(error, [&](const std::string& old) {
+    return old.empty() ? std::string(prefix) : join_name(std::string(prefix), old);
+  });
 }
 
 }  // namespace eredu::engine

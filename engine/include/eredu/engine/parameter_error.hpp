@@ -12,4 +12,10 @@ namespace eredu::engine {
 /// any other exception is returned unchanged.
 std::exception_ptr attach_parameter(std::exception_ptr error, std::string_view parameter);
 
+/// `error` again with its parameter qualified by `prefix` (a unit or model name), so a
+/// parameter named relative to its unit ("attn.qkv.weight") reads "layers.3.attn.qkv.weight";
+/// with no parameter yet, `prefix` becomes the parameter. Same kind and subclass; any other
+/// exception is returned unchanged.
+std::exception_ptr qualify_parameter(std::exception_ptr error, std::string_view prefix);
+
 }  // namespace eredu::engine
