@@ -64,6 +64,9 @@ class Category final : public std::error_category {
       case errc::bind_dtype_mismatch: return "weight dtype differs from the parameter's";
       case errc::out_of_memory: return "out of memory";
       case errc::backend_failure: return "backend failure";
+      case errc::checksum_mismatch: return "checksum mismatch";
+      case errc::canary_failed: return "canary check failed";
+      case errc::swap_in_progress: return "a swap is already in progress";
     }
     return "unknown eredu error";
   }
@@ -134,12 +137,17 @@ const char* errc_name(errc e) noexcept {
     EREDU_ERRC_NAME(bind_dtype_mismatch)
     EREDU_ERRC_NAME(out_of_memory)
     EREDU_ERRC_NAME(backend_failure)
+    EREDU_ERRC_NAME(checksum_mismatch)
+    EREDU_ERRC_NAME(canary_failed)
+    EREDU_ERRC_NAME(swap_in_progress)
 #undef EREDU_ERRC_NAME
   }
   return "unknown";
 }
 
 error_family errc_family(errc e) noexcept {
+  if (e == errc::checksum_mismatch) return error_family::store;
+  if (e == errc::canary_failed || e == errc::swap_in_progress) return error_family::orchestration;
   if (e <= errc::unknown_format) return error_family::format;
   if (e <= errc::invalid_argument) return error_family::store;
   if (e <= errc::recipe_sub_byte_layout) return error_family::recipe;

@@ -14,7 +14,7 @@
 #include "eredu/io/open_catalog.hpp"
 #include "eredu/io/safetensors.hpp"
 #include "json.hpp"
-#include "support/sha256.hpp"
+#include "eredu/io/sha256.hpp"
 #include "support/temp_dir.hpp"
 
 using eredu::errc;
@@ -38,7 +38,7 @@ std::optional<json::Value> field(const json::Value& object, std::string_view key
 }
 
 std::string sha256_of_range(int fd, std::uint64_t offset, std::uint64_t n) {
-  eredu::test::Sha256 h;
+  eredu::io::Sha256 h;
   std::vector<std::byte> buf(64 * 1024);
   while (n > 0) {
     const auto want = static_cast<std::size_t>(std::min<std::uint64_t>(n, buf.size()));
@@ -65,14 +65,24 @@ struct Manifest {
 
 }  // namespace
 
-TEST_CASE("real checkpoints – sha256 of the test helper", "[io][real]") {
-  CHECK(eredu::test::sha256_hex({}) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+TEST_CASE("real checkpoints – sha256 of the FIPS 180-4 examples, whole and fed piecewise", "[io][real]") {
+  CHECK(eredu::io::sha256_hex({}) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
   const std::string abc = "abc";
-  CHECK(eredu::test::sha256_hex(std::as_bytes(std::span(abc))) ==
+  CHECK(eredu::io::sha256_hex(std::as_bytes(std::span(abc))) ==
         "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
   const std::string two_blocks = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
-  CHECK(eredu::test::sha256_hex(std::as_bytes(std::span(two_blocks))) ==
+  CHECK(eredu::io::sha256_hex(std::as_bytes(std::span(two_blocks))) ==
         "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  // Updates that straddle block boundaries must give the same digest as one update.
+  std::string long_text;
+  for (int i = 0; i < 300; ++i) long_text += two_blocks;
+  const auto whole = eredu::io::sha256_hex(std::as_bytes(std::span(long_text)));
+  for (std::size_t step : {1u, 7u, 63u, 64u, 65u, 1000u}) {
+    eredu::io::Sha256 h;
+    for (std::size_t at = 0; at < long_text.size(); at += step)
+      h.update(std::as_bytes(std::span(long_text).subspan(at, std::min(step, long_text.size() - at))));
+    CHECK(h.hex_digest() == whole);
+  }
 }
 
 TEST_CASE("real checkpoints – every safetensors file matches MANIFEST.json", "[io][real]") {

@@ -72,6 +72,10 @@ enum class errc {
   bind_dtype_mismatch,       ///< a weight's dtype differs from its parameter's
   out_of_memory,             ///< the backend could not allocate tensor storage
   backend_failure,           ///< any other backend operation failed
+  // --- later additions (values stay stable; families as noted) ---
+  checksum_mismatch,         ///< store: a tensor's bytes differ from their recorded checksum
+  canary_failed,             ///< orchestration: a new version failed the caller's canary check
+  swap_in_progress,          ///< orchestration: a slot is already swapping to another version
 };
 
 /// The layer a kind belongs to: which of the seed's error types it realises.

@@ -21,13 +21,14 @@
 
 namespace eredu::engine {
 
-/// Binds `unit` into `module` (see file comment). Throws OrchestrationError
-/// (missing_binding naming the first slot without a value; unexpected_bindings naming every
-/// value without a slot) or the backend's BackendError with the parameter named; in every
-/// case the module is unchanged.
+/// Checks that `weights` fit `module` exactly — a value for every slot that the backend
+/// accepts, and no value without a slot — without changing anything. Throws
+/// OrchestrationError (missing_binding naming the first slot without a value;
+/// unexpected_bindings naming every value without a slot) or the backend's BackendError
+/// with the parameter named.
 template <ParameterBackend B, class M>
   requires Parameterized<M, typename B::Parameter>
-void bind_materialized_unit(M& module, MaterializedUnit<B> unit) {
+void validate_materialized_unit(const M& module, const typename MaterializedUnit<B>::Weights& weights) {
   using Weights = typename MaterializedUnit<B>::Weights;
   using Parameter = typename B::Parameter;
 
@@ -59,9 +60,8 @@ void bind_materialized_unit(M& module, MaterializedUnit<B> unit) {
     std::exception_ptr error;
   };
 
-  Weights weights = std::move(unit).release();
   Validator validator(weights);
-  std::as_const(module).visit_parameters(validator, std::string());
+  module.visit_parameters(validator, std::string());
   if (validator.error) std::rethrow_exception(validator.error);
   if (validator.visited.size() != weights.size()) {
     std::vector<std::string> unexpected;
@@ -72,6 +72,18 @@ void bind_materialized_unit(M& module, MaterializedUnit<B> unit) {
                                          "have: {}",
                                          unexpected.size(), fmt::join(unexpected, ", ")));
   }
+}
+
+/// Binds `unit` into `module` (see file comment). Throws what validate_materialized_unit
+/// throws; in every case of failure the module is unchanged.
+template <ParameterBackend B, class M>
+  requires Parameterized<M, typename B::Parameter>
+void bind_materialized_unit(M& module, MaterializedUnit<B> unit) {
+  using Weights = typename MaterializedUnit<B>::Weights;
+  using Parameter = typename B::Parameter;
+
+  Weights weights = std::move(unit).release();
+  validate_materialized_unit<B>(std::as_const(module), weights);
 
   // Publication: every slot was validated against exactly these values.
   struct Binder final : ParameterVisitorMut<Parameter> {

@@ -12,6 +12,7 @@
 #include <asio/use_awaitable.hpp>
 #include <memory>
 
+#include "eredu/core/detail/spawn_operation.hpp"
 #include "eredu/engine/bind.hpp"
 #include "eredu/engine/materialize.hpp"
 
@@ -37,7 +38,7 @@ template <ParameterBackend B, class M, class Token>
   requires Parameterized<M, typename B::Parameter>
 auto async_load(M& module, io::CheckpointSource& source, const WeightBindingPlan& plan,
                 typename B::MaterializationContext& context, Token&& token, MaterializeOptions options = {}) {
-  return asio::co_spawn(source.get_executor(),
+  return eredu::detail::spawn_operation(source.get_executor(),
                         detail::load_unit<B>(module, source, std::make_shared<const WeightBindingPlan>(plan),
                                              context, options),
                         std::forward<Token>(token));

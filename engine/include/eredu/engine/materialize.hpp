@@ -40,6 +40,7 @@
 #include <fmt/format.h>
 
 #include "eredu/core/completion.hpp"
+#include "eredu/core/detail/spawn_operation.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/engine/materialized_unit.hpp"
 #include "eredu/engine/parameter_backend.hpp"
@@ -169,7 +170,7 @@ template <ParameterBackend B, class Token>
 auto async_materialize(io::CheckpointSource& source, const WeightBindingPlan& plan,
                        typename B::MaterializationContext& context, Token&& token,
                        MaterializeOptions options = {}) {
-  return asio::co_spawn(source.get_executor(),
+  return eredu::detail::spawn_operation(source.get_executor(),
                         detail::materialize_unit<B>(source, std::make_shared<const WeightBindingPlan>(plan),
                                                     context, options),
                         std::forward<Token>(token));

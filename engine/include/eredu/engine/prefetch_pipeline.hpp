@@ -56,6 +56,7 @@
 #include <fmt/format.h>
 
 #include "eredu/core/completion.hpp"
+#include "eredu/core/detail/spawn_operation.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/engine/bind.hpp"
 #include "eredu/engine/materialize.hpp"
@@ -219,7 +220,8 @@ class PrefetchPipeline {
   /// unit's name, again on every later call; errc::cancelled after cancellation or close.
   template <class Token>
   auto async_next(Token&& token) {
-    return asio::co_spawn(state_->source.get_executor(), State::next(state_), std::forward<Token>(token));
+    return eredu::detail::spawn_operation(state_->source.get_executor(), State::next(state_),
+                                          std::forward<Token>(token));
   }
 
   /// Stops every load, frees every unit not handed out, and completes once every lease
@@ -227,7 +229,8 @@ class PrefetchPipeline {
   /// consumer still holds stay valid until released.
   template <class Token>
   auto async_close(Token&& token) {
-    return asio::co_spawn(state_->source.get_executor(), State::close(state_), std::forward<Token>(token));
+    return eredu::detail::spawn_operation(state_->source.get_executor(), State::close(state_),
+                                          std::forward<Token>(token));
   }
 
   /// A snapshot of the counters (any thread).

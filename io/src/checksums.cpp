@@ -1,0 +1,161 @@
+#include "eredu/io/checksums.hpp"
+
+#include <asio/use_awaitable.hpp>
+#include <algorithm>
+#include <cctype>
+#include <fstream>
+#include <iterator>
+#include <optional>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "eredu/core/error.hpp"
+#include "eredu/io/json_text.hpp"
+#include "eredu/io/lease.hpp"
+#include "eredu/io/sha256.hpp"
+#include "json.hpp"
+
+namespace eredu::io {
+namespace {
+
+constexpr std::string_view metadata_prefix = "sha256:";
+// A sidecar lists one digest per tensor: far below this even for huge checkpoints.
+constexpr std::uintmax_t max_sidecar_bytes = 64u << 20;
+
+bool is_digest(std::string_view d) noexcept {
+  return d.size() == 64 && std::all_of(d.begin(), d.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)); });
+}
+
+std::string lowered(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+}  // namespace
+
+Checksums Checksums::from_metadata(const Catalog& catalog) {
+  Checksums out;
+  for (const auto& [key, value] : catalog.metadata()) {
+    if (!key.starts_with(metadata_prefix)) continue;
+    std::string tensor = key.substr(metadata_prefix.size());
+    if (!is_digest(value))
+      throw Error(errc::invalid_metadata, {.tensor = tensor},
+                  fmt::format("metadata key \"{}\" holds \"{}\", not a 64-hex-digit SHA-256", key, value));
+    out.digests_[tensor] = lowered(value);
+  }
+  return out;
+}
+
+Checksums Checksums::from_sidecar(const std::filesystem::path& path) {
+  std::error_code ec;
+  const std::uintmax_t size = std::filesystem::file_size(path, ec);
+  if (ec) throw Error(errc::io_error, {.file = path.string(), .os_error = ec}, "cannot read the checksum sidecar");
+  if (size > max_sidecar_bytes)
+    throw Error(errc::invalid_metadata, {.file = path.string()},
+                fmt::format("the checksum sidecar is {} bytes, more than the {}-byte limit", size, max_sidecar_bytes));
+  std::ifstream in(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in && !in.eof())
+    throw Error(errc::io_error, {.file = path.string()}, "reading the checksum sidecar failed");
+  if (auto bad = json::find_invalid_utf8(text))
+    throw Error(errc::invalid_metadata, {.file = path.string(), .offset = *bad}, "the checksum sidecar is not UTF-8");
+  Checksums out;
+  try {
+    const json::Document doc = json::Document::parse(text);
+    const json::Value root = doc.root();
+    if (root.kind() != json::Kind::object)
+      throw Error(errc::invalid_metadata, {.file = path.string()},
+                  fmt::format("the checksum sidecar is a JSON {}, not an object of tensor → SHA-256",
+                              json::kind_name(root.kind())));
+    for (const json::Member& m : root.members()) {
+      const std::string tensor(m.key.as_string());
+      if (m.value.kind() != json::Kind::string || !is_digest(m.value.as_string()))
+        throw Error(errc::invalid_metadata, {.file = path.string(), .tensor = tensor, .offset = m.value.offset()},
+                    "the digest is not a string of 64 hex digits");
+      if (!out.digests_.emplace(tensor, lowered(std::string(m.value.as_string()))).second)
+        throw Error(errc::invalid_metadata, {.file = path.string(), .tensor = tensor, .offset = m.key.offset()},
+                    "the tensor is listed twice");
+    }
+  } catch (const json::SyntaxError& e) {
+    throw Error(errc::invalid_metadata, {.file = path.string(), .offset = e.offset()},
+                fmt::format("the checksum sidecar is not valid JSON: {}", e.what()));
+  }
+  return out;
+}
+
+std::filesystem::path Checksums::sidecar_path(const std::filesystem::path& checkpoint) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(checkpoint, ec)) return checkpoint / "checksums.sha256.json";
+  if (checkpoint.filename() == "model.safetensors.index.json") return checkpoint.parent_path() / "checksums.sha256.json";
+  std::filesystem::path p = checkpoint;
+  p += ".sha256.json";
+  return p;
+}
+
+Checksums Checksums::discover(const std::filesystem::path& checkpoint, const Catalog& catalog) {
+  Checksums out = from_metadata(catalog);
+  const std::filesystem::path sidecar = sidecar_path(checkpoint);
+  std::error_code ec;
+  if (!std::filesystem::exists(sidecar, ec)) return out;
+  for (const auto& [tensor, digest] : from_sidecar(sidecar).digests_) {
+    auto [it, added] = out.digests_.emplace(tensor, digest);
+    if (!added && it->second != digest)
+      throw Error(errc::invalid_metadata, {.file = sidecar.string(), .tensor = tensor},
+                  fmt::format("the sidecar's digest {} disagrees with the checkpoint metadata's {}", digest, it->second));
+  }
+  return out;
+}
+
+void Checksums::add(const std::string& tensor, std::string digest) {
+  if (!is_digest(digest))
+    throw Error(errc::invalid_argument, {.tensor = tensor},
+                fmt::format("\"{}\" is not a 64-hex-digit SHA-256", digest));
+  digests_[tensor] = lowered(std::move(digest));
+}
+
+const std::string* Checksums::find(const std::string& tensor) const {
+  auto it = digests_.find(tensor);
+  return it == digests_.end() ? nullptr : &it->second;
+}
+
+std::string Checksums::to_json() const {
+  std::string out = "{";
+  bool first = true;
+  for (const auto& [tensor, digest] : digests_) {
+    out += fmt::format("{}\n  {}: \"{}\"", first ? "" : ",", json::quoted(tensor), digest);
+    first = false;
+  }
+  out += "\n}\n";
+  return out;
+}
+
+namespace detail {
+
+asio::awaitable<std::uint64_t> verify_checksums(CheckpointSource& source, Checksums checksums) {
+  std::uint64_t verified = 0;
+  for (const auto& [tensor, expected] : checksums.digests()) {
+    const TensorInfo* info = source.catalog().find(tensor);
+    if (info == nullptr)
+      throw Error(errc::tensor_not_found, {.tensor = tensor},
+                  "a checksum names a tensor the checkpoint does not have");
+    Sha256 hash;
+    ChunkStream chunks = source.stream(TensorReadRequest{tensor, Selection::all()});
+    for (;;) {
+      std::optional<Lease> chunk = co_await chunks.async_next(asio::use_awaitable);
+      if (!chunk) break;
+      hash.update(chunk->bytes());
+      verified += chunk->bytes().size();
+    }
+    const std::string actual = hash.hex_digest();
+    if (actual != expected)
+      throw Error(errc::checksum_mismatch,
+                  {.file = source.catalog().file_of(*info).path, .tensor = tensor, .offset = info->offset},
+                  fmt::format("the tensor's {} bytes hash to SHA-256 {}, but {} was recorded", info->nbytes, actual,
+                              expected));
+  }
+  co_return verified;
+}
+
+}  // namespace detail
+}  // namespace eredu::io
