@@ -28,8 +28,10 @@ DeviceAllocation::~DeviceAllocation() {
   if (data_) (void)cudaFreeAsync(data_, home_->get());
 }
 
-DeviceMemoryPool::DeviceMemoryPool(int device) : device_(device), state_(std::make_shared<State>()) {
+DeviceMemoryPool::DeviceMemoryPool(int device, std::size_t max_bytes)
+    : device_(device), state_(std::make_shared<State>()) {
   cudaMemPoolProps props{};
+  props.maxSize = max_bytes;
   props.allocType = cudaMemAllocationTypePinned;
   props.handleTypes = cudaMemHandleTypeNone;
   props.location.type = cudaMemLocationTypeDevice;

@@ -136,6 +136,18 @@ cudaError_t run_permute(const void* in, void* out, const PermuteShape& s, std::s
 
 bool aligned(std::uintptr_t v, std::size_t w) { return v % w == 0; }
 
+__global__ void sleep_kernel(unsigned microseconds) {
+  // __nanosleep takes at most about 1 ms per call; loop on the global timer instead.
+  unsigned long long t0 = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  for (;;) {
+    unsigned long long t = 0;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    if (t - t0 >= 1000ull * microseconds) break;
+    __nanosleep(1000);
+  }
+}
+
 }  // namespace
 
 bool convert_supported(DType from, DType to) noexcept {
@@ -210,6 +222,11 @@ cudaError_t launch_permute(const void* in, void* out, const std::size_t* dims, c
     default: break;
   }
   return run_permute<0>(in, out, s, n, elem, stream);
+}
+
+cudaError_t launch_sleep(cudaStream_t stream, unsigned microseconds) noexcept {
+  sleep_kernel<<<1, 1, 0, stream>>>(microseconds);
+  return cudaGetLastError();
 }
 
 }  // namespace eredu::cuda

@@ -59,9 +59,11 @@ class DeviceAllocation {
 /// thread. Blocks hold the pool's state alive, so the pool object may go before them.
 class DeviceMemoryPool {
  public:
-  /// A new pool on `device` that keeps freed memory for reuse. Throws BackendError naming
-  /// cudaMemPoolCreate (for example when no device is present).
-  explicit DeviceMemoryPool(int device);
+  /// A new pool on `device` that keeps freed memory for reuse and holds at most `max_bytes`
+  /// (0: as much as the device has; a limit makes out-of-memory testable and keeps room for
+  /// other users of the device). Throws BackendError naming cudaMemPoolCreate (for example
+  /// when no device is present).
+  explicit DeviceMemoryPool(int device, std::size_t max_bytes = 0);
   DeviceMemoryPool(const DeviceMemoryPool&) = delete;
   DeviceMemoryPool& operator=(const DeviceMemoryPool&) = delete;
   ~DeviceMemoryPool();

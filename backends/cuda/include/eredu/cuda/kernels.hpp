@@ -39,4 +39,9 @@ cudaError_t launch_copy_rows(void* dst, std::size_t dst_stride, const void* src,
 cudaError_t launch_permute(const void* in, void* out, const std::size_t* dims, const std::size_t* order,
                            std::size_t rank, std::size_t elem, cudaStream_t stream) noexcept;
 
+/// Queues a kernel that keeps `stream` busy for about `microseconds`: a diagnostic hook that
+/// tests use to hold copies back, widening the window in which a lease released too early
+/// would be overwritten under its copy.
+cudaError_t launch_sleep(cudaStream_t stream, unsigned microseconds) noexcept;
+
 }  // namespace eredu::cuda
