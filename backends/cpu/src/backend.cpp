@@ -280,6 +280,19 @@ void Backend::validate_bind(const Parameter& parameter, const Tensor& weight) {
                                    format_shape(parameter.shape), format_shape(weight.shape())));
 }
 
+Completion Backend::overwrite(Executor& executor, Parameter& slot, const Tensor& weight) {
+  if (!slot.value)
+    throw BackendError(errc::backend_failure, {}, "an in-place overwrite needs a parameter that is already bound");
+  if (slot.value.dtype() != weight.dtype() || slot.value.shape() != weight.shape() ||
+      slot.value.nbytes() != weight.nbytes())
+    throw BackendError(errc::bind_shape_mismatch, {},
+                       fmt::format("the bound {} {} tensor cannot be overwritten in place by a {} {} weight",
+                                   dtype_name(slot.value.dtype()), format_shape(slot.value.shape()),
+                                   dtype_name(weight.dtype()), format_shape(weight.shape())));
+  if (slot.value.shares_storage_with(weight)) return Completion::ready_now();
+  return executor.submit([destination = slot.value, weight] { copy_bytes(weight.bytes(), destination.mutable_bytes()); });
+}
+
 std::pair<Tensor, Completion> Backend::promote(Executor& executor, const HostBuffer& host, StoragePool& storage) {
   Tensor t = Tensor::allocate(storage, host.dtype(), host.shape());
   Completion c = executor.submit([t, bytes = host.shared_bytes(), n = host.bytes().size()] {

@@ -85,7 +85,11 @@ struct SwapReport {
   double load_s = 0;                    ///< step 1
   double verify_s = 0;                  ///< step 2
   double canary_s = 0;                  ///< step 3
-  std::chrono::nanoseconds publish_pause{0};  ///< step 4: the atomic exchange itself
+  /// ModelSlot: the atomic exchange itself (readers never wait); InPlaceModelSlot: the
+  /// drain of requests in flight plus the copy, during which new reads wait.
+  std::chrono::nanoseconds publish_pause{0};
+  /// InPlaceModelSlot only: the part of publish_pause spent waiting for requests in flight.
+  std::chrono::nanoseconds readers_drained{0};
 };
 
 /// The serving version of a model (see file comment). Thread-safe: current() from any

@@ -68,6 +68,14 @@ struct Backend {
   /// Stores the tensor in the slot (replacing, and so releasing, any previous one).
   static void bind(Parameter& parameter, Tensor&& weight) noexcept { parameter.value = std::move(weight); }
 
+  // --- InPlaceBackend ---
+
+  /// Copies `weight` into the storage already bound to `slot` (parallel on `executor`),
+  /// keeping the slot's address. Throws BackendError at once when the slot is unbound or
+  /// its bound tensor differs from `weight` in dtype, shape or size; `weight` is retained
+  /// until the copy completes, and the slot must not be read before then.
+  static Completion overwrite(Executor& executor, Parameter& slot, const Tensor& weight);
+
   // --- SubmissionBackend ---
 
   /// `count` new arenas with `executor`'s concurrency.
