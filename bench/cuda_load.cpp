@@ -1,0 +1,294 @@
+// cuda_load: loads a checkpoint, page-cache hot, into GPU memory through the CUDA backend and
+// reports its throughput next to the two limits it is measured against, in the same run:
+//
+//   read  host read bandwidth: parallel pread of every file (page-cache hot) into reused
+//         host buffers, 8 MiB pieces over --threads threads — what the reader can deliver;
+//   pcie  cudaMemcpyAsync host-to-device bandwidth from pinned memory (256 MiB buffer, timed
+//         with events) — the PCIe/NVLink-C2C limit of any host-to-device path;
+//   load  every tensor materialized with cuda::Backend (lease pool pinned with pin_staging,
+//         --streams streams), from the first materialize call to the last completion.
+//
+// Target: load >= 0.8 x min(read, pcie). Without a path it writes a synthetic Llama-shaped
+// bf16 checkpoint of --size bytes (eredu::synth) into --dir and removes it afterwards.
+// Without a CUDA device it prints "skipped: no CUDA device" and exits 0.
+//
+// usage: cuda_load [PATH] [--size 4G] [--dir /tmp] [--budget 512M] [--streams 2] [--threads 8]
+//                  [--repeat 3] [--depth 8] [--request 8M] [--json]
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <asio/io_context.hpp>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fmt/format.h>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "eredu/core/error.hpp"
+#include "eredu/cuda/backend.hpp"
+#include "eredu/cuda/cuda_error.hpp"
+#include "eredu/cuda/device.hpp"
+#include "eredu/io/checkpoint_source.hpp"
+#include "eredu/synth/synthetic_checkpoint.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace eredu;
+
+struct Options {
+  std::string path;
+  std::uint64_t size = std::uint64_t{4} << 30;
+  std::string dir = "/tmp";
+  std::uint64_t budget = std::uint64_t{512} << 20;
+  unsigned streams = 2;
+  unsigned threads = 8;
+  unsigned repeat = 3;
+  unsigned depth = 8;
+  std::uint64_t request = std::uint64_t{8} << 20;
+  bool json = false;
+};
+
+[[noreturn]] void usage_error(const std::string& what) {
+  fmt::print(stderr, "cuda_load: {}\n", what);
+  std::exit(2);
+}
+
+std::uint64_t parse_size(std::string_view s) {
+  if (s.empty()) usage_error("empty size");
+  std::uint64_t scale = 1;
+  switch (s.back()) {
+    case 'K': case 'k': scale = 1ull << 10; break;
+    case 'M': case 'm': scale = 1ull << 20; break;
+    case 'G': case 'g': scale = 1ull << 30; break;
+    default: break;
+  }
+  if (scale != 1) s.remove_suffix(1);
+  try {
+    return std::stoull(std::string(s)) * scale;
+  } catch (...) {
+    usage_error(fmt::format("bad size '{}'", s));
+  }
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string_view a = argv[i];
+    auto value = [&]() -> std::string_view {
+      if (i + 1 >= argc) usage_error(fmt::format("{} needs a value", a));
+      return argv[++i];
+    };
+    if (a == "--size") o.size = parse_size(value());
+    else if (a == "--dir") o.dir = value();
+    else if (a == "--budget") o.budget = parse_size(value());
+    else if (a == "--streams") o.streams = static_cast<unsigned>(std::max<std::uint64_t>(1, parse_size(value())));
+    else if (a == "--threads") o.threads = static_cast<unsigned>(std::max<std::uint64_t>(1, parse_size(value())));
+    else if (a == "--repeat") o.repeat = static_cast<unsigned>(std::max<std::uint64_t>(1, parse_size(value())));
+    else if (a == "--depth") o.depth = static_cast<unsigned>(std::max<std::uint64_t>(1, parse_size(value())));
+    else if (a == "--request") o.request = parse_size(value());
+    else if (a == "--json") o.json = true;
+    else if (!a.empty() && a[0] != '-' && o.path.empty()) o.path = a;
+    else usage_error(fmt::format("unknown argument '{}'", a));
+  }
+  return o;
+}
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double gbps(std::uint64_t bytes, double s) { return s > 0 ? static_cast<double>(bytes) / s / 1e9 : 0; }
+
+std::uint64_t peak_rss_bytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<std::uint64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+/// Parallel pread of every file in 8 MiB pieces over `threads` threads; returns seconds.
+double read_files(const io::Catalog& catalog, unsigned threads) {
+  constexpr std::size_t piece = std::size_t{8} << 20;
+  struct Piece {
+    int fd;
+    std::uint64_t offset, length;
+  };
+  std::vector<int> fds;
+  std::vector<Piece> pieces;
+  for (const auto& f : catalog.files()) {
+    int fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) usage_error(fmt::format("cannot open {}", f.path));
+    fds.push_back(fd);
+    for (std::uint64_t off = 0; off < f.size; off += piece) pieces.push_back({fd, off, std::min<std::uint64_t>(piece, f.size - off)});
+  }
+  std::atomic<std::size_t> next{0};
+  const auto t0 = Clock::now();
+  std::vector<std::thread> workers;
+  for (unsigned t = 0; t < threads; ++t)
+    workers.emplace_back([&] {
+      std::vector<std::byte> buffer(piece);
+      for (std::size_t i; (i = next.fetch_add(1)) < pieces.size();) {
+        std::uint64_t done = 0;
+        while (done < pieces[i].length) {
+          ssize_t n = ::pread(pieces[i].fd, buffer.data(), pieces[i].length - done,
+                              static_cast<off_t>(pieces[i].offset + done));
+          if (n <= 0) break;
+          done += static_cast<std::uint64_t>(n);
+        }
+      }
+    });
+  for (auto& w : workers) w.join();
+  const double s = seconds_since(t0);
+  for (int fd : fds) ::close(fd);
+  return s;
+}
+
+/// Host-to-device cudaMemcpyAsync from pinned memory: `total` bytes in 256 MiB copies.
+double pcie_gbps(std::uint64_t total) {
+  constexpr std::size_t chunk = std::size_t{256} << 20;
+  cuda::PinnedBlock host(chunk);
+  std::fill(host.bytes().begin(), host.bytes().end(), std::byte{1});
+  void* device = nullptr;
+  cuda::check(cudaMalloc(&device, chunk), "cudaMalloc");
+  cuda::Stream stream(0);
+  cudaEvent_t start = nullptr, stop = nullptr;
+  cuda::check(cudaEventCreate(&start), "cudaEventCreate");
+  cuda::check(cudaEventCreate(&stop), "cudaEventCreate");
+  cuda::check(cudaMemcpyAsync(device, host.bytes().data(), chunk, cudaMemcpyHostToDevice, stream.get()), "warm-up copy");
+  cuda::check(cudaEventRecord(start, stream.get()), "cudaEventRecord");
+  std::uint64_t copied = 0;
+  for (; copied < total; copied += chunk)
+    cuda::check(cudaMemcpyAsync(device, host.bytes().data(), chunk, cudaMemcpyHostToDevice, stream.get()), "cudaMemcpyAsync");
+  cuda::check(cudaEventRecord(stop, stream.get()), "cudaEventRecord");
+  cuda::check(cudaEventSynchronize(stop), "cudaEventSynchronize");  // a benchmark may block
+  float ms = 0;
+  cuda::check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaFree(device);
+  return gbps(copied, ms / 1e3);
+}
+
+struct LoadRun {
+  double seconds = 0;
+  std::uint64_t bytes = 0;
+  std::uint64_t staging_high_water = 0;
+};
+
+/// Materializes every tensor of `source` across `executors` and waits (driving the loop).
+LoadRun load_all(asio::io_context& ctx, io::CheckpointSource& source, std::vector<std::unique_ptr<cuda::Executor>>& executors,
+                 cuda::DeviceMemoryPool& memory, const cuda::PinnedRegistration& pin) {
+  std::vector<cuda::MaterializationContext> contexts;
+  for (auto& e : executors) contexts.push_back({*e, memory, &pin});
+  source.pool().reset_high_water();
+  LoadRun run;
+  std::vector<cuda::Materialization> in_flight;
+  std::vector<Completion> done;
+  const auto t0 = Clock::now();
+  std::size_t i = 0;
+  for (const io::TensorInfo& t : source.catalog().tensors()) {
+    io::TensorReadRequest request{t.name};
+    in_flight.push_back(cuda::Backend::materialize(source, request, contexts[i++ % contexts.size()], {}));
+    done.push_back(in_flight.back().done);
+    run.bytes += in_flight.back().weight.nbytes();
+  }
+  Completion all = when_all(done);
+  while (!all.ready()) {
+    ctx.restart();
+    ctx.run_one_for(std::chrono::milliseconds(1));
+  }
+  run.seconds = seconds_since(t0);
+  all.get();
+  run.staging_high_water = source.pool().high_water();
+  return run;  // the weights go back to the pool here (stream-ordered frees)
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  if (cuda::device_count() == 0) {
+    const std::string reason = cuda::no_device_reason();
+    if (o.json)
+      fmt::print("{{\"skipped\":\"no CUDA device\",\"reason\":\"{}\"}}\n", reason);
+    else
+      fmt::print("cuda_load: skipped: no CUDA device ({})\n", reason);
+    return 0;
+  }
+  try {
+    cudaDeviceProp prop{};
+    cuda::check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+    std::filesystem::path path = o.path;
+    std::filesystem::path generated;
+    if (path.empty()) {
+      generated = std::filesystem::path(o.dir) / fmt::format("eredu-cuda-load-{}", ::getpid());
+      synth::SyntheticOptions so;
+      so.target_bytes = o.size;
+      so.shards = 4;
+      if (!o.json) fmt::print("cuda_load: writing a {:.1f} GiB synthetic checkpoint to {}\n", o.size / double(1 << 30), generated.string());
+      synth::write_synthetic(generated, so);
+      path = generated;
+    }
+    asio::io_context ctx;
+    io::SourceOptions so;
+    so.pool.budget = o.budget;
+    so.reader.depth = o.depth;
+    so.reader.max_request = o.request;
+    auto source = io::CheckpointSource::open(ctx.get_executor(), path, so);
+    const std::uint64_t total = source->catalog().total_bytes();
+
+    read_files(source->catalog(), o.threads);  // warm the page cache, untimed
+    double read_best = 0;
+    for (unsigned r = 0; r < o.repeat; ++r) read_best = std::max(read_best, gbps(total, read_files(source->catalog(), o.threads)));
+    const double pcie = pcie_gbps(std::max<std::uint64_t>(total, std::uint64_t{4} << 30));
+
+    {
+      cuda::PinnedRegistration pin = cuda::pin_staging(*source);
+      cuda::Executor first(0);
+      auto executors = first.fork(o.streams);
+      cuda::DeviceMemoryPool memory(0);
+      std::vector<LoadRun> runs;
+      for (unsigned r = 0; r < o.repeat; ++r) {
+        runs.push_back(load_all(ctx, *source, executors, memory, pin));
+        for (auto& e : executors) e->fence().get();  // frees done before the next round
+      }
+      const double first_gbps = gbps(runs.front().bytes, runs.front().seconds);
+      double best = 0;
+      for (const auto& r : runs) best = std::max(best, gbps(r.bytes, r.seconds));
+      const double limit = std::min(read_best, pcie);
+      const double ratio = limit > 0 ? best / limit : 0;
+      if (o.json) {
+        fmt::print("{{\"gpu\":\"{}\",\"bytes\":{},\"tensors\":{},\"read_gb_per_s\":{:.2f},\"pcie_gb_per_s\":{:.2f},"
+                   "\"load_gb_per_s\":{:.2f},\"load_first_gb_per_s\":{:.2f},\"ratio_to_limit\":{:.3f},\"target\":0.8,"
+                   "\"streams\":{},\"budget\":{},\"staging_high_water\":{},\"peak_rss_bytes\":{}}}\n",
+                   prop.name, runs.front().bytes, source->catalog().size(), read_best, pcie, best, first_gbps, ratio,
+                   o.streams, o.budget, runs.back().staging_high_water, peak_rss_bytes());
+      } else {
+        fmt::print("gpu                {}\n", prop.name);
+        fmt::print("checkpoint         {} ({} tensors, {:.2f} GiB)\n", path.string(), source->catalog().size(),
+                   runs.front().bytes / double(1 << 30));
+        fmt::print("host read          {:7.2f} GB/s  (parallel pread, page-cache hot, {} threads)\n", read_best, o.threads);
+        fmt::print("pcie h2d           {:7.2f} GB/s  (cudaMemcpyAsync from pinned memory)\n", pcie);
+        fmt::print("load to device     {:7.2f} GB/s  best of {} (first {:.2f}), {} streams, budget {} MiB\n", best,
+                   o.repeat, first_gbps, o.streams, o.budget >> 20);
+        fmt::print("ratio              {:7.3f} of min(read, pcie) = {:.2f} GB/s; target 0.8: {}\n", ratio, limit,
+                   ratio >= 0.8 ? "met" : "NOT met");
+        fmt::print("staging high-water {} MiB, peak RSS {} MiB\n", runs.back().staging_high_water >> 20,
+                   peak_rss_bytes() >> 20);
+      }
+    }
+    source.reset();
+    if (!generated.empty()) std::filesystem::remove_all(generated);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "cuda_load: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}
