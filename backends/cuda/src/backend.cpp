@@ -78,7 +78,8 @@ Tensor temporary(const Job& job, const engine::InferredWeight& w, const std::str
 /// device while the next is read. Each lease is retained by the completion of its own copy.
 /// On failure, waits for the copies already queued before reporting, so that no lease is
 /// held and no copy still writes when the realization completes.
-asio::awaitable<void> upload(const Job& job, io::TensorReadRequest request, std::byte* dst) {
+asio::awaitable<void> upload(const Job& job, const io::TensorReadRequest& whole, std::byte* dst) {
+  io::TensorReadRequest request = whole;
   request.policy = io::ReadPolicy::chunked;
   io::ChunkStream stream = job.source.stream(request);
   Completion last = Completion::ready_now();
@@ -115,11 +116,13 @@ asio::awaitable<void> upload(const Job& job, io::TensorReadRequest request, std:
   co_await await(last);
 }
 
-/// Queues `launch` (which returns a launch status) on the executor and awaits its work.
+/// Queues a copy of `launch` (which returns a launch status) on the executor and awaits its
+/// work. Takes the caller's named lambda by reference: g++ 12 mishandles class temporaries
+/// in co_await expressions (see io.md).
 template <class Launch>
-asio::awaitable<void> run_kernel(const Job& job, const char* what, const std::string& name, Launch launch) {
-  Completion done = job.executor.enqueue(
-      [launch = std::move(launch), what, name](cudaStream_t s) mutable { check(launch(s), what, name); }, name);
+asio::awaitable<void> run_kernel(const Job& job, const char* what, const std::string& name, const Launch& launch) {
+  Completion done =
+      job.executor.enqueue([launch, what, name](cudaStream_t s) mutable { check(launch(s), what, name); }, name);
   co_await await(done);
 }
 
@@ -153,10 +156,10 @@ asio::awaitable<void> eval_into(const Job& job, const DerivedWeightRecipe& node,
       Tensor tmp = temporary(job, in, name);
       co_await eval_into(job, child, tmp.data());
       const std::uint64_t count = tmp.elements();
-      co_await run_kernel(job, "conversion kernel launch", name,
-                          [tmp, out, count, from = in.dtype, to = node.dtype()](cudaStream_t s) {
-                            return launch_convert(from, to, tmp.data(), out, count, s);
-                          });
+      auto launch = [tmp, out, count, from = in.dtype, to = node.dtype()](cudaStream_t s) {
+        return launch_convert(from, to, tmp.data(), out, count, s);
+      };
+      co_await run_kernel(job, "conversion kernel launch", name, launch);
       co_return;
     }
     case Kind::slice: {
@@ -182,9 +185,10 @@ asio::awaitable<void> eval_into(const Job& job, const DerivedWeightRecipe& node,
       for (std::size_t d = node.dim() + 1; d < in.shape.size(); ++d) inner *= in.shape[d];
       const std::size_t out_row = node.range().size() * inner, in_row = in.shape[node.dim()] * inner;
       const std::size_t start = node.range().start * inner;
-      co_await run_kernel(job, "slice kernel launch", name, [tmp, out, outer, out_row, in_row, start](cudaStream_t s) {
+      auto launch = [tmp, out, outer, out_row, in_row, start](cudaStream_t s) {
         return launch_copy_rows(out, out_row, tmp.data() + start, in_row, outer, out_row, s);
-      });
+      };
+      co_await run_kernel(job, "slice kernel launch", name, launch);
       co_return;
     }
     case Kind::concat: {
@@ -210,9 +214,10 @@ asio::awaitable<void> eval_into(const Job& job, const DerivedWeightRecipe& node,
         Tensor tmp = temporary(job, part, name);
         co_await eval_into(job, child, tmp.data());
         const std::size_t row = part.shape[node.dim()] * inner;
-        co_await run_kernel(job, "concat kernel launch", name, [tmp, out, offset, out_row, row, outer](cudaStream_t s) {
+        auto launch = [tmp, out, offset, out_row, row, outer](cudaStream_t s) {
           return launch_copy_rows(out + offset, out_row, tmp.data(), row, outer, row, s);
-        });
+        };
+        co_await run_kernel(job, "concat kernel launch", name, launch);
         offset += row;
       }
       co_return;
@@ -229,10 +234,10 @@ asio::awaitable<void> eval_into(const Job& job, const DerivedWeightRecipe& node,
       // permutation() resolves a transpose of a rank only known from the catalog.
       std::vector<std::size_t> order = node.permutation(in.shape.size());
       std::vector<std::size_t> dims(in.shape.begin(), in.shape.end());
-      co_await run_kernel(job, "permute kernel launch", name,
-                          [tmp, out, dims, order, elem = element_bytes(in.dtype)](cudaStream_t s) {
-                            return launch_permute(tmp.data(), out, dims.data(), order.data(), dims.size(), elem, s);
-                          });
+      auto launch = [tmp, out, dims, order, elem = element_bytes(in.dtype)](cudaStream_t s) {
+        return launch_permute(tmp.data(), out, dims.data(), order.data(), dims.size(), elem, s);
+      };
+      co_await run_kernel(job, "permute kernel launch", name, launch);
       co_return;
     }
   }
