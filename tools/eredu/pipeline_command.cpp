@@ -1,0 +1,314 @@
+// `eredu pipeline`: streams a checkpoint's layers through engine::PrefetchPipeline, as an
+// application too large to keep its model resident would: units i+1..i+K load while unit i
+// is used, within a byte budget, pass after pass.
+#include <tbb/blocked_range.h>
+#include <tbb/global_control.h>
+#include <tbb/parallel_for.h>
+
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+#include <asio/use_awaitable.hpp>
+#include <asio/use_future.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cli.hpp"
+#include "commands.hpp"
+#include "eredu/core/error.hpp"
+#include "eredu/cpu/backend.hpp"
+#include "eredu/cpu/float_formats.hpp"
+#include "eredu/engine/parameter_id.hpp"
+#include "eredu/engine/prefetch_pipeline.hpp"
+#include "eredu/io/checkpoint_source.hpp"
+#include "eredu/io/json_text.hpp"
+
+namespace eredu::cli {
+namespace {
+
+constexpr const char* pipeline_usage =
+    "usage: eredu pipeline PATH [--budget BYTES] [--lookahead 2] [--passes 1] [--threads N] "
+    "[--compute none|matvec] [--staging 64M] [--json]\n"
+    "  streams the checkpoint's layers (tensors named <prefix>layers.<N>.<rest>, one unit per\n"
+    "  layer; other tensors are skipped) through a prefetch pipeline: while unit i is used,\n"
+    "  units i+1..i+K are read into CPU tensors, within --budget bytes of resident units\n"
+    "  (default (K+1) x the largest unit). --compute matvec multiplies every 2-D BF16/F16/F32\n"
+    "  weight by a vector on --threads TBB threads while the next units load; none releases\n"
+    "  each unit at once (pure streaming). Prints per-unit progress and bytes, seconds, GB/s,\n"
+    "  I/O, compute and stall time, the resident high-water against the budget, peak RSS.";
+
+/// A generic unit: one slot per tensor of a layer, named by what follows "layers.<N>.".
+class UnitModule {
+ public:
+  /// One slot.
+  struct Slot {
+    std::string name;         ///< parameter id within the unit
+    cpu::Parameter parameter; ///< the checkpoint's dtype and shape
+  };
+  std::vector<Slot> slots;  ///< in catalog order
+
+  /// Visits every slot read-only.
+  void visit_parameters(engine::ParameterVisitor<cpu::Parameter>& v, const std::string& prefix) const {
+    for (const Slot& s : slots)
+      v.visit({engine::ParameterId(engine::join_name(prefix, s.name)), s.parameter.dtype, s.parameter.shape},
+              s.parameter);
+  }
+  /// Visits every slot for binding.
+  void visit_parameters_mut(engine::ParameterVisitorMut<cpu::Parameter>& v, const std::string& prefix) {
+    for (Slot& s : slots)
+      v.visit_mut({engine::ParameterId(engine::join_name(prefix, s.name)), s.parameter.dtype, s.parameter.shape},
+                  s.parameter);
+  }
+};
+
+using Pipeline = engine::PrefetchPipeline<cpu::Backend, UnitModule>;
+
+/// The checkpoint's layers as pipeline units, and what was left out.
+struct Grouping {
+  std::vector<engine::PipelineUnit> units;
+  std::vector<UnitModule> modules;  // the unbound module of each unit
+  std::vector<std::uint64_t> bytes;
+  std::size_t layer_tensors = 0;
+  std::size_t skipped_tensors = 0;
+  std::uint64_t skipped_bytes = 0;
+};
+
+/// Splits "model.layers.12.mlp.up_proj.weight" into ("model.layers.", 12, "mlp.up_proj.weight").
+bool split_layer_name(const std::string& name, std::string& prefix, std::uint64_t& layer, std::string& rest) {
+  for (std::size_t at = name.find("layers."); at != std::string::npos; at = name.find("layers.", at + 1)) {
+    if (at != 0 && name[at - 1] != '.') continue;
+    std::size_t i = at + 7, digits = 0;
+    layer = 0;
+    while (i < name.size() && name[i] >= '0' && name[i] <= '9' && digits < 9) layer = layer * 10 + (name[i++] - '0'), ++digits;
+    if (digits == 0 || i >= name.size() || name[i] != '.' || i + 1 == name.size()) continue;
+    prefix = name.substr(0, at + 7);
+    rest = name.substr(i + 1);
+    return true;
+  }
+  return false;
+}
+
+/// One unit per (prefix, layer number), ordered by prefix and then number; each tensor is
+/// read whole in its stored dtype.
+Grouping group_layers(const io::Catalog& catalog) {
+  std::map<std::pair<std::string, std::uint64_t>, std::vector<const io::TensorInfo*>> layers;
+  Grouping g;
+  for (const io::TensorInfo& t : catalog.tensors()) {
+    std::string prefix, rest;
+    std::uint64_t layer = 0;
+    if (split_layer_name(t.name, prefix, layer, rest)) {
+      layers[{prefix, layer}].push_back(&t);
+      ++g.layer_tensors;
+    } else {
+      ++g.skipped_tensors;
+      g.skipped_bytes += t.nbytes;
+    }
+  }
+  for (const auto& [key, tensors] : layers) {
+    UnitModule module;
+    std::vector<engine::WeightBinding> bindings;
+    std::uint64_t bytes = 0;
+    for (const io::TensorInfo* t : tensors) {
+      std::string rest;
+      std::string prefix;
+      std::uint64_t n = 0;
+      split_layer_name(t->name, prefix, n, rest);
+      try {
+        (void)engine::ParameterId(rest);
+      } catch (const Error&) {
+        rest = fmt::format("tensor_{}", module.slots.size());  // not a valid dotted name
+      }
+      module.slots.push_back({rest, cpu::Parameter(t->dtype, t->shape)});
+      bindings.push_back(engine::WeightBinding::tensor(rest, t->name, Selection::all(), t->nbytes));
+      bytes += t->nbytes;
+    }
+    g.units.push_back({key.first + std::to_string(key.second), engine::WeightBindingPlan(std::move(bindings))});
+    g.modules.push_back(std::move(module));
+    g.bytes.push_back(bytes);
+  }
+  return g;
+}
+
+template <class Widen, class T>
+float dot(const T* w, const float* x, std::size_t n, Widen widen) noexcept {
+  float acc[8] = {};
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (std::size_t j = 0; j < 8; ++j) acc[j] += widen(w[i + j]) * x[i + j];
+  for (; i < n; ++i) acc[i % 8] += widen(w[i]) * x[i];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+/// W · x for every 2-D float weight of `unit`, rows in parallel (call inside the arena);
+/// returns Σ of the results, so the work cannot be optimised away and shows in --json.
+double matvec_unit(const UnitModule& unit) {
+  double total = 0;
+  for (const UnitModule::Slot& s : unit.slots) {
+    const cpu::Parameter& p = s.parameter;
+    if (p.shape.size() != 2 || (p.dtype != DType::BF16 && p.dtype != DType::F16 && p.dtype != DType::F32)) continue;
+    const std::size_t rows = p.shape[0], cols = p.shape[1];
+    std::vector<float> x(cols), y(rows);
+    for (std::size_t i = 0; i < cols; ++i) x[i] = 1.0f / static_cast<float>(1 + i % 7);
+    const std::byte* data = p.value.bytes().data();
+    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, rows), [&](const tbb::blocked_range<std::size_t>& r) {
+      for (std::size_t row = r.begin(); row != r.end(); ++row) {
+        if (p.dtype == DType::F32)
+          y[row] = dot(reinterpret_cast<const float*>(data) + row * cols, x.data(), cols, [](float v) { return v; });
+        else if (p.dtype == DType::BF16)
+          y[row] = dot(reinterpret_cast<const std::uint16_t*>(data) + row * cols, x.data(), cols,
+                       [](std::uint16_t v) { return cpu::bf16_to_f32(v); });
+        else
+          y[row] = dot(reinterpret_cast<const std::uint16_t*>(data) + row * cols, x.data(), cols,
+                       [](std::uint16_t v) { return cpu::f16_to_f32(v); });
+      }
+    });
+    for (float v : y) total += v;
+  }
+  return total;
+}
+
+/// What the consumer measured.
+struct Consumed {
+  std::vector<double> compute_s;  // per delivered unit
+  double wall_s = 0;
+  double checksum = 0;
+};
+
+/// The consumer: takes each unit in order, computes with it (or not), releases it.
+asio::awaitable<void> consume(Pipeline& pipeline, cpu::Executor& compute, bool matvec, Progress& bar,
+                              const std::vector<std::uint64_t>& unit_bytes, Consumed& out) {
+  const double t0 = now_seconds();
+  std::uint64_t done = 0;
+  while (auto unit = co_await pipeline.async_next(asio::use_awaitable)) {
+    const double t = now_seconds();
+    if (matvec) {
+      double sum = 0;
+      Completion finished = compute.submit([&sum, &unit] { sum = matvec_unit(unit.module()); });
+      co_await finished.async_wait(asio::use_awaitable);
+      out.checksum += sum;
+    }
+    out.compute_s.push_back(now_seconds() - t);
+    done += unit_bytes[unit.index()];
+    bar.update(done);
+  }
+  out.wall_s = now_seconds() - t0;
+  co_await pipeline.async_close(asio::use_awaitable);
+}
+
+}  // namespace
+
+int run_pipeline(int argc, char** argv) {
+  for (int i = 2; i < argc; ++i)
+    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
+      fmt::print("{}\n", pipeline_usage);
+      return 0;
+    }
+  Args args = parse_args(argc, argv, 2, {"budget", "lookahead", "passes", "threads", "compute", "staging"}, {"json"});
+  if (args.positional.size() != 1) throw std::invalid_argument(pipeline_usage);
+  const std::uint64_t budget = args.has("budget") ? parse_bytes(args.get("budget", "")) : 0;
+  if (args.has("budget") && budget == 0) throw std::invalid_argument("--budget must be more than 0 bytes");
+  const long lookahead = std::stol(args.get("lookahead", "2"));
+  if (lookahead < 1) throw std::invalid_argument("--lookahead must be at least 1");
+  const long passes = std::stol(args.get("passes", "1"));
+  if (passes < 1) throw std::invalid_argument("--passes must be at least 1");
+  const int threads = std::stoi(args.get("threads", std::to_string(std::max(1u, std::thread::hardware_concurrency()))));
+  if (threads < 1) throw std::invalid_argument("--threads must be at least 1");
+  const std::string compute_mode = args.get("compute", "matvec");
+  if (compute_mode != "none" && compute_mode != "matvec") throw std::invalid_argument("--compute must be none or matvec");
+  const bool json = args.has("json");
+  io::SourceOptions opts;
+  opts.pool.budget = parse_bytes(args.get("staging", "64M"));
+  // Units read straight into their tensors (no staging unless a tensor needs it), with many
+  // requests in flight, as `eredu load`; a small pool keeps peak RSS near the budget.
+  opts.reader.depth = 8;
+  opts.reader.max_request = std::size_t{8} << 20;
+
+  // The event loop thread only submits reads and resumes coroutines: `threads` TBB workers
+  // besides it run the populates and the matvecs.
+  tbb::global_control workers(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(threads) + 1);
+  cpu::Executor loads(threads), compute(threads);
+  cpu::StoragePool storage;
+  cpu::MaterializationContext context{loads, storage};
+  asio::io_context ctx(1);
+  auto source = io::CheckpointSource::open(ctx.get_executor(), args.positional[0], opts);
+  Grouping g = group_layers(source->catalog());
+  if (g.units.empty())
+    throw Error(errc::invalid_argument, {.file = args.positional[0]},
+                fmt::format("none of its {} tensors is named like '<prefix>layers.<N>.<name>': nothing to stream",
+                            source->catalog().size()));
+  const std::size_t unit_count = g.units.size();
+  const std::uint64_t largest = *std::max_element(g.bytes.begin(), g.bytes.end());
+  std::uint64_t pass_bytes = 0;
+  for (std::uint64_t b : g.bytes) pass_bytes += b;
+
+  std::vector<UnitModule> modules = std::move(g.modules);
+  Pipeline pipeline(*source, std::move(g.units), [&modules](std::size_t i) { return modules[i]; }, context,
+                    {.lookahead = static_cast<std::size_t>(lookahead),
+                     .resident_budget = budget,
+                     .passes = static_cast<std::size_t>(passes)});
+  Progress bar(passes > 1 ? fmt::format("pipeline ×{}", passes) : std::string("pipeline"),
+               pass_bytes * static_cast<std::uint64_t>(passes));
+  Consumed consumed;
+  std::future<void> done = asio::co_spawn(
+      ctx, consume(pipeline, compute, compute_mode == "matvec", bar, g.bytes, consumed), asio::use_future);
+  ctx.run();
+  bar.finish();
+  done.get();  // rethrows a unit's load error, its parameter named after the unit
+
+  const engine::PipelineStats stats = pipeline.stats();
+  double compute_total = 0;
+  for (double c : consumed.compute_s) compute_total += c;
+  const std::uint64_t total_bytes = pass_bytes * static_cast<std::uint64_t>(passes);
+  const double gbps = static_cast<double>(total_bytes) / consumed.wall_s / 1e9;
+  const std::uint64_t rss = peak_rss_bytes();
+  const bool within = stats.resident_high_water <= stats.budget;
+  const std::string& path = args.positional[0];
+  if (json) {
+    std::string units;
+    for (std::size_t i = 0; i < stats.units.size(); ++i) {
+      const engine::UnitTiming& u = stats.units[i];
+      units += fmt::format("{}{{\"index\":{},\"pass\":{},\"bytes\":{},\"load_s\":{:.6f},\"compute_s\":{:.6f},"
+                           "\"stall_s\":{:.6f}}}",
+                           i ? "," : "", u.index, u.pass, u.bytes, u.load_s, consumed.compute_s.at(i), u.stall_s);
+    }
+    fmt::print("{{\"path\":{},\"reader\":{},\"units\":{},\"layer_tensors\":{},\"skipped_tensors\":{},"
+               "\"skipped_bytes\":{},\"passes\":{},\"lookahead\":{},\"threads\":{},\"compute\":{},"
+               "\"bytes_per_pass\":{},\"bytes\":{},\"seconds\":{:.6f},\"gb_per_s\":{:.4f},\"io_s\":{:.6f},"
+               "\"compute_s\":{:.6f},\"stall_s\":{:.6f},\"budget\":{},\"largest_unit\":{},\"resident_high_water\":{},"
+               "\"within_budget\":{},\"staging_budget\":{},\"staging_high_water\":{},\"peak_rss_bytes\":{},"
+               "\"checksum\":{:.6g},\"per_unit\":[{}]}}\n",
+               io::json::quoted(path), io::json::quoted(source->reader().name()), unit_count, g.layer_tensors,
+               g.skipped_tensors, g.skipped_bytes, passes, lookahead, threads, io::json::quoted(compute_mode),
+               pass_bytes, total_bytes, consumed.wall_s, gbps, stats.load_s, compute_total, stats.stall_s, stats.budget,
+               largest, stats.resident_high_water, within ? "true" : "false", source->pool().budget(),
+               source->pool().high_water(), rss, consumed.checksum, units);
+  } else {
+    fmt::print("pipeline {} units ({} layers × {} pass{}) of {}: {} in {:.3f} s: {:.2f} GB/s\n", stats.delivered,
+               unit_count, passes, passes == 1 ? "" : "es", path, format_bytes(total_bytes), consumed.wall_s, gbps);
+    fmt::print("  units    {} tensors in layers, largest unit {}; {} tensors outside layers skipped ({})\n",
+               g.layer_tensors, format_bytes(largest), g.skipped_tensors, format_bytes(g.skipped_bytes));
+    fmt::print("  time     I/O {:.3f} s (Σ per-unit load, overlapping), compute {:.3f} s ({}), stall {:.3f} s "
+               "(first unit {:.3f} s)\n",
+               stats.load_s, compute_total, compute_mode, stats.stall_s,
+               stats.units.empty() ? 0.0 : stats.units.front().stall_s);
+    fmt::print("  memory   look-ahead {}, resident high-water {} of a {} budget{}; staging high-water {} of {}; "
+               "peak RSS {}\n",
+               lookahead, format_bytes(stats.resident_high_water), format_bytes(stats.budget),
+               within ? "" : " (OVER BUDGET)", format_bytes(source->pool().high_water()),
+               format_bytes(source->pool().budget()), format_bytes(rss));
+    fmt::print("  threads  {} (TBB arenas for loads and compute), reader {}\n", threads, source->reader().describe());
+  }
+  return within ? 0 : 1;
+}
+
+}  // namespace eredu::cli
