@@ -30,9 +30,10 @@
 /// error...), checksum_mismatch, canary_failed, cancelled. One swap at a time: a second
 /// concurrent swap fails with swap_in_progress.
 ///
-/// Reading is one atomic load of a std::shared_ptr (std::atomic<std::shared_ptr>): no mutex
-/// and no wait on the swap. (libstdc++ implements it with a lock bit inside the atomic word,
-/// held only for the few instructions of a pointer and count update.)
+/// Reading is wait-free: eredu::PublishedPtr (Left-Right over two shared_ptr slots) costs a
+/// reader a few atomic increments and one reference-count increment — no mutex, no loop, no
+/// wait on a swap. (std::atomic<std::shared_ptr> would do, but libstdc++ 12's takes a lock bit
+/// on reads too and orders it too weakly; see published_ptr.hpp.)
 
 #include <asio/awaitable.hpp>
 #include <asio/co_spawn.hpp>
@@ -51,6 +52,7 @@
 
 #include "eredu/core/detail/spawn_operation.hpp"
 #include "eredu/core/error.hpp"
+#include "eredu/core/published_ptr.hpp"
 #include "eredu/engine/load.hpp"
 #include "eredu/io/checksums.hpp"
 
@@ -110,7 +112,7 @@ class ModelSlot {
 
   /// The serving version, kept alive for as long as the caller holds it; null before the
   /// first swap. Never blocks.
-  std::shared_ptr<const Version> current() const noexcept { return current_.load(std::memory_order_acquire); }
+  std::shared_ptr<const Version> current() const noexcept { return current_.load(); }
 
   /// Generation of the serving version (0 before the first swap).
   std::uint64_t generation() const noexcept {
@@ -202,7 +204,7 @@ class ModelSlot {
     next->generation = serving + 1;
     std::shared_ptr<const Version> published = std::move(next);
     const Clock::time_point before = Clock::now();
-    std::shared_ptr<const Version> old = current_.exchange(std::move(published), std::memory_order_acq_rel);
+    std::shared_ptr<const Version> old = current_.exchange(std::move(published));
     report.publish_pause = Clock::now() - before;
     report.generation = serving + 1;
     // Dropped here, after the pause was measured: if no reader holds it, its storage goes
@@ -212,7 +214,7 @@ class ModelSlot {
   }
 
   Factory make_model_;
-  std::atomic<std::shared_ptr<const Version>> current_;
+  PublishedPtr<Version> current_;
   std::atomic<bool> swapping_{false};
 };
 
