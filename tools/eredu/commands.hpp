@@ -11,5 +11,9 @@ int run_read(int argc, char** argv);
 int run_load(int argc, char** argv);
 /// `eredu gen OUT ...`: writes a synthetic transformer-shaped checkpoint.
 int run_gen(int argc, char** argv);
+/// `eredu pipeline PATH ...`: streams a checkpoint's layers through a prefetch pipeline.
+int run_pipeline(int argc, char** argv);
+/// `eredu swap A B ...`: serves requests while hot-swapping between checkpoints.
+int run_swap(int argc, char** argv);
 
 }  // namespace eredu::cli

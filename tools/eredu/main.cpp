@@ -28,9 +28,15 @@ usage:
       loads every tensor into CPU tensors through the engine (one slot per tensor; --dtype
       casts float tensors), with a progress bar, and prints bytes, seconds, GB/s, staging
       high-water and peak RSS; --repeat N loads N times, reusing the previous load's storage
+  eredu pipeline PATH ...   (see `eredu pipeline --help`)
+      streams the checkpoint's decoder layers through a prefetch pipeline
+  eredu swap A B ...        (see `eredu swap --help`)
+      serves requests from A while hot-swapping to B and back, then to a corrupt copy
   eredu gen OUT [--size 512M] [--dtype bf16|f16|f32] [--shards N] [--seed S] [--layers N]
+                [--tie-embeddings] [--checksums]
       writes a deterministic synthetic Llama-shaped checkpoint (OUT is a directory when
-      --shards > 1)
+      --shards > 1); --checksums also writes the SHA-256 of every tensor to a sidecar that a
+      hot-swap verifies
 )";
 
 }  // namespace
@@ -51,6 +57,8 @@ int main(int argc, char** argv) {
     if (command == "read") return eredu::cli::run_read(argc, argv);
     if (command == "gen") return eredu::cli::run_gen(argc, argv);
     if (command == "load") return eredu::cli::run_load(argc, argv);
+    if (command == "pipeline") return eredu::cli::run_pipeline(argc, argv);
+    if (command == "swap") return eredu::cli::run_swap(argc, argv);
     fmt::print(stderr, "eredu: unknown command '{}'\n\n{}", command, usage);
     return 2;
   } catch (const eredu::Error& e) {
