@@ -26,6 +26,8 @@
 
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
+#include <asio/post.hpp>
+#include <asio/thread_pool.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/use_future.hpp>
 #include <algorithm>
@@ -122,6 +124,9 @@ struct Bench {
   cpu::Executor& compute;
   cpu::MaterializationContext& context;
   Evictor evict;
+  // posix_fadvise(DONTNEED) drains every CPU's LRU lists and waits for it: on a busy
+  // machine that blocks for milliseconds, so it runs here, never on the event loop.
+  asio::thread_pool& evict_thread;
   std::vector<engine::PipelineUnit> units() const {
     std::vector<engine::PipelineUnit> out;
     for (std::uint64_t i = 0; i < config.layers; ++i) out.push_back(layer_unit(source.catalog(), i));
@@ -130,9 +135,13 @@ struct Bench {
   /// With --cold, drops layer `i`'s bytes from the page cache (it has just been read).
   void used(std::uint64_t i) const {
     if (!options.cold) return;
+    std::vector<const io::TensorInfo*> tensors;
     for (const char* leaf : {"post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
                              "mlp.down_proj.weight"})
-      evict.tensor(source.catalog().at(layer_key(i, leaf)));
+      tensors.push_back(&source.catalog().at(layer_key(i, leaf)));
+    asio::post(evict_thread, [this, tensors] {
+      for (const io::TensorInfo* t : tensors) evict.tensor(*t);
+    });
   }
 };
 
@@ -199,7 +208,8 @@ asio::awaitable<std::vector<Round>> run_all(asio::any_io_executor executor, Opti
       co_await io::async_open_checkpoint(executor, options.path, source_options, asio::use_awaitable);
   const StackConfig config = StackConfig::from_catalog(source->catalog());
   *config_out = config;
-  Bench bench{*source, config, options, compute_arena, context, Evictor(source->catalog())};
+  asio::thread_pool evict_thread(1);
+  Bench bench{*source, config, options, compute_arena, context, Evictor(source->catalog()), evict_thread};
   Round warm;
   co_await run_pipeline(bench, warm, 1);
   std::vector<Round> rounds(options.rounds);
@@ -207,6 +217,7 @@ asio::awaitable<std::vector<Round>> run_all(asio::any_io_executor executor, Opti
     co_await run_serial(bench, r);
     co_await run_pipeline(bench, r, options.passes);
   }
+  evict_thread.join();  // before `bench`, which its evictions use, goes
   co_return rounds;
 }
 
