@@ -28,6 +28,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <thread>
 #include <unordered_map>
@@ -53,6 +54,23 @@ namespace {
 constexpr const char* swap_usage =
     "usage: eredu swap A B [--swaps 2] [--requests 2000] [--concurrency 8] [--serve-threads 0] "
     "[--swap-threads 1] [--budget 32M] [--work 256K] [--verify on|off] [--corrupt] [--json]";
+
+constexpr const char* swap_help = R"(
+  Serves synthetic requests from checkpoint A on one event loop while engine::ModelSlot
+  hot-swaps to B, back to A, ... (--swaps N), then, with --corrupt, attempts a swap to a
+  temporary copy of B with bytes flipped in one tensor (rejected by its checksum). A and B
+  must have the same tensors, dtypes and shapes (e.g. `eredu gen` with two seeds).
+  Each request computes y = W[0:rows, :] · x over the largest 2-D tensor (--work
+  multiply-adds) and is checked against values computed from the files before serving.
+    --requests N       requests answered in each phase between swaps (default 2000)
+    --concurrency N    concurrent clients on the loop (default 8)
+    --serve-threads N  0: compute on the loop thread (default); N: on an N-thread arena
+    --swap-threads N   the swap's own arena (default 1)
+    --budget SIZE      staging budget of each source (default 32M)
+    --verify on|off    checksums from metadata or "<file>.sha256.json" (default on)
+    --json             one JSON object instead of the table
+  Exit status 1 if a response did not match its version or the corrupt swap changed one.
+)";
 
 using Module = cpu::CatalogModule;
 using Slot = engine::ModelSlot<cpu::Backend, Module>;
@@ -447,6 +465,11 @@ struct Phase {
 }  // namespace
 
 int run_swap(int argc, char** argv) {
+  for (int i = 2; i < argc; ++i)
+    if (std::string_view(argv[i]) == "--help") {
+      fmt::print("{}\n{}", swap_usage, swap_help);
+      return 0;
+    }
   Args args = parse_args(argc, argv, 2,
                          {"swaps", "requests", "concurrency", "serve-threads", "swap-threads", "budget", "work", "verify"},
                          {"corrupt", "json"});
