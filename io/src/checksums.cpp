@@ -1,5 +1,8 @@
 #include "eredu/io/checksums.hpp"
 
+#include <asio/post.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/thread_pool.hpp>
 #include <asio/use_awaitable.hpp>
 #include <algorithm>
 #include <cctype>
@@ -10,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "eredu/core/completion.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/io/json_text.hpp"
 #include "eredu/io/lease.hpp"
@@ -132,7 +136,24 @@ std::string Checksums::to_json() const {
 
 namespace detail {
 
-asio::awaitable<std::uint64_t> verify_checksums(CheckpointSource& source, Checksums checksums) {
+asio::awaitable<std::uint64_t> verify_checksums(CheckpointSource& source, Checksums checksums,
+                                                asio::any_io_executor hasher) {
+  // Without a hashing executor, one thread of our own: hashing on the source's executor
+  // would stall everything else that loop runs.
+  std::optional<asio::thread_pool> own_thread;
+  if (!hasher) hasher = own_thread.emplace(1).get_executor();
+  struct JoinOnExit {
+    std::optional<asio::thread_pool>& pool;
+    ~JoinOnExit() {
+      if (pool) pool->join();
+    }
+  } join_on_exit{own_thread};
+
+  // Cancellation is checked between chunks, never while a hash task may still use the
+  // frame's hash state.
+  co_await asio::this_coro::throw_if_cancelled(false);
+  asio::cancellation_state cancel_state = co_await asio::this_coro::cancellation_state;
+
   std::uint64_t verified = 0;
   for (const auto& [tensor, expected] : checksums.digests()) {
     const TensorInfo* info = source.catalog().find(tensor);
@@ -141,11 +162,32 @@ asio::awaitable<std::uint64_t> verify_checksums(CheckpointSource& source, Checks
                   "a checksum names a tensor the checkpoint does not have");
     Sha256 hash;
     ChunkStream chunks = source.stream(TensorReadRequest{tensor, Selection::all()});
+    // Chunk i is hashed on the hasher while chunk i+1 is read; the hash of one tensor is
+    // sequential, so at most one chunk is being hashed at a time.
+    std::optional<Lease> hashing;
+    Completion hashed = Completion::ready_now();
     for (;;) {
-      std::optional<Lease> chunk = co_await chunks.async_next(asio::use_awaitable);
+      std::optional<Lease> chunk;
+      std::exception_ptr failure;
+      try {
+        if (cancel_state.cancelled() != asio::cancellation_type::none)
+          throw Error(errc::cancelled, {.tensor = tensor}, "checksum verification was cancelled");
+        chunk = co_await chunks.async_next(asio::use_awaitable);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      co_await hashed.async_wait(asio::use_awaitable);  // a hash task never fails
+      hashing.reset();  // its bytes are in the hash: the staging goes back
+      if (failure) std::rethrow_exception(failure);
       if (!chunk) break;
-      hash.update(chunk->bytes());
       verified += chunk->bytes().size();
+      hashing = std::move(chunk);
+      auto done = std::make_shared<CompletionSource>();
+      hashed = done->completion();
+      asio::post(hasher, [&hash, bytes = hashing->bytes(), done] {
+        hash.update(bytes);
+        done->complete();
+      });
     }
     const std::string actual = hash.hex_digest();
     if (actual != expected)

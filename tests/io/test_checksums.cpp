@@ -2,7 +2,9 @@
 // through a source catching a tensor whose bytes changed.
 #include "eredu/io/checksums.hpp"
 
+#include <asio/thread_pool.hpp>
 #include <asio/use_awaitable.hpp>
+#include <cerrno>
 #include <catch2/catch.hpp>
 
 #include "eredu/core/error.hpp"
@@ -109,5 +111,30 @@ TEST_CASE("checksums – verification reads through the source and names a chang
   Checksums unknown;
   unknown.add("zzz", f.digest(0));
   CHECK(kind_of([&] { verify(unknown); }) == errc::tensor_not_found);
+  CHECK(source->pool().in_use() == 0);
+}
+
+TEST_CASE("checksums – a read error while a chunk is being hashed is reported, nothing leaks", "[io][checksums]") {
+  Fixture f;
+  struct FailSecondChunk final : FaultInjector {
+    std::uint64_t at = 0;
+    ReadFault on_complete(std::uint32_t, std::uint64_t offset, std::uint64_t length) override {
+      return offset <= at && at < offset + length ? ReadFault{.error = EIO} : ReadFault{};
+    }
+  } faults;
+  asio::io_context ctx;
+  SourceOptions options;
+  options.pool.budget = 64 << 10;
+  options.chunk_bytes = 8 << 10;
+  options.reader.faults = &faults;
+  auto source = CheckpointSource::open(ctx.get_executor(), f.path, options);
+  faults.at = source->catalog().at("a").offset + 12000;  // inside the second chunk
+  Checksums sums;
+  sums.add("a", f.digest(0));
+  asio::thread_pool hashers(1);
+  auto op = [](CheckpointSource& s, Checksums c, asio::any_io_executor h) -> asio::awaitable<std::uint64_t> {
+    co_return co_await async_verify_checksums(s, std::move(c), asio::use_awaitable, h);
+  };
+  CHECK(kind_of([&] { test::run_on(ctx, op(*source, sums, hashers.get_executor())); }) == errc::io_error);
   CHECK(source->pool().in_use() == 0);
 }
