@@ -344,3 +344,26 @@ TEST_CASE("pipeline – a bad configuration is refused before any read", "[engin
   }
   CHECK(env.source->pool().high_water() == 0);
 }
+
+TEST_CASE("pipeline – one consumer: a second concurrent async_next is refused, timings stay bounded",
+          "[engine][pipeline]") {
+  Env env;
+  Pipeline pipeline(*env.source, units(), make_layer, env.mc, {.lookahead = 1, .passes = 2, .timing_history = 4});
+  auto first = asio::co_spawn(env.ctx, pipeline.async_next(asio::use_awaitable), asio::use_future);
+  auto second = asio::co_spawn(env.ctx, pipeline.async_next(asio::use_awaitable), asio::use_future);
+  try {
+    env.get(second);
+    FAIL("two async_next ran at once");
+  } catch (const Error& e) {
+    CHECK(e.kind() == errc::invalid_argument);
+  }
+  CHECK(env.get(first).index() == 0);
+  std::uint64_t max_live = 0;
+  auto rest = asio::co_spawn(env.ctx, consume(pipeline, env, std::chrono::microseconds(0), &max_live), asio::use_future);
+  CHECK(env.get(rest).size() == 2 * kUnits - 1);
+  const engine::PipelineStats stats = pipeline.stats();
+  CHECK(stats.delivered == 2 * kUnits);
+  REQUIRE(stats.units.size() == 4);  // only the most recent timings are kept
+  CHECK(stats.units.back().index == kUnits - 1);
+  CHECK(stats.units.back().pass == 1);
+}

@@ -28,10 +28,18 @@ usage:
       loads every tensor into CPU tensors through the engine (one slot per tensor; --dtype
       casts float tensors), with a progress bar, and prints bytes, seconds, GB/s, staging
       high-water and peak RSS; --repeat N loads N times, reusing the previous load's storage
-  eredu pipeline PATH ...   (see `eredu pipeline --help`)
-      streams the checkpoint's decoder layers through a prefetch pipeline
-  eredu swap A B ...        (see `eredu swap --help`)
-      serves requests from A while hot-swapping to B and back, then to a corrupt copy
+  eredu pipeline PATH [--budget BYTES] [--lookahead 2] [--passes 1] [--threads N]
+                      [--compute none|matvec] [--staging 64M] [--json]
+      streams the checkpoint's layers (<prefix>layers.<N>.*, one unit per layer; other
+      tensors skipped) through a prefetch pipeline within --budget bytes of resident units
+      (default (K+1) x the largest unit), a matvec per weight meanwhile; prints progress,
+      GB/s, I/O, compute and stall time, resident high-water vs budget, peak RSS
+  eredu swap A B [--swaps 2] [--requests 2000] [--concurrency 8] [--serve-threads 0]
+                 [--swap-threads 1] [--budget 32M] [--work 256K] [--verify on|off] [--corrupt] [--json]
+      serves synthetic requests from A while hot-swapping (engine::ModelSlot) to B and back
+      --swaps times, then with --corrupt attempts a swap to a corrupted copy of B (rejected by
+      its checksum); prints request latency per phase, publish pauses, and checks that every
+      response came from exactly one version (exit 1 if not)
   eredu gen OUT [--size 512M] [--dtype bf16|f16|f32] [--shards N] [--seed S] [--layers N]
                 [--tie-embeddings] [--checksums]
       writes a deterministic synthetic Llama-shaped checkpoint (OUT is a directory when

@@ -85,6 +85,8 @@ struct PrefetchOptions {
   /// promote them on the next pass instead of re-reading the checkpoint. Needs a
   /// TransferBackend and a park executor; host memory then holds every unit once.
   bool keep_on_host = false;
+  /// Per-unit timings kept in PipelineStats::units (the oldest are dropped beyond this).
+  std::size_t timing_history = 4096;
 };
 
 /// What happened to one delivered unit.
@@ -106,7 +108,9 @@ struct PipelineStats {
   std::size_t delivered = 0;              ///< units handed to the consumer
   double stall_s = 0;                     ///< total consumer wait
   double load_s = 0;                      ///< total of per-unit load times (they overlap)
-  std::vector<UnitTiming> units;          ///< every delivered unit, in delivery order
+  /// The most recent delivered units, in delivery order (at most
+  /// PrefetchOptions::timing_history of them, so an endless stream stays bounded).
+  std::deque<UnitTiming> units;
 };
 
 /// A bounded look-ahead loader over an ordered sequence of units (see file comment).
@@ -198,9 +202,9 @@ class PrefetchPipeline {
     s.stats.budget = s.budget;
     for (std::size_t i = 0; i < s.bytes.size(); ++i)
       if (s.bytes[i] > s.budget)
-        throw Error(errc::invalid_argument, {.parameter = s.names[i]},
-                    fmt::format("this unit needs {} bytes, more than the whole resident budget of {} bytes",
-                                s.bytes[i], s.budget));
+        throw Error(errc::invalid_argument, {},
+                    fmt::format("unit '{}' needs {} bytes, more than the whole resident budget of {} bytes",
+                                s.names[i], s.bytes[i], s.budget));
     asio::co_spawn(source.get_executor(), State::produce(state_), asio::detached);
   }
 
@@ -217,7 +221,9 @@ class PrefetchPipeline {
   /// The next unit in sequence order, once loaded. Completion signature:
   /// void(std::exception_ptr, Unit) — an empty Unit after the last pass. Errors: the unit's
   /// load error (store, recipe, backend, orchestration) with its parameter qualified by the
-  /// unit's name, again on every later call; errc::cancelled after cancellation or close.
+  /// unit's name, again on every later call; errc::cancelled after cancellation or close;
+  /// errc::invalid_argument when another async_next is still waiting (one at a time: the
+  /// sequence has one consumer).
   template <class Token>
   auto async_next(Token&& token) {
     return eredu::detail::spawn_operation(state_->source.get_executor(), State::next(state_),
@@ -294,6 +300,7 @@ class PrefetchPipeline {
     bool stopping = false;
     bool failed = false;           // a load failed: start nothing more
     bool producer_done = false;
+    bool consumer_busy = false;    // an async_next is running (one at a time)
     std::exception_ptr terminal;   // delivered to the consumer; reported again after
     std::optional<CompletionSource> producer_wake, consumer_wake;
     CompletionSource producer_exit_source;
@@ -572,6 +579,21 @@ class PrefetchPipeline {
         }
       } clear_slot{cancel_state};
 
+      {
+        std::lock_guard lock(s->mutex);
+        if (s->consumer_busy)
+          throw Error(errc::invalid_argument, {},
+                      "async_next was called while another async_next of this pipeline is still waiting");
+        s->consumer_busy = true;
+      }
+      struct NotBusy {
+        State& state;
+        ~NotBusy() {
+          std::lock_guard lock(state.mutex);
+          state.consumer_busy = false;
+        }
+      } not_busy{*s};
+
       for (;;) {
         std::shared_ptr<Slot> slot;
         Completion wait;
@@ -622,6 +644,7 @@ class PrefetchPipeline {
             s->stats.load_s += timing.load_s;
             ++s->stats.delivered;
             s->stats.units.push_back(timing);
+            if (s->stats.units.size() > s->options.timing_history) s->stats.units.pop_front();
           }
         }
         if (failure) {
