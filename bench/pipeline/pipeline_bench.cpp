@@ -12,7 +12,7 @@
 // every read goes to the disk. Storage comes from a pool warmed by an untimed pass first, so
 // neither run pays for first-touching memory.
 //
-//   pipeline_bench PATH [--generate] [--layers 16] [--hidden 1024] [--tokens 1] [--lookahead 2]
+//   pipeline_bench PATH [--generate] [--layers 16] [--hidden 1024] [--tokens 1] [--lookahead 2] [--concurrent 1]
 //                  [--passes 3] [--rounds 3] [--threads N] [--cold] [--json]
 //
 // --generate writes an MLP-only BF16 checkpoint of --layers × --hidden at PATH if it is
@@ -70,6 +70,7 @@ struct Options {
   std::uint64_t hidden = 1024;
   std::size_t tokens = 1;
   std::size_t lookahead = 2;
+  std::size_t concurrent = 1;  // units read at once (PrefetchOptions::concurrent_loads)
   std::size_t passes = 3;
   std::size_t rounds = 3;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -177,7 +178,8 @@ asio::awaitable<void> run_pipeline(Bench& b, Round& r, std::size_t passes) {
   Activations a = Activations::initial(b.options.tokens, b.config.hidden);
   const engine::PrefetchOptions prefetch{.lookahead = b.options.lookahead,
                                          .resident_budget = (b.options.lookahead + 1) * b.config.layer_bytes(),
-                                         .passes = passes};
+                                         .passes = passes,
+                                         .concurrent_loads = b.options.concurrent};
   const StackConfig config = b.config;
   Pipeline pipeline(b.source, b.units(), [config](std::size_t) { return MlpLayer(config); }, b.context, prefetch);
   const Clock::time_point start = Clock::now();
@@ -236,6 +238,7 @@ Options parse(int argc, char** argv) {
     else if (arg == "--hidden") o.hidden = value();
     else if (arg == "--tokens") o.tokens = value();
     else if (arg == "--lookahead") o.lookahead = value();
+    else if (arg == "--concurrent") o.concurrent = value();
     else if (arg == "--passes") o.passes = value();
     else if (arg == "--rounds") o.rounds = value();
     else if (arg == "--threads") o.threads = static_cast<int>(value());
@@ -243,7 +246,7 @@ Options parse(int argc, char** argv) {
     else o.path = arg;
   }
   if (o.path.empty()) throw std::invalid_argument("PATH is required");
-  if (o.lookahead < 1 || o.passes < 1 || o.tokens < 1 || o.threads < 1 || o.rounds < 1 || o.hidden < 8)
+  if (o.lookahead < 1 || o.concurrent < 1 || o.passes < 1 || o.tokens < 1 || o.threads < 1 || o.rounds < 1 || o.hidden < 8)
     throw std::invalid_argument("counts must be at least 1, --hidden at least 8");
   return o;
 }
@@ -317,11 +320,11 @@ int run(int argc, char** argv) {
                           list.empty() ? "" : ",", r.io_s, r.compute_s, r.serial_s, r.pipeline_s, r.pipeline_compute_s,
                           r.pipeline_io_s, r.stall_s, r.ratio());
     fmt::print("{{\"layers\":{},\"layer_bytes\":{},\"hidden\":{},\"intermediate\":{},\"passes\":{},\"tokens\":{},"
-               "\"lookahead\":{},\"threads\":{},\"cold\":{},\"rounds\":[{}],\"median_ratio\":{:.4f},"
+               "\"lookahead\":{},\"concurrent_loads\":{},\"threads\":{},\"cold\":{},\"rounds\":[{}],\"median_ratio\":{:.4f},"
                "\"median_io_s\":{:.6f},\"median_compute_s\":{:.6f},\"median_pipeline_s\":{:.6f},"
                "\"resident_high_water\":{},\"budget\":{},\"peak_rss_bytes\":{}}}\n",
                config.layers, config.layer_bytes(), config.hidden, config.intermediate, options.passes, options.tokens,
-               options.lookahead, options.threads, options.cold ? "true" : "false", list, median(ratios), median(io),
+               options.lookahead, options.concurrent, options.threads, options.cold ? "true" : "false", list, median(ratios), median(io),
                median(comp), median(pipe), high_water, budget, peak_rss);
   }
   return high_water <= budget ? 0 : 1;
@@ -335,7 +338,7 @@ int main(int argc, char** argv) {
   } catch (const std::invalid_argument& e) {
     fmt::print(stderr,
                "pipeline_bench: {}\nusage: pipeline_bench PATH [--generate] [--layers 16] [--hidden 1024] [--tokens 1] "
-               "[--lookahead 2] [--passes 3] [--rounds 3] [--threads N] [--cold] [--json]\n",
+               "[--lookahead 2] [--concurrent 1] [--passes 3] [--rounds 3] [--threads N] [--cold] [--json]\n",
                e.what());
     return 2;
   } catch (const std::exception& e) {

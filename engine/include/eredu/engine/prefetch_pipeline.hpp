@@ -15,7 +15,8 @@
 /// Memory bound, and why it holds whatever the model size: a unit is started only when
 /// (a) fewer than K+1 units are started and not yet released — the one the consumer holds
 /// plus K ahead — and (b) the bytes of every started, unreleased unit plus its own stay
-/// within `resident_budget`. Staging is the source's lease pool, bounded separately; so
+/// within `resident_budget` (and (c) fewer than `concurrent_loads` units are loading, which
+/// bounds bandwidth sharing, not memory). Staging is the source's lease pool, bounded separately; so
 /// the pipeline never holds more than the budget plus the lease pool.
 ///
 /// Order: units are delivered in sequence order, pass after pass. Several loads overlap,
@@ -85,6 +86,10 @@ struct PrefetchOptions {
   /// promote them on the next pass instead of re-reading the checkpoint. Needs a
   /// TransferBackend and a park executor; host memory then holds every unit once.
   bool keep_on_host = false;
+  /// Units being read at once (at least 1). One, the default, streams units in order, so
+  /// the unit the consumer needs next gets all the read bandwidth and a disk sees one
+  /// sequential stream; more can help when one unit cannot keep the reader busy.
+  std::size_t concurrent_loads = 1;
   /// Per-unit timings kept in PipelineStats::units (the oldest are dropped beyond this).
   std::size_t timing_history = 4096;
 };
@@ -180,6 +185,8 @@ class PrefetchPipeline {
     State& s = *state_;
     if (options.lookahead == 0)
       throw Error(errc::invalid_argument, {}, "a prefetch pipeline needs a look-ahead of at least 1 unit");
+    if (options.concurrent_loads == 0)
+      throw Error(errc::invalid_argument, {}, "a prefetch pipeline needs at least 1 concurrent load");
     if (options.keep_on_host && park_executor == nullptr)
       throw Error(errc::invalid_argument, {}, "keep_on_host needs an executor to demote and promote units on");
     if (options.keep_on_host && !TransferBackend<B>)
@@ -297,6 +304,7 @@ class PrefetchPipeline {
     std::vector<std::shared_ptr<Slot>> loading;  // loads not finished (pruned as they finish)
     std::vector<std::shared_ptr<const Parked>> parked;  // per unit (keep_on_host)
     std::size_t outstanding = 0;                 // started and not released
+    std::size_t in_flight = 0;                   // started and still loading
     bool stopping = false;
     bool failed = false;           // a load failed: start nothing more
     bool producer_done = false;
@@ -335,8 +343,9 @@ class PrefetchPipeline {
                 running = false;
                 break;
               }
-              if (s->outstanding < s->options.lookahead + 1 &&
+              if (s->outstanding < s->options.lookahead + 1 && s->in_flight < s->options.concurrent_loads &&
                   s->stats.resident_bytes + s->bytes[i] <= s->budget) {
+                ++s->in_flight;
                 slot = std::make_shared<Slot>();
                 slot->index = i;
                 slot->pass = pass;
@@ -409,6 +418,8 @@ class PrefetchPipeline {
         std::lock_guard lock(s->mutex);
         slot->loading = false;
         slot->finished = Clock::now();
+        --s->in_flight;
+        wake(s->producer_wake, wakes);
         slot->from_host = from_host;
         if (error) {
           slot->error = error;
