@@ -93,8 +93,9 @@ print(f"failed swap: rejected with {f['error_kind'] or 'NOTHING'}; {f['responses
       f"{f['changed']} changed (p99 during it {f['latency']['p99_us']:.0f} µs): "
       f"{verdict(f['rejected'] and f['changed'] == 0)}")
 print(f"every response from exactly one version: {s['mismatches']} mismatches of {s['responses']}: {verdict(s['mismatches'] == 0)}")
-print(f"exchange alone, {x['readers']} reader threads loading it: p50 {x['exchange']['p50_ns']} ns, "
-      f"p99 {x['exchange']['p99_ns']} ns, max {x['exchange']['max_ns'] / 1e3:.1f} µs; reader load p99 {x['load']['p99_ns']} ns")
+print(f"publish alone, {x['readers']} reader threads loading it: p50 {x['exchange']['p50_ns']} ns, "
+      f"p99 {x['exchange']['p99_ns']} ns, max {x['exchange']['max_ns'] / 1e3:.1f} µs; reader load p99 {x['load']['p99_ns']} ns; "
+      f"retiring the old pointer p99 {x['retire']['p99_ns'] / 1e3:.1f} µs (waits for readers preempted inside a load)")
 print(f"memory: staging high-water {s['staging_high_water'] / 2**20:.1f} MiB; storage live {s['storage']['live_bytes'] / 2**20:.1f} MiB, "
       f"retained {s['storage']['retained_bytes'] / 2**20:.1f} MiB, {s['storage']['recycled_allocations']} recycled blocks; "
       f"peak RSS {s['peak_rss_bytes'] / 2**20:.0f} MiB")

@@ -1,6 +1,7 @@
-// exchange_bench: how long ModelSlot's publish step (an exchange on a
-// std::atomic<std::shared_ptr<const T>>) takes while reader threads load the same atomic in
-// a loop, as requests do, and how long those loads take.
+// exchange_bench: how long ModelSlot's publish step (PublishedPtr::publish) takes while
+// reader threads load the same PublishedPtr in a loop, as requests do; how long retiring
+// the replaced pointer takes (readers preempted inside a load delay it, never a reader);
+// and how long the loads take.
 //
 //   exchange_bench [--exchanges N] [--readers R] [--json]
 //
@@ -13,11 +14,14 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <fmt/format.h>
+
+#include "eredu/core/published_ptr.hpp"
 
 namespace {
 
@@ -57,7 +61,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  std::atomic<std::shared_ptr<const Version>> current{std::make_shared<const Version>()};
+  eredu::PublishedPtr<Version> current;
+  current.publish(std::make_shared<const Version>());
   std::atomic<bool> stop{false};
   std::vector<std::vector<double>> loads(static_cast<std::size_t>(readers));
   std::vector<std::uint64_t> reads(static_cast<std::size_t>(readers));
@@ -70,7 +75,7 @@ int main(int argc, char** argv) {
       while (!stop.load(std::memory_order_relaxed)) {
         const bool sample = n % 64 == 0;  // timing every load would slow the loop it measures
         const Clock::time_point t0 = sample ? Clock::now() : Clock::time_point{};
-        std::shared_ptr<const Version> v = current.load(std::memory_order_acquire);
+        std::shared_ptr<const Version> v = current.load();
         if (sample) mine.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t0).count());
         sum += v->generation + static_cast<std::uint64_t>(v->weights[n % 64]);  // use it, as a request would
         ++n;
@@ -78,15 +83,21 @@ int main(int argc, char** argv) {
       reads[static_cast<std::size_t>(r)] = n;
       sink.fetch_add(sum, std::memory_order_relaxed);
     });
-  std::vector<double> pauses;
+  std::vector<double> pauses, retirements;
   pauses.reserve(static_cast<std::size_t>(exchanges));
+  retirements.reserve(static_cast<std::size_t>(exchanges));
   for (int i = 1; i <= exchanges; ++i) {
     // Built before the clock starts, as ModelSlot builds the version before it publishes.
     auto next = std::make_shared<const Version>(Version{static_cast<std::uint64_t>(i)});
     const Clock::time_point t0 = Clock::now();
-    std::shared_ptr<const Version> old = current.exchange(std::move(next), std::memory_order_acq_rel);
-    pauses.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t0).count());
-    old.reset();  // after the clock, as in ModelSlot
+    current.publish(std::move(next));
+    const Clock::time_point t1 = Clock::now();
+    pauses.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count());
+    // Retirement, as ModelSlot polls it (here: yielding between attempts).
+    std::optional<std::shared_ptr<const Version>> old;
+    while (!(old = current.try_retire())) std::this_thread::yield();
+    retirements.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t1).count());
+    old.reset();  // after the clocks, as in ModelSlot
     if (i % 100 == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));  // let readers run between bursts
   }
   stop = true;
@@ -99,10 +110,10 @@ int main(int argc, char** argv) {
   }
   const unsigned cpus = std::thread::hardware_concurrency();
   if (json)
-    fmt::print("{{\"readers\":{},\"cpus\":{},\"reads\":{},\"exchange\":{},\"load\":{}}}\n", readers, cpus, total_reads,
-               summary(pauses, true), summary(all_loads, true));
+    fmt::print("{{\"readers\":{},\"cpus\":{},\"reads\":{},\"exchange\":{},\"retire\":{},\"load\":{}}}\n", readers,
+               cpus, total_reads, summary(pauses, true), summary(retirements, true), summary(all_loads, true));
   else
-    fmt::print("{} readers on {} CPUs, {} loads\n  exchange  {}\n  load      {}\n", readers, cpus, total_reads,
-               summary(pauses, false), summary(all_loads, false));
+    fmt::print("{} readers on {} CPUs, {} loads\n  publish   {}\n  retire    {}\n  load      {}\n", readers, cpus,
+               total_reads, summary(pauses, false), summary(retirements, false), summary(all_loads, false));
   return 0;
 }

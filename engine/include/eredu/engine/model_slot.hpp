@@ -37,6 +37,8 @@
 
 #include <asio/awaitable.hpp>
 #include <asio/co_spawn.hpp>
+#include <asio/redirect_error.hpp>
+#include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 #include <atomic>
@@ -45,6 +47,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -87,7 +90,7 @@ struct SwapReport {
   double load_s = 0;                    ///< step 1
   double verify_s = 0;                  ///< step 2
   double canary_s = 0;                  ///< step 3
-  /// ModelSlot: the atomic exchange itself (readers never wait); InPlaceModelSlot: the
+  /// ModelSlot: the publication itself (readers never wait); InPlaceModelSlot: the
   /// drain of requests in flight plus the copy, during which new reads wait.
   std::chrono::nanoseconds publish_pause{0};
   /// InPlaceModelSlot only: the part of publish_pause spent waiting for requests in flight.
@@ -204,12 +207,20 @@ class ModelSlot {
     next->generation = serving + 1;
     std::shared_ptr<const Version> published = std::move(next);
     const Clock::time_point before = Clock::now();
-    std::shared_ptr<const Version> old = current_.exchange(std::move(published));
+    current_.publish(std::move(published));
     report.publish_pause = Clock::now() - before;
     report.generation = serving + 1;
-    // Dropped here, after the pause was measured: if no reader holds it, its storage goes
-    // back to the pool now.
-    old.reset();
+    // Retire the old version once no reader can still be copying its pointer (readers take
+    // nanoseconds, unless a reader thread was preempted inside its load): polled, so neither
+    // this loop nor any reader waits. Dropped here: if no request holds it any more, its
+    // storage goes back to the pool now.
+    asio::steady_timer poll(co_await asio::this_coro::executor);
+    for (;;) {
+      if (std::optional<std::shared_ptr<const Version>> old = current_.try_retire()) break;
+      poll.expires_after(std::chrono::microseconds(50));
+      std::error_code ignored;  // cancellation cannot undo a publication: retire regardless
+      co_await poll.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
+    }
     co_return report;
   }
 
