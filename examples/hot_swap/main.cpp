@@ -144,7 +144,7 @@ asio::awaitable<void> client(Server& s, std::uint32_t id) {
     r.epoch_start = s.epoch;
     const Clock::time_point arrival = Clock::now();
     co_await asio::post(executor, asio::use_awaitable);
-    // The version, taken once: lock-free, and it stays alive until `v` goes.
+    // The version, taken once: wait-free, and it stays alive until `v` goes.
     std::shared_ptr<const Slot::Version> v = s.slot->current();
     r.generation = v->generation;
     r.tag = s.tags.at(&v->model);

@@ -57,3 +57,25 @@ TEST_CASE("published pointer – readers see whole values while writers replace 
   }
   CHECK(Pair::live.load() == 0);
 }
+
+TEST_CASE("published pointer – publish is immediate, retirement hands back the predecessor once", "[core][published]") {
+  eredu::PublishedPtr<int> cell;
+  auto nothing = cell.try_retire();
+  REQUIRE(nothing.has_value());
+  CHECK(*nothing == nullptr);  // nothing was pending
+  cell.publish(std::make_shared<const int>(1));
+  cell.publish(std::make_shared<const int>(2));  // finishes the first publication's retirement itself
+  CHECK(*cell.load() == 2);
+  auto first_retired = cell.try_retire();  // no reader: retires at once
+  REQUIRE(first_retired.has_value());
+  REQUIRE(*first_retired != nullptr);
+  CHECK(**first_retired == 1);
+  auto again = cell.try_retire();
+  REQUIRE(again.has_value());
+  CHECK(*again == nullptr);
+  std::shared_ptr<const int> held = cell.load();  // a reader keeps its copy after retirement
+  auto old = cell.exchange(std::make_shared<const int>(3));
+  CHECK(old == held);
+  CHECK(*held == 2);
+  CHECK(*cell.load() == 3);
+}
