@@ -162,32 +162,22 @@ asio::awaitable<std::uint64_t> verify_checksums(CheckpointSource& source, Checks
                   "a checksum names a tensor the checkpoint does not have");
     Sha256 hash;
     ChunkStream chunks = source.stream(TensorReadRequest{tensor, Selection::all()});
-    // Chunk i is hashed on the hasher while chunk i+1 is read; the hash of one tensor is
-    // sequential, so at most one chunk is being hashed at a time.
-    std::optional<Lease> hashing;
-    Completion hashed = Completion::ready_now();
+    // Each chunk is hashed on the hasher and released before the next one is read: holding
+    // it while reading the next could need two chunk windows of staging, and a chunk may
+    // take the whole pool (a wait that would never end).
     for (;;) {
-      std::optional<Lease> chunk;
-      std::exception_ptr failure;
-      try {
-        if (cancel_state.cancelled() != asio::cancellation_type::none)
-          throw Error(errc::cancelled, {.tensor = tensor}, "checksum verification was cancelled");
-        chunk = co_await chunks.async_next(asio::use_awaitable);
-      } catch (...) {
-        failure = std::current_exception();
-      }
-      co_await hashed.async_wait(asio::use_awaitable);  // a hash task never fails
-      hashing.reset();  // its bytes are in the hash: the staging goes back
-      if (failure) std::rethrow_exception(failure);
+      if (cancel_state.cancelled() != asio::cancellation_type::none)
+        throw Error(errc::cancelled, {.tensor = tensor}, "checksum verification was cancelled");
+      std::optional<Lease> chunk = co_await chunks.async_next(asio::use_awaitable);
       if (!chunk) break;
       verified += chunk->bytes().size();
-      hashing = std::move(chunk);
       auto done = std::make_shared<CompletionSource>();
-      hashed = done->completion();
-      asio::post(hasher, [&hash, bytes = hashing->bytes(), done] {
+      Completion hashed = done->completion();
+      asio::post(hasher, [&hash, bytes = chunk->bytes(), done] {
         hash.update(bytes);
         done->complete();
       });
+      co_await hashed.async_wait(asio::use_awaitable);  // a hash task never fails
     }
     const std::string actual = hash.hex_digest();
     if (actual != expected)

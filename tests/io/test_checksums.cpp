@@ -3,8 +3,11 @@
 #include "eredu/io/checksums.hpp"
 
 #include <asio/thread_pool.hpp>
+#include <asio/use_future.hpp>
 #include <asio/use_awaitable.hpp>
 #include <cerrno>
+#include <chrono>
+#include <future>
 #include <catch2/catch.hpp>
 
 #include "eredu/core/error.hpp"
@@ -111,6 +114,31 @@ TEST_CASE("checksums – verification reads through the source and names a chang
   Checksums unknown;
   unknown.add("zzz", f.digest(0));
   CHECK(kind_of([&] { verify(unknown); }) == errc::tensor_not_found);
+  CHECK(source->pool().in_use() == 0);
+}
+
+TEST_CASE("checksums – a tensor larger than the whole staging pool is verified chunk by chunk", "[io][checksums]") {
+  Fixture f;
+  asio::io_context ctx;
+  SourceOptions options;
+  options.pool.budget = 8 << 10;  // "a" is 20 400 bytes: more than the pool
+  options.chunk_bytes = 8 << 10;  // a chunk may take the whole pool
+  auto source = CheckpointSource::open(ctx.get_executor(), f.path, options);
+  Checksums sums;
+  sums.add("a", f.digest(0));
+  auto op = [](CheckpointSource& s, Checksums c) -> asio::awaitable<std::uint64_t> {
+    co_return co_await async_verify_checksums(s, std::move(c), asio::use_awaitable);
+  };
+  auto done = asio::co_spawn(ctx, op(*source, sums), asio::use_future);
+  // Bounded: a verification that waits for staging it holds itself would never finish.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (done.wait_for(std::chrono::seconds(0)) != std::future_status::ready &&
+         std::chrono::steady_clock::now() < deadline) {
+    ctx.restart();
+    ctx.run_one_for(std::chrono::milliseconds(5));
+  }
+  REQUIRE(done.wait_for(std::chrono::seconds(0)) == std::future_status::ready);
+  CHECK(done.get() == f.data[0].size());
   CHECK(source->pool().in_use() == 0);
 }
 
