@@ -11,7 +11,6 @@
 // weights, computed by the swap's canary) and its output, and both are compared with values
 // computed from the checkpoint files alone, before serving starts. See README.md.
 
-#include <stdlib.h>  // mkdtemp
 
 #include <tbb/global_control.h>
 
@@ -38,6 +37,7 @@
 #include <fmt/format.h>
 
 #include "../load_unit/model.hpp"
+#include "../common/temp_dir.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/cpu/backend.hpp"
 #include "eredu/cpu/float_formats.hpp"
@@ -56,26 +56,6 @@ namespace {
 using Slot = engine::ModelSlot<cpu::Backend, Model>;
 using Clock = std::chrono::steady_clock;
 
-/// A fresh temporary directory, removed with its contents at scope exit (errors ignored).
-class TempDir {
- public:
-  TempDir() {
-    std::string name = (std::filesystem::temp_directory_path() / "eredu-hot-swap-XXXXXX").string();
-    if (mkdtemp(name.data()) == nullptr)
-      throw std::system_error(errno, std::generic_category(), "cannot create a temporary directory");
-    path_ = name;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
 
 /// Writes the SHA-256 sidecar of the checkpoint file `path` (what a publisher ships with it).
 void write_sidecar(const std::filesystem::path& path, const io::Catalog& catalog) {
@@ -282,7 +262,7 @@ int run(int argc, char** argv) {
                argv[0]);
     return 2;
   }
-  TempDir dir;
+  TempDir dir("eredu-hot-swap");
   const Files files = generate(dir.path());
 
   // Serving and swapping get their own arenas; the loop thread joins neither, so TBB needs

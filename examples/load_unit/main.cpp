@@ -6,7 +6,6 @@
 // Without an argument it generates a small sharded BF16 checkpoint in a temporary directory.
 // See README.md next to this file.
 
-#include <stdlib.h>  // mkdtemp
 
 #include <tbb/global_control.h>
 
@@ -30,6 +29,7 @@
 
 #include <fmt/format.h>
 
+#include "../common/temp_dir.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/cpu/backend.hpp"
 #include "eredu/cpu/float_formats.hpp"
@@ -45,27 +45,6 @@ namespace {
 
 double mib(std::uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 
-/// A fresh directory under the system's temporary directory, removed with its contents when
-/// this goes out of scope (removal errors are ignored).
-class TempDir {
- public:
-  TempDir() {
-    std::string name = (std::filesystem::temp_directory_path() / "eredu-load-unit-XXXXXX").string();
-    if (mkdtemp(name.data()) == nullptr)
-      throw std::system_error(errno, std::generic_category(), "cannot create a temporary directory");
-    path_ = name;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
 
 /// Writes a 3-shard BF16 checkpoint with tied embeddings (no lm_head.weight) into `dir`.
 void generate_checkpoint(const std::filesystem::path& dir) {
@@ -218,7 +197,7 @@ int run(int argc, char** argv) {
   if (argc == 2) {
     path = argv[1];
   } else {
-    temp = std::make_unique<TempDir>();
+    temp = std::make_unique<TempDir>("eredu-load-unit");
     path = temp->path();
     generate_checkpoint(path);
   }

@@ -8,7 +8,6 @@
 // Without CHECKPOINT it writes an MLP-only BF16 checkpoint of --layers blocks of width
 // --hidden into a temporary directory. See README.md next to this file.
 
-#include <stdlib.h>  // mkdtemp
 
 #include <tbb/global_control.h>
 
@@ -31,6 +30,7 @@
 
 #include <fmt/format.h>
 
+#include "../common/temp_dir.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/cpu/backend.hpp"
 #include "eredu/engine/load.hpp"
@@ -49,27 +49,6 @@ using Pipeline = engine::PrefetchPipeline<cpu::Backend, MlpLayer>;
 double mib(std::uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-/// A fresh directory under the system's temporary directory, removed with its contents when
-/// this goes out of scope (removal errors are ignored).
-class TempDir {
- public:
-  TempDir() {
-    std::string name = (std::filesystem::temp_directory_path() / "eredu-prefetch-XXXXXX").string();
-    if (mkdtemp(name.data()) == nullptr)
-      throw std::system_error(errno, std::generic_category(), "cannot create a temporary directory");
-    path_ = name;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
 
 /// The command line.
 struct Options {
@@ -249,7 +228,7 @@ int run(int argc, char** argv) {
   Options options = parse(argc, argv);
   std::unique_ptr<TempDir> temp;
   if (options.checkpoint.empty()) {
-    temp = std::make_unique<TempDir>();
+    temp = std::make_unique<TempDir>("eredu-prefetch");
     options.checkpoint = temp->path() / "mlp.safetensors";
     const std::uint64_t inter = (options.hidden * 8 / 3 + 128) / 256 * 256;  // Llama's SwiGLU width
     const StackConfig config{options.hidden, std::max<std::uint64_t>(inter, 256), options.layers, DType::BF16};

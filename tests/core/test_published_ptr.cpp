@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 #include <atomic>
+#include <utility>
 #include <thread>
 #include <vector>
 
@@ -29,18 +30,23 @@ TEST_CASE("published pointer – readers see whole values while writers replace 
     CHECK(cell.exchange(std::make_shared<const Pair>(1)) == nullptr);
     std::atomic<bool> stop{false};
     std::atomic<std::uint64_t> reads{0}, torn{0}, backwards{0};
+    std::atomic<int> running{0};
     std::vector<std::thread> readers;
     for (int r = 0; r < 3; ++r)
       readers.emplace_back([&] {
         std::uint64_t last = 0;
+        bool counted = false;  // this reader has read once: writes may start
         while (!stop.load(std::memory_order_relaxed)) {
           auto p = cell.load();
           if (p->a != p->b) torn.fetch_add(1);
           if (p->a < last) backwards.fetch_add(1);  // one writer: values only grow
           last = p->a;
           reads.fetch_add(1, std::memory_order_relaxed);
+          if (!std::exchange(counted, true)) running.fetch_add(1);
         }
       });
+    // Writes start once every reader is reading (a loaded machine may start threads late).
+    while (running.load() < 3) std::this_thread::yield();
     std::uint64_t replaced = 0;
     for (std::uint64_t v = 2; v <= 3000; ++v) {
       auto old = cell.exchange(std::make_shared<const Pair>(v));

@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cpu/cpu_fixture.hpp"
@@ -279,17 +280,21 @@ TEST_CASE("model slot – concurrent readers see whole versions while swaps repe
 
   std::atomic<bool> stop{false};
   std::atomic<std::uint64_t> reads{0}, mixed{0};
+  std::atomic<int> running{0};
   std::vector<std::thread> readers;
   for (int r = 0; r < 3; ++r)
     readers.emplace_back([&] {
+      bool counted = false;  // this reader has read once: swaps may start
       while (!stop.load(std::memory_order_relaxed)) {
         auto v = env.slot.current();  // held for the whole "request"
         const std::string tag = v->model.tag();
         const std::string& want = v->generation % 2 == 1 ? tag_a : tag_b;
         if (tag != want) mixed.fetch_add(1);
         reads.fetch_add(1);
+        if (!std::exchange(counted, true)) running.fetch_add(1);
       }
     });
+  while (running.load() < 3) std::this_thread::yield();  // swap while every reader reads
   const int swaps = 20;
   for (int i = 0; i < swaps; ++i) env.swap(i % 2 == 0 ? *env.source_b : *env.source_a);
   stop = true;
@@ -414,9 +419,11 @@ TEST_CASE("in-place slot – concurrent readers never see a mix while swaps repe
   const std::string tag_a = expected_tag(env.a), tag_b = expected_tag(env.b);
   std::atomic<bool> stop{false};
   std::atomic<std::uint64_t> reads{0}, mixed{0};
+  std::atomic<int> running{0};
   std::vector<std::thread> readers;
   for (int r = 0; r < 2; ++r)
     readers.emplace_back([&] {
+      bool counted = false;  // this reader has read once: swaps may start
       while (!stop.load(std::memory_order_relaxed)) {
         auto reader = slot.try_read();
         if (!reader) {
@@ -426,8 +433,10 @@ TEST_CASE("in-place slot – concurrent readers never see a mix while swaps repe
         const std::string& want = reader->generation() % 2 == 1 ? tag_a : tag_b;
         if (reader->model().tag() != want) mixed.fetch_add(1);
         reads.fetch_add(1);
+        if (!std::exchange(counted, true)) running.fetch_add(1);
       }
     });
+  while (running.load() < 2) std::this_thread::yield();  // swap while every reader reads
   for (int i = 0; i < 10; ++i) swap_in_place(env, slot, i % 2 == 0 ? *env.source_b : *env.source_a, env.plan);
   stop = true;
   for (auto& t : readers) t.join();
