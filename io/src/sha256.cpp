@@ -22,6 +22,7 @@ constexpr std::array<std::uint32_t, 64> k = {
 void Sha256::update(std::span<const std::byte> data) noexcept {
   const auto* p = reinterpret_cast<const std::uint8_t*>(data.data());
   std::size_t n = data.size();
+  if (n == 0) return;  // an empty span may carry a null pointer, which memcpy must not see
   length_ += n;
   if (fill_ > 0) {
     const std::size_t take = std::min(n, 64 - fill_);
