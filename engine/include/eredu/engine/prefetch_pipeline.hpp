@@ -222,6 +222,14 @@ class PrefetchPipeline {
   /// (it keeps its state alive), and it uses the source and context until it returns.
   ~PrefetchPipeline() {
     std::shared_ptr<State> s = state_;
+    {
+      // Closed, or run to its end with nothing loading: nothing to stop, and nothing is
+      // posted (so a pipeline may outlive its event loop once it is done).
+      std::lock_guard lock(s->mutex);
+      const bool loading = std::any_of(s->loading.begin(), s->loading.end(),
+                                       [](const std::shared_ptr<Slot>& l) { return l->loading; });
+      if (s->stopping || (s->producer_done && !loading)) return;
+    }
     asio::post(s->source.get_executor(), [s] { State::stop(s); });
   }
 
