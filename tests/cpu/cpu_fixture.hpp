@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "eredu/cpu/backend.hpp"
+#include "eredu/engine/parameterized.hpp"
 #include "eredu/io/checkpoint_source.hpp"
 #include "io/read_fixture.hpp"
 
@@ -74,6 +75,23 @@ inline void drive_until(asio::io_context& ctx, const Completion& c) {
 inline cpu::Tensor finish(asio::io_context& ctx, cpu::Materialization m) {
   drive_until(ctx, m.done);
   return cpu::Backend::finish_materialization(std::move(m));
+}
+
+/// A test module's read-only visitor, from its one slot list: `Self::each(self, fn)` calls
+/// fn(local name, slot) for every slot.
+template <class Self>
+void visit_slots(const Self& self, engine::ParameterVisitor<cpu::Parameter>& v, const std::string& prefix) {
+  Self::each(self, [&](const char* name, const cpu::Parameter& p) {
+    v.visit({engine::ParameterId(engine::join_name(prefix, name)), p.dtype, p.shape}, p);
+  });
+}
+
+/// The binding visitor from the same slot list.
+template <class Self>
+void visit_slots_mut(Self& self, engine::ParameterVisitorMut<cpu::Parameter>& v, const std::string& prefix) {
+  Self::each(self, [&](const char* name, cpu::Parameter& p) {
+    v.visit_mut({engine::ParameterId(engine::join_name(prefix, name)), p.dtype, p.shape}, p);
+  });
 }
 
 }  // namespace eredu::test

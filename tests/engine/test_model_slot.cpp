@@ -52,14 +52,10 @@ struct TinyModel {
     fn("b_tied", self.b_tied);
   }
   void visit_parameters(engine::ParameterVisitor<cpu::Parameter>& v, const std::string& prefix) const {
-    each(*this, [&](const char* name, const cpu::Parameter& p) {
-      v.visit({engine::ParameterId(engine::join_name(prefix, name)), p.dtype, p.shape}, p);
-    });
+    visit_slots(*this, v, prefix);
   }
   void visit_parameters_mut(engine::ParameterVisitorMut<cpu::Parameter>& v, const std::string& prefix) {
-    each(*this, [&](const char* name, cpu::Parameter& p) {
-      v.visit_mut({engine::ParameterId(engine::join_name(prefix, name)), p.dtype, p.shape}, p);
-    });
+    visit_slots_mut(*this, v, prefix);
   }
   /// A tag computed from every weight's bytes: which version a response came from.
   std::string tag() const {

@@ -56,14 +56,10 @@ struct Layer {
     fn("tied.weight", self.tied);
   }
   void visit_parameters(engine::ParameterVisitor<cpu::Parameter>& v, const std::string& prefix) const {
-    each(*this, [&](const char* n, const cpu::Parameter& p) {
-      v.visit({engine::ParameterId(engine::join_name(prefix, n)), p.dtype, p.shape}, p);
-    });
+    visit_slots(*this, v, prefix);
   }
   void visit_parameters_mut(engine::ParameterVisitorMut<cpu::Parameter>& v, const std::string& prefix) {
-    each(*this, [&](const char* n, cpu::Parameter& p) {
-      v.visit_mut({engine::ParameterId(engine::join_name(prefix, n)), p.dtype, p.shape}, p);
-    });
+    visit_slots_mut(*this, v, prefix);
   }
 };
 

@@ -323,14 +323,15 @@ class PrefetchPipeline {
     Completion producer_exit = producer_exit_source.completion();
     PipelineStats stats;
 
-    /// Wakes a waiting producer or consumer (call with the mutex held; completes after
-    /// the caller unlocks, through the returned sources' destructors order-independent).
+    /// Takes a waiting producer's or consumer's wake-up source out (call with the mutex
+    /// held); complete_all() completes it once the caller has unlocked.
     static void wake(std::optional<CompletionSource>& waiter, std::vector<CompletionSource>& out) {
       if (waiter) {
         out.push_back(std::move(*waiter));
         waiter.reset();
       }
     }
+    /// Completes the wake-up sources wake() took out (call without the mutex).
     static void complete_all(std::vector<CompletionSource>& sources) {
       for (auto& s : sources) s.complete();
     }
