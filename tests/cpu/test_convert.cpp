@@ -76,6 +76,19 @@ std::vector<std::byte> run(Runner how, DType from, DType to, const std::vector<s
 
 const auto all_runners = {Runner::serial, Runner::parallel, Runner::serial_unaligned, Runner::parallel_unaligned};
 
+// Both kernel sets must give the reference's bits: the exhaustive tests run each.
+const auto all_isas = {ConvertIsa::best, ConvertIsa::generic};
+
+const char* isa_name(ConvertIsa isa) { return isa == ConvertIsa::best ? "best kernels" : "generic kernels"; }
+
+// Selects a kernel set for the rest of a test and restores the default at its end.
+struct IsaScope {
+  explicit IsaScope(ConvertIsa isa) { use_convert_isa(isa); }
+  ~IsaScope() { use_convert_isa(ConvertIsa::best); }
+  IsaScope(const IsaScope&) = delete;
+  IsaScope& operator=(const IsaScope&) = delete;
+};
+
 const char* runner_name(Runner r) {
   switch (r) {
     case Runner::serial: return "serial";
@@ -353,8 +366,10 @@ TEST_CASE("convert – every bf16 and f16 value widens to f32 and narrows back a
           "[cpu][convert][exhaustive]") {
   const auto halves = all_16bit();
   const auto in = to_bytes(halves);
+  for (ConvertIsa isa : all_isas)
   for (Runner how : all_runners) {
-    INFO(runner_name(how));
+    IsaScope scope(isa);
+    INFO(isa_name(isa) << ", " << runner_name(how));
     for (DType t : {DType::BF16, DType::F16}) {
       INFO(dtype_name(t));
       const auto f32 = from_bytes<std::uint32_t>(run(how, t, DType::F32, in, in.size() * 2));
@@ -379,8 +394,10 @@ TEST_CASE("convert – every bf16 and f16 value widens to f32 and narrows back a
 
 TEST_CASE("convert – every bf16 to f16 and f16 to bf16 rounds once through f32", "[cpu][convert][exhaustive]") {
   const auto in = to_bytes(all_16bit());
+  for (ConvertIsa isa : all_isas)
   for (Runner how : all_runners) {
-    INFO(runner_name(how));
+    IsaScope scope(isa);
+    INFO(isa_name(isa) << ", " << runner_name(how));
     const auto to_f16 = from_bytes<std::uint16_t>(run(how, DType::BF16, DType::F16, in, in.size()));
     const auto to_bf16 = from_bytes<std::uint16_t>(run(how, DType::F16, DType::BF16, in, in.size()));
     std::size_t bad_f16 = 0, bad_bf16 = 0;
@@ -400,8 +417,10 @@ TEST_CASE("convert – every FP8 value widens to f32 and bf16 exactly", "[cpu][c
     float (*reference)(std::uint8_t);
   };
   const auto in = to_bytes(all_8bit());
+  for (ConvertIsa isa : all_isas)
   for (Runner how : all_runners) {
-    INFO(runner_name(how));
+    IsaScope scope(isa);
+    INFO(isa_name(isa) << ", " << runner_name(how));
     for (Case c : {Case{DType::F8_E4M3, f8_e4m3_to_f32}, Case{DType::F8_E5M2, f8_e5m2_to_f32},
                    Case{DType::F8_E8M0, f8_e8m0_to_f32}}) {
       INFO(dtype_name(c.type));
@@ -426,8 +445,10 @@ TEST_CASE("convert – f32 narrowing kernels match brute-force rounding on milli
   const auto in = to_bytes(patterns);
   const auto bf16_grid = positive_grid(bf16_format);
   const auto f16_grid = positive_grid(f16_format);
+  for (ConvertIsa isa : all_isas)
   for (Runner how : {Runner::parallel, Runner::serial_unaligned}) {
-    INFO(runner_name(how));
+    IsaScope scope(isa);
+    INFO(isa_name(isa) << ", " << runner_name(how));
     const auto bf16 = from_bytes<std::uint16_t>(run(how, DType::F32, DType::BF16, in, patterns.size() * 2));
     const auto f16 = from_bytes<std::uint16_t>(run(how, DType::F32, DType::F16, in, patterns.size() * 2));
     std::size_t bad_bf16 = 0, bad_f16 = 0;
@@ -537,5 +558,41 @@ TEST_CASE("convert – parallel results equal serial ones at sizes off the block
     arena.execute([&] { convert(c.from, c.to, in, out); });
     CHECK(difference(out, serial) == "");
     if (c.from == c.to) CHECK(difference(serial, in) == "");
+  }
+}
+
+TEST_CASE("convert – large outputs (streaming stores) give the scalar reference's bits at any alignment",
+          "[cpu][convert][exhaustive]") {
+  // Every 16-bit pattern, repeated until the output passes the streaming threshold.
+  std::vector<std::uint16_t> halves;
+  const auto all = all_16bit();
+  while (halves.size() * 4 < convert_stream_bytes + 4096) halves.insert(halves.end(), all.begin(), all.end());
+  halves.resize(halves.size() - 5);  // a tail after the last full vector
+  const auto in = to_bytes(halves);
+  INFO("kernels: " << convert_isa_name());
+  for (DType t : {DType::BF16, DType::F16}) {
+    for (std::size_t out_shift : {0u, 4u, 8u, 12u, 28u, 3u}) {  // 3: never 32-byte aligned
+      INFO(dtype_name(t) << ", output at +" << out_shift);
+      std::vector<std::byte> out_buf(halves.size() * 4 + 64);
+      auto base = reinterpret_cast<std::uintptr_t>(out_buf.data());
+      const std::size_t align = (32 - base % 32) % 32;
+      std::span<std::byte> dst = std::span<std::byte>(out_buf).subspan(align + out_shift, halves.size() * 4);
+      for (bool parallel : {false, true}) {
+        std::fill(out_buf.begin(), out_buf.end(), std::byte{0xAB});
+        parallel ? convert(t, DType::F32, in, dst) : convert_serial(t, DType::F32, in, dst);
+        const auto f32 = from_bytes<std::uint32_t>(dst);
+        std::size_t bad = 0;
+        for (std::size_t i = 0; i < halves.size(); ++i) {
+          const float want = t == DType::BF16 ? bf16_to_f32(halves[i]) : f16_to_f32(halves[i]);
+          if (f32[i] != bits_of(want)) ++bad;
+        }
+        CHECK(bad == 0);
+        // Nothing outside the output was written.
+        CHECK(std::all_of(out_buf.begin(), out_buf.begin() + static_cast<std::ptrdiff_t>(align + out_shift),
+                          [](std::byte b) { return b == std::byte{0xAB}; }));
+        CHECK(std::all_of(out_buf.begin() + static_cast<std::ptrdiff_t>(align + out_shift + dst.size()), out_buf.end(),
+                          [](std::byte b) { return b == std::byte{0xAB}; }));
+      }
+    }
   }
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <bit>
 #include <cstdint>
 #include <cstring>
@@ -11,6 +12,13 @@
 
 #include "eredu/core/error.hpp"
 #include "eredu/cpu/float_formats.hpp"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define EREDU_CONVERT_X86 1
+#else
+#define EREDU_CONVERT_X86 0
+#endif
 
 namespace eredu::cpu {
 namespace {
@@ -113,6 +121,68 @@ void map_kernel(const std::byte* __restrict in, std::byte* __restrict out, std::
   for (std::size_t i = 0; i < n; ++i) store<To>(out + i * sizeof(To), Element(load<From>(in + i * sizeof(From))));
 }
 
+#if EREDU_CONVERT_X86
+// The same loop compiled for AVX2: the element functions inline into it and vectorize
+// eight lanes wide instead of SSE2's four.
+template <class From, class To, To (*Element)(From) noexcept>
+__attribute__((target("avx2"))) void map_kernel_avx2(const std::byte* __restrict in, std::byte* __restrict out,
+                                                     std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) store<To>(out + i * sizeof(To), Element(load<From>(in + i * sizeof(From))));
+}
+
+// Elements before `out` reaches a 32-byte boundary, so the vector stores after them are
+// aligned (streaming stores require it).
+std::size_t head_elements(const std::byte* out, std::size_t out_elem, std::size_t n) {
+  const std::size_t misaligned = reinterpret_cast<std::uintptr_t>(out) % 32;
+  if (misaligned == 0) return 0;
+  if (misaligned % out_elem != 0) return n;  // never aligns: all scalar (not a tensor's layout)
+  return std::min(n, (32 - misaligned) / out_elem);
+}
+
+// bf16 -> f32 widening, 16 elements per step. With `Stream`, the f32 results bypass the
+// cache: a loader writes each output line once and does not read it back soon, and a
+// streaming store skips the read of the line a normal store would do first.
+template <bool Stream>
+__attribute__((target("avx2"))) void bf16_to_f32_avx2(const std::byte* __restrict in, std::byte* __restrict out,
+                                                      std::size_t n) {
+  std::size_t i = head_elements(out, 4, n);
+  map_kernel<std::uint16_t, std::uint32_t, bf16_to_f32_bits>(in, out, i);
+  for (; i + 16 <= n; i += 16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + 2 * i));
+    const __m256i lo = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(h)), 16);
+    const __m256i hi = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1)), 16);
+    auto* o = reinterpret_cast<__m256i*>(out + 4 * i);
+    if constexpr (Stream) {
+      _mm256_stream_si256(o, lo);
+      _mm256_stream_si256(o + 1, hi);
+    } else {
+      _mm256_store_si256(o, lo);
+      _mm256_store_si256(o + 1, hi);
+    }
+  }
+  map_kernel<std::uint16_t, std::uint32_t, bf16_to_f32_bits>(in + 2 * i, out + 4 * i, n - i);
+  // Streaming stores are weakly ordered: fence before another thread may see "done".
+  if constexpr (Stream) _mm_sfence();
+}
+
+// f16 -> f32 with F16C, which converts subnormals exactly and quiets NaNs keeping their
+// payload, as f16_to_f32_bits does (the exhaustive tests check every pattern).
+template <bool Stream>
+__attribute__((target("avx2,f16c"))) void f16_to_f32_f16c(const std::byte* __restrict in, std::byte* __restrict out,
+                                                           std::size_t n) {
+  std::size_t i = head_elements(out, 4, n);
+  map_kernel<std::uint16_t, std::uint32_t, f16_to_f32_bits>(in, out, i);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i)));
+    auto* o = reinterpret_cast<float*>(out + 4 * i);
+    if constexpr (Stream) _mm256_stream_ps(o, v);
+    else _mm256_store_ps(o, v);
+  }
+  map_kernel<std::uint16_t, std::uint32_t, f16_to_f32_bits>(in + 2 * i, out + 4 * i, n - i);
+  if constexpr (Stream) _mm_sfence();
+}
+#endif
+
 template <class To, const std::array<To, 256>& Table>
 void table_kernel(const std::byte* __restrict in, std::byte* __restrict out, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) store<To>(out + i * sizeof(To), Table[std::to_integer<std::uint8_t>(in[i])]);
@@ -125,8 +195,31 @@ void copy_kernel(const std::byte* __restrict in, std::byte* __restrict out, std:
 std::uint16_t bf16_to_f16_bits(std::uint16_t h) noexcept { return f32_to_f16_bits(bf16_to_f32_bits(h)); }
 std::uint16_t f16_to_bf16_bits(std::uint16_t h) noexcept { return f32_to_bf16_bits(f16_to_f32_bits(h)); }
 
-// The kernel for a supported cast between distinct dtypes, or nullptr.
-Kernel find_kernel(DType from, DType to) noexcept {
+// What the CPU offers, probed once.
+struct Cpu {
+  bool avx2 = false;
+  bool f16c = false;
+};
+
+Cpu probe_cpu() noexcept {
+  Cpu c;
+#if EREDU_CONVERT_X86
+  __builtin_cpu_init();
+  c.avx2 = __builtin_cpu_supports("avx2");
+  c.f16c = c.avx2 && __builtin_cpu_supports("f16c");
+#endif
+  return c;
+}
+
+const Cpu& cpu_features() noexcept {
+  static const Cpu c = probe_cpu();
+  return c;
+}
+
+std::atomic<ConvertIsa> wanted_isa{ConvertIsa::best};
+
+// The portable kernel for a supported cast between distinct dtypes, or nullptr.
+Kernel find_generic_kernel(DType from, DType to) noexcept {
   using D = DType;
   using u16 = std::uint16_t;
   using u32 = std::uint32_t;
@@ -145,6 +238,30 @@ Kernel find_kernel(DType from, DType to) noexcept {
   return nullptr;
 }
 
+// The kernel convert() runs for a cast between distinct dtypes (nullptr if unsupported):
+// the AVX2 / F16C one when the CPU has it and it was not turned off, else the portable
+// one. `stream` picks cache-bypassing stores where a kernel has them.
+Kernel find_kernel(DType from, DType to, bool stream) noexcept {
+#if EREDU_CONVERT_X86
+  using D = DType;
+  using u16 = std::uint16_t;
+  using u32 = std::uint32_t;
+  const Cpu& cpu = cpu_features();
+  if (cpu.avx2 && wanted_isa.load(std::memory_order_relaxed) == ConvertIsa::best) {
+    if (from == D::BF16 && to == D::F32) return stream ? bf16_to_f32_avx2<true> : bf16_to_f32_avx2<false>;
+    if (from == D::F16 && to == D::F32 && cpu.f16c) return stream ? f16_to_f32_f16c<true> : f16_to_f32_f16c<false>;
+    if (from == D::F32 && to == D::BF16) return map_kernel_avx2<u32, u16, f32_to_bf16_bits>;
+    if (from == D::F16 && to == D::F32) return map_kernel_avx2<u16, u32, f16_to_f32_bits>;
+    if (from == D::F32 && to == D::F16) return map_kernel_avx2<u32, u16, f32_to_f16_bits>;
+    if (from == D::BF16 && to == D::F16) return map_kernel_avx2<u16, u16, bf16_to_f16_bits>;
+    if (from == D::F16 && to == D::BF16) return map_kernel_avx2<u16, u16, f16_to_bf16_bits>;
+  }
+#else
+  (void)stream;
+#endif
+  return find_generic_kernel(from, to);
+}
+
 // What a validated conversion runs: the kernel and the bytes of one of its elements on
 // each side (a same-dtype copy counts single bytes, which also covers sub-byte dtypes).
 struct Plan {
@@ -154,7 +271,8 @@ struct Plan {
   std::size_t count = 0;  // elements
 };
 
-Plan validate(DType from, DType to, std::span<const std::byte> in, std::span<std::byte> out) {
+Plan validate(DType from, DType to, std::span<const std::byte> in, std::span<std::byte> out,
+              ConvertStores stores = ConvertStores::automatic) {
   if (!convert_supported(from, to))
     throw Error(errc::recipe_unsupported_cast, {},
                 fmt::format("the CPU backend cannot convert {} to {}", dtype_name(from), dtype_name(to)));
@@ -166,7 +284,7 @@ Plan validate(DType from, DType to, std::span<const std::byte> in, std::span<std
                   fmt::format("copying {} needs equal sizes, but the input has {} bytes and the output {} bytes",
                               dtype_name(from), in.size(), out.size()));
   } else {
-    plan.kernel = find_kernel(from, to);
+    plan.kernel = find_kernel(from, to, stores == ConvertStores::streaming || out.size() >= convert_stream_bytes);
     plan.in_elem = dtype_bits(from) / 8;
     plan.out_elem = dtype_bits(to) / 8;
     if (in.size() % plan.in_elem != 0 || out.size() % plan.out_elem != 0 ||
@@ -191,6 +309,16 @@ Plan validate(DType from, DType to, std::span<const std::byte> in, std::span<std
 
 }  // namespace
 
+ConvertIsa use_convert_isa(ConvertIsa wanted) noexcept {
+  wanted_isa.store(wanted, std::memory_order_relaxed);
+  return wanted == ConvertIsa::best && cpu_features().avx2 ? ConvertIsa::best : ConvertIsa::generic;
+}
+
+const char* convert_isa_name() noexcept {
+  if (wanted_isa.load(std::memory_order_relaxed) != ConvertIsa::best || !cpu_features().avx2) return "generic";
+  return cpu_features().f16c ? "avx2+f16c" : "avx2";
+}
+
 bool convert_supported(DType from, DType to) noexcept {
   using D = DType;
   if (from == to) return true;
@@ -201,7 +329,12 @@ bool convert_supported(DType from, DType to) noexcept {
 }
 
 void convert_serial(DType from, DType to, std::span<const std::byte> in, std::span<std::byte> out) {
-  const Plan plan = validate(from, to, in, out);
+  convert_serial(from, to, in, out, ConvertStores::automatic);
+}
+
+void convert_serial(DType from, DType to, std::span<const std::byte> in, std::span<std::byte> out,
+                    ConvertStores stores) {
+  const Plan plan = validate(from, to, in, out, stores);
   plan.kernel(in.data(), out.data(), plan.count);
 }
 

@@ -17,6 +17,21 @@ namespace eredu::cpu {
 /// Bytes of output each parallel block of convert() produces: small enough to stay in L2.
 inline constexpr std::size_t convert_block_bytes = std::size_t{64} << 10;
 
+/// Outputs at least this large are written with streaming (cache-bypassing) stores where a
+/// kernel has them: a load writes gigabytes it does not read back soon.
+inline constexpr std::size_t convert_stream_bytes = std::size_t{1} << 20;
+
+/// Which kernels conversions use: `best` takes AVX2 (and F16C) where the CPU has them,
+/// `generic` the portable ones. Both give the same bits; the switch is for tests and A/B runs.
+enum class ConvertIsa { best, generic };
+
+/// Selects the kernels of every later conversion in the process; returns the set in effect
+/// (`generic` when `best` was asked on a CPU without AVX2).
+ConvertIsa use_convert_isa(ConvertIsa wanted) noexcept;
+
+/// The kernel set now in effect, for reports: "avx2+f16c", "avx2" or "generic".
+const char* convert_isa_name() noexcept;
+
 /// True when the CPU backend converts `from` to `to`: any dtype to itself (a byte copy),
 /// among {F16, BF16, F32}, and from {F8_E4M3, F8_E5M2, F8_E8M0} to {BF16, F32}. The engine
 /// validates recipe casts with the same rule.
@@ -27,6 +42,15 @@ bool convert_supported(DType from, DType to) noexcept;
 /// to), and errc::invalid_argument when the two buffers do not hold the same whole number of
 /// elements (for from == to: the same number of bytes) or overlap.
 void convert_serial(DType from, DType to, std::span<const std::byte> in, std::span<std::byte> out);
+
+/// How a conversion writes its output: `automatic` streams outputs of at least
+/// convert_stream_bytes, `streaming` streams any size (for the blocks of a large output
+/// that a caller splits itself).
+enum class ConvertStores { automatic, streaming };
+
+/// convert_serial() with the choice of stores.
+void convert_serial(DType from, DType to, std::span<const std::byte> in, std::span<std::byte> out,
+                    ConvertStores stores);
 
 /// convert_serial() split over blocks of about convert_block_bytes of output with
 /// tbb::parallel_for, in the task arena of the caller; an input smaller than one block is
