@@ -14,6 +14,7 @@
 #include "eredu/core/log.hpp"
 #include "eredu/io/open_catalog.hpp"
 #include "eredu/io/pread_reader.hpp"
+#include "eredu/io/read_fault.hpp"
 #include "eredu/io/uring_reader.hpp"
 
 namespace eredu::io {
@@ -217,6 +218,24 @@ asio::awaitable<void> CheckpointSource::read_into(std::unique_ptr<TensorReadRequ
   }
   auto failure = co_await reader_->async_read(std::move(segments), executor_, asio::use_awaitable);
   if (failure) throw_failure(*failure, t, files_);
+}
+
+std::optional<MappedView> CheckpointSource::map_resident(const TensorReadRequest& request) const {
+  Plan plan = make_plan(request);
+  FaultInjector* faults = options_.reader.faults;
+  if (!options_.map_resident || (faults && !faults->allow_mapping()) || plan.runs.size() != 1 || plan.total == 0) {
+    return std::nullopt;
+  }
+  const TensorInfo& t = *plan.tensor;
+  const OpenFile& file = files_[t.file];
+  MappedView view(file.buffered.get(), t.offset + plan.runs.front().source_offset, plan.total, file.path, t.name,
+                  file.size);
+  // Sampled, as the reader's O_DIRECT choice is: a missed page is read in by the fault
+  // (slower, still correct), and checking every page of a large tensor costs a copy's time.
+  constexpr unsigned samples = 17;
+  if (!view.looks_resident(samples)) return std::nullopt;
+  if (faults) faults->on_map(t.file, t.offset + plan.runs.front().source_offset, plan.total);
+  return view;
 }
 
 ChunkStream CheckpointSource::stream(TensorReadRequest request) {

@@ -169,7 +169,9 @@ TEST_CASE("materialize – checkpoint dtype kept: bytes land in the tensor, whol
 
 TEST_CASE("materialize – a cast streams bounded chunks, converts each, splits elements correctly",
           "[cpu][materialize]") {
-  Env env;
+  io::SourceOptions options = small_source_options();
+  options.map_resident = false;  // the staged path, which a file not in the page cache takes
+  Env env(options);
   for (auto [name, from, to] : {std::tuple{"big", DType::BF16, DType::F32}, std::tuple{"mat", DType::F32, DType::BF16},
                                 std::tuple{"cube", DType::F16, DType::F32}, std::tuple{"q", DType::BF16, DType::F16}}) {
     INFO(name);
@@ -181,6 +183,62 @@ TEST_CASE("materialize – a cast streams bounded chunks, converts each, splits 
   CHECK(env.source->pool().high_water() > 0);
   CHECK(env.source->pool().high_water() <= env.source->pool().budget());
   CHECK(env.source->pool().in_use() == 0);  // every lease returned
+}
+
+TEST_CASE("materialize – a cast of a resident tensor converts straight from the page cache",
+          "[cpu][materialize][mapped]") {
+  Env env;  // the checkpoint was just written: its pages are in the page cache
+  for (auto [name, from, to] : {std::tuple{"big", DType::BF16, DType::F32}, std::tuple{"mat", DType::F32, DType::BF16},
+                                std::tuple{"cube", DType::F16, DType::F32}, std::tuple{"q", DType::BF16, DType::F16}}) {
+    INFO(name);
+    io::TensorReadRequest whole{name};
+    CHECK(env.source->map_resident(whole));
+    cpu::Tensor t = env.run(DerivedWeightRecipe::cast(DerivedWeightRecipe::source(name), to));
+    CHECK(t.dtype() == to);
+    CHECK(to_vector(t.bytes()) == converted(from, to, env.ckpt.bytes(name)));
+  }
+  CHECK(env.source->pool().high_water() == 0);  // no staging at all
+}
+
+TEST_CASE("materialize – a file that shrinks under a mapped cast fails it with a typed error",
+          "[cpu][materialize][mapped][errors]") {
+  // Shrinks the checkpoint the moment a mapping is handed out, so the conversion's reads
+  // fault (SIGBUS) and must come back as an error naming file, tensor and offset.
+  struct Shrinker : io::FaultInjector {
+    std::filesystem::path path;
+    std::uint64_t keep = 0;
+    io::ReadFault on_complete(std::uint32_t, std::uint64_t, std::uint64_t) override { return {}; }
+    bool allow_mapping() const override { return true; }
+    void on_map(std::uint32_t, std::uint64_t offset, std::uint64_t) override {
+      keep = (offset + 4096 + 4095) / 4096 * 4096;  // one page or so of the tensor survives
+      std::filesystem::resize_file(path, keep);
+    }
+  } shrinker;
+  CpuCheckpoint ckpt{mixed_specs()};
+  shrinker.path = ckpt.path;
+  io::SourceOptions options = small_source_options();
+  options.reader.faults = &shrinker;
+  asio::io_context ctx;
+  auto source = io::CheckpointSource::open(ctx.get_executor(), ckpt.path, options);
+  cpu::Executor executor{2};
+  cpu::StoragePool storage;
+  cpu::MaterializationContext mc{executor, storage};
+  const auto& big = source->catalog().at("big");
+  REQUIRE(big.nbytes > 4 * 4096);
+  cpu::Materialization m = cpu::Backend::materialize_recipe(
+      *source, DerivedWeightRecipe::cast(DerivedWeightRecipe::source("big"), DType::F32), mc, {});
+  try {
+    (void)finish(ctx, std::move(m));
+    FAIL("the conversion of a shrunk file succeeded");
+  } catch (const Error& e) {
+    CHECK(e.kind() == errc::file_changed);
+    CHECK(e.context().file == ckpt.path.string());
+    CHECK(e.context().tensor == "big");
+    REQUIRE(e.context().offset);
+    CHECK(*e.context().offset >= shrinker.keep);
+    CHECK(*e.context().offset < big.offset + big.nbytes);
+  }
+  CHECK(source->pool().in_use() == 0);
 }
 
 TEST_CASE("materialize – recipes: fused QKV, gate+up, transpose, slice, reshape, permute, nested cast",

@@ -139,12 +139,20 @@ std::vector<WeightBinding> good_bindings() {
   };
 }
 
-/// Fails every read that touches [offset, offset + length) of file 0 with EIO.
+/// Fails every read that touches [offset, offset + length) of file 0 with EIO; when
+/// `on_map` is set, lets resident tensors be mapped and calls it as each mapping is handed out.
 struct FailRange final : io::FaultInjector {
   std::uint64_t begin = 0, end = 0;
+  std::function<void()> on_map_hook;
+  int mapped = 0;
   io::ReadFault on_complete(std::uint32_t, std::uint64_t offset, std::uint64_t length) override {
     if (offset < end && offset + length > begin) return {.error = EIO};
     return {};
+  }
+  bool allow_mapping() const override { return static_cast<bool>(on_map_hook); }
+  void on_map(std::uint32_t, std::uint64_t, std::uint64_t) override {
+    ++mapped;
+    on_map_hook();
   }
 };
 
@@ -267,6 +275,24 @@ TEST_CASE("orchestration – every failure leaves the module exactly as it was",
     Error e = expect_failure<Error>([&] { env.load(model, WeightBindingPlan(good_bindings())); },
                                     errc::unexpected_eof);
     CHECK_THAT(e.what(), Catch::Contains(env.ckpt.path.string()));
+  }
+  SECTION("the file shrinks while a cast converts a resident tensor straight from its mapping") {
+    // The cast of `big` maps it (the file is in the page cache); the file is cut inside it
+    // right then, so the conversion's reads fault. `norm`, stored after `big`, may fail its
+    // read first (unexpected_eof): either way the unit must fail whole.
+    const io::TensorInfo& big = env.source->catalog().at("big");
+    const auto cut = (big.offset + 4096 + 4095) / 4096 * 4096;
+    const std::filesystem::path path = env.ckpt.path;
+    env.faults.on_map_hook = [path, cut] { std::filesystem::resize_file(path, cut); };
+    try {
+      env.load(model, WeightBindingPlan(good_bindings()));
+      FAIL("loading a shrunk file succeeded");
+    } catch (const Error& e) {
+      CHECK((e.kind() == errc::file_changed || e.kind() == errc::unexpected_eof));
+      CHECK_THAT(e.what(), Catch::Contains(env.ckpt.path.string()));
+    }
+    CHECK(env.faults.mapped == 1);
+    env.faults.on_map_hook = nullptr;
   }
   CHECK(snapshot(model) == before);
   CHECK(env.source->pool().in_use() == 0);                  // every lease returned

@@ -13,6 +13,7 @@
 #include "cli.hpp"
 #include "commands.hpp"
 #include "eredu/cpu/backend.hpp"
+#include "eredu/cpu/convert.hpp"
 #include "eredu/cpu/catalog_module.hpp"
 #include "eredu/engine/load.hpp"
 #include "eredu/io/json_text.hpp"
@@ -22,7 +23,7 @@ namespace {
 
 constexpr const char* load_usage =
     "usage: eredu load PATH [--dtype keep|bf16|f16|f32] [--threads N] [--budget 256M] [--repeat N] "
-    "[--reader auto|uring|pread] [--depth 8] [--request 8M] [--json]";
+    "[--reader auto|uring|pread] [--depth 8] [--request 8M] [--kernels best|generic] [--chunk 64M] [--json]";
 
 /// One timed load.
 struct LoadRun {
@@ -52,7 +53,8 @@ std::optional<DType> parse_dtype(const std::string& text) {
 }  // namespace
 
 int run_load(int argc, char** argv) {
-  Args args = parse_args(argc, argv, 2, {"dtype", "threads", "budget", "repeat", "reader", "depth", "request"}, {"json"});
+  Args args = parse_args(argc, argv, 2, {"dtype", "threads", "budget", "repeat", "reader", "depth", "request", "kernels", "chunk"},
+                         {"json"});
   if (args.positional.size() != 1) throw std::invalid_argument(load_usage);
   const std::string dtype_text = args.get("dtype", "keep");
   const std::optional<DType> cast_to = parse_dtype(dtype_text);
@@ -70,7 +72,12 @@ int run_load(int argc, char** argv) {
   if (reader == "uring") opts.reader.kind = io::ReaderKind::uring;
   else if (reader == "pread") opts.reader.kind = io::ReaderKind::pread;
   else if (reader != "auto") throw std::invalid_argument("--reader must be auto, uring or pread");
+  // Converted tensors are read in chunk leases of this size, each converted while the next is read.
+  opts.chunk_bytes = parse_bytes(args.get("chunk", "64M"));
   const bool json = args.has("json");
+  const std::string kernels = args.get("kernels", "best");
+  if (kernels == "generic") cpu::use_convert_isa(cpu::ConvertIsa::generic);
+  else if (kernels != "best") throw std::invalid_argument("--kernels must be best or generic");
 
   // The event loop thread only submits reads and resumes coroutines; populating memory and
   // converting run on TBB workers, so there must be `threads` of them besides this thread.
@@ -125,10 +132,11 @@ int run_load(int argc, char** argv) {
                            run.recycled ? "true" : "false");
     fmt::print(
         "{{\"path\":{},\"reader\":{},\"tensors\":{},\"files\":{},\"source_bytes\":{},\"bytes\":{},\"dtype\":{},"
-        "\"threads\":{},\"budget\":{},\"loads\":[{}],\"staging_high_water\":{},\"peak_rss_bytes\":{},"
+        "\"threads\":{},\"kernels\":{},\"budget\":{},\"loads\":[{}],\"staging_high_water\":{},\"peak_rss_bytes\":{},"
         "\"storage_retained_bytes\":{}}}\n",
         io::json::quoted(args.positional[0]), io::json::quoted(source->reader().name()), catalog.size(),
         catalog.files().size(), source_bytes, blueprint.bytes(), io::json::quoted(dtype_text), threads,
+        io::json::quoted(cpu::convert_isa_name()),
         source->pool().budget(), loads, source->pool().high_water(), rss, storage.stats().retained_bytes);
   } else {
     for (std::size_t i = 0; i < runs.size(); ++i)
@@ -138,7 +146,8 @@ int run_load(int argc, char** argv) {
                  format_bytes(blueprint.bytes()), dtype_text, runs[i].seconds,
                  static_cast<double>(source_bytes) / runs[i].seconds / 1e9,
                  runs[i].recycled ? " (recycled storage)" : " (fresh storage)");
-    fmt::print("  threads  {} (TBB arena), reader {}\n", threads, source->reader().describe());
+    fmt::print("  threads  {} (TBB arena), conversion kernels {}, reader {}\n", threads, cpu::convert_isa_name(),
+               source->reader().describe());
     fmt::print("  staging  high-water {} of a {} budget\n", format_bytes(source->pool().high_water()),
                format_bytes(source->pool().budget()));
     fmt::print("  memory   peak RSS {}\n", format_bytes(rss));

@@ -4,6 +4,10 @@
 
 #include <array>
 #include <asio/co_spawn.hpp>
+#include <atomic>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
 #include <asio/use_awaitable.hpp>
 #include <cstring>
 #include <optional>
@@ -12,6 +16,7 @@
 #include "eredu/cpu/convert.hpp"
 #include "eredu/cpu/copy_bytes.hpp"
 #include "eredu/cpu/layout.hpp"
+#include "eredu/io/guarded_read.hpp"
 
 namespace eredu::cpu {
 namespace {
@@ -128,6 +133,50 @@ asio::awaitable<void> stream_convert(const Job& job, const DerivedWeightRecipe& 
   co_await await(pending);
 }
 
+/// Input bytes of a mapped conversion done between two stop checks, whose pages are then
+/// unmapped: what the conversions running at once (one per arena thread) keep mapped.
+constexpr std::size_t mapped_window_bytes = std::size_t{8} << 20;
+/// Input bytes per guarded block of a mapped conversion (the unit of parallel work).
+constexpr std::size_t mapped_block_bytes = std::size_t{128} << 10;
+
+/// Converts `view` (the whole source of a cast, resident in the page cache) into `out` in
+/// one pass, with no staging copy: the arena's threads read the mapping in guarded blocks,
+/// so a file that shrinks or a page that fails to read in becomes a typed error.
+asio::awaitable<void> convert_mapped(const Job& job, io::MappedView view, const std::string& key, DType from,
+                                     DType to, std::span<std::byte> out) {
+  const std::size_t in_elem = element_bytes(from), out_elem = element_bytes(to);
+  Completion c = job.executor.submit([view = std::move(view), key, from, to, out, in_elem, out_elem,
+                                      stop = job.stop] {
+    const std::span<const std::byte> in = view.bytes();
+    const std::size_t window = mapped_window_bytes / in_elem * in_elem;
+    const std::size_t block = mapped_block_bytes / in_elem * in_elem;
+    for (std::size_t begin = 0; begin < in.size(); begin += window) {
+      if (stop.stop_requested()) throw_stopped(key);
+      const std::size_t end = std::min(in.size(), begin + window);
+      std::atomic<const std::byte*> fault{nullptr};
+      // Isolated: a thread waiting in this loop must not pick up another tensor's window,
+      // which would map more than one window per thread.
+      tbb::this_task_arena::isolate([&] {
+        // Blocks by index, so each starts on an element whatever ranges TBB splits off.
+        const std::size_t blocks = (end - begin + block - 1) / block;
+        tbb::parallel_for(tbb::blocked_range<std::size_t>(0, blocks), [&](const tbb::blocked_range<std::size_t>& r) {
+          for (std::size_t b = r.begin(); b != r.end() && !fault.load(std::memory_order_relaxed); ++b) {
+            const std::size_t at = begin + b * block, n = std::min(block, end - at);
+            const std::span<const std::byte> src = in.subspan(at, n);
+            const std::span<std::byte> dst = out.subspan(at / in_elem * out_elem, n / in_elem * out_elem);
+            view.populate(src);  // one call maps the block's pages, instead of a fault per few
+            auto work = [&] { convert_serial(from, to, src, dst, ConvertStores::streaming); };
+            if (auto f = io::guarded_read(view.region(), work)) fault.store(f->address, std::memory_order_relaxed);
+          }
+        });
+      });
+      if (const std::byte* at = fault.load(std::memory_order_relaxed)) throw view.fault_error({at});
+      view.release_pages(in.subspan(begin, end - begin));
+    }
+  });
+  co_await await(c);
+}
+
 /// A temporary tensor for an intermediate recipe result.
 Tensor temporary(const Job& job, const engine::InferredWeight& w) { return Tensor::allocate(job.storage, w.dtype, w.shape); }
 
@@ -151,7 +200,12 @@ asio::awaitable<void> eval_into(const Job& job, const DerivedWeightRecipe& node,
       if (in.dtype == node.dtype()) {
         co_await eval_into(job, child, out);
       } else if (child.kind() == Kind::source) {
-        co_await stream_convert(job, child, in.dtype, node.dtype(), out);
+        io::TensorReadRequest request{child.key(), child.selection()};
+        if (std::optional<io::MappedView> view = job.source.map_resident(request)) {
+          co_await convert_mapped(job, std::move(*view), child.key(), in.dtype, node.dtype(), out);
+        } else {
+          co_await stream_convert(job, child, in.dtype, node.dtype(), out);
+        }
       } else {
         Tensor tmp = temporary(job, in);
         co_await eval_into(job, child, tmp.mutable_bytes());

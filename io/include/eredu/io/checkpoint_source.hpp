@@ -36,6 +36,7 @@
 #include "eredu/io/catalog.hpp"
 #include "eredu/io/lease.hpp"
 #include "eredu/io/lease_pool.hpp"
+#include "eredu/io/mapped_view.hpp"
 #include "eredu/io/open_file.hpp"
 #include "eredu/io/reader.hpp"
 #include "eredu/io/tensor_read_request.hpp"
@@ -48,6 +49,10 @@ struct SourceOptions {
   ReaderOptions reader;    ///< reader kind, depth, request size, O_DIRECT policy
   /// Largest chunk of a chunked read (clamped so a chunk's window fits the budget).
   std::size_t chunk_bytes = std::size_t{64} << 20;
+  /// Let map_resident() hand out mappings of page-cache-resident tensors, which a backend
+  /// converts with no staging copy. While reader.faults is set it does so only if the
+  /// injector allows it, so tests that inject read errors keep exercising the readers.
+  bool map_resident = true;
 };
 
 class ChunkStream;
@@ -102,6 +107,13 @@ class CheckpointSource {
   /// A stream of bounded chunk leases covering the request, in order; for tensors larger
   /// than the pool. Validates the request at once (throws eredu::Error).
   ChunkStream stream(TensorReadRequest request);
+
+  /// A mapping of the request's selected bytes when they are one contiguous run of a file
+  /// that looks resident in the page cache and options().map_resident allows it;
+  /// std::nullopt otherwise (read through the pool then). A backend that converts dtypes
+  /// reads the mapping instead of a staged copy: one pass over the bytes instead of two.
+  /// Validates the request (throws eredu::Error); callable from any thread.
+  std::optional<MappedView> map_resident(const TensorReadRequest& request) const;
 
   /// Selected bytes of a request, validated: throws tensor_not_found / invalid_selection.
   std::uint64_t selected_bytes(const TensorReadRequest& request) const;

@@ -19,6 +19,12 @@ class FaultInjector {
   virtual ~FaultInjector() = default;
   /// The fault to apply to a read of `length` bytes at `offset` of file number `file`.
   virtual ReadFault on_complete(std::uint32_t file, std::uint64_t offset, std::uint64_t length) = 0;
+  /// Whether CheckpointSource::map_resident() may hand out mappings while this injector is
+  /// set. False by default: mapped reads would bypass the faults injected into reads.
+  virtual bool allow_mapping() const { return false; }
+  /// Called when map_resident() has mapped a resident range of file number `file` and is
+  /// about to hand it out: a test may shrink the file here, so the mapped read faults.
+  virtual void on_map(std::uint32_t /*file*/, std::uint64_t /*offset*/, std::uint64_t /*length*/) {}
 };
 
 }  // namespace eredu::io
