@@ -228,14 +228,22 @@ std::optional<MappedView> CheckpointSource::map_resident(const TensorReadRequest
   }
   const TensorInfo& t = *plan.tensor;
   const OpenFile& file = files_[t.file];
-  MappedView view(file.buffered.get(), t.offset + plan.runs.front().source_offset, plan.total, file.path, t.name,
-                  file.size);
+  std::optional<MappedView> mapped;
+  try {
+    mapped.emplace(file.buffered.get(), t.offset + plan.runs.front().source_offset, plan.total, file.path, t.name,
+                   file.size);
+  } catch (const Error& e) {
+    // A file system without mmap, or no address space left: the pool path still works.
+    log::debug("not mapping {}: {}", t.name, e.what());
+    return std::nullopt;
+  }
+  MappedView& view = *mapped;
   // Sampled, as the reader's O_DIRECT choice is: a missed page is read in by the fault
   // (slower, still correct), and checking every page of a large tensor costs a copy's time.
   constexpr unsigned samples = 17;
   if (!view.looks_resident(samples)) return std::nullopt;
   if (faults) faults->on_map(t.file, t.offset + plan.runs.front().source_offset, plan.total);
-  return view;
+  return mapped;
 }
 
 ChunkStream CheckpointSource::stream(TensorReadRequest request) {

@@ -110,7 +110,7 @@ class CheckpointSource {
 
   /// A mapping of the request's selected bytes when they are one contiguous run of a file
   /// that looks resident in the page cache and options().map_resident allows it;
-  /// std::nullopt otherwise (read through the pool then). A backend that converts dtypes
+  /// std::nullopt otherwise, also when mmap fails (read through the pool then). A backend that converts dtypes
   /// reads the mapping instead of a staged copy: one pass over the bytes instead of two.
   /// Validates the request (throws eredu::Error); callable from any thread.
   std::optional<MappedView> map_resident(const TensorReadRequest& request) const;
