@@ -596,3 +596,27 @@ TEST_CASE("convert – large outputs (streaming stores) give the scalar referenc
     }
   }
 }
+
+TEST_CASE("convert – large same-dtype copies (streaming stores) are exact at any alignment",
+          "[cpu][convert][parallel]") {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<unsigned> byte(0, 255);
+  std::vector<std::byte> in(convert_stream_bytes + 4096 + 7);
+  for (auto& b : in) b = static_cast<std::byte>(byte(rng));
+  for (std::size_t in_shift : {0u, 1u, 32u}) {
+    for (std::size_t out_shift : {0u, 5u, 31u}) {
+      INFO("input at +" << in_shift << ", output at +" << out_shift);
+      const std::span<const std::byte> src = std::span<const std::byte>(in).subspan(in_shift);
+      std::vector<std::byte> out_buf(src.size() + 64, std::byte{0xAB});
+      const auto base = reinterpret_cast<std::uintptr_t>(out_buf.data());
+      const std::size_t start = (32 - base % 32) % 32 + out_shift;
+      const std::span<std::byte> dst = std::span<std::byte>(out_buf).subspan(start, src.size());
+      convert_serial(DType::U8, DType::U8, src, dst, ConvertStores::streaming);
+      CHECK(difference(dst, src) == "");
+      CHECK(std::all_of(out_buf.begin(), out_buf.begin() + static_cast<std::ptrdiff_t>(start),
+                        [](std::byte b) { return b == std::byte{0xAB}; }));
+      CHECK(std::all_of(out_buf.begin() + static_cast<std::ptrdiff_t>(start + dst.size()), out_buf.end(),
+                        [](std::byte b) { return b == std::byte{0xAB}; }));
+    }
+  }
+}

@@ -64,11 +64,19 @@ struct Job {
   std::stop_token stop;
 };
 
-/// The checkpoint dtype kept: read straight into the (populated) tensor.
+asio::awaitable<void> convert_mapped(const Job& job, io::MappedView view, const std::string& key, DType from,
+                                     DType to, std::span<std::byte> out);
+
+/// The checkpoint dtype kept: the (populated) tensor gets the bytes in one copy, from a
+/// mapping of the page cache when they are resident (streaming stores), else by the reader.
 asio::awaitable<void> read_direct(Job job, std::unique_ptr<io::TensorReadRequest> request, Tensor tensor) {
   if (job.stop.stop_requested()) throw_stopped(request->key);
   co_await populate(job.executor, tensor);
   if (job.stop.stop_requested()) throw_stopped(request->key);
+  if (std::optional<io::MappedView> view = job.source.map_resident(*request)) {
+    co_await convert_mapped(job, std::move(*view), request->key, tensor.dtype(), tensor.dtype(), tensor.mutable_bytes());
+    co_return;
+  }
   co_await job.source.async_read_into(*request, tensor.mutable_bytes(), asio::use_awaitable);
 }
 
@@ -139,12 +147,13 @@ constexpr std::size_t mapped_window_bytes = std::size_t{8} << 20;
 /// Input bytes per guarded block of a mapped conversion (the unit of parallel work).
 constexpr std::size_t mapped_block_bytes = std::size_t{128} << 10;
 
-/// Converts `view` (the whole source of a cast, resident in the page cache) into `out` in
-/// one pass, with no staging copy: the arena's threads read the mapping in guarded blocks,
+/// Converts (or, for from == to, copies) `view` (the whole source, resident in the page
+/// cache) into `out` in one pass, with no staging copy: the arena's threads read the mapping in guarded blocks,
 /// so a file that shrinks or a page that fails to read in becomes a typed error.
 asio::awaitable<void> convert_mapped(const Job& job, io::MappedView view, const std::string& key, DType from,
                                      DType to, std::span<std::byte> out) {
-  const std::size_t in_elem = element_bytes(from), out_elem = element_bytes(to);
+  // A copy (from == to) moves bytes, whatever the element size (sub-byte dtypes included).
+  const std::size_t in_elem = from == to ? 1 : element_bytes(from), out_elem = from == to ? 1 : element_bytes(to);
   Completion c = job.executor.submit([view = std::move(view), key, from, to, out, in_elem, out_elem,
                                       stop = job.stop] {
     const std::span<const std::byte> in = view.bytes();

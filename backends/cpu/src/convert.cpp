@@ -192,6 +192,24 @@ void copy_kernel(const std::byte* __restrict in, std::byte* __restrict out, std:
   if (n != 0) std::memcpy(out, in, n);
 }
 
+#if EREDU_CONVERT_X86
+// A byte copy with streaming stores: memcpy streams only above a threshold near the cache
+// size, while a loader copies gigabytes in blocks far smaller than that.
+__attribute__((target("avx2"))) void copy_stream_avx2(const std::byte* __restrict in, std::byte* __restrict out,
+                                                      std::size_t n) {
+  std::size_t i = std::min(n, (32 - reinterpret_cast<std::uintptr_t>(out) % 32) % 32);
+  copy_kernel(in, out, i);
+  for (; i + 64 <= n; i += 64) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i + 32));
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i), a);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i + 32), b);
+  }
+  copy_kernel(in + i, out + i, n - i);
+  _mm_sfence();
+}
+#endif
+
 std::uint16_t bf16_to_f16_bits(std::uint16_t h) noexcept { return f32_to_f16_bits(bf16_to_f32_bits(h)); }
 std::uint16_t f16_to_bf16_bits(std::uint16_t h) noexcept { return f32_to_bf16_bits(f16_to_f32_bits(h)); }
 
@@ -279,6 +297,11 @@ Plan validate(DType from, DType to, std::span<const std::byte> in, std::span<std
   Plan plan;
   if (from == to) {
     plan.kernel = copy_kernel;
+#if EREDU_CONVERT_X86
+    if ((stores == ConvertStores::streaming || out.size() >= convert_stream_bytes) && cpu_features().avx2 &&
+        wanted_isa.load(std::memory_order_relaxed) == ConvertIsa::best)
+      plan.kernel = copy_stream_avx2;
+#endif
     if (in.size() != out.size())
       throw Error(errc::invalid_argument, {},
                   fmt::format("copying {} needs equal sizes, but the input has {} bytes and the output {} bytes",
