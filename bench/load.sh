@@ -215,6 +215,11 @@ if conv and keep:
     note = "" if same else " (WARNING: the source bytes differ)"
     print(f"f32 conversion (2 threads) / keep-dtype recycled time: {r:.2f} ({conv[0]:.3f} / {keep[0]:.3f} s; "
           f"target ≤ 1.15): {verdict(r <= 1.15 and same)}{note}")
+    wt, at = stats("widen_t2", "seconds"), stats("populated_pread", "seconds")
+    if wt and at:
+        # The same ratio for the limits: widening writes twice the bytes a copy writes.
+        print(f"  the limits' own ratio, (d) widening at 2 threads / (a) copy: {wt[0] / at[0]:.2f} "
+              f"({wt[0]:.3f} / {at[0]:.3f} s)")
 else:
     print("f32 conversion (2 threads) / keep-dtype recycled time: not measured")
 
