@@ -148,8 +148,9 @@ constexpr std::size_t mapped_window_bytes = std::size_t{8} << 20;
 constexpr std::size_t mapped_block_bytes = std::size_t{128} << 10;
 
 /// Converts (or, for from == to, copies) `view` (the whole source, resident in the page
-/// cache) into `out` in one pass, with no staging copy: the arena's threads read the mapping in guarded blocks,
-/// so a file that shrinks or a page that fails to read in becomes a typed error.
+/// cache) into `out` in one pass, with no staging copy. The arena's threads read the mapping
+/// in guarded blocks, so a file that shrinks or a page that fails to read in becomes a typed
+/// error instead of a SIGBUS.
 asio::awaitable<void> convert_mapped(const Job& job, io::MappedView view, const std::string& key, DType from,
                                      DType to, std::span<std::byte> out) {
   // A copy (from == to) moves bytes, whatever the element size (sub-byte dtypes included).
