@@ -14,6 +14,7 @@
 #include "eredu/cpu/float_formats.hpp"
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define EREDU_CONVERT_X86 1
 #else
@@ -224,7 +225,10 @@ Cpu probe_cpu() noexcept {
 #if EREDU_CONVERT_X86
   __builtin_cpu_init();
   c.avx2 = __builtin_cpu_supports("avx2");
-  c.f16c = c.avx2 && __builtin_cpu_supports("f16c");
+  // clang 14's __builtin_cpu_supports does not know "f16c": CPUID leaf 1, ECX bit 29. AVX2
+  // being usable already means the OS saves the YMM registers F16C writes.
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  c.f16c = c.avx2 && __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
 #endif
   return c;
 }
