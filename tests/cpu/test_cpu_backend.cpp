@@ -200,6 +200,30 @@ TEST_CASE("materialize – a cast of a resident tensor converts straight from th
   CHECK(env.source->pool().high_water() == 0);  // no staging at all
 }
 
+TEST_CASE("materialize – with copy_resident_on_executor, resident tensors are copied from the mapping",
+          "[cpu][materialize][mapped]") {
+  Env env;
+  env.mc.copy_resident_on_executor = true;
+  const auto reader_bytes = env.source->reader().stats().bytes;
+  for (const char* name : {"q", "big", "cube", "odd"}) {
+    io::TensorReadRequest r{name};
+    cpu::Tensor t = env.read(r);
+    CHECK(to_vector(t.bytes()) == env.ckpt.bytes(name));
+  }
+  const auto& big = env.ckpt.spec("big");
+  Selection rows = Selection::rows(big.shape, 10, 120);  // one run: mapped too
+  io::TensorReadRequest row_request{"big", rows};
+  CHECK(to_vector(env.read(row_request).bytes()) == select_bytes(env.ckpt.bytes("big"), big.shape, DType::BF16, rows));
+  CHECK(env.source->reader().stats().bytes == reader_bytes);  // the reader read nothing
+  // A column selection is many runs: the reader serves it.
+  Selection columns = Selection::columns(big.shape, 3, 200);
+  io::TensorReadRequest column_request{"big", columns};
+  CHECK(to_vector(env.read(column_request).bytes()) ==
+        select_bytes(env.ckpt.bytes("big"), big.shape, DType::BF16, columns));
+  CHECK(env.source->reader().stats().bytes > reader_bytes);
+  CHECK(env.source->pool().high_water() == 0);
+}
+
 TEST_CASE("materialize – a file that shrinks under a mapped cast fails it with a typed error",
           "[cpu][materialize][mapped][errors]") {
   // Shrinks the checkpoint the moment a mapping is handed out, so the conversion's reads

@@ -23,7 +23,8 @@ namespace {
 
 constexpr const char* load_usage =
     "usage: eredu load PATH [--dtype keep|bf16|f16|f32] [--threads N] [--budget 256M] [--repeat N] "
-    "[--reader auto|uring|pread] [--depth 8] [--request 8M] [--kernels best|generic] [--chunk 64M] [--json]";
+    "[--reader auto|uring|pread] [--depth 8] [--request 8M] [--kernels best|generic] [--chunk 64M] "
+    "[--copies arena|reader] [--json]";
 
 /// One timed load.
 struct LoadRun {
@@ -53,7 +54,9 @@ std::optional<DType> parse_dtype(const std::string& text) {
 }  // namespace
 
 int run_load(int argc, char** argv) {
-  Args args = parse_args(argc, argv, 2, {"dtype", "threads", "budget", "repeat", "reader", "depth", "request", "kernels", "chunk"},
+  Args args = parse_args(argc, argv, 2,
+                         {"dtype", "threads", "budget", "repeat", "reader", "depth", "request", "kernels", "chunk",
+                          "copies"},
                          {"json"});
   if (args.positional.size() != 1) throw std::invalid_argument(load_usage);
   const std::string dtype_text = args.get("dtype", "keep");
@@ -75,6 +78,8 @@ int run_load(int argc, char** argv) {
   // Converted tensors are read in chunk leases of this size, each converted while the next is read.
   opts.chunk_bytes = parse_bytes(args.get("chunk", "64M"));
   const bool json = args.has("json");
+  const std::string copies = args.get("copies", "arena");
+  if (copies != "arena" && copies != "reader") throw std::invalid_argument("--copies must be arena or reader");
   const std::string kernels = args.get("kernels", "best");
   if (kernels == "generic") cpu::use_convert_isa(cpu::ConvertIsa::generic);
   else if (kernels != "best") throw std::invalid_argument("--kernels must be best or generic");
@@ -84,7 +89,9 @@ int run_load(int argc, char** argv) {
   tbb::global_control workers(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(threads) + 1);
   cpu::Executor executor(threads);
   cpu::StoragePool storage;
-  cpu::MaterializationContext context{executor, storage};
+  // A load has the machine to itself: copying resident tensors on the arena beats the
+  // kernel's copies (docs/performance.md).
+  cpu::MaterializationContext context{executor, storage, copies == "arena"};
 
   asio::io_context ctx(1);
   auto source = io::CheckpointSource::open(ctx.get_executor(), args.positional[0], opts);
@@ -132,11 +139,11 @@ int run_load(int argc, char** argv) {
                            run.recycled ? "true" : "false");
     fmt::print(
         "{{\"path\":{},\"reader\":{},\"tensors\":{},\"files\":{},\"source_bytes\":{},\"bytes\":{},\"dtype\":{},"
-        "\"threads\":{},\"kernels\":{},\"budget\":{},\"loads\":[{}],\"staging_high_water\":{},\"peak_rss_bytes\":{},"
+        "\"threads\":{},\"kernels\":{},\"copies\":{},\"budget\":{},\"loads\":[{}],\"staging_high_water\":{},\"peak_rss_bytes\":{},"
         "\"storage_retained_bytes\":{}}}\n",
         io::json::quoted(args.positional[0]), io::json::quoted(source->reader().name()), catalog.size(),
         catalog.files().size(), source_bytes, blueprint.bytes(), io::json::quoted(dtype_text), threads,
-        io::json::quoted(cpu::convert_isa_name()),
+        io::json::quoted(cpu::convert_isa_name()), io::json::quoted(copies),
         source->pool().budget(), loads, source->pool().high_water(), rss, storage.stats().retained_bytes);
   } else {
     for (std::size_t i = 0; i < runs.size(); ++i)

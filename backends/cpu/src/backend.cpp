@@ -62,18 +62,22 @@ struct Job {
   Executor& executor;
   StoragePool& storage;
   std::stop_token stop;
+  bool copy_resident = false;  // MaterializationContext::copy_resident_on_executor
 };
 
 asio::awaitable<void> convert_mapped(const Job& job, io::MappedView view, const std::string& key, DType from,
                                      DType to, std::span<std::byte> out);
 
-/// The checkpoint dtype kept: the (populated) tensor gets the bytes in one copy, from a
-/// mapping of the page cache when they are resident (streaming stores), else by the reader.
+/// The checkpoint dtype kept: the (populated) tensor gets the bytes in one copy, by the
+/// reader, or (when the context asks and they are resident) from a mapping of the page cache
+/// on the executor, with streaming stores.
 asio::awaitable<void> read_direct(Job job, std::unique_ptr<io::TensorReadRequest> request, Tensor tensor) {
   if (job.stop.stop_requested()) throw_stopped(request->key);
   co_await populate(job.executor, tensor);
   if (job.stop.stop_requested()) throw_stopped(request->key);
-  if (std::optional<io::MappedView> view = job.source.map_resident(*request)) {
+  std::optional<io::MappedView> view;
+  if (job.copy_resident) view = job.source.map_resident(*request);
+  if (view) {
     co_await convert_mapped(job, std::move(*view), request->key, tensor.dtype(), tensor.dtype(), tensor.mutable_bytes());
     co_return;
   }
@@ -316,7 +320,7 @@ Materialization Backend::materialize(io::CheckpointSource& source, const io::Ten
   source.selected_bytes(request);  // validates the selection before anything is allocated
   Shape shape = request.selection.is_all() ? info.shape : request.selection.selected_shape(info.shape);
   Tensor weight = Tensor::allocate(context.storage, info.dtype, std::move(shape));
-  Job job{source, context.executor, context.storage, std::move(stop)};
+  Job job{source, context.executor, context.storage, std::move(stop), context.copy_resident_on_executor};
   return start(source, weight, read_direct(job, std::make_unique<io::TensorReadRequest>(request), weight));
 }
 
@@ -324,7 +328,7 @@ Materialization Backend::materialize_recipe(io::CheckpointSource& source, const 
                                             MaterializationContext& context, std::stop_token stop) {
   engine::InferredWeight w = recipe.infer(source.catalog());
   Tensor weight = Tensor::allocate(context.storage, w.dtype, w.shape);
-  Job job{source, context.executor, context.storage, std::move(stop)};
+  Job job{source, context.executor, context.storage, std::move(stop), context.copy_resident_on_executor};
   return start(source, weight, run_recipe(job, std::make_unique<DerivedWeightRecipe>(recipe), weight));
 }
 

@@ -12,6 +12,13 @@ namespace eredu::cpu {
 struct MaterializationContext {
   Executor& executor;    ///< runs populate, conversion and layout work
   StoragePool& storage;  ///< tensor storage (recycled across loads)
+  /// Copy dtype-kept tensors that are resident in the page cache on `executor`, from a file
+  /// mapping with streaming stores, instead of leaving the copy to the reader (io_uring's
+  /// kernel workers, outside the arena). Faster for a load that has the machine to itself
+  /// (`eredu load` sets it); off by default because it takes the arena's threads, which a
+  /// PrefetchPipeline computing while it loads needs (docs/performance.md has both figures).
+  /// Casts of resident tensors always convert from the mapping: they need the arena anyway.
+  bool copy_resident_on_executor = false;
 };
 
 }  // namespace eredu::cpu
