@@ -240,6 +240,11 @@ const Cpu& cpu_features() noexcept {
 
 std::atomic<ConvertIsa> wanted_isa{ConvertIsa::best};
 
+// True when the AVX2 kernels are to be used: the CPU has them and they were not turned off.
+bool use_avx2() noexcept {
+  return cpu_features().avx2 && wanted_isa.load(std::memory_order_relaxed) == ConvertIsa::best;
+}
+
 // The portable kernel for a supported cast between distinct dtypes, or nullptr.
 Kernel find_generic_kernel(DType from, DType to) noexcept {
   using D = DType;
@@ -260,16 +265,17 @@ Kernel find_generic_kernel(DType from, DType to) noexcept {
   return nullptr;
 }
 
-// The kernel convert() runs for a cast between distinct dtypes (nullptr if unsupported):
-// the AVX2 / F16C one when the CPU has it and it was not turned off, else the portable
-// one. `stream` picks cache-bypassing stores where a kernel has them.
+// The kernel convert() runs for a supported cast (nullptr if unsupported; from == to is a
+// byte copy): the AVX2 / F16C one when use_avx2(), else the portable one. `stream` picks
+// cache-bypassing stores where a kernel has them.
 Kernel find_kernel(DType from, DType to, bool stream) noexcept {
 #if EREDU_CONVERT_X86
   using D = DType;
   using u16 = std::uint16_t;
   using u32 = std::uint32_t;
   const Cpu& cpu = cpu_features();
-  if (cpu.avx2 && wanted_isa.load(std::memory_order_relaxed) == ConvertIsa::best) {
+  if (use_avx2()) {
+    if (from == to) return stream ? copy_stream_avx2 : copy_kernel;
     if (from == D::BF16 && to == D::F32) return stream ? bf16_to_f32_avx2<true> : bf16_to_f32_avx2<false>;
     if (from == D::F16 && to == D::F32 && cpu.f16c) return stream ? f16_to_f32_f16c<true> : f16_to_f32_f16c<false>;
     if (from == D::F32 && to == D::BF16) return map_kernel_avx2<u32, u16, f32_to_bf16_bits>;
@@ -281,7 +287,7 @@ Kernel find_kernel(DType from, DType to, bool stream) noexcept {
 #else
   (void)stream;
 #endif
-  return find_generic_kernel(from, to);
+  return from == to ? copy_kernel : find_generic_kernel(from, to);
 }
 
 // What a validated conversion runs: the kernel and the bytes of one of its elements on
@@ -299,19 +305,13 @@ Plan validate(DType from, DType to, std::span<const std::byte> in, std::span<std
     throw Error(errc::recipe_unsupported_cast, {},
                 fmt::format("the CPU backend cannot convert {} to {}", dtype_name(from), dtype_name(to)));
   Plan plan;
+  plan.kernel = find_kernel(from, to, stores == ConvertStores::streaming || out.size() >= convert_stream_bytes);
   if (from == to) {
-    plan.kernel = copy_kernel;
-#if EREDU_CONVERT_X86
-    if ((stores == ConvertStores::streaming || out.size() >= convert_stream_bytes) && cpu_features().avx2 &&
-        wanted_isa.load(std::memory_order_relaxed) == ConvertIsa::best)
-      plan.kernel = copy_stream_avx2;
-#endif
     if (in.size() != out.size())
       throw Error(errc::invalid_argument, {},
                   fmt::format("copying {} needs equal sizes, but the input has {} bytes and the output {} bytes",
                               dtype_name(from), in.size(), out.size()));
   } else {
-    plan.kernel = find_kernel(from, to, stores == ConvertStores::streaming || out.size() >= convert_stream_bytes);
     plan.in_elem = dtype_bits(from) / 8;
     plan.out_elem = dtype_bits(to) / 8;
     if (in.size() % plan.in_elem != 0 || out.size() % plan.out_elem != 0 ||
@@ -338,11 +338,11 @@ Plan validate(DType from, DType to, std::span<const std::byte> in, std::span<std
 
 ConvertIsa use_convert_isa(ConvertIsa wanted) noexcept {
   wanted_isa.store(wanted, std::memory_order_relaxed);
-  return wanted == ConvertIsa::best && cpu_features().avx2 ? ConvertIsa::best : ConvertIsa::generic;
+  return use_avx2() ? ConvertIsa::best : ConvertIsa::generic;
 }
 
 const char* convert_isa_name() noexcept {
-  if (wanted_isa.load(std::memory_order_relaxed) != ConvertIsa::best || !cpu_features().avx2) return "generic";
+  if (!use_avx2()) return "generic";
   return cpu_features().f16c ? "avx2+f16c" : "avx2";
 }
 
