@@ -65,8 +65,53 @@ struct Job {
   bool copy_resident = false;  // MaterializationContext::copy_resident_on_executor
 };
 
+/// Input bytes of a mapped conversion done between two stop checks, whose pages are then
+/// unmapped: what the conversions running at once (one per arena thread) keep mapped.
+constexpr std::size_t mapped_window_bytes = std::size_t{8} << 20;
+/// Input bytes per guarded block of a mapped conversion (the unit of parallel work).
+constexpr std::size_t mapped_block_bytes = std::size_t{128} << 10;
+
+/// Converts (or, for from == to, copies) `view` (the whole source, resident in the page
+/// cache) into `out` in one pass, with no staging copy. The arena's threads read the mapping
+/// in guarded blocks, so a file that shrinks or a page that fails to read in becomes a typed
+/// error instead of a SIGBUS.
 asio::awaitable<void> convert_mapped(const Job& job, io::MappedView view, const std::string& key, DType from,
-                                     DType to, std::span<std::byte> out);
+                                     DType to, std::span<std::byte> out) {
+  // A copy (from == to) moves bytes, whatever the element size (sub-byte dtypes included).
+  const std::size_t in_elem = from == to ? 1 : element_bytes(from), out_elem = from == to ? 1 : element_bytes(to);
+  Completion c = job.executor.submit([view = std::move(view), key, from, to, out, in_elem, out_elem,
+                                      stop = job.stop] {
+    const std::span<const std::byte> in = view.bytes();
+    const std::size_t window = mapped_window_bytes / in_elem * in_elem;
+    const std::size_t block = mapped_block_bytes / in_elem * in_elem;
+    for (std::size_t begin = 0; begin < in.size(); begin += window) {
+      if (stop.stop_requested()) throw_stopped(key);
+      const std::size_t end = std::min(in.size(), begin + window);
+      const std::span<const std::byte> part = in.subspan(begin, end - begin);
+      std::atomic<const std::byte*> fault{nullptr};
+      // One call maps the window's pages, instead of a fault per few pages as they are read.
+      view.populate(part);
+      // Isolated: a thread waiting in this loop must not pick up another tensor's window,
+      // which would map more than one window per thread.
+      tbb::this_task_arena::isolate([&] {
+        // Blocks by index, so each starts on an element whatever ranges TBB splits off.
+        const std::size_t blocks = (end - begin + block - 1) / block;
+        tbb::parallel_for(tbb::blocked_range<std::size_t>(0, blocks), [&](const tbb::blocked_range<std::size_t>& r) {
+          for (std::size_t b = r.begin(); b != r.end() && !fault.load(std::memory_order_relaxed); ++b) {
+            const std::size_t at = begin + b * block, n = std::min(block, end - at);
+            const std::span<const std::byte> src = in.subspan(at, n);
+            const std::span<std::byte> dst = out.subspan(at / in_elem * out_elem, n / in_elem * out_elem);
+            auto work = [&] { convert_serial(from, to, src, dst, ConvertStores::streaming); };
+            if (auto f = io::guarded_read(view.region(), work)) fault.store(f->address, std::memory_order_relaxed);
+          }
+        });
+      });
+      if (const std::byte* at = fault.load(std::memory_order_relaxed)) throw view.fault_error({at});
+      view.release_pages(part);
+    }
+  });
+  co_await await(c);
+}
 
 /// The checkpoint dtype kept: the (populated) tensor gets the bytes in one copy, by the
 /// reader, or (when the context asks and they are resident) from a mapping of the page cache
@@ -143,52 +188,6 @@ asio::awaitable<void> stream_convert(const Job& job, const DerivedWeightRecipe& 
     });
   }
   co_await await(pending);
-}
-
-/// Input bytes of a mapped conversion done between two stop checks, whose pages are then
-/// unmapped: what the conversions running at once (one per arena thread) keep mapped.
-constexpr std::size_t mapped_window_bytes = std::size_t{8} << 20;
-/// Input bytes per guarded block of a mapped conversion (the unit of parallel work).
-constexpr std::size_t mapped_block_bytes = std::size_t{128} << 10;
-
-/// Converts (or, for from == to, copies) `view` (the whole source, resident in the page
-/// cache) into `out` in one pass, with no staging copy. The arena's threads read the mapping
-/// in guarded blocks, so a file that shrinks or a page that fails to read in becomes a typed
-/// error instead of a SIGBUS.
-asio::awaitable<void> convert_mapped(const Job& job, io::MappedView view, const std::string& key, DType from,
-                                     DType to, std::span<std::byte> out) {
-  // A copy (from == to) moves bytes, whatever the element size (sub-byte dtypes included).
-  const std::size_t in_elem = from == to ? 1 : element_bytes(from), out_elem = from == to ? 1 : element_bytes(to);
-  Completion c = job.executor.submit([view = std::move(view), key, from, to, out, in_elem, out_elem,
-                                      stop = job.stop] {
-    const std::span<const std::byte> in = view.bytes();
-    const std::size_t window = mapped_window_bytes / in_elem * in_elem;
-    const std::size_t block = mapped_block_bytes / in_elem * in_elem;
-    for (std::size_t begin = 0; begin < in.size(); begin += window) {
-      if (stop.stop_requested()) throw_stopped(key);
-      const std::size_t end = std::min(in.size(), begin + window);
-      std::atomic<const std::byte*> fault{nullptr};
-      // Isolated: a thread waiting in this loop must not pick up another tensor's window,
-      // which would map more than one window per thread.
-      tbb::this_task_arena::isolate([&] {
-        // Blocks by index, so each starts on an element whatever ranges TBB splits off.
-        const std::size_t blocks = (end - begin + block - 1) / block;
-        tbb::parallel_for(tbb::blocked_range<std::size_t>(0, blocks), [&](const tbb::blocked_range<std::size_t>& r) {
-          for (std::size_t b = r.begin(); b != r.end() && !fault.load(std::memory_order_relaxed); ++b) {
-            const std::size_t at = begin + b * block, n = std::min(block, end - at);
-            const std::span<const std::byte> src = in.subspan(at, n);
-            const std::span<std::byte> dst = out.subspan(at / in_elem * out_elem, n / in_elem * out_elem);
-            view.populate(src);  // one call maps the block's pages, instead of a fault per few
-            auto work = [&] { convert_serial(from, to, src, dst, ConvertStores::streaming); };
-            if (auto f = io::guarded_read(view.region(), work)) fault.store(f->address, std::memory_order_relaxed);
-          }
-        });
-      });
-      if (const std::byte* at = fault.load(std::memory_order_relaxed)) throw view.fault_error({at});
-      view.release_pages(in.subspan(begin, end - begin));
-    }
-  });
-  co_await await(c);
 }
 
 /// A temporary tensor for an intermediate recipe result.
