@@ -24,7 +24,7 @@
 // usage: load_baseline populated-pread FILE [--threads N] [--hugepages]
 //        load_baseline populate BYTES [--threads N] [--hugepages]     (BYTES: 512M, 4G, 4294967296)
 //        load_baseline malloc-pread FILE
-//        load_baseline mapped-widen FILE [--threads N]
+//        load_baseline mapped-widen FILE [--threads N] [--hugepages]
 #include <fcntl.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -79,7 +79,7 @@ constexpr std::size_t max_pread_bytes = std::size_t{1} << 30;   // a naive loop'
       "usage: load_baseline populated-pread FILE [--threads N] [--hugepages]\n"
       "       load_baseline populate BYTES [--threads N] [--hugepages]\n"
       "       load_baseline malloc-pread FILE\n"
-      "       load_baseline mapped-widen FILE [--threads N]\n",
+      "       load_baseline mapped-widen FILE [--threads N] [--hugepages]\n",
       stderr);
   std::exit(2);
 }
@@ -427,8 +427,8 @@ int run_mapped_widen(const Options& o) {
   const std::size_t piece_elements = piece_bytes / 2;
   const std::size_t pieces = (elements + piece_elements - 1) / piece_elements;
   auto* dst = reinterpret_cast<std::uint32_t*>(out.data());
-  // Three passes in one process, the median of passes 2 and 3 reported: the way `eredu load
-  // --repeat 3` is read, so both sides write to memory in the same (recycled) state.
+  // Three passes in one process, the mean of passes 2 and 3 reported (their median): the way
+  // `eredu load --repeat 3` is read, so both sides write to memory in the same (recycled) state.
   std::vector<double> passes;
   for (int pass = 0; pass < 3; ++pass) {
     double t0 = now_seconds();

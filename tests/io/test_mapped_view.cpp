@@ -36,8 +36,6 @@ std::uint64_t sum(std::span<const std::byte> bytes) {
   return s;
 }
 
-std::uint64_t sum(const std::vector<std::byte>& bytes) { return sum(std::span<const std::byte>(bytes)); }
-
 }  // namespace
 
 TEST_CASE("mapped view – a resident tensor maps to exactly its bytes", "[mapped]") {
