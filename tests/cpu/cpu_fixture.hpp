@@ -7,6 +7,7 @@
 #include <asio/io_context.hpp>
 #include <asio/use_awaitable.hpp>
 #include <chrono>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,6 +70,17 @@ inline void drive_until(asio::io_context& ctx, const Completion& c) {
   }
   ctx.restart();
   ctx.poll();
+}
+
+/// Runs `ctx` until `future` is ready (work may finish on TBB threads while the loop is
+/// idle), then returns its value or throws its failure.
+template <class T>
+T run_until_ready(asio::io_context& ctx, std::future<T>& future) {
+  while (future.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+    ctx.restart();
+    ctx.run_one_for(std::chrono::milliseconds(5));
+  }
+  return future.get();
 }
 
 /// Waits (running `ctx`) for a materialization and returns its tensor or throws.

@@ -91,11 +91,7 @@ struct GpuEnv {
   /// Runs a future-returning operation's loop until it is ready.
   template <class T>
   T drive(std::future<T>& f) {
-    while (f.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
-      ctx.restart();
-      ctx.run_one_for(std::chrono::milliseconds(5));
-    }
-    return f.get();
+    return run_until_ready(ctx, f);
   }
 };
 

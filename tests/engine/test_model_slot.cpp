@@ -116,11 +116,7 @@ struct Env {
 
   template <class T>
   T get(std::future<T>& future) {
-    while (future.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
-      ctx.restart();
-      ctx.run_one_for(std::chrono::milliseconds(5));
-    }
-    return future.get();
+    return run_until_ready(ctx, future);
   }
 
   engine::SwapReport swap(io::CheckpointSource& source, engine::SwapOptions<TinyModel> options = {}) {

@@ -173,12 +173,7 @@ struct Env {
   /// Runs async_load to completion; rethrows its failure.
   void load(Model& model, const WeightBindingPlan& plan) {
     auto done = engine::async_load<cpu::Backend>(model, *source, plan, mc, asio::use_future);
-    ctx.restart();
-    while (done.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
-      ctx.restart();
-      ctx.run_one_for(std::chrono::milliseconds(5));
-    }
-    done.get();
+    run_until_ready(ctx, done);
   }
 };
 

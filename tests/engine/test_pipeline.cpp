@@ -106,11 +106,7 @@ struct Env {
   /// Runs `ctx` until `future` is ready, then returns its value.
   template <class T>
   T get(std::future<T>& future) {
-    while (future.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
-      ctx.restart();
-      ctx.run_one_for(std::chrono::milliseconds(5));
-    }
-    return future.get();
+    return run_until_ready(ctx, future);
   }
 
   /// Checks a delivered unit's weights against the checkpoint's bytes.
