@@ -20,6 +20,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <fmt/format.h>
 #include <algorithm>
 #include <asio/io_context.hpp>
 #include <atomic>
@@ -27,7 +28,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
-#include <fmt/format.h>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -68,10 +68,20 @@ std::uint64_t parse_size(std::string_view s) {
   if (s.empty()) usage_error("empty size");
   std::uint64_t scale = 1;
   switch (s.back()) {
-    case 'K': case 'k': scale = 1ull << 10; break;
-    case 'M': case 'm': scale = 1ull << 20; break;
-    case 'G': case 'g': scale = 1ull << 30; break;
-    default: break;
+    case 'K':
+    case 'k':
+      scale = 1ull << 10;
+      break;
+    case 'M':
+    case 'm':
+      scale = 1ull << 20;
+      break;
+    case 'G':
+    case 'g':
+      scale = 1ull << 30;
+      break;
+    default:
+      break;
   }
   if (scale != 1) s.remove_suffix(1);
   try {
@@ -89,17 +99,28 @@ Options parse(int argc, char** argv) {
       if (i + 1 >= argc) usage_error(fmt::format("{} needs a value", a));
       return argv[++i];
     };
-    if (a == "--size") o.size = parse_size(value());
-    else if (a == "--dir") o.dir = value();
-    else if (a == "--budget") o.budget = parse_size(value());
-    else if (a == "--streams") o.streams = static_cast<unsigned>(std::max<std::uint64_t>(1, parse_size(value())));
-    else if (a == "--threads") o.threads = static_cast<unsigned>(std::max<std::uint64_t>(1, parse_size(value())));
-    else if (a == "--repeat") o.repeat = static_cast<unsigned>(std::max<std::uint64_t>(1, parse_size(value())));
-    else if (a == "--depth") o.depth = static_cast<unsigned>(std::max<std::uint64_t>(1, parse_size(value())));
-    else if (a == "--request") o.request = parse_size(value());
-    else if (a == "--json") o.json = true;
-    else if (!a.empty() && a[0] != '-' && o.path.empty()) o.path = a;
-    else usage_error(fmt::format("unknown argument '{}'", a));
+    if (a == "--size")
+      o.size = parse_size(value());
+    else if (a == "--dir")
+      o.dir = value();
+    else if (a == "--budget")
+      o.budget = parse_size(value());
+    else if (a == "--streams")
+      o.streams = static_cast<unsigned>(std::max<std::uint64_t>(1, parse_size(value())));
+    else if (a == "--threads")
+      o.threads = static_cast<unsigned>(std::max<std::uint64_t>(1, parse_size(value())));
+    else if (a == "--repeat")
+      o.repeat = static_cast<unsigned>(std::max<std::uint64_t>(1, parse_size(value())));
+    else if (a == "--depth")
+      o.depth = static_cast<unsigned>(std::max<std::uint64_t>(1, parse_size(value())));
+    else if (a == "--request")
+      o.request = parse_size(value());
+    else if (a == "--json")
+      o.json = true;
+    else if (!a.empty() && a[0] != '-' && o.path.empty())
+      o.path = a;
+    else
+      usage_error(fmt::format("unknown argument '{}'", a));
   }
   return o;
 }
@@ -126,7 +147,8 @@ double read_files(const io::Catalog& catalog, unsigned threads) {
     int fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) usage_error(fmt::format("cannot open {}", f.path));
     fds.push_back(fd);
-    for (std::uint64_t off = 0; off < f.size; off += piece) pieces.push_back({fd, off, std::min<std::uint64_t>(piece, f.size - off)});
+    for (std::uint64_t off = 0; off < f.size; off += piece)
+      pieces.push_back({fd, off, std::min<std::uint64_t>(piece, f.size - off)});
   }
   std::atomic<std::size_t> next{0};
   const auto t0 = Clock::now();
@@ -161,11 +183,13 @@ double pcie_gbps(std::uint64_t total) {
   cudaEvent_t start = nullptr, stop = nullptr;
   cuda::check(cudaEventCreate(&start), "cudaEventCreate");
   cuda::check(cudaEventCreate(&stop), "cudaEventCreate");
-  cuda::check(cudaMemcpyAsync(device, host.bytes().data(), chunk, cudaMemcpyHostToDevice, stream.get()), "warm-up copy");
+  cuda::check(cudaMemcpyAsync(device, host.bytes().data(), chunk, cudaMemcpyHostToDevice, stream.get()),
+              "warm-up copy");
   cuda::check(cudaEventRecord(start, stream.get()), "cudaEventRecord");
   std::uint64_t copied = 0;
   for (; copied < total; copied += chunk)
-    cuda::check(cudaMemcpyAsync(device, host.bytes().data(), chunk, cudaMemcpyHostToDevice, stream.get()), "cudaMemcpyAsync");
+    cuda::check(cudaMemcpyAsync(device, host.bytes().data(), chunk, cudaMemcpyHostToDevice, stream.get()),
+                "cudaMemcpyAsync");
   cuda::check(cudaEventRecord(stop, stream.get()), "cudaEventRecord");
   cuda::check(cudaEventSynchronize(stop), "cudaEventSynchronize");  // a benchmark may block
   float ms = 0;
@@ -183,8 +207,9 @@ struct LoadRun {
 };
 
 /// Materializes every tensor of `source` across `executors` and waits (driving the loop).
-LoadRun load_all(asio::io_context& ctx, io::CheckpointSource& source, std::vector<std::unique_ptr<cuda::Executor>>& executors,
-                 cuda::DeviceMemoryPool& memory, const cuda::PinnedRegistration& pin) {
+LoadRun load_all(asio::io_context& ctx, io::CheckpointSource& source,
+                 std::vector<std::unique_ptr<cuda::Executor>>& executors, cuda::DeviceMemoryPool& memory,
+                 const cuda::PinnedRegistration& pin) {
   std::vector<cuda::MaterializationContext> contexts;
   for (auto& e : executors) contexts.push_back({*e, memory, &pin});
   source.pool().reset_high_water();
@@ -232,7 +257,9 @@ int main(int argc, char** argv) {
       synth::SyntheticOptions so;
       so.target_bytes = o.size;
       so.shards = 4;
-      if (!o.json) fmt::print("cuda_load: writing a {:.1f} GiB synthetic checkpoint to {}\n", o.size / double(1 << 30), generated.string());
+      if (!o.json)
+        fmt::print("cuda_load: writing a {:.1f} GiB synthetic checkpoint to {}\n", o.size / double(1 << 30),
+                   generated.string());
       synth::write_synthetic(generated, so);
       path = generated;
     }
@@ -246,7 +273,8 @@ int main(int argc, char** argv) {
 
     read_files(source->catalog(), o.threads);  // warm the page cache, untimed
     double read_best = 0;
-    for (unsigned r = 0; r < o.repeat; ++r) read_best = std::max(read_best, gbps(total, read_files(source->catalog(), o.threads)));
+    for (unsigned r = 0; r < o.repeat; ++r)
+      read_best = std::max(read_best, gbps(total, read_files(source->catalog(), o.threads)));
     const double pcie = pcie_gbps(std::max<std::uint64_t>(total, std::uint64_t{4} << 30));
 
     {
@@ -265,16 +293,18 @@ int main(int argc, char** argv) {
       const double limit = std::min(read_best, pcie);
       const double ratio = limit > 0 ? best / limit : 0;
       if (o.json) {
-        fmt::print("{{\"gpu\":\"{}\",\"bytes\":{},\"tensors\":{},\"read_gb_per_s\":{:.2f},\"pcie_gb_per_s\":{:.2f},"
-                   "\"load_gb_per_s\":{:.2f},\"load_first_gb_per_s\":{:.2f},\"ratio_to_limit\":{:.3f},\"target\":0.8,"
-                   "\"streams\":{},\"budget\":{},\"staging_high_water\":{},\"peak_rss_bytes\":{}}}\n",
-                   prop.name, runs.front().bytes, source->catalog().size(), read_best, pcie, best, first_gbps, ratio,
-                   o.streams, o.budget, runs.back().staging_high_water, peak_rss_bytes());
+        fmt::print(
+            "{{\"gpu\":\"{}\",\"bytes\":{},\"tensors\":{},\"read_gb_per_s\":{:.2f},\"pcie_gb_per_s\":{:.2f},"
+            "\"load_gb_per_s\":{:.2f},\"load_first_gb_per_s\":{:.2f},\"ratio_to_limit\":{:.3f},\"target\":0.8,"
+            "\"streams\":{},\"budget\":{},\"staging_high_water\":{},\"peak_rss_bytes\":{}}}\n",
+            prop.name, runs.front().bytes, source->catalog().size(), read_best, pcie, best, first_gbps, ratio,
+            o.streams, o.budget, runs.back().staging_high_water, peak_rss_bytes());
       } else {
         fmt::print("gpu                {}\n", prop.name);
         fmt::print("checkpoint         {} ({} tensors, {:.2f} GiB)\n", path.string(), source->catalog().size(),
                    runs.front().bytes / double(1 << 30));
-        fmt::print("host read          {:7.2f} GB/s  (parallel pread, page-cache hot, {} threads)\n", read_best, o.threads);
+        fmt::print("host read          {:7.2f} GB/s  (parallel pread, page-cache hot, {} threads)\n", read_best,
+                   o.threads);
         fmt::print("pcie h2d           {:7.2f} GB/s  (cudaMemcpyAsync from pinned memory)\n", pcie);
         fmt::print("load to device     {:7.2f} GB/s  best of {} (first {:.2f}), {} streams, budget {} MiB\n", best,
                    o.repeat, first_gbps, o.streams, o.budget >> 20);

@@ -60,8 +60,8 @@ namespace {
 
 constexpr std::size_t page_bytes = 4096;
 constexpr std::size_t huge_page_bytes = std::size_t{2} << 20;
-constexpr std::size_t piece_bytes = std::size_t{4} << 20;       // the parallel pread request size
-constexpr std::size_t max_pread_bytes = std::size_t{1} << 30;   // a naive loop's largest request
+constexpr std::size_t piece_bytes = std::size_t{4} << 20;      // the parallel pread request size
+constexpr std::size_t max_pread_bytes = std::size_t{1} << 30;  // a naive loop's largest request
 
 /// Prints "load_baseline: WHAT: strerror (errno N)" (errno omitted when 0) and exits with 1.
 [[noreturn]] void fail(const std::string& what, int err) {
@@ -91,15 +91,23 @@ std::uint64_t parse_bytes(std::string_view text) {
   if (digits == 0 || digits > 19) fail(fmt::format("'{}' is not a byte count (e.g. 512M, 4G)", text), 0);
   std::uint64_t value = std::stoull(std::string(text.substr(0, digits)));
   std::string unit(text.substr(digits));
-  if (unit.ends_with("iB") || unit.ends_with("ib")) unit.resize(unit.size() - 2);
-  else if (unit.size() > 1 && (unit.back() == 'B' || unit.back() == 'b')) unit.pop_back();
+  if (unit.ends_with("iB") || unit.ends_with("ib"))
+    unit.resize(unit.size() - 2);
+  else if (unit.size() > 1 && (unit.back() == 'B' || unit.back() == 'b'))
+    unit.pop_back();
   int shift = 0;
-  if (unit.empty() || unit == "B" || unit == "b") shift = 0;
-  else if (unit == "K" || unit == "k") shift = 10;
-  else if (unit == "M" || unit == "m") shift = 20;
-  else if (unit == "G" || unit == "g") shift = 30;
-  else if (unit == "T" || unit == "t") shift = 40;
-  else fail(fmt::format("'{}' is not a byte count (e.g. 512M, 4G)", text), 0);
+  if (unit.empty() || unit == "B" || unit == "b")
+    shift = 0;
+  else if (unit == "K" || unit == "k")
+    shift = 10;
+  else if (unit == "M" || unit == "m")
+    shift = 20;
+  else if (unit == "G" || unit == "g")
+    shift = 30;
+  else if (unit == "T" || unit == "t")
+    shift = 40;
+  else
+    fail(fmt::format("'{}' is not a byte count (e.g. 512M, 4G)", text), 0);
   if (value > (UINT64_MAX >> shift)) fail(fmt::format("'{}' does not fit in 64 bits", text), 0);
   return value << shift;
 }
@@ -133,13 +141,14 @@ std::string json_quoted(std::string_view s) {
 }
 
 /// Prints the one JSON line of a mode's result.
-void print_result(std::string_view mode, const std::optional<std::string>& path, std::uint64_t bytes,
-                  double seconds, unsigned threads, bool hugepages) {
+void print_result(std::string_view mode, const std::optional<std::string>& path, std::uint64_t bytes, double seconds,
+                  unsigned threads, bool hugepages) {
   std::string path_field = path ? fmt::format("\"path\":{},", json_quoted(*path)) : std::string();
-  fmt::print("{{\"mode\":\"{}\",{}\"bytes\":{},\"seconds\":{:.6f},\"gb_per_s\":{:.4f},\"threads\":{},"
-             "\"hugepages\":{},\"peak_rss_bytes\":{}}}\n",
-             mode, path_field, bytes, seconds, static_cast<double>(bytes) / seconds / 1e9, threads,
-             hugepages ? "true" : "false", peak_rss_bytes());
+  fmt::print(
+      "{{\"mode\":\"{}\",{}\"bytes\":{},\"seconds\":{:.6f},\"gb_per_s\":{:.4f},\"threads\":{},"
+      "\"hugepages\":{},\"peak_rss_bytes\":{}}}\n",
+      mode, path_field, bytes, seconds, static_cast<double>(bytes) / seconds / 1e9, threads,
+      hugepages ? "true" : "false", peak_rss_bytes());
 }
 
 /// A private anonymous mapping, unmapped when it goes out of scope.
@@ -151,8 +160,7 @@ class AnonMapping {
     if (bytes == 0) fail("cannot map 0 bytes", 0);
     // Over-map by one huge page so an aligned start exists; the slack is never touched.
     map_size_ = hugepages ? bytes + huge_page_bytes : bytes;
-    void* p = ::mmap(nullptr, map_size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                     -1, 0);
+    void* p = ::mmap(nullptr, map_size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) fail(fmt::format("mmap of {} bytes of anonymous memory", map_size_), errno);
     base_ = static_cast<char*>(p);
     data_ = base_;
@@ -186,7 +194,7 @@ class ReadOnlyFile {
   explicit ReadOnlyFile(std::string path) : path_(std::move(path)) {
     fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0) fail(fmt::format("open {}", path_), errno);
-    struct stat st{};
+    struct stat st {};
     if (::fstat(fd_, &st) != 0) fail(fmt::format("fstat {}", path_), errno);
     if (!S_ISREG(st.st_mode)) fail(fmt::format("{} is not a regular file", path_), 0);
     if (st.st_size == 0) fail(fmt::format("{} is empty", path_), 0);
@@ -444,8 +452,10 @@ int run_mapped_widen(const Options& o) {
       ::madvise(map_begin, map_bytes, MADV_POPULATE_READ);
 #endif
 #if defined(__x86_64__)
-      if (avx2) widen_avx2(in + first, dst + first, n);
-      else widen_scalar(in + first, dst + first, n);
+      if (avx2)
+        widen_avx2(in + first, dst + first, n);
+      else
+        widen_scalar(in + first, dst + first, n);
 #else
       widen_scalar(in + first, dst + first, n);
 #endif

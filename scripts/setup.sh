@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 preset="${1:-release}"
 shift || true
 
-packages=(cmake ninja-build g++ clang libclang-rt-14-dev pkg-config liburing-dev libtbb-dev libasio-dev
+packages=(cmake ninja-build g++ clang clang-format libclang-rt-14-dev pkg-config liburing-dev libtbb-dev libasio-dev
           catch2 libfmt-dev libxxhash-dev python3 fio)
 missing=()
 for p in "${packages[@]}"; do
@@ -26,9 +26,7 @@ if [ ! -f "build/$preset/build.ninja" ]; then
   cmake --preset "$preset" >/dev/null
 fi
 jobs="${EREDU_JOBS:-$(nproc)}"
-if [ $# -gt 0 ]; then
-  cmake --build --preset "$preset" -j "$jobs" --target "$@" | grep -v -E '^\[[0-9]+/[0-9]+\]' || true
-  exit "${PIPESTATUS[0]}"
-fi
-cmake --build --preset "$preset" -j "$jobs" | grep -v -E '^\[[0-9]+/[0-9]+\]' || true
-exit "${PIPESTATUS[0]}"
+targets=()
+[ $# -gt 0 ] && targets=(--target "$@")
+# Ninja's progress lines are dropped; with pipefail a failed build fails this script.
+cmake --build --preset "$preset" -j "$jobs" "${targets[@]}" 2>&1 | { grep -v -E '^\[[0-9]+/[0-9]+\]' || true; }

@@ -42,7 +42,8 @@ double quantile(std::vector<double>& v, double p) {
 
 std::string summary(std::vector<double> v, bool json) {
   const double p50 = quantile(v, 0.5), p99 = quantile(v, 0.99), max = v.empty() ? 0 : v.back();
-  return json ? fmt::format("{{\"count\":{},\"p50_ns\":{:.0f},\"p99_ns\":{:.0f},\"max_ns\":{:.0f}}}", v.size(), p50, p99, max)
+  return json ? fmt::format("{{\"count\":{},\"p50_ns\":{:.0f},\"p99_ns\":{:.0f},\"max_ns\":{:.0f}}}", v.size(), p50,
+                            p99, max)
               : fmt::format("{} samples: p50 {:.0f} ns, p99 {:.0f} ns, max {:.0f} ns", v.size(), p50, p99, max);
 }
 
@@ -53,9 +54,12 @@ int main(int argc, char** argv) {
   bool json = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--json") json = true;
-    else if (a == "--exchanges" && i + 1 < argc) exchanges = std::stoi(argv[++i]);
-    else if (a == "--readers" && i + 1 < argc) readers = std::stoi(argv[++i]);
+    if (a == "--json")
+      json = true;
+    else if (a == "--exchanges" && i + 1 < argc)
+      exchanges = std::stoi(argv[++i]);
+    else if (a == "--readers" && i + 1 < argc)
+      readers = std::stoi(argv[++i]);
     else {
       fmt::print(stderr, "usage: {} [--exchanges 20000] [--readers 2] [--json]\n", argv[0]);
       return 2;
@@ -97,7 +101,7 @@ int main(int argc, char** argv) {
     std::optional<std::shared_ptr<const Version>> old;
     while (!(old = current.try_retire())) std::this_thread::yield();
     retirements.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t1).count());
-    old.reset();  // after the clocks, as in ModelSlot
+    old.reset();                                                                   // after the clocks, as in ModelSlot
     if (i % 100 == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));  // let readers run between bursts
   }
   stop = true;
@@ -110,8 +114,8 @@ int main(int argc, char** argv) {
   }
   const unsigned cpus = std::thread::hardware_concurrency();
   if (json)
-    fmt::print("{{\"readers\":{},\"cpus\":{},\"reads\":{},\"exchange\":{},\"retire\":{},\"load\":{}}}\n", readers,
-               cpus, total_reads, summary(pauses, true), summary(retirements, true), summary(all_loads, true));
+    fmt::print("{{\"readers\":{},\"cpus\":{},\"reads\":{},\"exchange\":{},\"retire\":{},\"load\":{}}}\n", readers, cpus,
+               total_reads, summary(pauses, true), summary(retirements, true), summary(all_loads, true));
   else
     fmt::print("{} readers on {} CPUs, {} loads\n  publish   {}\n  retire    {}\n  load      {}\n", readers, cpus,
                total_reads, summary(pauses, false), summary(retirements, false), summary(all_loads, false));

@@ -24,13 +24,13 @@
 
 #include <tbb/global_control.h>
 
+#include <algorithm>
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <asio/post.hpp>
 #include <asio/thread_pool.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/use_future.hpp>
-#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <exception>
@@ -85,7 +85,9 @@ class Evictor {
   explicit Evictor(const io::Catalog& catalog) {
     for (const io::CheckpointFile& f : catalog.files()) {
       const int fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) throw Error(errc::io_error, {.file = f.path, .os_error = std::error_code(errno, std::generic_category())}, "cannot open to evict");
+      if (fd < 0)
+        throw Error(errc::io_error, {.file = f.path, .os_error = std::error_code(errno, std::generic_category())},
+                    "cannot open to evict");
       fds_.emplace_back(fd);
     }
   }
@@ -110,7 +112,7 @@ struct Round {
   double serial_s = 0;    // serial: wall
   double pipeline_s = 0;  // pipeline: wall
   double pipeline_compute_s = 0;
-  double stall_s = 0;     // pipeline: Σ consumer wait
+  double stall_s = 0;        // pipeline: Σ consumer wait
   double pipeline_io_s = 0;  // pipeline: Σ per-unit load time (loads overlap)
   std::uint64_t high_water = 0;
   std::uint64_t budget = 0;
@@ -137,8 +139,8 @@ struct Bench {
   void used(std::uint64_t i) const {
     if (!options.cold) return;
     std::vector<const io::TensorInfo*> tensors;
-    for (const char* leaf : {"post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-                             "mlp.down_proj.weight"})
+    for (const char* leaf :
+         {"post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"})
       tensors.push_back(&source.catalog().at(layer_key(i, leaf)));
     asio::post(evict_thread, [this, tensors] {
       for (const io::TensorInfo* t : tensors) evict.tensor(*t);
@@ -181,7 +183,8 @@ asio::awaitable<void> run_pipeline(Bench& b, Round& r, std::size_t passes) {
                                          .passes = passes,
                                          .concurrent_loads = b.options.concurrent};
   const StackConfig config = b.config;
-  Pipeline pipeline(b.source, b.units(), [config](std::size_t) { return MlpLayer(config); }, b.context, prefetch);
+  Pipeline pipeline(
+      b.source, b.units(), [config](std::size_t) { return MlpLayer(config); }, b.context, prefetch);
   const Clock::time_point start = Clock::now();
   while (auto unit = co_await pipeline.async_next(asio::use_awaitable)) {
     b.used(unit.index());
@@ -199,8 +202,9 @@ asio::awaitable<void> run_pipeline(Bench& b, Round& r, std::size_t passes) {
 }
 
 /// Opens the checkpoint, warms up, then runs the rounds.
-asio::awaitable<std::vector<Round>> run_all(asio::any_io_executor executor, Options options, cpu::Executor& compute_arena,
-                                            cpu::MaterializationContext& context, StackConfig* config_out) {
+asio::awaitable<std::vector<Round>> run_all(asio::any_io_executor executor, Options options,
+                                            cpu::Executor& compute_arena, cpu::MaterializationContext& context,
+                                            StackConfig* config_out) {
   io::SourceOptions source_options;
   // Every weight is read straight into its tensor (no staging); depth 8 / 8 MiB requests
   // keep both cores copying as `eredu load` does.
@@ -231,22 +235,36 @@ Options parse(int argc, char** argv) {
       if (i + 1 >= argc) throw std::invalid_argument(fmt::format("{} needs a value", arg));
       return std::stoull(argv[++i]);
     };
-    if (arg == "--generate") o.generate = true;
-    else if (arg == "--cold") o.cold = true;
-    else if (arg == "--json") o.json = true;
-    else if (arg == "--layers") o.layers = value();
-    else if (arg == "--hidden") o.hidden = value();
-    else if (arg == "--tokens") o.tokens = value();
-    else if (arg == "--lookahead") o.lookahead = value();
-    else if (arg == "--concurrent") o.concurrent = value();
-    else if (arg == "--passes") o.passes = value();
-    else if (arg == "--rounds") o.rounds = value();
-    else if (arg == "--threads") o.threads = static_cast<int>(value());
-    else if (arg.rfind("--", 0) == 0 || !o.path.empty()) throw std::invalid_argument("unexpected " + arg);
-    else o.path = arg;
+    if (arg == "--generate")
+      o.generate = true;
+    else if (arg == "--cold")
+      o.cold = true;
+    else if (arg == "--json")
+      o.json = true;
+    else if (arg == "--layers")
+      o.layers = value();
+    else if (arg == "--hidden")
+      o.hidden = value();
+    else if (arg == "--tokens")
+      o.tokens = value();
+    else if (arg == "--lookahead")
+      o.lookahead = value();
+    else if (arg == "--concurrent")
+      o.concurrent = value();
+    else if (arg == "--passes")
+      o.passes = value();
+    else if (arg == "--rounds")
+      o.rounds = value();
+    else if (arg == "--threads")
+      o.threads = static_cast<int>(value());
+    else if (arg.rfind("--", 0) == 0 || !o.path.empty())
+      throw std::invalid_argument("unexpected " + arg);
+    else
+      o.path = arg;
   }
   if (o.path.empty()) throw std::invalid_argument("PATH is required");
-  if (o.lookahead < 1 || o.concurrent < 1 || o.passes < 1 || o.tokens < 1 || o.threads < 1 || o.rounds < 1 || o.hidden < 8)
+  if (o.lookahead < 1 || o.concurrent < 1 || o.passes < 1 || o.tokens < 1 || o.threads < 1 || o.rounds < 1 ||
+      o.hidden < 8)
     throw std::invalid_argument("counts must be at least 1, --hidden at least 8");
   return o;
 }
@@ -295,10 +313,11 @@ int run(int argc, char** argv) {
   }
   const std::uint64_t units = config.layers * options.passes;
   {
-    fmt::print("{} blocks of {:.2f} MiB (hidden {}, intermediate {}), {} passes, {} tokens, look-ahead {}, "
-               "{} threads, {} reads\n",
-               config.layers, static_cast<double>(config.layer_bytes()) / (1 << 20), config.hidden, config.intermediate,
-               options.passes, options.tokens, options.lookahead, options.threads, options.cold ? "cold" : "page-cache");
+    fmt::print(
+        "{} blocks of {:.2f} MiB (hidden {}, intermediate {}), {} passes, {} tokens, look-ahead {}, "
+        "{} threads, {} reads\n",
+        config.layers, static_cast<double>(config.layer_bytes()) / (1 << 20), config.hidden, config.intermediate,
+        options.passes, options.tokens, options.lookahead, options.threads, options.cold ? "cold" : "page-cache");
     fmt::print("round  Σ I/O s  Σ compute s  serial s  pipeline s  stall s  pipeline/max(I/O,compute)\n");
     for (std::size_t i = 0; i < rounds.size(); ++i) {
       const Round& r = rounds[i];
@@ -306,26 +325,29 @@ int run(int argc, char** argv) {
                  r.serial_s, r.pipeline_s, r.stall_s, r.ratio());
     }
     const double m = median(ratios);
-    fmt::print("median ratio {:.3f} (target ≤ 1.10: {}); per layer: I/O {:.2f} ms, compute {:.2f} ms (serial medians)\n",
-               m, m <= 1.10 ? "met" : "NOT met", 1e3 * median(io) / static_cast<double>(units),
-               1e3 * median(comp) / static_cast<double>(units));
+    fmt::print(
+        "median ratio {:.3f} (target ≤ 1.10: {}); per layer: I/O {:.2f} ms, compute {:.2f} ms (serial medians)\n", m,
+        m <= 1.10 ? "met" : "NOT met", 1e3 * median(io) / static_cast<double>(units),
+        1e3 * median(comp) / static_cast<double>(units));
     fmt::print("resident high-water {} of a {} budget ({}); peak RSS {:.1f} MiB\n", high_water, budget,
                high_water <= budget ? "within" : "OVER", static_cast<double>(peak_rss) / (1 << 20));
   }
   if (options.json) {
     std::string list;
     for (const Round& r : rounds)
-      list += fmt::format("{}{{\"io_s\":{:.6f},\"compute_s\":{:.6f},\"serial_s\":{:.6f},\"pipeline_s\":{:.6f},"
-                          "\"pipeline_compute_s\":{:.6f},\"pipeline_io_s\":{:.6f},\"stall_s\":{:.6f},\"ratio\":{:.4f}}}",
-                          list.empty() ? "" : ",", r.io_s, r.compute_s, r.serial_s, r.pipeline_s, r.pipeline_compute_s,
-                          r.pipeline_io_s, r.stall_s, r.ratio());
-    fmt::print("{{\"layers\":{},\"layer_bytes\":{},\"hidden\":{},\"intermediate\":{},\"passes\":{},\"tokens\":{},"
-               "\"lookahead\":{},\"concurrent_loads\":{},\"threads\":{},\"cold\":{},\"rounds\":[{}],\"median_ratio\":{:.4f},"
-               "\"median_io_s\":{:.6f},\"median_compute_s\":{:.6f},\"median_pipeline_s\":{:.6f},"
-               "\"resident_high_water\":{},\"budget\":{},\"peak_rss_bytes\":{}}}\n",
-               config.layers, config.layer_bytes(), config.hidden, config.intermediate, options.passes, options.tokens,
-               options.lookahead, options.concurrent, options.threads, options.cold ? "true" : "false", list, median(ratios), median(io),
-               median(comp), median(pipe), high_water, budget, peak_rss);
+      list += fmt::format(
+          "{}{{\"io_s\":{:.6f},\"compute_s\":{:.6f},\"serial_s\":{:.6f},\"pipeline_s\":{:.6f},"
+          "\"pipeline_compute_s\":{:.6f},\"pipeline_io_s\":{:.6f},\"stall_s\":{:.6f},\"ratio\":{:.4f}}}",
+          list.empty() ? "" : ",", r.io_s, r.compute_s, r.serial_s, r.pipeline_s, r.pipeline_compute_s, r.pipeline_io_s,
+          r.stall_s, r.ratio());
+    fmt::print(
+        "{{\"layers\":{},\"layer_bytes\":{},\"hidden\":{},\"intermediate\":{},\"passes\":{},\"tokens\":{},"
+        "\"lookahead\":{},\"concurrent_loads\":{},\"threads\":{},\"cold\":{},\"rounds\":[{}],\"median_ratio\":{:.4f},"
+        "\"median_io_s\":{:.6f},\"median_compute_s\":{:.6f},\"median_pipeline_s\":{:.6f},"
+        "\"resident_high_water\":{},\"budget\":{},\"peak_rss_bytes\":{}}}\n",
+        config.layers, config.layer_bytes(), config.hidden, config.intermediate, options.passes, options.tokens,
+        options.lookahead, options.concurrent, options.threads, options.cold ? "true" : "false", list, median(ratios),
+        median(io), median(comp), median(pipe), high_water, budget, peak_rss);
   }
   return high_water <= budget ? 0 : 1;
 }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "eredu/core/error.hpp"
+#include "eredu/engine/engine_error.hpp"
 #include "eredu/engine/parameter_id.hpp"
 
 namespace eredu::engine {

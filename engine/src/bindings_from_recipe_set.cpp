@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "eredu/core/error.hpp"
+#include "eredu/engine/engine_error.hpp"
 #include "eredu/engine/weight_binding_plan.hpp"
 
 namespace eredu::engine {
@@ -36,8 +37,9 @@ std::vector<WeightBinding> bindings_from_recipe_set(const io::Catalog& catalog, 
     if (it == bytes.end()) {
       // Name the precise fault here: the owner's bytes are unknown, so no plan can be built.
       if (alias_names.contains(owner)) {
-        throw DeclarationError(errc::alias_chain, {.parameter = alias},
-                               fmt::format("alias of '{}', which is itself an alias; alias the output directly", owner));
+        throw DeclarationError(
+            errc::alias_chain, {.parameter = alias},
+            fmt::format("alias of '{}', which is itself an alias; alias the output directly", owner));
       }
       throw DeclarationError(errc::alias_unknown_owner, {.parameter = alias},
                              fmt::format("alias of '{}', which is not an output of the recipe set", owner));

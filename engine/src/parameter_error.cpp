@@ -3,6 +3,7 @@
 #include <string>
 
 #include "eredu/core/error.hpp"
+#include "eredu/engine/engine_error.hpp"
 #include "eredu/engine/parameterized.hpp"
 
 namespace eredu::engine {

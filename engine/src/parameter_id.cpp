@@ -3,13 +3,13 @@
 #include <fmt/format.h>
 
 #include "eredu/core/error.hpp"
+#include "eredu/engine/engine_error.hpp"
 
 namespace eredu::engine {
 namespace {
 
 bool is_segment_char(char c) noexcept {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-         c == '-';
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
 }
 
 // The name as it can be shown in a message: at most 80 characters, control and non-ASCII
@@ -51,10 +51,8 @@ std::string ParameterId::check(std::string_view name) {
     }
     if (!is_segment_char(c)) {
       const auto u = static_cast<unsigned char>(c);
-      const std::string shown =
-          u >= 0x20 && u < 0x7f ? fmt::format("'{}'", c) : fmt::format("byte 0x{:02x}", u);
-      return fmt::format("{} at byte {} is not allowed (segments are [A-Za-z0-9_-]+ joined by '.')",
-                         shown, i);
+      const std::string shown = u >= 0x20 && u < 0x7f ? fmt::format("'{}'", c) : fmt::format("byte 0x{:02x}", u);
+      return fmt::format("{} at byte {} is not allowed (segments are [A-Za-z0-9_-]+ joined by '.')", shown, i);
     }
   }
   return {};

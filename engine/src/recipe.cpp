@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>
 
 #include "eredu/core/error.hpp"
+#include "eredu/engine/engine_error.hpp"
 
 namespace eredu::engine {
 
@@ -40,7 +41,8 @@ std::optional<std::size_t> static_rank(const DerivedWeightRecipe& r) {
     case Kind::source:
       if (r.selection().is_all()) return std::nullopt;
       return r.selection().ranges.size();
-    case Kind::reshape: return r.shape().size();
+    case Kind::reshape:
+      return r.shape().size();
     case Kind::permute:
       if (!r.swaps_last_two()) return r.order().size();
       return static_rank(r.inputs()[0]);
@@ -50,7 +52,8 @@ std::optional<std::size_t> static_rank(const DerivedWeightRecipe& r) {
       }
       return std::nullopt;
     case Kind::slice:
-    case Kind::cast: return static_rank(r.inputs()[0]);
+    case Kind::cast:
+      return static_rank(r.inputs()[0]);
   }
   return std::nullopt;
 }
@@ -73,9 +76,12 @@ struct Inferred {
 
 std::string label(const DerivedWeightRecipe& r) {
   switch (r.kind()) {
-    case Kind::source: return fmt::format("source '{}'", r.key());
-    case Kind::permute: return r.swaps_last_two() ? "transpose" : "permute";
-    default: return recipe_kind_name(r.kind());
+    case Kind::source:
+      return fmt::format("source '{}'", r.key());
+    case Kind::permute:
+      return r.swaps_last_two() ? "transpose" : "permute";
+    default:
+      return recipe_kind_name(r.kind());
   }
 }
 
@@ -173,7 +179,8 @@ Inferred infer_concat(const DerivedWeightRecipe& r, const io::Catalog& catalog, 
   if (inputs.empty()) fail(errc::recipe_shape_mismatch, {}, {}, path, "concat of no inputs has no shape");
   std::vector<Inferred> in;
   in.reserve(inputs.size());
-  for (std::size_t i = 0; i < inputs.size(); ++i) in.push_back(infer_at(inputs[i], catalog, child_path(path, r, i, inputs[i])));
+  for (std::size_t i = 0; i < inputs.size(); ++i)
+    in.push_back(infer_at(inputs[i], catalog, child_path(path, r, i, inputs[i])));
   const Inferred& first = in.front();
   for (std::size_t i = 1; i < in.size(); ++i) {
     if (in[i].weight.dtype != first.weight.dtype) {
@@ -204,8 +211,8 @@ Inferred infer_concat(const DerivedWeightRecipe& r, const io::Catalog& catalog, 
     for (std::size_t d = 0; d < s.size(); ++d) {
       if (d != dim && s[d] != shape0[d]) {
         fail(errc::recipe_shape_mismatch, in[i], path,
-             fmt::format("input {} has shape {} but input 0 has {}: dim {} differs ({} vs {}), and only dim {} may",
-                         i, format_shape(s), format_shape(shape0), d, s[d], shape0[d], dim));
+             fmt::format("input {} has shape {} but input 0 has {}: dim {} differs ({} vs {}), and only dim {} may", i,
+                         format_shape(s), format_shape(shape0), d, s[d], shape0[d], dim));
       }
     }
     if (__builtin_add_overflow(out[dim], s[dim], &out[dim])) {
@@ -224,8 +231,7 @@ Inferred infer_permute(const DerivedWeightRecipe& r, Inferred in, const std::str
   const std::size_t rank = shape.size();
   if (r.swaps_last_two() && rank < 2) {
     fail(errc::recipe_rank_mismatch, in, path,
-         fmt::format("transpose needs rank 2 or more but the input has shape {} (rank {})", format_shape(shape),
-                     rank));
+         fmt::format("transpose needs rank 2 or more but the input has shape {} (rank {})", format_shape(shape), rank));
   }
   const std::vector<std::size_t> order = r.permutation(rank);
   if (order.size() != rank) {
@@ -281,19 +287,27 @@ Inferred infer_cast(const DerivedWeightRecipe& r, Inferred in, const std::string
 
 Inferred infer_at(const DerivedWeightRecipe& r, const io::Catalog& catalog, const std::string& path) {
   switch (r.kind()) {
-    case Kind::source: return infer_source(r, catalog, path);
-    case Kind::concat: return infer_concat(r, catalog, path);
-    default: break;
+    case Kind::source:
+      return infer_source(r, catalog, path);
+    case Kind::concat:
+      return infer_concat(r, catalog, path);
+    default:
+      break;
   }
   const DerivedWeightRecipe& input = r.inputs()[0];
   Inferred in = infer_at(input, catalog, child_path(path, r, 0, input));
   switch (r.kind()) {
-    case Kind::slice: return infer_slice(r, std::move(in), path);
-    case Kind::permute: return infer_permute(r, std::move(in), path);
-    case Kind::reshape: return infer_reshape(r, std::move(in), path);
-    case Kind::cast: return infer_cast(r, std::move(in), path);
+    case Kind::slice:
+      return infer_slice(r, std::move(in), path);
+    case Kind::permute:
+      return infer_permute(r, std::move(in), path);
+    case Kind::reshape:
+      return infer_reshape(r, std::move(in), path);
+    case Kind::cast:
+      return infer_cast(r, std::move(in), path);
     case Kind::source:
-    case Kind::concat: break;
+    case Kind::concat:
+      break;
   }
   throw std::logic_error("unreachable recipe kind");
 }
@@ -324,7 +338,9 @@ void append_string(const DerivedWeightRecipe& r, std::string& out) {
     case Kind::slice:
       fmt::format_to(std::back_inserter(out), "slice(dim={}, {}:{}", r.dim(), r.range().start, r.range().stop);
       break;
-    case Kind::concat: fmt::format_to(std::back_inserter(out), "concat(dim={}", r.dim()); break;
+    case Kind::concat:
+      fmt::format_to(std::back_inserter(out), "concat(dim={}", r.dim());
+      break;
     case Kind::permute:
       if (r.swaps_last_two()) {
         out += "transpose(";
@@ -334,8 +350,12 @@ void append_string(const DerivedWeightRecipe& r, std::string& out) {
       }
       fmt::format_to(std::back_inserter(out), "permute(order=[{}]", fmt::join(r.order(), ", "));
       break;
-    case Kind::reshape: fmt::format_to(std::back_inserter(out), "reshape({}", format_shape(r.shape())); break;
-    case Kind::cast: fmt::format_to(std::back_inserter(out), "cast({}", dtype_name(r.dtype())); break;
+    case Kind::reshape:
+      fmt::format_to(std::back_inserter(out), "reshape({}", format_shape(r.shape()));
+      break;
+    case Kind::cast:
+      fmt::format_to(std::back_inserter(out), "cast({}", dtype_name(r.dtype()));
+      break;
   }
   inputs_then_close();
 }
@@ -350,12 +370,18 @@ bool is_supported_cast(DType from, DType to) noexcept {
 
 const char* recipe_kind_name(DerivedWeightRecipe::Kind kind) noexcept {
   switch (kind) {
-    case Kind::source: return "source";
-    case Kind::slice: return "slice";
-    case Kind::concat: return "concat";
-    case Kind::permute: return "permute";
-    case Kind::reshape: return "reshape";
-    case Kind::cast: return "cast";
+    case Kind::source:
+      return "source";
+    case Kind::slice:
+      return "slice";
+    case Kind::concat:
+      return "concat";
+    case Kind::permute:
+      return "permute";
+    case Kind::reshape:
+      return "reshape";
+    case Kind::cast:
+      return "cast";
   }
   return "unknown";
 }

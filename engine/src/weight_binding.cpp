@@ -31,8 +31,8 @@ WeightBinding WeightBinding::alias(std::string name, std::string owner, std::uin
 
 const ParameterId& WeightBinding::owner_id() const {
   if (const auto* owner = std::get_if<ParameterId>(&source_)) return *owner;
-  throw std::logic_error(fmt::format("WeightBinding::owner() called on {} ('{}')",
-                                     variant_name(false, recipe() != nullptr), name()));
+  throw std::logic_error(
+      fmt::format("WeightBinding::owner() called on {} ('{}')", variant_name(false, recipe() != nullptr), name()));
 }
 
 const WeightBinding::TensorSource& WeightBinding::expect_tensor(const char* accessor) const {
@@ -48,9 +48,8 @@ const Selection& WeightBinding::selection() const { return expect_tensor("select
 DerivedWeightRecipe WeightBinding::source_recipe() const {
   if (const auto* t = std::get_if<TensorSource>(&source_)) return DerivedWeightRecipe::source(t->key, t->selection);
   if (const auto* r = recipe()) return *r;
-  throw std::logic_error(
-      fmt::format("WeightBinding::source_recipe() called on alias '{}' of '{}': an alias has no source", name(),
-                  owner()));
+  throw std::logic_error(fmt::format(
+      "WeightBinding::source_recipe() called on alias '{}' of '{}': an alias has no source", name(), owner()));
 }
 
 }  // namespace eredu::engine

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "eredu/core/error.hpp"
+#include "eredu/engine/engine_error.hpp"
 
 namespace eredu::engine {
 
@@ -78,13 +79,13 @@ std::vector<InferredWeight> WeightBindingPlan::check(const io::Catalog& catalog)
     }
     if (inferred.bytes != b.expected_bytes()) {
       const auto* t = b.recipe() ? nullptr : catalog.find(b.checkpoint_key());
-      throw OrchestrationError(
-          errc::byte_mismatch,
-          {.file = t ? catalog.file_of(*t).path : std::string{}, .parameter = b.name(),
-           .tensor = b.recipe() ? std::string{} : b.checkpoint_key()},
-          fmt::format("declares {} bytes but its recipe produces {} ({} {}, from {})", b.expected_bytes(),
-                      inferred.bytes, dtype_name(inferred.dtype), format_shape(inferred.shape),
-                      b.source_recipe().to_string()));
+      throw OrchestrationError(errc::byte_mismatch,
+                               {.file = t ? catalog.file_of(*t).path : std::string{},
+                                .parameter = b.name(),
+                                .tensor = b.recipe() ? std::string{} : b.checkpoint_key()},
+                               fmt::format("declares {} bytes but its recipe produces {} ({} {}, from {})",
+                                           b.expected_bytes(), inferred.bytes, dtype_name(inferred.dtype),
+                                           format_shape(inferred.shape), b.source_recipe().to_string()));
     }
     out.push_back(std::move(inferred));
   }

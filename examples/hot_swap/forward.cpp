@@ -48,8 +48,8 @@ Weights Weights::of(const Model& model) {
   w.hidden = model.norm.shape.at(0);
   w.embed = model.embed.value.as<std::uint16_t>();
   for (const Block& b : model.layers)
-    w.layers.push_back({floats(b.attn_norm), floats(b.qkv), floats(b.o), floats(b.mlp_norm), floats(b.gate_up),
-                        floats(b.down)});
+    w.layers.push_back(
+        {floats(b.attn_norm), floats(b.qkv), floats(b.o), floats(b.mlp_norm), floats(b.gate_up), floats(b.down)});
   w.norm = floats(model.norm);
   return w;
 }
@@ -104,10 +104,11 @@ ReferenceWeights::ReferenceWeights(const io::Catalog& catalog, const ModelConfig
   std::memcpy(embed_.data(), embed.data(), embed.size());
   for (std::uint64_t l = 0; l < config.layers; ++l) {
     auto t = [&](const char* leaf) { return read_f32(catalog, fmt::format("model.layers.{}.{}", l, leaf)); };
-    layers_.push_back({t("input_layernorm.weight"),
-                       rows_of({t("self_attn.q_proj.weight"), t("self_attn.k_proj.weight"), t("self_attn.v_proj.weight")}),
-                       t("self_attn.o_proj.weight"), t("post_attention_layernorm.weight"),
-                       rows_of({t("mlp.gate_proj.weight"), t("mlp.up_proj.weight")}), t("mlp.down_proj.weight")});
+    layers_.push_back(
+        {t("input_layernorm.weight"),
+         rows_of({t("self_attn.q_proj.weight"), t("self_attn.k_proj.weight"), t("self_attn.v_proj.weight")}),
+         t("self_attn.o_proj.weight"), t("post_attention_layernorm.weight"),
+         rows_of({t("mlp.gate_proj.weight"), t("mlp.up_proj.weight")}), t("mlp.down_proj.weight")});
   }
   norm_ = read_f32(catalog, "model.norm.weight");
 }

@@ -11,15 +11,14 @@
 // weights, computed by the swap's canary) and its output, and both are compared with values
 // computed from the checkpoint files alone, before serving starts. See README.md.
 
-
 #include <tbb/global_control.h>
 
+#include <algorithm>
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
-#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -36,8 +35,8 @@
 
 #include <fmt/format.h>
 
-#include "../load_unit/model.hpp"
 #include "../common/temp_dir.hpp"
+#include "../load_unit/model.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/cpu/backend.hpp"
 #include "eredu/cpu/float_formats.hpp"
@@ -56,7 +55,6 @@ namespace {
 using Slot = engine::ModelSlot<cpu::Backend, Model>;
 using Clock = std::chrono::steady_clock;
 
-
 /// Writes the SHA-256 sidecar of the checkpoint file `path` (what a publisher ships with it).
 void write_sidecar(const std::filesystem::path& path, const io::Catalog& catalog) {
   io::Checksums sums;
@@ -72,8 +70,12 @@ struct Files {
 Files generate(const std::filesystem::path& dir) {
   Files f{dir / "a.safetensors", dir / "b.safetensors", dir / "b-corrupt.safetensors"};
   for (auto [path, seed] : {std::pair{f.a, 7}, std::pair{f.b, 8}}) {
-    const synth::SyntheticOptions options{.target_bytes = 3 << 20, .dtype = DType::BF16, .shards = 1,
-                                          .seed = static_cast<std::uint64_t>(seed), .layers = 2, .tie_embeddings = true};
+    const synth::SyntheticOptions options{.target_bytes = 3 << 20,
+                                          .dtype = DType::BF16,
+                                          .shards = 1,
+                                          .seed = static_cast<std::uint64_t>(seed),
+                                          .layers = 2,
+                                          .tie_embeddings = true};
     synth::write_synthetic(path, options);
     write_sidecar(path, io::open_catalog(path));
   }
@@ -96,7 +98,7 @@ struct Response {
   std::uint32_t epoch_end = 0;
   std::uint32_t token = 0;
   std::uint64_t generation = 0;
-  std::string tag;          // the version's weight tag
+  std::string tag;           // the version's weight tag
   std::uint64_t output = 0;  // hash of the output vector
   double latency_us = 0;
 };
@@ -267,7 +269,8 @@ int run(int argc, char** argv) {
 
   // Serving and swapping get their own arenas; the loop thread joins neither, so TBB needs
   // a worker for every slot of both.
-  const auto serve_threads = static_cast<int>(opt["serve-threads"]), swap_threads = static_cast<int>(opt["swap-threads"]);
+  const auto serve_threads = static_cast<int>(opt["serve-threads"]),
+             swap_threads = static_cast<int>(opt["swap-threads"]);
   tbb::global_control workers(tbb::global_control::max_allowed_parallelism,
                               static_cast<std::size_t>(serve_threads + swap_threads) + 1);
   std::optional<cpu::Executor> serving;
@@ -346,8 +349,10 @@ int run(int argc, char** argv) {
       ++after_failure;
       if (!ok || resp.generation != last_good) ++changed;
     }
-    if (phase % 2 == 0) steady.push_back(resp.latency_us);
-    else if (phase != failed_epoch) during.push_back(resp.latency_us);
+    if (phase % 2 == 0)
+      steady.push_back(resp.latency_us);
+    else if (phase != failed_epoch)
+      during.push_back(resp.latency_us);
   }
 
   fmt::print("{} clients, forward pass {}; swaps on a {}-thread arena, 16 MiB staging\n", opt["concurrency"],
@@ -357,9 +362,9 @@ int run(int argc, char** argv) {
              "generations", "mismatches");
   for (std::size_t i = 0; i < latency.size(); ++i) {
     const std::size_t k = (i + 1) / 2;
-    const std::string name = i == 0 ? "before"
+    const std::string name = i == 0       ? "before"
                              : k == swaps ? (i % 2 ? "corrupt swap" : "after it")
-                             : fmt::format("{} {}", i % 2 ? "swap" : "after", k);
+                                          : fmt::format("{} {}", i % 2 ? "swap" : "after", k);
     std::string gens;
     for (std::uint64_t g : generations[i]) gens += fmt::format("{}{}", gens.empty() ? "" : ",", g);
     const auto& l = latency[i];
@@ -370,25 +375,29 @@ int run(int argc, char** argv) {
   for (std::size_t i = 0; i < results.size(); ++i) {
     const SwapResult& res = results[i];
     if (res.report) {
-      fmt::print("swap {} to {}: generation {}, load {:.1f} ms, verify {:.1f} ms, canary {:.1f} ms, publish pause {} ns\n",
-                 i + 1, std::filesystem::path(res.target).filename().string(), res.report->generation,
-                 1e3 * res.report->load_s, 1e3 * res.report->verify_s, 1e3 * res.report->canary_s,
-                 res.report->publish_pause.count());
+      fmt::print(
+          "swap {} to {}: generation {}, load {:.1f} ms, verify {:.1f} ms, canary {:.1f} ms, publish pause {} ns\n",
+          i + 1, std::filesystem::path(res.target).filename().string(), res.report->generation,
+          1e3 * res.report->load_s, 1e3 * res.report->verify_s, 1e3 * res.report->canary_s,
+          res.report->publish_pause.count());
     } else {
-      fmt::print("swap {} to {} rejected: {}\n", i + 1, std::filesystem::path(res.target).filename().string(), res.error);
+      fmt::print("swap {} to {} rejected: {}\n", i + 1, std::filesystem::path(res.target).filename().string(),
+                 res.error);
     }
     ok &= (i + 1 == results.size()) != res.report.has_value();  // every swap but the corrupt one succeeds
   }
   const double p99_steady = percentile(steady, 0.99), p99_during = percentile(during, 0.99);
   fmt::print("request p99: steady {:.1f} µs, during swaps {:.1f} µs ({:.2f}×)\n", p99_steady, p99_during,
              p99_steady > 0 ? p99_during / p99_steady : 0.0);
-  fmt::print("{} responses, {} not from exactly one version; {} answered during or after the failed swap, {} changed; "
-             "generation {} serving\n",
-             s.responses.size(), wrong, after_failure, changed, slot.generation());
+  fmt::print(
+      "{} responses, {} not from exactly one version; {} answered during or after the failed swap, {} changed; "
+      "generation {} serving\n",
+      s.responses.size(), wrong, after_failure, changed, slot.generation());
   const cpu::StoragePoolStats pool = storage.stats();
-  fmt::print("tensor storage: {:.1f} MiB live (one version), {:.1f} MiB retained for the next swap, {} recycled blocks\n",
-             static_cast<double>(pool.live_bytes) / (1 << 20), static_cast<double>(pool.retained_bytes) / (1 << 20),
-             pool.recycled_allocations);
+  fmt::print(
+      "tensor storage: {:.1f} MiB live (one version), {:.1f} MiB retained for the next swap, {} recycled blocks\n",
+      static_cast<double>(pool.live_bytes) / (1 << 20), static_cast<double>(pool.retained_bytes) / (1 << 20),
+      pool.recycled_allocations);
   ok &= slot.generation() == last_good;
   fmt::print("{}\n", ok ? "ok" : "FAILED");
   return ok ? 0 : 1;

@@ -6,14 +6,13 @@
 // Without an argument it generates a small sharded BF16 checkpoint in a temporary directory.
 // See README.md next to this file.
 
-
 #include <tbb/global_control.h>
 
+#include <algorithm>
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/use_future.hpp>
-#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -45,16 +44,16 @@ namespace {
 
 double mib(std::uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 
-
 /// Writes a 3-shard BF16 checkpoint with tied embeddings (no lm_head.weight) into `dir`.
 void generate_checkpoint(const std::filesystem::path& dir) {
   const synth::SyntheticOptions options{
       .target_bytes = 6 << 20, .dtype = DType::BF16, .shards = 3, .seed = 7, .layers = 3, .tie_embeddings = true};
   const synth::SyntheticModel plan = synth::plan_model(options);
   synth::write_synthetic(dir, options);
-  fmt::print("generated {}: 3 shards, BF16, {} layers, hidden {}, intermediate {}, vocab {}, tied embeddings, "
-             "{:.1f} MiB\n",
-             dir.string(), plan.layers, plan.hidden, plan.intermediate, plan.vocab, mib(plan.total_bytes));
+  fmt::print(
+      "generated {}: 3 shards, BF16, {} layers, hidden {}, intermediate {}, vocab {}, tied embeddings, "
+      "{:.1f} MiB\n",
+      dir.string(), plan.layers, plan.hidden, plan.intermediate, plan.vocab, mib(plan.total_bytes));
 }
 
 /// What the loading coroutine hands back to main.
@@ -128,10 +127,17 @@ std::vector<float> read_f32(const io::Catalog& catalog, const std::string& key) 
   std::vector<float> out(t.nbytes * 8 / dtype_bits(t.dtype));
   for (std::size_t i = 0; i < out.size(); ++i) {
     switch (t.dtype) {
-      case DType::BF16: out[i] = cpu::bf16_to_f32(u16(i)); break;
-      case DType::F16: out[i] = cpu::f16_to_f32(u16(i)); break;
-      case DType::F32: std::memcpy(&out[i], raw.data() + 4 * i, 4); break;
-      default: throw std::runtime_error(fmt::format("'{}' is {}: the check reads BF16, F16 or F32", key, dtype_name(t.dtype)));
+      case DType::BF16:
+        out[i] = cpu::bf16_to_f32(u16(i));
+        break;
+      case DType::F16:
+        out[i] = cpu::f16_to_f32(u16(i));
+        break;
+      case DType::F32:
+        std::memcpy(&out[i], raw.data() + 4 * i, 4);
+        break;
+      default:
+        throw std::runtime_error(fmt::format("'{}' is {}: the check reads BF16, F16 or F32", key, dtype_name(t.dtype)));
     }
   }
   return out;
@@ -218,7 +224,8 @@ int run(int argc, char** argv) {
   const Model& model = loaded.model;
   const bool shared = model.lm_head.value.shares_storage_with(model.embed.value);
   bool ok = shared == loaded.config.tied;
-  fmt::print("lm_head.weight {} embed.weight's storage{}\n", shared ? "shares" : "does not share", ok ? "" : "  MISMATCH");
+  fmt::print("lm_head.weight {} embed.weight's storage{}\n", shared ? "shares" : "does not share",
+             ok ? "" : "  MISMATCH");
 
   fmt::print("forward check (rmsnorm, fused qkv, SwiGLU MLP):\n");
   ok &= check_block(fmt::format("block {} alone", loaded.layer).c_str(), loaded.block, catalog, loaded.layer);

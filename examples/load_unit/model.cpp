@@ -25,8 +25,9 @@ void add_block_recipes(engine::AtomicRecipeSet& set, const std::string& prefix, 
   auto add = [&](std::string_view slot, const R& recipe) { set.add_output(engine::join_name(prefix, slot), recipe); };
 
   add("attn.norm.weight", f32(src("input_layernorm.weight")));
-  add("attn.qkv.weight", f32(R::concat({src("self_attn.q_proj.weight"), src("self_attn.k_proj.weight"),
-                                        src("self_attn.v_proj.weight")}, 0)));
+  add("attn.qkv.weight",
+      f32(R::concat({src("self_attn.q_proj.weight"), src("self_attn.k_proj.weight"), src("self_attn.v_proj.weight")},
+                    0)));
   add("attn.o.weight", f32(src("self_attn.o_proj.weight")));
   add("mlp.norm.weight", f32(src("post_attention_layernorm.weight")));
   add("mlp.gate_up.weight", f32(R::concat({src("mlp.gate_proj.weight"), src("mlp.up_proj.weight")}, 0)));

@@ -50,9 +50,13 @@ inline void visit_slot(VisitorMut& v, const std::string& id, cpu::Parameter& p) 
   v.visit_mut({engine::ParameterId(id), p.dtype, p.shape}, p);
 }
 template <class M>
-void visit_child(Visitor& v, const std::string& prefix, const M& m) { m.visit_parameters(v, prefix); }
+void visit_child(Visitor& v, const std::string& prefix, const M& m) {
+  m.visit_parameters(v, prefix);
+}
 template <class M>
-void visit_child(VisitorMut& v, const std::string& prefix, M& m) { m.visit_parameters_mut(v, prefix); }
+void visit_child(VisitorMut& v, const std::string& prefix, M& m) {
+  m.visit_parameters_mut(v, prefix);
+}
 }  // namespace detail
 
 /// What a block computes for one token vector, for the forward check.

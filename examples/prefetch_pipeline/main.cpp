@@ -8,14 +8,13 @@
 // Without CHECKPOINT it writes an MLP-only BF16 checkpoint of --layers blocks of width
 // --hidden into a temporary directory. See README.md next to this file.
 
-
 #include <tbb/global_control.h>
 
+#include <algorithm>
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/use_future.hpp>
-#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -48,7 +47,6 @@ using Pipeline = engine::PrefetchPipeline<cpu::Backend, MlpLayer>;
 
 double mib(std::uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
 
 /// The command line.
 struct Options {
@@ -102,8 +100,8 @@ asio::awaitable<StreamedRun> run_streamed(io::CheckpointSource& source, StackCon
   const engine::PrefetchOptions prefetch{.lookahead = options.lookahead,
                                          .resident_budget = (options.lookahead + 1) * config.layer_bytes(),
                                          .passes = options.passes};
-  Pipeline pipeline(source, std::move(units), [config](std::size_t) { return MlpLayer(config); }, rt.context,
-                    prefetch);
+  Pipeline pipeline(
+      source, std::move(units), [config](std::size_t) { return MlpLayer(config); }, rt.context, prefetch);
 
   StreamedRun run;
   run.out = Activations::initial(options.tokens, config.hidden);
@@ -170,14 +168,22 @@ Options parse(int argc, char** argv) {
       if (i + 1 >= argc) throw std::invalid_argument(fmt::format("{} needs a value", arg));
       return std::stoull(argv[++i]);
     };
-    if (arg == "--layers") o.layers = value();
-    else if (arg == "--hidden") o.hidden = value();
-    else if (arg == "--lookahead") o.lookahead = value();
-    else if (arg == "--passes") o.passes = value();
-    else if (arg == "--tokens") o.tokens = value();
-    else if (arg == "--threads") o.threads = static_cast<int>(value());
-    else if (arg.rfind("--", 0) == 0 || !o.checkpoint.empty()) throw std::invalid_argument("unexpected " + arg);
-    else o.checkpoint = arg;
+    if (arg == "--layers")
+      o.layers = value();
+    else if (arg == "--hidden")
+      o.hidden = value();
+    else if (arg == "--lookahead")
+      o.lookahead = value();
+    else if (arg == "--passes")
+      o.passes = value();
+    else if (arg == "--tokens")
+      o.tokens = value();
+    else if (arg == "--threads")
+      o.threads = static_cast<int>(value());
+    else if (arg.rfind("--", 0) == 0 || !o.checkpoint.empty())
+      throw std::invalid_argument("unexpected " + arg);
+    else
+      o.checkpoint = arg;
   }
   if (o.lookahead < 1 || o.passes < 1 || o.tokens < 1 || o.threads < 1 || o.hidden < 8)
     throw std::invalid_argument("--lookahead, --passes, --tokens, --threads must be at least 1, --hidden at least 8");
@@ -204,21 +210,23 @@ bool report(const Runs& runs, const Options& options) {
   fmt::print("per layer, mean of {} passes (I/O: read and bind, from the unit's start to ready):\n", options.passes);
   fmt::print("  layer    MiB   I/O ms  compute ms  stall ms\n");
   for (std::size_t i = 0; i < n; ++i)
-    fmt::print("  {:>5} {:>6.2f} {:>8.2f} {:>11.2f} {:>9.2f}\n", i, mib(runs.config.layer_bytes()),
-               1e3 * load[i] / p, 1e3 * comp[i] / p, 1e3 * stall[i] / p);
+    fmt::print("  {:>5} {:>6.2f} {:>8.2f} {:>11.2f} {:>9.2f}\n", i, mib(runs.config.layer_bytes()), 1e3 * load[i] / p,
+               1e3 * comp[i] / p, 1e3 * stall[i] / p);
   fmt::print("streamed: {} units in {:.3f} s; Σ I/O {:.3f} s, Σ compute {:.3f} s, Σ stall {:.3f} s\n",
              s.stats.delivered, s.wall_s, sum_load, sum_compute, sum_stall);
-  fmt::print("  overlap: {:.0f}% of the I/O time hidden behind compute (1 − Σ stall / Σ I/O); wall is {:.2f}× "
-             "Σ I/O + Σ compute, {:.2f}× max(Σ I/O, Σ compute)\n",
-             100 * (1 - sum_stall / sum_load), s.wall_s / (sum_load + sum_compute),
-             s.wall_s / std::max(sum_load, sum_compute));
+  fmt::print(
+      "  overlap: {:.0f}% of the I/O time hidden behind compute (1 − Σ stall / Σ I/O); wall is {:.2f}× "
+      "Σ I/O + Σ compute, {:.2f}× max(Σ I/O, Σ compute)\n",
+      100 * (1 - sum_stall / sum_load), s.wall_s / (sum_load + sum_compute),
+      s.wall_s / std::max(sum_load, sum_compute));
   const std::uint64_t model = n * runs.config.layer_bytes();
   const bool within = s.stats.resident_high_water <= s.stats.budget;
-  fmt::print("  memory: resident high-water {:.2f} MiB of a {:.2f} MiB budget ({} layers; the model is {:.2f} MiB, "
-             "{:.1f}× the budget){}; storage pool live high-water {:.2f} MiB\n",
-             mib(s.stats.resident_high_water), mib(s.stats.budget), options.lookahead + 1, mib(model),
-             static_cast<double>(model) / static_cast<double>(s.stats.budget), within ? "" : "  OVER BUDGET",
-             mib(s.live_high_water));
+  fmt::print(
+      "  memory: resident high-water {:.2f} MiB of a {:.2f} MiB budget ({} layers; the model is {:.2f} MiB, "
+      "{:.1f}× the budget){}; storage pool live high-water {:.2f} MiB\n",
+      mib(s.stats.resident_high_water), mib(s.stats.budget), options.lookahead + 1, mib(model),
+      static_cast<double>(model) / static_cast<double>(s.stats.budget), within ? "" : "  OVER BUDGET",
+      mib(s.live_high_water));
   fmt::print("resident: loaded {:.2f} MiB in {:.3f} s, then computed {} passes in {:.3f} s\n",
              mib(runs.resident.live_bytes), runs.resident.load_s, options.passes, runs.resident.compute_s);
   return within;
@@ -274,8 +282,10 @@ int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const std::invalid_argument& e) {
-    fmt::print(stderr, "prefetch_pipeline: {}\nusage: {} [CHECKPOINT] [--layers 12] [--hidden 768] [--lookahead 2] "
-               "[--passes 3] [--tokens 4] [--threads N]\n", e.what(), argv[0]);
+    fmt::print(stderr,
+               "prefetch_pipeline: {}\nusage: {} [CHECKPOINT] [--layers 12] [--hidden 768] [--lookahead 2] "
+               "[--passes 3] [--tokens 4] [--threads N]\n",
+               e.what(), argv[0]);
     return 2;
   } catch (const std::exception& e) {  // an eredu::Error names the file, tensor and parameter
     fmt::print(stderr, "prefetch_pipeline: {}\n", e.what());

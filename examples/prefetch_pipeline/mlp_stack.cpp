@@ -73,7 +73,8 @@ void apply(const MlpLayer& layer, Activations& a) {
   });
   tbb::parallel_for(tbb::blocked_range<std::size_t>(0, h), [&](const tbb::blocked_range<std::size_t>& r) {
     for (std::size_t row = r.begin(); row != r.end(); ++row)
-      for (std::size_t t = 0; t < tokens; ++t) a.x[t * h + row] += dot(down + row * inter, act.data() + t * inter, inter);
+      for (std::size_t t = 0; t < tokens; ++t)
+        a.x[t * h + row] += dot(down + row * inter, act.data() + t * inter, inter);
   });
 }
 
@@ -134,10 +135,9 @@ engine::PipelineUnit layer_unit(const io::Catalog& catalog, std::uint64_t layer)
     const std::uint64_t bytes = catalog.at(key).nbytes;
     return engine::WeightBinding::tensor(slot, std::move(key), Selection::all(), bytes);
   };
-  std::vector<engine::WeightBinding> bindings{bind("norm.weight", "post_attention_layernorm.weight"),
-                                              bind("gate.weight", "mlp.gate_proj.weight"),
-                                              bind("up.weight", "mlp.up_proj.weight"),
-                                              bind("down.weight", "mlp.down_proj.weight")};
+  std::vector<engine::WeightBinding> bindings{
+      bind("norm.weight", "post_attention_layernorm.weight"), bind("gate.weight", "mlp.gate_proj.weight"),
+      bind("up.weight", "mlp.up_proj.weight"), bind("down.weight", "mlp.down_proj.weight")};
   return {fmt::format("layers.{}", layer), engine::WeightBindingPlan(std::move(bindings))};
 }
 

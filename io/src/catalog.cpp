@@ -17,8 +17,7 @@ void Catalog::add_tensor(TensorInfo tensor) {
     const auto& first = tensors_[it->second];
     throw Error(errc::duplicate_tensor,
                 {.file = files_.at(tensor.file).path, .tensor = tensor.name, .offset = tensor.offset},
-                fmt::format("tensor name already used in {} at offset {}",
-                            files_.at(first.file).path, first.offset));
+                fmt::format("tensor name already used in {} at offset {}", files_.at(first.file).path, first.offset));
   }
   total_bytes_ += tensor.nbytes;
   tensors_.push_back(std::move(tensor));

@@ -39,8 +39,7 @@ std::error_code sys_error(int e) { return {e, std::system_category()}; }
 std::uint64_t align_down(std::uint64_t v, std::uint64_t a) { return v / a * a; }
 std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 
-[[noreturn]] void throw_failure(const ReadFailure& f, const TensorInfo& tensor,
-                                std::span<const OpenFile> files) {
+[[noreturn]] void throw_failure(const ReadFailure& f, const TensorInfo& tensor, std::span<const OpenFile> files) {
   errc kind = f.code.category() == error_category() ? static_cast<errc>(f.code.value()) : errc::io_error;
   throw Error(kind,
               {.file = f.file < files.size() ? files[f.file].path : std::string{},
@@ -107,8 +106,8 @@ std::unique_ptr<CheckpointSource> CheckpointSource::open(asio::any_io_executor e
   auto kind = options.reader.kind;
   if (kind != ReaderKind::pread) {
     try {
-      source->reader_ = std::make_unique<UringReader>(executor, source->files_, source->pool_->memory(),
-                                                      options.reader);
+      source->reader_ =
+          std::make_unique<UringReader>(executor, source->files_, source->pool_->memory(), options.reader);
     } catch (const Error& e) {
       if (kind == ReaderKind::uring || e.kind() != errc::uring_unavailable) throw;
       log::info("io_uring unavailable ({}): using the pread reader", e.what());
@@ -182,8 +181,8 @@ asio::awaitable<Lease> CheckpointSource::read_chunk(const Plan& plan, std::uint6
     for (auto it = first; it != plan.runs.end() && it->dest_offset < end; ++it) {
       const std::uint64_t b = std::max(offset, it->dest_offset);
       const std::uint64_t e = std::min(end, it->dest_offset + it->length);
-      segments.push_back({t.file, t.offset + it->source_offset + (b - it->dest_offset),
-                          buffer.data() + (b - offset), e - b, e - b});
+      segments.push_back(
+          {t.file, t.offset + it->source_offset + (b - it->dest_offset), buffer.data() + (b - offset), e - b, e - b});
     }
   }
   auto failure = co_await reader_->async_read(std::move(segments), executor_, asio::use_awaitable);
@@ -251,8 +250,8 @@ ChunkStream CheckpointSource::stream(TensorReadRequest request) {
   state->plan = make_plan(request);
   // Leave room for the direct-read window around each chunk.
   const std::uint64_t slack = 2 * LeasePool::alignment;
-  std::uint64_t chunk = std::min<std::uint64_t>(options_.chunk_bytes, pool_->budget() > slack ? pool_->budget() - slack
-                                                                                             : pool_->budget());
+  std::uint64_t chunk = std::min<std::uint64_t>(options_.chunk_bytes,
+                                                pool_->budget() > slack ? pool_->budget() - slack : pool_->budget());
   state->chunk = std::max<std::uint64_t>(LeasePool::alignment, chunk / LeasePool::alignment * LeasePool::alignment);
   return ChunkStream(this, std::move(state));
 }

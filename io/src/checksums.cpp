@@ -1,10 +1,10 @@
 #include "eredu/io/checksums.hpp"
 
+#include <algorithm>
 #include <asio/post.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/thread_pool.hpp>
 #include <asio/use_awaitable.hpp>
-#include <algorithm>
 #include <cctype>
 #include <fstream>
 #include <iterator>
@@ -28,7 +28,8 @@ constexpr std::string_view metadata_prefix = "sha256:";
 constexpr std::uintmax_t max_sidecar_bytes = 64u << 20;
 
 bool is_digest(std::string_view d) noexcept {
-  return d.size() == 64 && std::all_of(d.begin(), d.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)); });
+  return d.size() == 64 &&
+         std::all_of(d.begin(), d.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)); });
 }
 
 std::string lowered(std::string s) {
@@ -60,8 +61,7 @@ Checksums Checksums::from_sidecar(const std::filesystem::path& path) {
                 fmt::format("the checksum sidecar is {} bytes, more than the {}-byte limit", size, max_sidecar_bytes));
   std::ifstream in(path, std::ios::binary);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (!in && !in.eof())
-    throw Error(errc::io_error, {.file = path.string()}, "reading the checksum sidecar failed");
+  if (!in && !in.eof()) throw Error(errc::io_error, {.file = path.string()}, "reading the checksum sidecar failed");
   if (auto bad = json::find_invalid_utf8(text))
     throw Error(errc::invalid_metadata, {.file = path.string(), .offset = *bad}, "the checksum sidecar is not UTF-8");
   Checksums out;
@@ -91,7 +91,8 @@ Checksums Checksums::from_sidecar(const std::filesystem::path& path) {
 std::filesystem::path Checksums::sidecar_path(const std::filesystem::path& checkpoint) {
   std::error_code ec;
   if (std::filesystem::is_directory(checkpoint, ec)) return checkpoint / "checksums.sha256.json";
-  if (checkpoint.filename() == "model.safetensors.index.json") return checkpoint.parent_path() / "checksums.sha256.json";
+  if (checkpoint.filename() == "model.safetensors.index.json")
+    return checkpoint.parent_path() / "checksums.sha256.json";
   std::filesystem::path p = checkpoint;
   p += ".sha256.json";
   return p;
@@ -105,8 +106,9 @@ Checksums Checksums::discover(const std::filesystem::path& checkpoint, const Cat
   for (const auto& [tensor, digest] : from_sidecar(sidecar).digests_) {
     auto [it, added] = out.digests_.emplace(tensor, digest);
     if (!added && it->second != digest)
-      throw Error(errc::invalid_metadata, {.file = sidecar.string(), .tensor = tensor},
-                  fmt::format("the sidecar's digest {} disagrees with the checkpoint metadata's {}", digest, it->second));
+      throw Error(
+          errc::invalid_metadata, {.file = sidecar.string(), .tensor = tensor},
+          fmt::format("the sidecar's digest {} disagrees with the checkpoint metadata's {}", digest, it->second));
   }
   return out;
 }
@@ -158,8 +160,7 @@ asio::awaitable<std::uint64_t> verify_checksums(CheckpointSource& source, Checks
   for (const auto& [tensor, expected] : checksums.digests()) {
     const TensorInfo* info = source.catalog().find(tensor);
     if (info == nullptr)
-      throw Error(errc::tensor_not_found, {.tensor = tensor},
-                  "a checksum names a tensor the checkpoint does not have");
+      throw Error(errc::tensor_not_found, {.tensor = tensor}, "a checksum names a tensor the checkpoint does not have");
     Sha256 hash;
     ChunkStream chunks = source.stream(TensorReadRequest{tensor, Selection::all()});
     // Each chunk is hashed on the hasher and released before the next one is read: holding
@@ -181,10 +182,10 @@ asio::awaitable<std::uint64_t> verify_checksums(CheckpointSource& source, Checks
     }
     const std::string actual = hash.hex_digest();
     if (actual != expected)
-      throw Error(errc::checksum_mismatch,
-                  {.file = source.catalog().file_of(*info).path, .tensor = tensor, .offset = info->offset},
-                  fmt::format("the tensor's {} bytes hash to SHA-256 {}, but {} was recorded", info->nbytes, actual,
-                              expected));
+      throw Error(
+          errc::checksum_mismatch,
+          {.file = source.catalog().file_of(*info).path, .tensor = tensor, .offset = info->offset},
+          fmt::format("the tensor's {} bytes hash to SHA-256 {}, but {} was recorded", info->nbytes, actual, expected));
   }
   co_return verified;
 }

@@ -55,12 +55,18 @@ std::optional<std::size_t> find_invalid_utf8(std::string_view bytes) noexcept {
 
 std::string_view kind_name(Kind k) noexcept {
   switch (k) {
-    case Kind::null: return "null";
-    case Kind::boolean: return "boolean";
-    case Kind::number: return "number";
-    case Kind::string: return "string";
-    case Kind::array: return "array";
-    case Kind::object: return "object";
+    case Kind::null:
+      return "null";
+    case Kind::boolean:
+      return "boolean";
+    case Kind::number:
+      return "number";
+    case Kind::string:
+      return "string";
+    case Kind::array:
+      return "array";
+    case Kind::object:
+      return "object";
   }
   return "?";
 }
@@ -123,9 +129,7 @@ class Parser {
  private:
   [[noreturn]] void fail(std::size_t at, const std::string& why) const { throw SyntaxError(at, why); }
 
-  [[noreturn]] void fail_eof(const char* parsing) const {
-    fail(pos_, fmt::format("EOF while parsing {}", parsing));
-  }
+  [[noreturn]] void fail_eof(const char* parsing) const { fail(pos_, fmt::format("EOF while parsing {}", parsing)); }
 
   void skip_ws() noexcept {
     while (pos_ < text_.size()) {
@@ -150,9 +154,12 @@ class Parser {
     if (pos_ >= text_.size()) fail_eof("a value");
     const std::size_t start = pos_;
     switch (text_[pos_]) {
-      case '{': return parse_object(depth + 1);
-      case '[': return parse_array(depth + 1);
-      case '"': return parse_string();
+      case '{':
+        return parse_object(depth + 1);
+      case '[':
+        return parse_array(depth + 1);
+      case '"':
+        return parse_string();
       case 'n':
         if (!literal("null")) fail(start, "expected ident (null)");
         push(Kind::null, start);
@@ -166,8 +173,16 @@ class Parser {
         push(Kind::boolean, start);
         return;
       case '-':
-      case '0': case '1': case '2': case '3': case '4':
-      case '5': case '6': case '7': case '8': case '9':
+      case '0':
+      case '1':
+      case '2':
+      case '3':
+      case '4':
+      case '5':
+      case '6':
+      case '7':
+      case '8':
+      case '9':
         return parse_number();
       default:
         fail(start, "expected value");
@@ -175,7 +190,8 @@ class Parser {
   }
 
   void enter(int depth) const {
-    if (depth > max_depth) fail(pos_, fmt::format("recursion limit exceeded (more than {} nested arrays/objects)", max_depth));
+    if (depth > max_depth)
+      fail(pos_, fmt::format("recursion limit exceeded (more than {} nested arrays/objects)", max_depth));
   }
 
   void parse_array(int depth) {
@@ -292,14 +308,30 @@ class Parser {
       ++pos_;
       if (pos_ >= text_.size()) fail_eof("a string");
       switch (text_[pos_++]) {
-        case '"': pool.push_back('"'); break;
-        case '\\': pool.push_back('\\'); break;
-        case '/': pool.push_back('/'); break;
-        case 'b': pool.push_back('\b'); break;
-        case 'f': pool.push_back('\f'); break;
-        case 'n': pool.push_back('\n'); break;
-        case 'r': pool.push_back('\r'); break;
-        case 't': pool.push_back('\t'); break;
+        case '"':
+          pool.push_back('"');
+          break;
+        case '\\':
+          pool.push_back('\\');
+          break;
+        case '/':
+          pool.push_back('/');
+          break;
+        case 'b':
+          pool.push_back('\b');
+          break;
+        case 'f':
+          pool.push_back('\f');
+          break;
+        case 'n':
+          pool.push_back('\n');
+          break;
+        case 'r':
+          pool.push_back('\r');
+          break;
+        case 't':
+          pool.push_back('\t');
+          break;
         case 'u': {
           std::uint32_t cp = read_hex4();
           if (cp >= 0xDC00 && cp <= 0xDFFF) fail(esc, "lone trailing surrogate in hex escape");
@@ -315,7 +347,8 @@ class Parser {
           append_utf8(pool, cp);
           break;
         }
-        default: fail(esc, "invalid escape");
+        default:
+          fail(esc, "invalid escape");
       }
       run = pos_;
       while (pos_ < text_.size() && !string_stop[s[pos_]]) ++pos_;
@@ -326,9 +359,7 @@ class Parser {
     node.length = static_cast<std::uint32_t>(pool.size() - pool_start);
   }
 
-  bool digit_at(std::size_t i) const noexcept {
-    return i < text_.size() && text_[i] >= '0' && text_[i] <= '9';
-  }
+  bool digit_at(std::size_t i) const noexcept { return i < text_.size() && text_[i] >= '0' && text_[i] <= '9'; }
 
   void parse_number() {
     const std::size_t start = pos_;
@@ -488,13 +519,27 @@ void append_quoted(std::string& out, std::string_view s) {
   out.push_back('"');
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (c < 0x20) {
           out += "\\u00";
@@ -511,10 +556,18 @@ void append_quoted(std::string& out, std::string_view s) {
 namespace {
 void append_json(std::string& out, const Value& v) {
   switch (v.kind()) {
-    case Kind::null: out += "null"; break;
-    case Kind::boolean: out += v.as_bool() ? "true" : "false"; break;
-    case Kind::number: out += v.number_text(); break;
-    case Kind::string: append_quoted(out, v.as_string()); break;
+    case Kind::null:
+      out += "null";
+      break;
+    case Kind::boolean:
+      out += v.as_bool() ? "true" : "false";
+      break;
+    case Kind::number:
+      out += v.number_text();
+      break;
+    case Kind::string:
+      append_quoted(out, v.as_string());
+      break;
     case Kind::array: {
       out.push_back('[');
       bool first = true;

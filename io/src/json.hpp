@@ -14,7 +14,6 @@
 /// String and number values are views into the parsed text (unless a string contained
 /// escapes, which are decoded into the document), so the text must outlive the Document.
 
-#include "eredu/io/json_text.hpp"
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -22,6 +21,7 @@
 #include <string>
 #include <string_view>
 #include <vector>
+#include "eredu/io/json_text.hpp"
 
 namespace eredu::io::json {
 
@@ -29,8 +29,7 @@ namespace eredu::io::json {
 class SyntaxError : public std::runtime_error {
  public:
   /// `offset` is the byte of the text at which the parser gave up.
-  SyntaxError(std::size_t offset, const std::string& reason)
-      : std::runtime_error(reason), offset_(offset) {}
+  SyntaxError(std::size_t offset, const std::string& reason) : std::runtime_error(reason), offset_(offset) {}
   /// Byte offset within the parsed text.
   std::size_t offset() const noexcept { return offset_; }
 
@@ -156,10 +155,10 @@ class Document {
 
   struct Node {
     Kind kind;
-    std::uint8_t flags;      // boolean value, u64-literal number, escaped string
-    std::uint32_t offset;    // first byte of the value in the text
-    std::uint32_t length;    // string bytes, number text bytes, or container member count
-    std::uint32_t aux;       // container: index past the subtree; escaped string: pool offset
+    std::uint8_t flags;    // boolean value, u64-literal number, escaped string
+    std::uint32_t offset;  // first byte of the value in the text
+    std::uint32_t length;  // string bytes, number text bytes, or container member count
+    std::uint32_t aux;     // container: index past the subtree; escaped string: pool offset
   };
   static constexpr std::uint8_t flag_true = 1;
   static constexpr std::uint8_t flag_u64 = 2;

@@ -42,8 +42,7 @@ void StagingBuffer::reset() noexcept {
   }
 }
 
-LeasePool::LeasePool(asio::any_io_executor executor, LeasePoolOptions options)
-    : executor_(std::move(executor)) {
+LeasePool::LeasePool(asio::any_io_executor executor, LeasePoolOptions options) : executor_(std::move(executor)) {
   if (options.budget == 0) {
     throw Error(errc::invalid_argument, {}, "the lease pool budget must be at least one byte");
   }
@@ -85,8 +84,7 @@ std::byte* LeasePool::allocate_locked(std::size_t block) {
     if (rest) free_.emplace(offset + block, rest);
     std::size_t now = in_use_.fetch_add(block, std::memory_order_relaxed) + block;
     std::size_t hw = high_water_.load(std::memory_order_relaxed);
-    while (now > hw && !high_water_.compare_exchange_weak(hw, now, std::memory_order_relaxed)) {
-    }
+    while (now > hw && !high_water_.compare_exchange_weak(hw, now, std::memory_order_relaxed)) {}
     return memory_.data() + offset;
   }
   return nullptr;

@@ -116,8 +116,8 @@ Error MappedView::fault_error(MappingFault fault) const {
   struct stat st {};
   if (::fstat(fd_, &st) == 0 && static_cast<std::uint64_t>(st.st_size) < file_size_) {
     return Error(errc::file_changed, {.file = path_, .tensor = tensor_, .offset = offset},
-                 fmt::format("the file shrank to {} bytes while it was read (it was {} bytes when opened)",
-                             st.st_size, file_size_));
+                 fmt::format("the file shrank to {} bytes while it was read (it was {} bytes when opened)", st.st_size,
+                             file_size_));
   }
   return Error(errc::io_error, {.file = path_, .tensor = tensor_, .offset = offset},
                "reading the mapped file failed (SIGBUS: the page could not be read in)");

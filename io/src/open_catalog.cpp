@@ -124,8 +124,7 @@ Catalog open_sharded(const fs::path& index_path) {
     std::size_t listed = 0;
     for (const auto& entry : index.weight_map) listed += entry.second == name;
     shards.push_back(parse_file((dir / name).string(), errc::shard_missing,
-                                fmt::format("shard named by {} for {} tensors does not exist",
-                                            index_name, listed)));
+                                fmt::format("shard named by {} for {} tensors does not exist", index_name, listed)));
     shard_of_name.emplace(name, shards.size() - 1);
   }
 
@@ -145,8 +144,7 @@ Catalog open_sharded(const fs::path& index_path) {
     if (!present) {
       auto it = found.find(tensor);
       throw Error(errc::tensor_missing_from_shard, {.file = in_named.file.path, .tensor = tensor},
-                  fmt::format("{} maps the tensor to this shard, but the shard does not contain it{}",
-                              index_name,
+                  fmt::format("{} maps the tensor to this shard, but the shard does not contain it{}", index_name,
                               it == found.end() ? std::string("; no shard does")
                                                 : fmt::format("; it is in {}", shards[it->second].file.path)));
     }
@@ -197,14 +195,13 @@ Catalog open_catalog(const fs::path& path) {
     if (candidates.size() == 1) return open_single(candidates.front().string());
     if (candidates.empty()) {
       throw Error(errc::unknown_format, {.file = path.string()},
-                  fmt::format("the directory holds no checkpoint: no {} and no *.safetensors file",
-                              index_file_name));
+                  fmt::format("the directory holds no checkpoint: no {} and no *.safetensors file", index_file_name));
     }
     throw Error(errc::unknown_format, {.file = path.string()},
                 fmt::format("the directory holds {} *.safetensors files ({}, {}, ...) and no {}; open "
                             "one file, or the index of a sharded checkpoint",
-                            candidates.size(), candidates[0].filename().string(),
-                            candidates[1].filename().string(), index_file_name));
+                            candidates.size(), candidates[0].filename().string(), candidates[1].filename().string(),
+                            index_file_name));
   }
   const std::string name = path.filename().string();
   if (name.ends_with(".index.json")) return open_sharded(path);

@@ -19,23 +19,23 @@ namespace eredu::io::detail {
 
 /// A batch of segments handed to Reader::read(), completed once.
 struct Batch {
-  std::size_t remaining = 0;            ///< pieces not yet finished (queued or in flight)
-  std::optional<ReadFailure> failure;   ///< the first failure
-  ReadCallback done;                    ///< run once remaining reaches 0
+  std::size_t remaining = 0;           ///< pieces not yet finished (queued or in flight)
+  std::optional<ReadFailure> failure;  ///< the first failure
+  ReadCallback done;                   ///< run once remaining reaches 0
 };
 
 /// One request-sized part of a segment.
 struct Piece {
   Batch* batch = nullptr;
   std::uint32_t file = 0;
-  std::uint64_t offset = 0;   ///< absolute file offset of the piece's first byte
+  std::uint64_t offset = 0;  ///< absolute file offset of the piece's first byte
   std::byte* dest = nullptr;
-  std::uint64_t length = 0;   ///< bytes asked for
-  std::uint64_t required = 0; ///< bytes that must arrive (the rest may be past EOF)
-  std::uint64_t done = 0;     ///< bytes already read
+  std::uint64_t length = 0;     ///< bytes asked for
+  std::uint64_t required = 0;   ///< bytes that must arrive (the rest may be past EOF)
+  std::uint64_t done = 0;       ///< bytes already read
   std::uint64_t submitted = 0;  ///< length of the read in flight
-  bool direct = false;        ///< the read in flight was issued with O_DIRECT
-  bool buffered_only = false; ///< O_DIRECT failed or was cut short for this piece
+  bool direct = false;          ///< the read in flight was issued with O_DIRECT
+  bool buffered_only = false;   ///< O_DIRECT failed or was cut short for this piece
 };
 
 /// Splits segments into pieces of at most `max_request` bytes. Pieces lying wholly in
@@ -48,8 +48,8 @@ inline std::vector<Piece> split_segments(const std::vector<ReadSegment>& segment
     for (std::uint64_t off = 0; off < s.length; off += max_request) {
       if (off >= required) break;
       const std::uint64_t len = std::min<std::uint64_t>(max_request, s.length - off);
-      pieces.push_back({batch, s.file, s.offset + off, s.dest + off, len,
-                        std::min<std::uint64_t>(len, required - off)});
+      pieces.push_back(
+          {batch, s.file, s.offset + off, s.dest + off, len, std::min<std::uint64_t>(len, required - off)});
     }
   }
   return pieces;
@@ -74,8 +74,7 @@ inline long apply_fault(FaultInjector* faults, const Piece& p, long res) {
 }
 
 /// Interprets `res` (bytes read, or -errno) for piece `p`, advancing p.done.
-inline Next classify(Piece& p, long res, const std::string& path, ReadFailure& failure,
-                     ReaderStats& stats) {
+inline Next classify(Piece& p, long res, const std::string& path, ReadFailure& failure, ReaderStats& stats) {
   const std::uint64_t at = p.offset + p.done;
   if (res == -EAGAIN || res == -EINTR) {
     ++stats.requeued;
@@ -83,16 +82,18 @@ inline Next classify(Piece& p, long res, const std::string& path, ReadFailure& f
   }
   if (res == -EINVAL && p.direct) return Next::retry_buffered;
   if (res < 0) {
-    failure = {make_error_code(errc::io_error), std::error_code(static_cast<int>(-res), std::system_category()),
-               p.file, at,
-               fmt::format("read of {} bytes at offset {} of {} failed", p.length - p.done, at, path)};
+    failure = {make_error_code(errc::io_error), std::error_code(static_cast<int>(-res), std::system_category()), p.file,
+               at, fmt::format("read of {} bytes at offset {} of {} failed", p.length - p.done, at, path)};
     return Next::failed;
   }
   p.done += static_cast<std::uint64_t>(res);
   stats.bytes += static_cast<std::uint64_t>(res);
   if (p.done >= p.required) return Next::finished;
   if (res == 0) {
-    failure = {make_error_code(errc::unexpected_eof), {}, p.file, at,
+    failure = {make_error_code(errc::unexpected_eof),
+               {},
+               p.file,
+               at,
                fmt::format("{} ends at offset {}, {} bytes short of the {} bytes needed there "
                            "(truncated after it was opened?)",
                            path, at, p.required - p.done, p.required)};

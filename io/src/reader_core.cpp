@@ -13,8 +13,8 @@ bool aligned(std::uint64_t v) { return v % ReaderCore::direct_align == 0; }
 ReaderCore::ReaderCore(std::span<OpenFile> f, const ReaderOptions& o) : files(f), options(o) {
   if (options.depth == 0 || options.max_request == 0 || options.max_request > (std::size_t{1} << 30)) {
     throw Error(errc::invalid_argument, {},
-                fmt::format("depth {} and max request {} must be positive (max request <= 1 GiB)",
-                            options.depth, options.max_request));
+                fmt::format("depth {} and max request {} must be positive (max request <= 1 GiB)", options.depth,
+                            options.max_request));
   }
   direct_enabled_.assign(files.size(), options.direct != DirectMode::off);
   probes_.reserve(files.size());
@@ -68,7 +68,9 @@ void ReaderCore::on_result(Piece& p, long res) {
     case Next::retry_buffered:
       if (res == -EINVAL) {
         if (options.direct == DirectMode::on) {
-          fail(b, {make_error_code(errc::direct_io_unsupported), {EINVAL, std::system_category()}, p.file,
+          fail(b, {make_error_code(errc::direct_io_unsupported),
+                   {EINVAL, std::system_category()},
+                   p.file,
                    p.offset + p.done,
                    fmt::format("O_DIRECT read of {} refused (EINVAL) and --direct on was asked", files[p.file].path)});
           finish_piece(p);
@@ -76,8 +78,7 @@ void ReaderCore::on_result(Piece& p, long res) {
         }
         if (direct_enabled_[p.file]) {
           direct_enabled_[p.file] = false;
-          log::info("O_DIRECT read of {} refused (EINVAL): falling back to buffered reads for it",
-                    files[p.file].path);
+          log::info("O_DIRECT read of {} refused (EINVAL): falling back to buffered reads for it", files[p.file].path);
         }
       }
       p.buffered_only = true;
@@ -122,9 +123,11 @@ void ReaderCore::complete(Batch& b) {
 void ReaderCore::cancel_all() {
   pending.clear();
   for (auto& s : batches_) {
-    auto failure = s.batch.failure ? std::move(*s.batch.failure)
-                                   : ReadFailure{make_error_code(errc::cancelled), {}, 0, 0,
-                                                 "the reader was destroyed before the read finished"};
+    auto failure =
+        s.batch.failure
+            ? std::move(*s.batch.failure)
+            : ReadFailure{
+                  make_error_code(errc::cancelled), {}, 0, 0, "the reader was destroyed before the read finished"};
     if (s.batch.done) s.batch.done(std::move(failure));
   }
   batches_.clear();

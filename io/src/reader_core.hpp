@@ -27,9 +27,9 @@ class ReaderCore {
   /// Validates the options (eredu::Error(invalid_argument)) and prepares per-file state.
   ReaderCore(std::span<OpenFile> files, const ReaderOptions& options);
 
-  std::span<OpenFile> files;          ///< the checkpoint's files (owned by the source)
-  ReaderOptions options;              ///< as given
-  std::deque<Piece*> pending;         ///< pieces waiting for a request slot, in order
+  std::span<OpenFile> files;   ///< the checkpoint's files (owned by the source)
+  ReaderOptions options;       ///< as given
+  std::deque<Piece*> pending;  ///< pieces waiting for a request slot, in order
 
   /// Queues a batch's pieces at the back of `pending`; a batch with nothing to read is
   /// completed at once.

@@ -97,14 +97,13 @@ class HeaderChecker {
     if (value.kind() == json::Kind::null) return out;
     if (value.kind() != json::Kind::object) {
       throw Error(errc::invalid_metadata, {.file = path_, .offset = at(value)},
-                  fmt::format("`__metadata__` must be null or an object of strings, not a {}",
-                              describe(value)));
+                  fmt::format("`__metadata__` must be null or an object of strings, not a {}", describe(value)));
     }
     for (const auto& m : value.members()) {
       if (m.value.kind() != json::Kind::string) {
         throw Error(errc::invalid_metadata, {.file = path_, .offset = at(m.value)},
-                    fmt::format("`__metadata__` value of key \"{}\" must be a string, not a {}",
-                                m.key.as_string(), describe(m.value)));
+                    fmt::format("`__metadata__` value of key \"{}\" must be a string, not a {}", m.key.as_string(),
+                                describe(m.value)));
       }
       // serde's map insert: a repeated key keeps its last value.
       out.insert_or_assign(std::string(m.key.as_string()), std::string(m.value.as_string()));
@@ -129,8 +128,7 @@ class HeaderChecker {
     bool has_dtype = false, has_shape = false, has_offsets = false;
     auto once = [&](bool& seen, const json::Value& key) {
       if (seen) {
-        throw Error(errc::duplicate_field, ctx(key),
-                    fmt::format("field `{}` given twice", key.as_string()));
+        throw Error(errc::duplicate_field, ctx(key), fmt::format("field `{}` given twice", key.as_string()));
       }
       seen = true;
     };
@@ -152,8 +150,7 @@ class HeaderChecker {
         once(has_shape, m.key);
         if (v.kind() != json::Kind::array) {
           throw Error(errc::invalid_shape, ctx(v),
-                      fmt::format("shape must be an array of non-negative integers, not a {}",
-                                  describe(v)));
+                      fmt::format("shape must be an array of non-negative integers, not a {}", describe(v)));
         }
         e.shape.reserve(v.size());
         std::size_t i = 0;
@@ -171,13 +168,12 @@ class HeaderChecker {
       } else if (field == "data_offsets") {
         once(has_offsets, m.key);
         if (v.kind() != json::Kind::array || v.size() != 2) {
-          throw Error(errc::invalid_data_offsets, ctx(v),
-                      fmt::format("data_offsets must be an array of exactly two integers "
-                                  "[begin, end], not a {}{}",
-                                  describe(v),
-                                  v.kind() == json::Kind::array
-                                      ? fmt::format(" of {} elements", v.size())
-                                      : std::string{}));
+          throw Error(
+              errc::invalid_data_offsets, ctx(v),
+              fmt::format("data_offsets must be an array of exactly two integers "
+                          "[begin, end], not a {}{}",
+                          describe(v),
+                          v.kind() == json::Kind::array ? fmt::format(" of {} elements", v.size()) : std::string{}));
         }
         std::uint64_t pair[2] = {0, 0};
         int k = 0;
@@ -198,8 +194,7 @@ class HeaderChecker {
     }
     const char* missing = !has_dtype ? "dtype" : !has_shape ? "shape" : !has_offsets ? "data_offsets" : nullptr;
     if (missing) {
-      throw Error(errc::missing_field, ctx(value),
-                  fmt::format("tensor entry lacks the required field `{}`", missing));
+      throw Error(errc::missing_field, ctx(value), fmt::format("tensor entry lacks the required field `{}`", missing));
     }
     return e;
   }
@@ -215,7 +210,9 @@ class HeaderChecker {
     }
     std::uint64_t start = 0;
     for (const auto& e : entries) {
-      auto where = [&] { return ErrorContext{.file = path_, .tensor = std::string(e.name), .offset = e.header_offset}; };
+      auto where = [&] {
+        return ErrorContext{.file = path_, .tensor = std::string(e.name), .offset = e.header_offset};
+      };
       if (e.end < e.begin) {
         throw Error(errc::invalid_offset, where(),
                     fmt::format("data_offsets [{}, {}] end before they begin", e.begin, e.end));
@@ -224,15 +221,13 @@ class HeaderChecker {
         throw Error(errc::invalid_offset, where(),
                     fmt::format("data_offsets [{}, {}] begin at {} but the previous tensor ends at "
                                 "{} ({})",
-                                e.begin, e.end, e.begin, start,
-                                e.begin > start ? "a gap" : "an overlap"));
+                                e.begin, e.end, e.begin, start, e.begin > start ? "a gap" : "an overlap"));
       }
       start = e.end;
       const auto elements = checked_element_count(e.shape);
       if (!elements) {
         throw Error(errc::size_overflow, where(),
-                    fmt::format("the element count of shape {} overflows 64 bits",
-                                format_shape(e.shape)));
+                    fmt::format("the element count of shape {} overflows 64 bits", format_shape(e.shape)));
       }
       std::uint64_t bits = 0;
       if (__builtin_mul_overflow(*elements, std::uint64_t{dtype_bits(e.dtype)}, &bits)) {
@@ -244,22 +239,19 @@ class HeaderChecker {
         throw Error(errc::misaligned_slice, where(),
                     fmt::format("{} {}: {} elements x {} bits = {} bits is not a whole number of "
                                 "bytes",
-                                dtype_name(e.dtype), format_shape(e.shape), *elements,
-                                dtype_bits(e.dtype), bits));
+                                dtype_name(e.dtype), format_shape(e.shape), *elements, dtype_bits(e.dtype), bits));
       }
       if (e.end - e.begin != bits / 8) {
         throw Error(errc::tensor_size_mismatch, where(),
-                    fmt::format("data_offsets [{}, {}] hold {} bytes but {} {} needs {}", e.begin,
-                                e.end, e.end - e.begin, dtype_name(e.dtype), format_shape(e.shape),
-                                bits / 8));
+                    fmt::format("data_offsets [{}, {}] hold {} bytes but {} {} needs {}", e.begin, e.end,
+                                e.end - e.begin, dtype_name(e.dtype), format_shape(e.shape), bits / 8));
       }
     }
     std::uint64_t data_end = 0;
     const std::uint64_t data_offset = layout.data_offset;
     if (__builtin_add_overflow(data_offset, start, &data_end) || data_end != file_size_) {
       const bool overflow = data_end < data_offset;
-      throw Error(errc::incomplete_data,
-                  {.file = path_, .offset = overflow ? std::nullopt : std::optional(data_end)},
+      throw Error(errc::incomplete_data, {.file = path_, .offset = overflow ? std::nullopt : std::optional(data_end)},
                   overflow ? fmt::format("tensors end at data offset {}, which overflows the file "
                                          "offset range; the file has {} bytes",
                                          start, file_size_)
@@ -319,8 +311,7 @@ void pread_exact(int fd, std::byte* buf, std::size_t n, std::uint64_t offset, st
 
 }  // namespace
 
-FileLayout parse_file_prefix(std::span<const std::byte> bytes, std::uint64_t file_size,
-                             const std::string& path) {
+FileLayout parse_file_prefix(std::span<const std::byte> bytes, std::uint64_t file_size, const std::string& path) {
   if (file_size < prefix_size) {
     throw Error(errc::header_too_small, {.file = path},
                 fmt::format("the file is {} bytes, shorter than the 8-byte header length that "
@@ -344,16 +335,13 @@ FileLayout parse_file_prefix(std::span<const std::byte> bytes, std::uint64_t fil
   std::uint64_t header_end = 0;
   if (__builtin_add_overflow(prefix_size, n, &header_end) || header_end > file_size) {
     throw Error(errc::invalid_header_length, {.file = path, .offset = 0},
-                fmt::format("header length {} needs {} bytes but the file has {}", n, prefix_size + n,
-                            file_size));
+                fmt::format("header length {} needs {} bytes but the file has {}", n, prefix_size + n, file_size));
   }
   if (bytes.size() < header_end) {
     throw Error(errc::invalid_argument, {.file = path},
-                fmt::format("parse_file_prefix was given {} bytes; the header needs {}", bytes.size(),
-                            header_end));
+                fmt::format("parse_file_prefix was given {} bytes; the header needs {}", bytes.size(), header_end));
   }
-  const std::string_view header(reinterpret_cast<const char*>(bytes.data()) + prefix_size,
-                                static_cast<std::size_t>(n));
+  const std::string_view header(reinterpret_cast<const char*>(bytes.data()) + prefix_size, static_cast<std::size_t>(n));
   if (auto bad = json::find_invalid_utf8(header)) {
     throw Error(errc::invalid_header_utf8, {.file = path, .offset = prefix_size + *bad},
                 fmt::format("header byte 0x{:02X} at header offset {} is not valid UTF-8 (overlong "

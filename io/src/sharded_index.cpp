@@ -28,7 +28,8 @@ constexpr std::uint64_t max_index_size = 100'000'000;
 std::string_view bad_shard_name_reason(std::string_view name) noexcept {
   if (name.empty()) return "is empty";
   if (name == "." || name == "..") return "is not a file name";
-  if (name.find('/') != std::string_view::npos) return "contains `/` (shards must be plain file names in the index's directory)";
+  if (name.find('/') != std::string_view::npos)
+    return "contains `/` (shards must be plain file names in the index's directory)";
   if (name.find('\\') != std::string_view::npos) return "contains `\\`";
   if (name.find('\0') != std::string_view::npos) return "contains a NUL byte";
   return {};
@@ -75,8 +76,7 @@ ShardedIndex parse_sharded_index(std::string_view text, const std::string& path)
     }
     for (const auto& m : metadata->members()) {
       // Readers want strings; "total_size": 4305 becomes "4305".
-      std::string value = m.value.kind() == json::Kind::string ? std::string(m.value.as_string())
-                                                               : m.value.to_json();
+      std::string value = m.value.kind() == json::Kind::string ? std::string(m.value.as_string()) : m.value.to_json();
       index.metadata.insert_or_assign(std::string(m.key.as_string()), std::move(value));
     }
   }
@@ -101,8 +101,7 @@ ShardedIndex parse_sharded_index(std::string_view text, const std::string& path)
     }
     if (!seen.try_emplace(tensor, m.key.offset()).second) {
       fail(path, m.key.offset(),
-           fmt::format("tensor '{}' is listed twice in weight_map (first at offset {})", tensor,
-                       seen[tensor]));
+           fmt::format("tensor '{}' is listed twice in weight_map (first at offset {})", tensor, seen[tensor]));
     }
     index.weight_map.emplace_back(std::string(tensor), std::string(shard));
   }
@@ -128,8 +127,7 @@ ShardedIndex read_sharded_index(const std::string& path) {
   if (::fstat(fd, &st) != 0) os_fail("cannot stat the sharded-checkpoint index");
   const auto size = static_cast<std::uint64_t>(st.st_size);
   if (size > max_index_size) {
-    fail(path, std::nullopt,
-         fmt::format("the index is {} bytes, more than the {}-byte limit", size, max_index_size));
+    fail(path, std::nullopt, fmt::format("the index is {} bytes, more than the {}-byte limit", size, max_index_size));
   }
   std::string text(static_cast<std::size_t>(size), '\0');
   std::size_t done = 0;

@@ -106,10 +106,11 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
       want = want / 2 / direct_align * direct_align;
     }
     if (reg_bytes < memory.size()) {
-      log::info("registered {:.1f} of {:.1f} MiB of staging memory as io_uring fixed buffers{}; the rest is "
-                "read into unregistered memory (raise `ulimit -l` to register all)",
-                static_cast<double>(reg_bytes) / (1 << 20), static_cast<double>(memory.size()) / (1 << 20),
-                last_error ? fmt::format(" ({})", sys_error(last_error).message()) : std::string{});
+      log::info(
+          "registered {:.1f} of {:.1f} MiB of staging memory as io_uring fixed buffers{}; the rest is "
+          "read into unregistered memory (raise `ulimit -l` to register all)",
+          static_cast<double>(reg_bytes) / (1 << 20), static_cast<double>(memory.size()) / (1 << 20),
+          last_error ? fmt::format(" ({})", sys_error(last_error).message()) : std::string{});
     }
   }
 
@@ -146,8 +147,8 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
       const auto len = static_cast<unsigned>(p->length - p->done);
       // `depth` device-sized requests, or more small ones (a column selection's rows) as
       // long as they carry no more bytes than `depth` large ones would.
-      const bool room = in_flight < options.depth ||
-                        (in_flight < max_small_requests && in_flight_bytes + len <= byte_limit);
+      const bool room =
+          in_flight < options.depth || (in_flight < max_small_requests && in_flight_bytes + len <= byte_limit);
       if (!room) break;
       io_uring_sqe* sqe = io_uring_get_sqe(&ring);
       if (!sqe) break;
@@ -182,8 +183,12 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
     if (r < 0) {
       // The entries stay in the submission queue; retry from the loop unless the ring is
       // broken for good.
-      if (++submit_failures > 1000) fail_everything(-r);
-      else asio::post(strand, [self = shared_from_this()] { if (!self->closed) self->drive(); });
+      if (++submit_failures > 1000)
+        fail_everything(-r);
+      else
+        asio::post(strand, [self = shared_from_this()] {
+          if (!self->closed) self->drive();
+        });
       return false;
     }
     submit_failures = 0;
@@ -224,8 +229,7 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
                             self->armed = false;
                             if (ec || self->closed) return;
                             std::uint64_t value;
-                            while (::read(self->event_fd.get(), &value, sizeof value) > 0) {
-                            }
+                            while (::read(self->event_fd.get(), &value, sizeof value) > 0) {}
                             self->drive();
                           }));
   }
@@ -252,8 +256,8 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
   }
 };
 
-UringReader::UringReader(asio::any_io_executor executor, std::span<OpenFile> files,
-                         std::span<std::byte> pool_memory, const ReaderOptions& options)
+UringReader::UringReader(asio::any_io_executor executor, std::span<OpenFile> files, std::span<std::byte> pool_memory,
+                         const ReaderOptions& options)
     : impl_(std::make_shared<Impl>(std::move(executor), files, options)) {
   impl_->setup(pool_memory);
 }

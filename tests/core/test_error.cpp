@@ -15,8 +15,7 @@ TEST_CASE("error – message names file, tensor and offset, and code() is the ki
 }
 
 TEST_CASE("error – os errors are appended and unknown parts left out", "[core][error]") {
-  Error e(errc::io_error, {.file = "f", .os_error = std::error_code(5, std::system_category())},
-          "read failed");
+  Error e(errc::io_error, {.file = "f", .os_error = std::error_code(5, std::system_category())}, "read failed");
   std::string what = e.what();
   CHECK(what.find("f: read failed [io_error] (") == 0);
   CHECK(what.find("tensor") == std::string::npos);

@@ -2,10 +2,10 @@
 // writers replace it concurrently; replaced values are freed once their last reader drops them.
 #include "eredu/core/published_ptr.hpp"
 
-#include <catch2/catch.hpp>
 #include <atomic>
-#include <utility>
+#include <catch2/catch.hpp>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace {

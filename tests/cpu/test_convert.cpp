@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <tbb/task_arena.h>
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -15,7 +16,6 @@
 #include <random>
 #include <span>
 #include <string>
-#include <tbb/task_arena.h>
 #include <vector>
 
 #include "eredu/core/error.hpp"
@@ -49,7 +49,8 @@ std::vector<T> from_bytes(std::span<const std::byte> b) {
 // "" when equal, otherwise where the first difference is: Catch would print whole
 // megabyte buffers for a failed ==.
 std::string difference(std::span<const std::byte> got, std::span<const std::byte> want) {
-  if (got.size() != want.size()) return "got " + std::to_string(got.size()) + " bytes, want " + std::to_string(want.size());
+  if (got.size() != want.size())
+    return "got " + std::to_string(got.size()) + " bytes, want " + std::to_string(want.size());
   const auto [g, w] = std::mismatch(got.begin(), got.end(), want.begin());
   if (g == got.end()) return "";
   return "first difference at byte " + std::to_string(g - got.begin()) + " of " + std::to_string(got.size());
@@ -91,10 +92,14 @@ struct IsaScope {
 
 const char* runner_name(Runner r) {
   switch (r) {
-    case Runner::serial: return "serial";
-    case Runner::parallel: return "parallel";
-    case Runner::serial_unaligned: return "serial unaligned";
-    case Runner::parallel_unaligned: return "parallel unaligned";
+    case Runner::serial:
+      return "serial";
+    case Runner::parallel:
+      return "parallel";
+    case Runner::serial_unaligned:
+      return "serial unaligned";
+    case Runner::parallel_unaligned:
+      return "parallel unaligned";
   }
   return "?";
 }
@@ -248,7 +253,7 @@ TEST_CASE("float formats – known values", "[cpu][convert][scalar]") {
   STATIC_REQUIRE(f16_to_f32(0x3C00) == 1.0f);
 
   CHECK(f8_e4m3_to_f32(0xFE) == -448.0f);
-  CHECK(f8_e4m3_to_f32(0x08) == 0x1p-6f);   // smallest normal
+  CHECK(f8_e4m3_to_f32(0x08) == 0x1p-6f);    // smallest normal
   CHECK(f8_e4m3_to_f32(0x07) == 0x1.cp-7f);  // largest subnormal, 7 x 2^-9
   CHECK(std::isnan(f8_e4m3_to_f32(0x7F)));
   CHECK(std::isnan(f8_e4m3_to_f32(0xFF)));
@@ -273,7 +278,7 @@ TEST_CASE("float formats – known values", "[cpu][convert][scalar]") {
   CHECK(f16_to_f32(0x0400) == 0x1p-14f);
   CHECK(f16_to_f32(0x7BFF) == 65504.0f);
   CHECK(f16_to_f32(0xFC00) == -INFINITY);
-  CHECK(bits_of(f16_to_f32(0x7C01)) == 0x7FC0'2000u);  // signalling NaN quieted, payload kept
+  CHECK(bits_of(f16_to_f32(0x7C01)) == 0x7FC0'2000u);   // signalling NaN quieted, payload kept
   CHECK(bits_of(bf16_to_f32(0x7F81)) == 0x7F81'0000u);  // bf16 widening keeps every bit
 }
 
@@ -315,8 +320,8 @@ TEST_CASE("float formats – narrowing edge cases", "[cpu][convert][scalar]") {
   CHECK(f32_to_bf16(float_of(0x3F80'8000u)) == 0x3F80);  // tie, 0x3F80 even: down
   CHECK(f32_to_bf16(float_of(0x3F81'8000u)) == 0x3F82);  // tie, 0x3F81 odd: up
   CHECK(f32_to_bf16(float_of(0x3F80'8001u)) == 0x3F81);
-  CHECK(f32_to_f16(1.0f + 0x1p-11f) == 0x3C00);            // tie at half an f16 ulp: even
-  CHECK(f32_to_f16(1.0f + 3 * 0x1p-11f) == 0x3C02);        // tie above an odd mantissa: up
+  CHECK(f32_to_f16(1.0f + 0x1p-11f) == 0x3C00);             // tie at half an f16 ulp: even
+  CHECK(f32_to_f16(1.0f + 3 * 0x1p-11f) == 0x3C02);         // tie above an odd mantissa: up
   CHECK(f32_to_f16(1.0f + 0x1p-11f + 0x1p-23f) == 0x3C01);  // just past the tie
   // largest finite value and the overflow boundary
   CHECK(f32_to_bf16(float_of(0x7F7F'7FFFu)) == 0x7F7F);
@@ -330,19 +335,19 @@ TEST_CASE("float formats – narrowing edge cases", "[cpu][convert][scalar]") {
   CHECK(f32_to_f16(1e10f) == 0x7C00);
   // subnormal results and rounding into and out of the subnormal range
   CHECK(f32_to_f16(0x1p-24f) == 0x0001);
-  CHECK(f32_to_f16(0x1p-25f) == 0x0000);                    // tie with 0: even
+  CHECK(f32_to_f16(0x1p-25f) == 0x0000);  // tie with 0: even
   CHECK(f32_to_f16(std::nextafter(0x1p-25f, 1.0f)) == 0x0001);
   CHECK(f32_to_f16(-0x1.8p-25f) == 0x8001);
-  CHECK(f32_to_f16(0x1.8p-24f) == 0x0002);                  // 1.5 units: tie, up to even 2
-  CHECK(f32_to_f16(0x1.4p-23f) == 0x0002);                  // 2.5 units: tie, down to even 2
-  CHECK(f32_to_f16(0x3FFp-24f) == 0x03FF);                  // largest subnormal
-  CHECK(f32_to_f16(0x3FF.8p-24f) == 0x0400);                // tie above it: the smallest normal
+  CHECK(f32_to_f16(0x1.8p-24f) == 0x0002);    // 1.5 units: tie, up to even 2
+  CHECK(f32_to_f16(0x1.4p-23f) == 0x0002);    // 2.5 units: tie, down to even 2
+  CHECK(f32_to_f16(0x3FFp-24f) == 0x03FF);    // largest subnormal
+  CHECK(f32_to_f16(0x3FF.8p-24f) == 0x0400);  // tie above it: the smallest normal
   CHECK(f32_to_f16(0x1p-14f) == 0x0400);
   CHECK(f32_to_f16(0x1p-30f) == 0x0000);
-  CHECK(f32_to_f16(float_of(0x0000'0001u)) == 0x0000);      // f32 subnormal
+  CHECK(f32_to_f16(float_of(0x0000'0001u)) == 0x0000);  // f32 subnormal
   CHECK(f32_to_bf16(float_of(0x0000'0001u)) == 0x0000);
-  CHECK(f32_to_bf16(float_of(0x0000'8001u)) == 0x0001);     // bf16 subnormal, rounded up
-  CHECK(f32_to_bf16(float_of(0x007F'FFFFu)) == 0x0080);     // largest f32 subnormal to smallest normal
+  CHECK(f32_to_bf16(float_of(0x0000'8001u)) == 0x0001);  // bf16 subnormal, rounded up
+  CHECK(f32_to_bf16(float_of(0x007F'FFFFu)) == 0x0080);  // largest f32 subnormal to smallest normal
   // NaN: quiet, sign kept, never Inf
   CHECK(f32_to_bf16(float_of(0x7F80'0001u)) == 0x7FC0);
   CHECK(f32_to_bf16(float_of(0xFF80'0001u)) == 0xFFC0);
@@ -367,48 +372,48 @@ TEST_CASE("convert – every bf16 and f16 value widens to f32 and narrows back a
   const auto halves = all_16bit();
   const auto in = to_bytes(halves);
   for (ConvertIsa isa : all_isas)
-  for (Runner how : all_runners) {
-    IsaScope scope(isa);
-    INFO(isa_name(isa) << ", " << runner_name(how));
-    for (DType t : {DType::BF16, DType::F16}) {
-      INFO(dtype_name(t));
-      const auto f32 = from_bytes<std::uint32_t>(run(how, t, DType::F32, in, in.size() * 2));
-      std::size_t bad_widen = 0, bad_narrow = 0, bad_round_trip = 0;
-      std::vector<std::uint16_t> expected_back(65536);
-      for (std::uint32_t i = 0; i < 65536; ++i) {
-        const auto h = static_cast<std::uint16_t>(i);
-        const float want = t == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
-        if (f32[i] != bits_of(want)) ++bad_widen;
-        expected_back[i] = t == DType::BF16 ? f32_to_bf16(want) : f32_to_f16(want);
-        if (!is_nan32(f32[i]) && expected_back[i] != h) ++bad_round_trip;
+    for (Runner how : all_runners) {
+      IsaScope scope(isa);
+      INFO(isa_name(isa) << ", " << runner_name(how));
+      for (DType t : {DType::BF16, DType::F16}) {
+        INFO(dtype_name(t));
+        const auto f32 = from_bytes<std::uint32_t>(run(how, t, DType::F32, in, in.size() * 2));
+        std::size_t bad_widen = 0, bad_narrow = 0, bad_round_trip = 0;
+        std::vector<std::uint16_t> expected_back(65536);
+        for (std::uint32_t i = 0; i < 65536; ++i) {
+          const auto h = static_cast<std::uint16_t>(i);
+          const float want = t == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+          if (f32[i] != bits_of(want)) ++bad_widen;
+          expected_back[i] = t == DType::BF16 ? f32_to_bf16(want) : f32_to_f16(want);
+          if (!is_nan32(f32[i]) && expected_back[i] != h) ++bad_round_trip;
+        }
+        const auto back = from_bytes<std::uint16_t>(run(how, DType::F32, t, to_bytes(f32), in.size()));
+        for (std::uint32_t i = 0; i < 65536; ++i)
+          if (back[i] != expected_back[i]) ++bad_narrow;
+        CHECK(bad_widen == 0);
+        CHECK(bad_narrow == 0);
+        CHECK(bad_round_trip == 0);
       }
-      const auto back = from_bytes<std::uint16_t>(run(how, DType::F32, t, to_bytes(f32), in.size()));
-      for (std::uint32_t i = 0; i < 65536; ++i)
-        if (back[i] != expected_back[i]) ++bad_narrow;
-      CHECK(bad_widen == 0);
-      CHECK(bad_narrow == 0);
-      CHECK(bad_round_trip == 0);
     }
-  }
 }
 
 TEST_CASE("convert – every bf16 to f16 and f16 to bf16 rounds once through f32", "[cpu][convert][exhaustive]") {
   const auto in = to_bytes(all_16bit());
   for (ConvertIsa isa : all_isas)
-  for (Runner how : all_runners) {
-    IsaScope scope(isa);
-    INFO(isa_name(isa) << ", " << runner_name(how));
-    const auto to_f16 = from_bytes<std::uint16_t>(run(how, DType::BF16, DType::F16, in, in.size()));
-    const auto to_bf16 = from_bytes<std::uint16_t>(run(how, DType::F16, DType::BF16, in, in.size()));
-    std::size_t bad_f16 = 0, bad_bf16 = 0;
-    for (std::uint32_t i = 0; i < 65536; ++i) {
-      const auto h = static_cast<std::uint16_t>(i);
-      if (to_f16[i] != f32_to_f16(bf16_to_f32(h))) ++bad_f16;
-      if (to_bf16[i] != f32_to_bf16(f16_to_f32(h))) ++bad_bf16;
+    for (Runner how : all_runners) {
+      IsaScope scope(isa);
+      INFO(isa_name(isa) << ", " << runner_name(how));
+      const auto to_f16 = from_bytes<std::uint16_t>(run(how, DType::BF16, DType::F16, in, in.size()));
+      const auto to_bf16 = from_bytes<std::uint16_t>(run(how, DType::F16, DType::BF16, in, in.size()));
+      std::size_t bad_f16 = 0, bad_bf16 = 0;
+      for (std::uint32_t i = 0; i < 65536; ++i) {
+        const auto h = static_cast<std::uint16_t>(i);
+        if (to_f16[i] != f32_to_f16(bf16_to_f32(h))) ++bad_f16;
+        if (to_bf16[i] != f32_to_bf16(f16_to_f32(h))) ++bad_bf16;
+      }
+      CHECK(bad_f16 == 0);
+      CHECK(bad_bf16 == 0);
     }
-    CHECK(bad_f16 == 0);
-    CHECK(bad_bf16 == 0);
-  }
 }
 
 TEST_CASE("convert – every FP8 value widens to f32 and bf16 exactly", "[cpu][convert][exhaustive]") {
@@ -418,25 +423,27 @@ TEST_CASE("convert – every FP8 value widens to f32 and bf16 exactly", "[cpu][c
   };
   const auto in = to_bytes(all_8bit());
   for (ConvertIsa isa : all_isas)
-  for (Runner how : all_runners) {
-    IsaScope scope(isa);
-    INFO(isa_name(isa) << ", " << runner_name(how));
-    for (Case c : {Case{DType::F8_E4M3, f8_e4m3_to_f32}, Case{DType::F8_E5M2, f8_e5m2_to_f32},
-                   Case{DType::F8_E8M0, f8_e8m0_to_f32}}) {
-      INFO(dtype_name(c.type));
-      const auto f32 = from_bytes<std::uint32_t>(run(how, c.type, DType::F32, in, 256 * 4));
-      const auto bf16 = from_bytes<std::uint16_t>(run(how, c.type, DType::BF16, in, 256 * 2));
-      for (std::uint32_t i = 0; i < 256; ++i) {
-        INFO("pattern 0x" << std::hex << i);
-        const float want = c.reference(static_cast<std::uint8_t>(i));
-        CHECK(f32[i] == bits_of(want));
-        CHECK(bf16[i] == f32_to_bf16(want));
-        // No FP8 value needs rounding in bf16: widening it back gives the f32 value.
-        if (!std::isnan(want)) CHECK(bf16_to_f32(bf16[i]) == want);
-        else CHECK(std::isnan(bf16_to_f32(bf16[i])));
+    for (Runner how : all_runners) {
+      IsaScope scope(isa);
+      INFO(isa_name(isa) << ", " << runner_name(how));
+      for (Case c : {Case{DType::F8_E4M3, f8_e4m3_to_f32}, Case{DType::F8_E5M2, f8_e5m2_to_f32},
+                     Case{DType::F8_E8M0, f8_e8m0_to_f32}}) {
+        INFO(dtype_name(c.type));
+        const auto f32 = from_bytes<std::uint32_t>(run(how, c.type, DType::F32, in, 256 * 4));
+        const auto bf16 = from_bytes<std::uint16_t>(run(how, c.type, DType::BF16, in, 256 * 2));
+        for (std::uint32_t i = 0; i < 256; ++i) {
+          INFO("pattern 0x" << std::hex << i);
+          const float want = c.reference(static_cast<std::uint8_t>(i));
+          CHECK(f32[i] == bits_of(want));
+          CHECK(bf16[i] == f32_to_bf16(want));
+          // No FP8 value needs rounding in bf16: widening it back gives the f32 value.
+          if (!std::isnan(want))
+            CHECK(bf16_to_f32(bf16[i]) == want);
+          else
+            CHECK(std::isnan(bf16_to_f32(bf16[i])));
+        }
       }
     }
-  }
 }
 
 TEST_CASE("convert – f32 narrowing kernels match brute-force rounding on millions of patterns",
@@ -446,31 +453,32 @@ TEST_CASE("convert – f32 narrowing kernels match brute-force rounding on milli
   const auto bf16_grid = positive_grid(bf16_format);
   const auto f16_grid = positive_grid(f16_format);
   for (ConvertIsa isa : all_isas)
-  for (Runner how : {Runner::parallel, Runner::serial_unaligned}) {
-    IsaScope scope(isa);
-    INFO(isa_name(isa) << ", " << runner_name(how));
-    const auto bf16 = from_bytes<std::uint16_t>(run(how, DType::F32, DType::BF16, in, patterns.size() * 2));
-    const auto f16 = from_bytes<std::uint16_t>(run(how, DType::F32, DType::F16, in, patterns.size() * 2));
-    std::size_t bad_bf16 = 0, bad_f16 = 0;
-    for (std::size_t i = 0; i < patterns.size(); ++i) {
-      if (bf16[i] != reference_round(bf16_format, bf16_grid, patterns[i])) ++bad_bf16;
-      if (f16[i] != reference_round(f16_format, f16_grid, patterns[i])) ++bad_f16;
+    for (Runner how : {Runner::parallel, Runner::serial_unaligned}) {
+      IsaScope scope(isa);
+      INFO(isa_name(isa) << ", " << runner_name(how));
+      const auto bf16 = from_bytes<std::uint16_t>(run(how, DType::F32, DType::BF16, in, patterns.size() * 2));
+      const auto f16 = from_bytes<std::uint16_t>(run(how, DType::F32, DType::F16, in, patterns.size() * 2));
+      std::size_t bad_bf16 = 0, bad_f16 = 0;
+      for (std::size_t i = 0; i < patterns.size(); ++i) {
+        if (bf16[i] != reference_round(bf16_format, bf16_grid, patterns[i])) ++bad_bf16;
+        if (f16[i] != reference_round(f16_format, f16_grid, patterns[i])) ++bad_f16;
+      }
+      CHECK(bad_bf16 == 0);
+      CHECK(bad_f16 == 0);
     }
-    CHECK(bad_bf16 == 0);
-    CHECK(bad_f16 == 0);
-  }
 }
 
 TEST_CASE("convert – the supported casts are exactly the documented set", "[cpu][convert][errors]") {
-  auto in_set = [](DType t, std::initializer_list<DType> set) { return std::find(set.begin(), set.end(), t) != set.end(); };
+  auto in_set = [](DType t, std::initializer_list<DType> set) {
+    return std::find(set.begin(), set.end(), t) != set.end();
+  };
   for (std::size_t f = 0; f < dtype_count; ++f) {
     for (std::size_t t = 0; t < dtype_count; ++t) {
       const auto from = static_cast<DType>(f), to = static_cast<DType>(t);
-      const bool expected = from == to ||
-                            (in_set(from, {DType::F16, DType::BF16, DType::F32}) &&
-                             in_set(to, {DType::F16, DType::BF16, DType::F32})) ||
-                            (in_set(from, {DType::F8_E4M3, DType::F8_E5M2, DType::F8_E8M0}) &&
-                             in_set(to, {DType::BF16, DType::F32}));
+      const bool expected =
+          from == to ||
+          (in_set(from, {DType::F16, DType::BF16, DType::F32}) && in_set(to, {DType::F16, DType::BF16, DType::F32})) ||
+          (in_set(from, {DType::F8_E4M3, DType::F8_E5M2, DType::F8_E8M0}) && in_set(to, {DType::BF16, DType::F32}));
       INFO(dtype_name(from) << " -> " << dtype_name(to));
       CHECK(convert_supported(from, to) == expected);
       // Eight elements in whole bytes for every dtype (F4: 4 bytes, F6: 6 bytes).
@@ -502,10 +510,10 @@ TEST_CASE("convert – buffers that do not hold the same whole number of element
     std::size_t in_bytes, out_bytes;
   };
   std::vector<std::byte> storage(64);
-  for (Case c : {Case{DType::F32, DType::BF16, 6, 2}, Case{DType::F32, DType::BF16, 8, 2},
-                 Case{DType::BF16, DType::F32, 4, 4}, Case{DType::BF16, DType::F32, 3, 6},
-                 Case{DType::F8_E4M3, DType::F32, 4, 12}, Case{DType::F16, DType::BF16, 4, 5},
-                 Case{DType::F32, DType::F32, 8, 12}, Case{DType::F4, DType::F4, 3, 2}}) {
+  for (Case c :
+       {Case{DType::F32, DType::BF16, 6, 2}, Case{DType::F32, DType::BF16, 8, 2}, Case{DType::BF16, DType::F32, 4, 4},
+        Case{DType::BF16, DType::F32, 3, 6}, Case{DType::F8_E4M3, DType::F32, 4, 12},
+        Case{DType::F16, DType::BF16, 4, 5}, Case{DType::F32, DType::F32, 8, 12}, Case{DType::F4, DType::F4, 3, 2}}) {
     INFO(dtype_name(c.from) << " -> " << dtype_name(c.to) << ", " << c.in_bytes << " -> " << c.out_bytes);
     const std::vector<std::byte> in(c.in_bytes);
     std::vector<std::byte> out(c.out_bytes, std::byte{0x5A});

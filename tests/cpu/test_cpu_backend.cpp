@@ -1,7 +1,7 @@
 // The CPU backend: storage pool, executor, materialization (direct, cast, recipes), transfer.
 
-#include <catch2/catch.hpp>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cstdint>
 #include <thread>
 
@@ -9,6 +9,7 @@
 #include "eredu/core/error.hpp"
 #include "eredu/cpu/convert.hpp"
 #include "eredu/cpu/layout.hpp"
+#include "eredu/engine/engine_error.hpp"
 
 using namespace eredu;
 using namespace eredu::test;
@@ -20,15 +21,10 @@ namespace {
 /// chunk boundaries (aligned on file offsets) split elements.
 std::vector<synth::TensorSpec> mixed_specs() {
   return {
-      {"odd", DType::U8, {7}},
-      {"q", DType::BF16, {8, 16}},
-      {"k", DType::BF16, {8, 16}},
-      {"v", DType::BF16, {8, 16}},
-      {"gate", DType::F32, {4, 6}},
-      {"up", DType::F32, {4, 10}},
-      {"big", DType::BF16, {300, 257}},   // ~150 KiB: several 64 KiB chunks
-      {"mat", DType::F32, {67, 131}},
-      {"cube", DType::F16, {3, 5, 7}},
+      {"odd", DType::U8, {7}},          {"q", DType::BF16, {8, 16}},     {"k", DType::BF16, {8, 16}},
+      {"v", DType::BF16, {8, 16}},      {"gate", DType::F32, {4, 6}},    {"up", DType::F32, {4, 10}},
+      {"big", DType::BF16, {300, 257}},  // ~150 KiB: several 64 KiB chunks
+      {"mat", DType::F32, {67, 131}},   {"cube", DType::F16, {3, 5, 7}},
   };
 }
 
@@ -325,7 +321,8 @@ TEST_CASE("materialize – recipes: fused QKV, gate+up, transpose, slice, reshap
     for (std::size_t a = 0; a < 3; ++a)
       for (std::size_t b = 0; b < 5; ++b)
         for (std::size_t c = 0; c < 7; ++c)
-          same = same && std::memcmp(pm.bytes().data() + ((c * 3 + a) * 5 + b) * 2, in.data() + ((a * 5 + b) * 7 + c) * 2, 2) == 0;
+          same = same && std::memcmp(pm.bytes().data() + ((c * 3 + a) * 5 + b) * 2,
+                                     in.data() + ((a * 5 + b) * 7 + c) * 2, 2) == 0;
     CHECK(same);
   }
 
@@ -338,7 +335,8 @@ TEST_CASE("materialize – recipes: fused QKV, gate+up, transpose, slice, reshap
     for (std::size_t a = 0; a < 3; ++a)
       for (std::size_t b = 0; b < 5; ++b)
         for (std::size_t c = 0; c < 7; ++c)
-          same = same && std::memcmp(t3.bytes().data() + ((a * 7 + c) * 5 + b) * 2, in.data() + ((a * 5 + b) * 7 + c) * 2, 2) == 0;
+          same = same && std::memcmp(t3.bytes().data() + ((a * 7 + c) * 5 + b) * 2,
+                                     in.data() + ((a * 5 + b) * 7 + c) * 2, 2) == 0;
     CHECK(same);
   }
 
@@ -348,7 +346,7 @@ TEST_CASE("materialize – recipes: fused QKV, gate+up, transpose, slice, reshap
   CHECK(to_vector(cc.bytes()) == converted(DType::BF16, DType::F32, cat({&q, &k, &v})));
 
   // A bad recipe is refused before anything starts.
-  CHECK_THROWS_AS(cpu::Backend::materialize_recipe(*env.source, R::source("absent"), env.mc, {}), RecipeError);
+  CHECK_THROWS_AS(cpu::Backend::materialize_recipe(*env.source, R::source("absent"), env.mc, {}), engine::RecipeError);
   CHECK(env.source->pool().in_use() == 0);
 }
 

@@ -24,7 +24,8 @@ namespace {
 // "" when equal, otherwise where the first difference is: Catch would print whole
 // megabyte buffers for a failed ==.
 std::string difference(std::span<const std::byte> got, std::span<const std::byte> want) {
-  if (got.size() != want.size()) return "got " + std::to_string(got.size()) + " bytes, want " + std::to_string(want.size());
+  if (got.size() != want.size())
+    return "got " + std::to_string(got.size()) + " bytes, want " + std::to_string(want.size());
   const auto [g, w] = std::mismatch(got.begin(), got.end(), want.begin());
   if (g == got.end()) return "";
   const auto at = static_cast<std::size_t>(g - got.begin());
@@ -35,9 +36,7 @@ std::string difference(std::span<const std::byte> got, std::span<const std::byte
          std::to_string(std::to_integer<int>(*w));
 }
 
-std::size_t count(const Shape& s) {
-  return std::accumulate(s.begin(), s.end(), std::size_t{1}, std::multiplies<>{});
-}
+std::size_t count(const Shape& s) { return std::accumulate(s.begin(), s.end(), std::size_t{1}, std::multiplies<>{}); }
 
 // Bytes that identify their position: a reordering of elements or of bytes within one shows.
 std::vector<std::byte> pattern(std::size_t bytes, unsigned seed) {
@@ -81,8 +80,8 @@ std::vector<std::byte> reference_slice(const std::vector<std::byte>& in, const S
   return out;
 }
 
-std::vector<std::byte> reference_concat(const std::vector<std::vector<std::byte>>& ins, const std::vector<Shape>& shapes,
-                                        std::size_t dim, std::size_t elem) {
+std::vector<std::byte> reference_concat(const std::vector<std::vector<std::byte>>& ins,
+                                        const std::vector<Shape>& shapes, std::size_t dim, std::size_t elem) {
   Shape out_shape = shapes[0];
   out_shape[dim] = 0;
   for (const auto& s : shapes) out_shape[dim] += s[dim];
@@ -172,25 +171,24 @@ TEST_CASE("layout – slice rejects inconsistent arguments without writing", "[c
   CHECK(std::all_of(out.begin(), out.end(), [](std::byte b) { return b == std::byte{0xEE}; }));
 }
 
-TEST_CASE("layout – concat along dim 0, a middle dim and the last dim matches the reference",
-          "[cpu][layout][concat]") {
+TEST_CASE("layout – concat along dim 0, a middle dim and the last dim matches the reference", "[cpu][layout][concat]") {
   struct Case {
     std::vector<Shape> shapes;
     std::size_t dim;
   };
   const std::size_t elem = GENERATE(1, 2, 4, 8);
-  for (const Case& c : {Case{{{3, 5}, {4, 5}, {1, 5}}, 0},                 // fused QKV
-                        Case{{{6, 7}, {6, 7}}, 0},                         // gate + up
-                        Case{{{4, 3}, {4, 6}}, 1},                         // along the last dim
-                        Case{{{4, 3}, {4, 1}, {4, 5}}, 1},
-                        Case{{{2, 3, 4}, {2, 5, 4}, {2, 0, 4}}, 1},        // an empty input
-                        Case{{{2, 3, 4}, {2, 3, 7}}, 2},
-                        Case{{{2048, 64}, {1024, 64}, {1024, 64}}, 0},     // parallel, contiguous pieces
-                        Case{{{4096, 40}, {4096, 24}}, 1},                 // parallel, short rows
-                        Case{{{3, 70000}, {3, 1000}}, 1}}) {               // parallel, rows split
+  for (const Case& c :
+       {Case{{{3, 5}, {4, 5}, {1, 5}}, 0},                                               // fused QKV
+        Case{{{6, 7}, {6, 7}}, 0},                                                       // gate + up
+        Case{{{4, 3}, {4, 6}}, 1},                                                       // along the last dim
+        Case{{{4, 3}, {4, 1}, {4, 5}}, 1}, Case{{{2, 3, 4}, {2, 5, 4}, {2, 0, 4}}, 1},   // an empty input
+        Case{{{2, 3, 4}, {2, 3, 7}}, 2}, Case{{{2048, 64}, {1024, 64}, {1024, 64}}, 0},  // parallel, contiguous pieces
+        Case{{{4096, 40}, {4096, 24}}, 1},                                               // parallel, short rows
+        Case{{{3, 70000}, {3, 1000}}, 1}}) {                                             // parallel, rows split
     std::vector<std::vector<std::byte>> ins;
     std::vector<ConcatInput> inputs;
-    for (std::size_t i = 0; i < c.shapes.size(); ++i) ins.push_back(pattern(count(c.shapes[i]) * elem, 10 + unsigned(i)));
+    for (std::size_t i = 0; i < c.shapes.size(); ++i)
+      ins.push_back(pattern(count(c.shapes[i]) * elem, 10 + unsigned(i)));
     for (std::size_t i = 0; i < c.shapes.size(); ++i) inputs.push_back({ins[i], c.shapes[i]});
     const auto want = reference_concat(ins, c.shapes, c.dim, elem);
     INFO("elem " << elem << ", first shape " << format_shape(c.shapes[0]) << ", dim " << c.dim);

@@ -5,8 +5,8 @@
 
 #include "eredu/cuda/float_formats.hpp"
 
-#include <catch2/catch.hpp>
 #include <array>
+#include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -85,8 +85,7 @@ TEST_CASE("cuda formats – every 16-bit input widens and crosses exactly as on 
   for (std::uint16_t h : all) {
     const bool ok = f::bf16_to_f32(h) == bf16_f32[h] && f::bf16_to_f32(h) == bits(cpu::bf16_to_f32(h)) &&
                     f::f16_to_f32(h) == f16_f32[h] && f::f16_to_f32(h) == bits(cpu::f16_to_f32(h)) &&
-                    f::f32_to_f16(f::bf16_to_f32(h)) == bf16_f16[h] &&
-                    f::f32_to_bf16(f::f16_to_f32(h)) == f16_bf16[h];
+                    f::f32_to_f16(f::bf16_to_f32(h)) == bf16_f16[h] && f::f32_to_bf16(f::f16_to_f32(h)) == f16_bf16[h];
     if (!ok && ++mismatches <= 5) FAIL_CHECK("16-bit pattern 0x" << std::hex << h << " differs from the CPU backend");
   }
   CHECK(mismatches == 0);

@@ -3,9 +3,9 @@
 // fails a unit cleanly, many units run at once on several streams, and transfer round-trips.
 // Every case needs a device; where none is present it passes with a WARN saying so.
 
-#include <catch2/catch.hpp>
 #include <asio/io_context.hpp>
 #include <asio/use_future.hpp>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <future>
 #include <thread>
@@ -26,12 +26,12 @@ using engine::DerivedWeightRecipe;
 using R = engine::DerivedWeightRecipe;
 
 // Skips the rest of a test case, with the reason in the report, when no device can be used.
-#define EREDU_REQUIRE_GPU()                                                   \
-  do {                                                                        \
-    if (cuda::device_count() == 0) {                                          \
+#define EREDU_REQUIRE_GPU()                                                  \
+  do {                                                                       \
+    if (cuda::device_count() == 0) {                                         \
       WARN("no CUDA device (" << cuda::no_device_reason() << "): skipping"); \
-      return;                                                                 \
-    }                                                                         \
+      return;                                                                \
+    }                                                                        \
   } while (false)
 
 namespace {
@@ -74,8 +74,8 @@ struct GpuEnv {
   cuda::PinnedRegistration pin;
   cuda::MaterializationContext mc{executor, memory, &pin};
 
-  explicit GpuEnv(std::vector<synth::TensorSpec> specs = gpu_specs(), io::SourceOptions options = small_source_options(),
-                  std::size_t device_limit = 0)
+  explicit GpuEnv(std::vector<synth::TensorSpec> specs = gpu_specs(),
+                  io::SourceOptions options = small_source_options(), std::size_t device_limit = 0)
       : ckpt(std::move(specs)), memory(0, device_limit) {
     source = io::CheckpointSource::open(ctx.get_executor(), ckpt.path, options);
     pin = cuda::pin_staging(*source);
@@ -84,7 +84,9 @@ struct GpuEnv {
     drive_until(ctx, m.done);
     return cuda::Backend::finish_materialization(std::move(m));
   }
-  cuda::Tensor read(const io::TensorReadRequest& request) { return finish(cuda::Backend::materialize(*source, request, mc, {})); }
+  cuda::Tensor read(const io::TensorReadRequest& request) {
+    return finish(cuda::Backend::materialize(*source, request, mc, {}));
+  }
   cuda::Tensor run(const DerivedWeightRecipe& recipe) {
     return finish(cuda::Backend::materialize_recipe(*source, recipe, mc, {}));
   }
@@ -111,8 +113,8 @@ TEST_CASE("cuda backend – whole and selected tensors land on the device byte f
     CHECK(to_host(t) == env.ckpt.bytes(spec.name));
   }
   const auto& big = env.ckpt.spec("big");
-  for (const Selection& sel : {Selection{{{10, 290}, {0, 257}}}, Selection{{{0, 300}, {100, 101}}},
-                               Selection{{{299, 300}, {3, 250}}}}) {
+  for (const Selection& sel :
+       {Selection{{{10, 290}, {0, 257}}}, Selection{{{0, 300}, {100, 101}}}, Selection{{{299, 300}, {3, 250}}}}) {
     io::TensorReadRequest request{"big", sel};
     cuda::Tensor t = env.read(request);
     CHECK(to_host(t) == select_bytes(env.ckpt.bytes("big"), big.shape, big.dtype, sel));
@@ -164,7 +166,8 @@ TEST_CASE("cuda backend – casts and recipes equal the CPU backend bit for bit"
   CHECK(env.source->pool().in_use() == 0);
 }
 
-TEST_CASE("cuda backend – a lease is never released before the copy that reads it has completed", "[cuda][gpu][lease]") {
+TEST_CASE("cuda backend – a lease is never released before the copy that reads it has completed",
+          "[cuda][gpu][lease]") {
   EREDU_REQUIRE_GPU();
   // A 64 KiB pool of 16 KiB chunks: every tensor reuses the same few staging blocks. If a lease
   // went back to the pool when its copy was *queued*, the next read would overwrite the bytes
@@ -231,12 +234,13 @@ TEST_CASE("cuda backend – many units at once on several streams", "[cuda][gpu]
   for (auto& lane : lanes) contexts.push_back({*lane, env.memory, &env.pin});
   std::vector<engine::WeightBinding> bindings;
   for (const auto& spec : env.ckpt.specs)
-    bindings.push_back(engine::WeightBinding::tensor("t." + spec.name, spec.name, Selection::all(),
-                                                     bytes_of(spec.dtype, spec.shape)));
+    bindings.push_back(
+        engine::WeightBinding::tensor("t." + spec.name, spec.name, Selection::all(), bytes_of(spec.dtype, spec.shape)));
   engine::WeightBindingPlan plan(std::move(bindings));
   std::vector<std::future<engine::MaterializedUnit<cuda::Backend>>> units;
   for (int round = 0; round < 3; ++round)
-    for (auto& c : contexts) units.push_back(engine::async_materialize<cuda::Backend>(*env.source, plan, c, asio::use_future));
+    for (auto& c : contexts)
+      units.push_back(engine::async_materialize<cuda::Backend>(*env.source, plan, c, asio::use_future));
   for (auto& u : units) {
     auto unit = env.drive(u);
     for (const auto& spec : env.ckpt.specs) {
@@ -248,7 +252,8 @@ TEST_CASE("cuda backend – many units at once on several streams", "[cuda][gpu]
   CHECK(env.source->pool().in_use() == 0);
 }
 
-TEST_CASE("cuda backend – demote then promote round-trips a weight through pinned host memory", "[cuda][gpu][transfer]") {
+TEST_CASE("cuda backend – demote then promote round-trips a weight through pinned host memory",
+          "[cuda][gpu][transfer]") {
   EREDU_REQUIRE_GPU();
   GpuEnv env;
   io::TensorReadRequest request{"big"};

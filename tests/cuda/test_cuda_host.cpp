@@ -4,12 +4,12 @@
 
 #include "eredu/cuda/backend.hpp"
 
-#include <catch2/catch.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/io_context.hpp>
 #include <asio/use_awaitable.hpp>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <thread>
 #include <vector>
 
@@ -76,9 +76,8 @@ TEST_CASE("cuda completions – the relay completes on its own thread, never the
   Completion c = source.completion();
   std::atomic<std::thread::id> completed_on{};
   c.on_complete([&](std::exception_ptr) { completed_on = std::this_thread::get_id(); });
-  std::thread callback_thread([s = std::move(source)]() mutable {
-    cuda::detail::relay_completion(std::move(s), cudaSuccess, "w");
-  });
+  std::thread callback_thread(
+      [s = std::move(source)]() mutable { cuda::detail::relay_completion(std::move(s), cudaSuccess, "w"); });
   const std::thread::id callback_id = callback_thread.get_id();
   callback_thread.join();
   REQUIRE(wait_ready(c));
@@ -118,7 +117,8 @@ TEST_CASE("cuda completions – a coroutine awaiting a relayed completion resume
         *finished = true;
       }(c, &resumed_on, &done),
       asio::detached);
-  std::thread producer([s = std::move(source)]() mutable { cuda::detail::relay_completion(std::move(s), cudaSuccess, ""); });
+  std::thread producer(
+      [s = std::move(source)]() mutable { cuda::detail::relay_completion(std::move(s), cudaSuccess, ""); });
   producer.join();
   while (!done) {
     ctx.restart();

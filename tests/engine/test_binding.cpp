@@ -1,9 +1,9 @@
 // Weight bindings, binding plans (declaration checks, byte checks against the catalog),
 // atomic recipe sets and their lowering into bindings.
 
-#include "eredu/engine/weight_binding.hpp"
 #include "eredu/engine/atomic_recipe_set.hpp"
 #include "eredu/engine/bindings_from_recipe_set.hpp"
+#include "eredu/engine/weight_binding.hpp"
 #include "eredu/engine/weight_binding_plan.hpp"
 
 #include <catch2/catch.hpp>
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "eredu/core/error.hpp"
+#include "eredu/engine/engine_error.hpp"
 
 using namespace eredu;
 using namespace eredu::engine;
@@ -28,17 +29,17 @@ io::Catalog make_catalog() {
   std::uint64_t offset = 64;
   auto add = [&](std::uint32_t file, const char* name, DType dtype, Shape shape) {
     const std::uint64_t bytes = *checked_byte_size(*checked_element_count(shape), dtype);
-    c.add_tensor({.name = name, .dtype = dtype, .shape = std::move(shape), .file = file, .offset = offset,
-                  .nbytes = bytes});
+    c.add_tensor(
+        {.name = name, .dtype = dtype, .shape = std::move(shape), .file = file, .offset = offset, .nbytes = bytes});
     offset += bytes;
   };
-  add(f0, "embed", DType::BF16, {100, 8});      // 1600 bytes
-  add(f0, "q", DType::BF16, {8, 8});            // 128
-  add(f0, "k", DType::BF16, {4, 8});            // 64
-  add(f0, "v", DType::BF16, {4, 8});            // 64
-  add(f1, "gate", DType::F8_E4M3, {16, 8});     // 128
-  add(f1, "up", DType::F8_E4M3, {16, 8});       // 128
-  add(f1, "norm", DType::F32, {8});             // 32
+  add(f0, "embed", DType::BF16, {100, 8});   // 1600 bytes
+  add(f0, "q", DType::BF16, {8, 8});         // 128
+  add(f0, "k", DType::BF16, {4, 8});         // 64
+  add(f0, "v", DType::BF16, {4, 8});         // 64
+  add(f1, "gate", DType::F8_E4M3, {16, 8});  // 128
+  add(f1, "up", DType::F8_E4M3, {16, 8});    // 128
+  add(f1, "norm", DType::F32, {8});          // 32
   return c;
 }
 
@@ -144,13 +145,19 @@ TEST_CASE("binding plan – owners and aliases in the order given", "[engine][bi
 TEST_CASE("binding plan – invalid declarations are DeclarationErrors of their kind", "[engine][binding]") {
   using B = WeightBinding;
   require_throws<DeclarationError>(
-      [] { WeightBindingPlan({B::tensor("w", "q", {}, 128), B::tensor("x", "k", {}, 64), B::tensor("w", "v", {}, 64)}); },
+      [] {
+        WeightBindingPlan({B::tensor("w", "q", {}, 128), B::tensor("x", "k", {}, 64), B::tensor("w", "v", {}, 64)});
+      },
       errc::duplicate_binding, {"parameter 'w'", "bound twice (bindings 0 and 2 of 3)"});
   require_throws<DeclarationError>(
-      [] { WeightBindingPlan({B::tensor("w", "q", {}, 128), B::alias("w", "w", 128)}); }, errc::duplicate_binding,
-      {"parameter 'w'"});
+      [] {
+        WeightBindingPlan({B::tensor("w", "q", {}, 128), B::alias("w", "w", 128)});
+      },
+      errc::duplicate_binding, {"parameter 'w'"});
   require_throws<DeclarationError>(
-      [] { WeightBindingPlan({B::tensor("embed.weight", "embed", {}, 1600), B::alias("lm_head.weight", "embed", 1600)}); },
+      [] {
+        WeightBindingPlan({B::tensor("embed.weight", "embed", {}, 1600), B::alias("lm_head.weight", "embed", 1600)});
+      },
       errc::alias_unknown_owner, {"parameter 'lm_head.weight'", "alias of 'embed'", "no binding"});
   require_throws<DeclarationError>(
       [] {
@@ -160,8 +167,12 @@ TEST_CASE("binding plan – invalid declarations are DeclarationErrors of their 
   require_throws<DeclarationError>([] { WeightBindingPlan({B::alias("self", "self", 1)}); }, errc::alias_chain,
                                    {"parameter 'self'", "alias of itself"});
   require_throws<DeclarationError>(
-      [] { WeightBindingPlan({B::tensor("embed.weight", "embed", {}, 1600), B::alias("lm_head.weight", "embed.weight", 1601)}); },
-      errc::byte_mismatch, {"parameter 'lm_head.weight'", "declares 1601 bytes but its owner 'embed.weight' declares 1600"});
+      [] {
+        WeightBindingPlan(
+            {B::tensor("embed.weight", "embed", {}, 1600), B::alias("lm_head.weight", "embed.weight", 1601)});
+      },
+      errc::byte_mismatch,
+      {"parameter 'lm_head.weight'", "declares 1601 bytes but its owner 'embed.weight' declares 1600"});
   CHECK_NOTHROW(WeightBindingPlan({}));
 }
 
@@ -217,8 +228,10 @@ TEST_CASE("atomic recipe set – names are unique ids, and into_parts consumes t
                                    {"parameter 'mlp.gate_up'"});
   require_throws<DeclarationError>([&] { set.add_alias("attn.qkv_tied", "mlp.gate_up"); }, errc::duplicate_binding,
                                    {"parameter 'attn.qkv_tied'"});
-  require_throws<DeclarationError>([&] { set.add_output("a..b", R::source("q")); }, errc::invalid_parameter_id, {"a..b"});
-  require_throws<DeclarationError>([&] { set.add_alias("fine", "not fine"); }, errc::invalid_parameter_id, {"not fine"});
+  require_throws<DeclarationError>([&] { set.add_output("a..b", R::source("q")); }, errc::invalid_parameter_id,
+                                   {"a..b"});
+  require_throws<DeclarationError>([&] { set.add_alias("fine", "not fine"); }, errc::invalid_parameter_id,
+                                   {"not fine"});
   CHECK(set.size() == 3);  // failed additions change nothing
 
   const R qkv_recipe = qkv();
@@ -252,7 +265,7 @@ TEST_CASE("bindings from recipe set – owners first, then aliases with their ow
   REQUIRE(bindings[0].recipe() != nullptr);
   CHECK(*bindings[0].recipe() == qkv());
   CHECK(bindings[1].name() == "mlp.gate_up.weight");
-  CHECK(bindings[1].expected_bytes() == 512);  // 32x8 f8 widened to bf16
+  CHECK(bindings[1].expected_bytes() == 512);               // 32x8 f8 widened to bf16
   CHECK(bindings[1].recipe()->shares_nodes_with(gate_up));  // moved through, never cloned
   CHECK(bindings[2].name() == "embed.weight");
   CHECK(bindings[2].expected_bytes() == 1600);
@@ -289,10 +302,9 @@ TEST_CASE("bindings from recipe set – failures are typed and named", "[engine]
     AtomicRecipeSet set;
     set.add_output("w", R::source("q"));
     set.add_output("bad", R::cast(R::source("gate"), DType::F16));
-    require_throws<RecipeError>([&] { (void)bindings_from_recipe_set(catalog(), std::move(set)); },
-                                errc::recipe_unsupported_cast,
-                                {"/ckpt/model-00002-of-00002.safetensors: parameter 'bad': tensor 'gate'",
-                                 "cast from F8_E4M3 to F16"});
+    require_throws<RecipeError>(
+        [&] { (void)bindings_from_recipe_set(catalog(), std::move(set)); }, errc::recipe_unsupported_cast,
+        {"/ckpt/model-00002-of-00002.safetensors: parameter 'bad': tensor 'gate'", "cast from F8_E4M3 to F16"});
   }
   CHECK(bindings_from_recipe_set(catalog(), AtomicRecipeSet{}).empty());
 }

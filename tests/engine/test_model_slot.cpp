@@ -2,11 +2,11 @@
 // publish whole, every failure kind leaves the serving version bit-identical, concurrent
 // readers never see a mix, and memory returns to one version after many swaps.
 
-#include <catch2/catch.hpp>
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
 #include <asio/use_future.hpp>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cerrno>
 #include <chrono>
 #include <filesystem>
@@ -147,8 +147,7 @@ struct Env {
 
 }  // namespace
 
-TEST_CASE("model slot – versions publish whole, with generations, and the old one lives while read",
-          "[engine][swap]") {
+TEST_CASE("model slot – versions publish whole, with generations, and the old one lives while read", "[engine][swap]") {
   Env env;
   CHECK(env.slot.current() == nullptr);
   CHECK(env.slot.generation() == 0);
@@ -211,11 +210,10 @@ TEST_CASE("model slot – every failed swap leaves the serving version untouched
     env.expect_rejected(*env.source_b, errc::checksum_mismatch, {.checksums = sums});
   }
   SECTION("the canary rejects the new version") {
-    env.expect_rejected(*env.source_b, errc::canary_failed,
-                        {.canary = [](const TinyModel&) -> asio::awaitable<void> {
-                          throw std::runtime_error("probe output is NaN");
-                          co_return;
-                        }});
+    env.expect_rejected(*env.source_b, errc::canary_failed, {.canary = [](const TinyModel&) -> asio::awaitable<void> {
+      throw std::runtime_error("probe output is NaN");
+      co_return;
+    }});
   }
   SECTION("the swap is cancelled") {
     asio::cancellation_signal cancel;
@@ -257,9 +255,9 @@ TEST_CASE("model slot – checksums that match let the version through", "[engin
   CHECK(r.verified_bytes == env.a.bytes("w").size() + env.a.bytes("b").size() + env.a.bytes("n").size());
   bool canary_ran = false;
   env.swap(*env.source_b, {.canary = [&](const TinyModel& m) -> asio::awaitable<void> {
-                             canary_ran = m.tag() == expected_tag(env.b);
-                             co_return;
-                           }});
+    canary_ran = m.tag() == expected_tag(env.b);
+    co_return;
+  }});
   CHECK(canary_ran);
 }
 
@@ -308,8 +306,8 @@ namespace {
 using InPlace = engine::InPlaceModelSlot<cpu::Backend, TinyModel>;
 
 /// Runs an in-place swap to completion (rethrows its failure).
-engine::SwapReport swap_in_place(Env& env, InPlace& slot, io::CheckpointSource& source,
-                                 const WeightBindingPlan& plan, engine::SwapOptions<TinyModel> options = {}) {
+engine::SwapReport swap_in_place(Env& env, InPlace& slot, io::CheckpointSource& source, const WeightBindingPlan& plan,
+                                 engine::SwapOptions<TinyModel> options = {}) {
   auto f = slot.async_swap(source, plan, env.mc, env.background, asio::use_future, std::move(options));
   return env.get(f);
 }
@@ -375,12 +373,12 @@ TEST_CASE("in-place slot – a failed swap changes no byte, and a reader in flig
     CHECK(tag_now() == expected_tag(env.a));
   }
   SECTION("canary") {
-    CHECK_THROWS_AS(swap_in_place(env, slot, *env.source_b, env.plan,
-                                  {.canary = [](const TinyModel&) -> asio::awaitable<void> {
-                                    throw std::runtime_error("bad probe");
-                                    co_return;
-                                  }}),
-                    Error);
+    CHECK_THROWS_AS(
+        swap_in_place(env, slot, *env.source_b, env.plan, {.canary = [](const TinyModel&) -> asio::awaitable<void> {
+                        throw std::runtime_error("bad probe");
+                        co_return;
+                      }}),
+        Error);
     CHECK(tag_now() == expected_tag(env.a));
   }
   SECTION("a reader in flight delays the copy, and new reads wait for it") {
@@ -396,7 +394,7 @@ TEST_CASE("in-place slot – a failed swap changes no byte, and a reader in flig
     CHECK_FALSE(slot.try_read().has_value());  // the gate is closed for new readers
     CHECK(f.wait_for(std::chrono::milliseconds(0)) != std::future_status::ready);
     CHECK(held->model().tag() == expected_tag(env.a));  // the reader still sees version 1 whole
-    held.reset();                                         // the request ends
+    held.reset();                                       // the request ends
     engine::SwapReport r = env.get(f);
     CHECK(r.readers_drained > std::chrono::nanoseconds(0));
     CHECK(tag_now() == expected_tag(env.b));

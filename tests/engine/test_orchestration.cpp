@@ -1,10 +1,10 @@
 // The engine's materialize/bind orchestration on the CPU backend: a successful atomic load,
 // and every failure leaving the module exactly as it was, with every lease returned.
 
-#include <catch2/catch.hpp>
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
 #include <asio/use_future.hpp>
+#include <catch2/catch.hpp>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -14,13 +14,17 @@
 #include "eredu/core/error.hpp"
 #include "eredu/cpu/convert.hpp"
 #include "eredu/engine/bindings_from_recipe_set.hpp"
+#include "eredu/engine/engine_error.hpp"
 #include "eredu/engine/load.hpp"
 #include "eredu/engine/parameter_backend.hpp"
 #include "eredu/engine/transfer_backend.hpp"
 
 using namespace eredu;
 using namespace eredu::test;
+using engine::DeclarationError;
 using engine::DerivedWeightRecipe;
+using engine::OrchestrationError;
+using engine::RecipeError;
 using engine::WeightBinding;
 using engine::WeightBindingPlan;
 using R = DerivedWeightRecipe;
@@ -33,15 +37,9 @@ namespace {
 
 std::vector<synth::TensorSpec> specs() {
   return {
-      {"odd", DType::U8, {7}},
-      {"embed", DType::BF16, {8, 16}},
-      {"q", DType::BF16, {8, 16}},
-      {"k", DType::BF16, {8, 16}},
-      {"v", DType::BF16, {8, 16}},
-      {"gate", DType::F32, {4, 6}},
-      {"up", DType::F32, {4, 10}},
-      {"big", DType::BF16, {300, 257}},
-      {"norm", DType::F16, {3, 5, 7}},
+      {"odd", DType::U8, {7}},     {"embed", DType::BF16, {8, 16}},  {"q", DType::BF16, {8, 16}},
+      {"k", DType::BF16, {8, 16}}, {"v", DType::BF16, {8, 16}},      {"gate", DType::F32, {4, 6}},
+      {"up", DType::F32, {4, 10}}, {"big", DType::BF16, {300, 257}}, {"norm", DType::F16, {3, 5, 7}},
   };
 }
 
@@ -129,9 +127,10 @@ std::uint64_t bytes_of(DType t, const Shape& s) { return *checked_byte_size(*che
 std::vector<WeightBinding> good_bindings() {
   return {
       WeightBinding::tensor("embed.weight", "embed", Selection::all(), 256),
-      WeightBinding::from_recipe("layers.0.attn.qkv.weight", R::concat({R::source("q"), R::source("k"), R::source("v")}, 0),
-                                 768),
-      WeightBinding::from_recipe("layers.0.mlp.gate_up.weight", R::concat({R::source("gate"), R::source("up")}, 1), 256),
+      WeightBinding::from_recipe("layers.0.attn.qkv.weight",
+                                 R::concat({R::source("q"), R::source("k"), R::source("v")}, 0), 768),
+      WeightBinding::from_recipe("layers.0.mlp.gate_up.weight", R::concat({R::source("gate"), R::source("up")}, 1),
+                                 256),
       WeightBinding::from_recipe("layers.0.mlp.big.weight", R::cast(R::source("big"), DType::F32),
                                  bytes_of(DType::F32, {300, 257})),
       WeightBinding::tensor("layers.0.norm.weight", "norm", Selection::all(), 210),
@@ -226,13 +225,18 @@ TEST_CASE("orchestration – every failure leaves the module exactly as it was",
 
   SECTION("declared bytes differ: refused before any read") {
     const auto read_before = env.source->reader().stats().bytes;
-    auto b = with([](auto& v) { v[3] = WeightBinding::from_recipe("layers.0.mlp.big.weight", R::cast(R::source("big"), DType::F32), 1234); });
+    auto b = with([](auto& v) {
+      v[3] = WeightBinding::from_recipe("layers.0.mlp.big.weight", R::cast(R::source("big"), DType::F32), 1234);
+    });
     auto e = expect_failure<OrchestrationError>([&] { env.load(model, WeightBindingPlan(b)); }, errc::byte_mismatch);
     CHECK_THAT(e.what(), Catch::Contains("layers.0.mlp.big.weight") && Catch::Contains("1234"));
     CHECK(env.source->reader().stats().bytes == read_before);
   }
   SECTION("a recipe naming an unknown tensor") {
-    auto b = with([](auto& v) { v[1] = WeightBinding::from_recipe("layers.0.attn.qkv.weight", R::concat({R::source("q"), R::source("kk")}, 0), 512); });
+    auto b = with([](auto& v) {
+      v[1] =
+          WeightBinding::from_recipe("layers.0.attn.qkv.weight", R::concat({R::source("q"), R::source("kk")}, 0), 512);
+    });
     auto e = expect_failure<RecipeError>([&] { env.load(model, WeightBindingPlan(b)); }, errc::recipe_unknown_key);
     CHECK_THAT(e.what(), Catch::Contains("kk"));
   }
@@ -243,16 +247,23 @@ TEST_CASE("orchestration – every failure leaves the module exactly as it was",
   }
   SECTION("a value without a slot") {
     auto b = with([](auto& v) { v.push_back(WeightBinding::tensor("layers.0.extra", "odd", Selection::all(), 7)); });
-    auto e = expect_failure<OrchestrationError>([&] { env.load(model, WeightBindingPlan(b)); }, errc::unexpected_bindings);
+    auto e =
+        expect_failure<OrchestrationError>([&] { env.load(model, WeightBindingPlan(b)); }, errc::unexpected_bindings);
     CHECK_THAT(e.what(), Catch::Contains("layers.0.extra"));
   }
   SECTION("a weight of the wrong shape") {
-    auto b = with([](auto& v) { v[0] = WeightBinding::tensor("embed.weight", "embed", Selection{{{0, 4}, {0, 16}}}, 128); v[5] = WeightBinding::alias("lm_head.weight", "embed.weight", 128); });
+    auto b = with([](auto& v) {
+      v[0] = WeightBinding::tensor("embed.weight", "embed", Selection{{{0, 4}, {0, 16}}}, 128);
+      v[5] = WeightBinding::alias("lm_head.weight", "embed.weight", 128);
+    });
     auto e = expect_failure<BackendError>([&] { env.load(model, WeightBindingPlan(b)); }, errc::bind_shape_mismatch);
     CHECK_THAT(e.what(), Catch::Contains("embed.weight") && Catch::Contains("[4, 16]"));
   }
   SECTION("a weight of the wrong dtype") {
-    auto b = with([](auto& v) { v[3] = WeightBinding::tensor("layers.0.mlp.big.weight", "big", Selection::all(), bytes_of(DType::BF16, {300, 257})); });
+    auto b = with([](auto& v) {
+      v[3] =
+          WeightBinding::tensor("layers.0.mlp.big.weight", "big", Selection::all(), bytes_of(DType::BF16, {300, 257}));
+    });
     auto e = expect_failure<BackendError>([&] { env.load(model, WeightBindingPlan(b)); }, errc::bind_dtype_mismatch);
     CHECK_THAT(e.what(), Catch::Contains("layers.0.mlp.big.weight"));
   }
@@ -267,8 +278,7 @@ TEST_CASE("orchestration – every failure leaves the module exactly as it was",
   }
   SECTION("the file is truncated after it was opened") {
     std::filesystem::resize_file(env.ckpt.path, env.source->catalog().at("big").offset + 100);
-    Error e = expect_failure<Error>([&] { env.load(model, WeightBindingPlan(good_bindings())); },
-                                    errc::unexpected_eof);
+    Error e = expect_failure<Error>([&] { env.load(model, WeightBindingPlan(good_bindings())); }, errc::unexpected_eof);
     CHECK_THAT(e.what(), Catch::Contains(env.ckpt.path.string()));
   }
   SECTION("the file shrinks while a cast converts a resident tensor straight from its mapping") {
@@ -290,21 +300,27 @@ TEST_CASE("orchestration – every failure leaves the module exactly as it was",
     env.faults.on_map_hook = nullptr;
   }
   CHECK(snapshot(model) == before);
-  CHECK(env.source->pool().in_use() == 0);                  // every lease returned
-  CHECK(env.storage.stats().live_bytes == live_before);    // the failed unit's tensors freed
+  CHECK(env.source->pool().in_use() == 0);               // every lease returned
+  CHECK(env.storage.stats().live_bytes == live_before);  // the failed unit's tensors freed
 }
 
 TEST_CASE("orchestration – invalid declarations are refused when the plan is built", "[engine][orchestration]") {
   auto plan_of = [](std::vector<WeightBinding> b) { return WeightBindingPlan(std::move(b)); };
-  expect_failure<DeclarationError>([&] { plan_of({WeightBinding::tensor("a", "q", {}, 256), WeightBinding::tensor("a", "k", {}, 256)}); },
-                                   errc::duplicate_binding);
-  expect_failure<DeclarationError>([&] { plan_of({WeightBinding::alias("b", "nobody", 256)}); }, errc::alias_unknown_owner);
   expect_failure<DeclarationError>(
       [&] {
-        plan_of({WeightBinding::tensor("a", "q", {}, 256), WeightBinding::alias("b", "a", 256), WeightBinding::alias("c", "b", 256)});
+        plan_of({WeightBinding::tensor("a", "q", {}, 256), WeightBinding::tensor("a", "k", {}, 256)});
+      },
+      errc::duplicate_binding);
+  expect_failure<DeclarationError>([&] { plan_of({WeightBinding::alias("b", "nobody", 256)}); },
+                                   errc::alias_unknown_owner);
+  expect_failure<DeclarationError>(
+      [&] {
+        plan_of({WeightBinding::tensor("a", "q", {}, 256), WeightBinding::alias("b", "a", 256),
+                 WeightBinding::alias("c", "b", 256)});
       },
       errc::alias_chain);
-  expect_failure<DeclarationError>([&] { WeightBinding::tensor("bad..name", "q", {}, 256); }, errc::invalid_parameter_id);
+  expect_failure<DeclarationError>([&] { WeightBinding::tensor("bad..name", "q", {}, 256); },
+                                   errc::invalid_parameter_id);
 }
 
 TEST_CASE("orchestration – a recipe set is consumed whole into bindings that load", "[engine][orchestration]") {

@@ -4,8 +4,8 @@
 #include "eredu/engine/parameter_metadata.hpp"
 #include "eredu/engine/parameterized.hpp"
 
-#include <catch2/catch.hpp>
 #include <fmt/format.h>
+#include <catch2/catch.hpp>
 
 #include <map>
 #include <set>
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "eredu/core/error.hpp"
+#include "eredu/engine/engine_error.hpp"
 
 using namespace eredu;
 using namespace eredu::engine;
@@ -39,8 +40,8 @@ void require_invalid(const std::string& name, const std::string& why_fragment) {
 }  // namespace
 
 TEST_CASE("parameter id – accepts dotted names of [A-Za-z0-9_-] segments", "[engine][parameter]") {
-  for (const char* name : {"w", "layers.3.attn.qkv.weight", "model.embed_tokens.weight", "a-b.C_9.0",
-                           "0", "lm_head", "x.y.z.w.v.u"}) {
+  for (const char* name :
+       {"w", "layers.3.attn.qkv.weight", "model.embed_tokens.weight", "a-b.C_9.0", "0", "lm_head", "x.y.z.w.v.u"}) {
     INFO(name);
     CHECK(ParameterId::check(name).empty());
     auto parsed = ParameterId::parse(name);

@@ -2,12 +2,12 @@
 // reader, repeated passes (read again, or promoted from parked host copies), cancellation
 // returning every lease and unit, and a failing unit surfacing exactly where it is.
 
-#include <catch2/catch.hpp>
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/use_future.hpp>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cerrno>
 #include <chrono>
 #include <future>
@@ -68,10 +68,10 @@ std::vector<PipelineUnit> units() {
   for (std::size_t i = 0; i < kUnits; ++i) {
     std::vector<WeightBinding> b{
         WeightBinding::tensor("a.weight", fmt::format("layers.{}.a", i), Selection::all(), kWideBytes),
-        WeightBinding::from_recipe("b.weight",
-                                   DerivedWeightRecipe::cast(DerivedWeightRecipe::source(fmt::format("layers.{}.b", i)),
-                                                             DType::F32),
-                                   kCastBytes),
+        WeightBinding::from_recipe(
+            "b.weight",
+            DerivedWeightRecipe::cast(DerivedWeightRecipe::source(fmt::format("layers.{}.b", i)), DType::F32),
+            kCastBytes),
         WeightBinding::alias("tied.weight", "a.weight", kWideBytes),
     };
     out.push_back({fmt::format("layers.{}", i), WeightBindingPlan(std::move(b))});
@@ -149,7 +149,8 @@ TEST_CASE("pipeline – units arrive in order, pass after pass, within the budge
   const std::uint64_t budget = 2 * kUnitBytes;  // look-ahead 3 would allow 4 units: the budget binds
   Pipeline pipeline(*env.source, units(), make_layer, env.mc, {.lookahead = 3, .resident_budget = budget, .passes = 2});
   std::uint64_t max_live = 0;
-  auto done = asio::co_spawn(env.ctx, consume(pipeline, env, std::chrono::milliseconds(3), &max_live), asio::use_future);
+  auto done =
+      asio::co_spawn(env.ctx, consume(pipeline, env, std::chrono::milliseconds(3), &max_live), asio::use_future);
   std::vector<std::size_t> seen = env.get(done);
 
   std::vector<std::size_t> expected;
@@ -173,7 +174,8 @@ TEST_CASE("pipeline – a fast consumer waits for a slow reader and the look-ahe
   Env env;
   Pipeline pipeline(*env.source, units(), make_layer, env.mc, {.lookahead = 1});
   std::uint64_t max_live = 0;
-  auto done = asio::co_spawn(env.ctx, consume(pipeline, env, std::chrono::microseconds(0), &max_live), asio::use_future);
+  auto done =
+      asio::co_spawn(env.ctx, consume(pipeline, env, std::chrono::microseconds(0), &max_live), asio::use_future);
   CHECK(env.get(done).size() == kUnits);
   const engine::PipelineStats stats = pipeline.stats();
   CHECK(stats.budget == 2 * kUnitBytes);  // default: (K + 1) × the largest unit
@@ -183,14 +185,14 @@ TEST_CASE("pipeline – a fast consumer waits for a slow reader and the look-ahe
   for (const auto& u : stats.units) CHECK_FALSE(u.from_host);
 }
 
-TEST_CASE("pipeline – keep_on_host parks released units and promotes them on the next pass",
-          "[engine][pipeline]") {
+TEST_CASE("pipeline – keep_on_host parks released units and promotes them on the next pass", "[engine][pipeline]") {
   Env env;
   cpu::Executor park{1};
-  Pipeline pipeline(*env.source, units(), make_layer, env.mc,
-                    {.lookahead = 1, .passes = 3, .keep_on_host = true}, &park);
+  Pipeline pipeline(*env.source, units(), make_layer, env.mc, {.lookahead = 1, .passes = 3, .keep_on_host = true},
+                    &park);
   std::uint64_t max_live = 0;
-  auto done = asio::co_spawn(env.ctx, consume(pipeline, env, std::chrono::microseconds(200), &max_live), asio::use_future);
+  auto done =
+      asio::co_spawn(env.ctx, consume(pipeline, env, std::chrono::microseconds(200), &max_live), asio::use_future);
   CHECK(env.get(done).size() == 3 * kUnits);
   const engine::PipelineStats stats = pipeline.stats();
   std::size_t promoted = 0;
@@ -233,9 +235,9 @@ TEST_CASE("pipeline – cancelling async_next mid-stream returns every lease and
     CHECK(e.kind() == errc::cancelled);
   }
   CHECK(got.load() == 2);
-  CHECK(env.source->pool().in_use() == 0);       // every lease back
-  CHECK(env.storage.stats().live_bytes == 0);    // the held units were released when the coroutine ended
-  CHECK(pipeline.stats().resident_bytes == 0);   // every reservation returned
+  CHECK(env.source->pool().in_use() == 0);      // every lease back
+  CHECK(env.storage.stats().live_bytes == 0);   // the held units were released when the coroutine ended
+  CHECK(pipeline.stats().resident_bytes == 0);  // every reservation returned
   auto again = asio::co_spawn(env.ctx, pipeline.async_next(asio::use_awaitable), asio::use_future);
   CHECK_THROWS_AS(env.get(again), Error);
   auto closed = pipeline.async_close(asio::use_future);
@@ -274,8 +276,7 @@ TEST_CASE("pipeline – closing while loads are in flight stops them and returns
   }
 }
 
-TEST_CASE("pipeline – an I/O error in unit 2 surfaces at unit 2, typed and named, and stays",
-          "[engine][pipeline]") {
+TEST_CASE("pipeline – an I/O error in unit 2 surfaces at unit 2, typed and named, and stays", "[engine][pipeline]") {
   Env env;
   const auto& t = env.source->catalog().at("layers.2.a");
   // Mid-tensor: an aligned window around a neighbour's read must not reach it.
@@ -351,7 +352,8 @@ TEST_CASE("pipeline – one consumer: a second concurrent async_next is refused,
   }
   CHECK(env.get(first).index() == 0);
   std::uint64_t max_live = 0;
-  auto rest = asio::co_spawn(env.ctx, consume(pipeline, env, std::chrono::microseconds(0), &max_live), asio::use_future);
+  auto rest =
+      asio::co_spawn(env.ctx, consume(pipeline, env, std::chrono::microseconds(0), &max_live), asio::use_future);
   CHECK(env.get(rest).size() == 2 * kUnits - 1);
   const engine::PipelineStats stats = pipeline.stats();
   CHECK(stats.delivered == 2 * kUnits);

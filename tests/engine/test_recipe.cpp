@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "eredu/core/error.hpp"
+#include "eredu/engine/engine_error.hpp"
 #include "eredu/io/open_catalog.hpp"
 #include "eredu/synth/safetensors_writer.hpp"
 #include "support/temp_dir.hpp"
@@ -29,8 +30,8 @@ class Checkpoint {
  public:
   Checkpoint() {
     const std::vector<synth::TensorSpec> specs{
-        {"q", DType::BF16, {8, 16}},    {"k", DType::BF16, {4, 16}},     {"v", DType::BF16, {4, 16}},
-        {"gate", DType::BF16, {32, 16}}, {"up", DType::BF16, {32, 16}},   {"w3", DType::F32, {2, 3, 4}},
+        {"q", DType::BF16, {8, 16}},      {"k", DType::BF16, {4, 16}},   {"v", DType::BF16, {4, 16}},
+        {"gate", DType::BF16, {32, 16}},  {"up", DType::BF16, {32, 16}}, {"w3", DType::F32, {2, 3, 4}},
         {"f8", DType::F8_E4M3, {16, 16}}, {"f4", DType::F4, {4, 8}},     {"i32", DType::I32, {4}},
         {"h", DType::F16, {4, 16}},
     };
@@ -217,10 +218,10 @@ TEST_CASE("recipe – shape mismatches are recipe_shape_mismatch", "[engine][rec
 TEST_CASE("recipe – dims and ranges outside the shape are recipe_bad_dim", "[engine][recipe]") {
   require_error(R::slice(src("q"), 2, {0, 1}), errc::recipe_bad_dim,
                 {"recipe slice:", "dim 2 is out of range for the input's shape [8, 16] (rank 2)", "tensor 'q'"});
-  require_error(R::slice(src("q"), 1, {4, 17}), errc::recipe_bad_dim,
-                {"range 4:17 does not fit dim 1 of size 16"});
+  require_error(R::slice(src("q"), 1, {4, 17}), errc::recipe_bad_dim, {"range 4:17 does not fit dim 1 of size 16"});
   require_error(R::slice(src("q"), 1, {5, 4}), errc::recipe_bad_dim, {"range 5:4"});
-  require_error(R::concat({src("k"), src("v")}, 2), errc::recipe_bad_dim, {"dim 2 is out of range for inputs of rank 2"});
+  require_error(R::concat({src("k"), src("v")}, 2), errc::recipe_bad_dim,
+                {"dim 2 is out of range for inputs of rank 2"});
   require_error(R::permute(src("w3"), {0, 0, 1}), errc::recipe_bad_dim,
                 {"order [0, 0, 1] is not a permutation of 0..2", "entry 0 repeats"});
   require_error(R::permute(src("w3"), {0, 3, 1}), errc::recipe_bad_dim, {"entry 3 is out of range"});

@@ -26,13 +26,9 @@ constexpr std::size_t MiB = std::size_t{1} << 20;
 // Sizes chosen to straddle 4 KiB windows, exceed one 4 MiB request, and be empty.
 std::vector<synth::TensorSpec> test_specs() {
   return {
-      {"tiny", DType::U8, {7}},
-      {"embed", DType::BF16, {300, 130}},
-      {"straddle", DType::F32, {1025}},
+      {"tiny", DType::U8, {7}},          {"embed", DType::BF16, {300, 130}}, {"straddle", DType::F32, {1025}},
       {"big", DType::F32, {1100, 1000}},  // 4.4 MB: two requests
-      {"empty", DType::F16, {0, 16}},
-      {"cube", DType::I16, {6, 10, 12}},
-      {"scalar", DType::F64, {}},
+      {"empty", DType::F16, {0, 16}},    {"cube", DType::I16, {6, 10, 12}},  {"scalar", DType::F64, {}},
   };
 }
 
@@ -135,13 +131,11 @@ TEST_CASE("checkpoint source – row, column and 3-d selections read exactly the
   };
   const Shape embed{300, 130}, big{1100, 1000}, cube{6, 10, 12};
   std::vector<Case> cases = {
-      {"embed", Selection::rows(embed, 17, 151)},
-      {"embed", Selection::columns(embed, 65, 130)},
-      {"big", Selection::rows(big, 550, 1100)},   // a tensor-parallel half: one run
-      {"big", Selection::columns(big, 0, 500)},   // 1100 runs of 2000 bytes
-      {"cube", Selection{{{1, 4}, {2, 9}, {0, 12}}}},
-      {"cube", Selection{{{0, 6}, {0, 10}, {3, 5}}}},
-      {"embed", Selection::rows(embed, 5, 5)},   // nothing
+      {"embed", Selection::rows(embed, 17, 151)},     {"embed", Selection::columns(embed, 65, 130)},
+      {"big", Selection::rows(big, 550, 1100)},  // a tensor-parallel half: one run
+      {"big", Selection::columns(big, 0, 500)},  // 1100 runs of 2000 bytes
+      {"cube", Selection{{{1, 4}, {2, 9}, {0, 12}}}}, {"cube", Selection{{{0, 6}, {0, 10}, {3, 5}}}},
+      {"embed", Selection::rows(embed, 5, 5)},  // nothing
   };
   for (const auto& c : cases) {
     CAPTURE(c.name, c.sel.to_string());
@@ -155,7 +149,8 @@ TEST_CASE("checkpoint source – row, column and 3-d selections read exactly the
 TEST_CASE("checkpoint source – bad requests are typed errors naming the tensor", "[io][read]") {
   Checkpoint ck;
   asio::io_context ctx;
-  auto source = CheckpointSource::open(ctx.get_executor(), ck.path, options_for(ReaderKind::automatic, DirectMode::off));
+  auto source =
+      CheckpointSource::open(ctx.get_executor(), ck.path, options_for(ReaderKind::automatic, DirectMode::off));
   auto expect = [&](TensorReadRequest r, errc kind, std::string_view needle) {
     try {
       run_on(ctx, source->async_read(r, asio::use_awaitable));
@@ -222,7 +217,8 @@ TEST_CASE("checkpoint source – injected short reads are resubmitted, never wro
     CHECK(copy_of(lease) == ck.bytes(name));
   }
   Lease cols = run_on(ctx, source->async_read({"embed", Selection::columns({300, 130}, 1, 3)}, asio::use_awaitable));
-  CHECK(copy_of(cols) == select_bytes(ck.bytes("embed"), {300, 130}, DType::BF16, Selection::columns({300, 130}, 1, 3)));
+  CHECK(copy_of(cols) ==
+        select_bytes(ck.bytes("embed"), {300, 130}, DType::BF16, Selection::columns({300, 130}, 1, 3)));
   CHECK(source->reader().stats().short_reads > 10);
   CHECK(faults.calls > 10);
 }
@@ -329,7 +325,8 @@ TEST_CASE("checkpoint source – sharded checkpoints read across files", "[io][r
   auto data = test::random_tensor_bytes(specs, 11);
   synth::write_sharded(dir.path(), specs, test::spans_of(data), 2 * MiB);
   asio::io_context ctx;
-  auto source = CheckpointSource::open(ctx.get_executor(), dir.path(), options_for(ReaderKind::uring, DirectMode::automatic));
+  auto source =
+      CheckpointSource::open(ctx.get_executor(), dir.path(), options_for(ReaderKind::uring, DirectMode::automatic));
   CHECK(source->catalog().files().size() > 1);
   for (std::size_t i = 0; i < specs.size(); ++i) {
     Lease l = run_on(ctx, source->async_read({specs[i].name}, asio::use_awaitable));
@@ -342,7 +339,8 @@ TEST_CASE("checkpoint source – automatic reader falls back to pread with a log
   asio::io_context ctx;
   LogCapture logs;
   ::setenv("EREDU_DISABLE_URING", "1", 1);
-  auto source = CheckpointSource::open(ctx.get_executor(), ck.path, options_for(ReaderKind::automatic, DirectMode::off));
+  auto source =
+      CheckpointSource::open(ctx.get_executor(), ck.path, options_for(ReaderKind::automatic, DirectMode::off));
   CHECK_THROWS_AS(CheckpointSource::open(ctx.get_executor(), ck.path, options_for(ReaderKind::uring, DirectMode::off)),
                   Error);
   ::unsetenv("EREDU_DISABLE_URING");
@@ -368,8 +366,7 @@ TEST_CASE("uring reader – a small registration limit falls back with a log lin
   CHECK(source->reader().stats().fixed_buffer_requests > 0);
 }
 
-TEST_CASE("readers – destroying a reader with reads in flight completes them, touching nothing after",
-          "[io][read]") {
+TEST_CASE("readers – destroying a reader with reads in flight completes them, touching nothing after", "[io][read]") {
   auto kind = GENERATE(ReaderKind::uring, ReaderKind::pread);
   Checkpoint ck;
   asio::io_context ctx;
@@ -381,8 +378,10 @@ TEST_CASE("readers – destroying a reader with reads in flight completes them, 
   ReaderOptions ro;
   ro.max_request = 64 * 1024;
   std::unique_ptr<Reader> reader;
-  if (kind == ReaderKind::uring) reader = std::make_unique<UringReader>(ctx.get_executor(), files, pool.memory(), ro);
-  else reader = std::make_unique<PreadReader>(files, ro);
+  if (kind == ReaderKind::uring)
+    reader = std::make_unique<UringReader>(ctx.get_executor(), files, pool.memory(), ro);
+  else
+    reader = std::make_unique<PreadReader>(files, ro);
   int completed = 0, cancelled = 0;
   std::vector<StagingBuffer> buffers;
   for (int i = 0; i < 8; ++i) {
@@ -390,8 +389,10 @@ TEST_CASE("readers – destroying a reader with reads in flight completes them, 
     REQUIRE(b);
     reader->async_read({{0, 0, b->data(), files[0].size, files[0].size}}, ctx.get_executor(),
                        [&](std::optional<ReadFailure> f) {
-                         if (!f) ++completed;
-                         else if (f->code == errc::cancelled) ++cancelled;
+                         if (!f)
+                           ++completed;
+                         else if (f->code == errc::cancelled)
+                           ++cancelled;
                        });
     buffers.push_back(std::move(*b));
   }

@@ -3,12 +3,12 @@
 #include "eredu/io/checksums.hpp"
 
 #include <asio/thread_pool.hpp>
-#include <asio/use_future.hpp>
 #include <asio/use_awaitable.hpp>
+#include <asio/use_future.hpp>
+#include <catch2/catch.hpp>
 #include <cerrno>
 #include <chrono>
 #include <future>
-#include <catch2/catch.hpp>
 
 #include "eredu/core/error.hpp"
 #include "eredu/io/open_catalog.hpp"

@@ -25,16 +25,25 @@ TEST_CASE("json – u64 literals are told apart from other numbers", "[io][json]
   const auto doc = json::Document::parse(text);
   std::vector<std::optional<std::uint64_t>> got;
   for (const auto& v : doc.root().items()) got.push_back(v.as_u64());
-  const std::vector<std::optional<std::uint64_t>> expected = {
-      0, 7, 18446744073709551615ULL, std::nullopt, std::nullopt, std::nullopt,
-      std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt};
+  const std::vector<std::optional<std::uint64_t>> expected = {0,
+                                                              7,
+                                                              18446744073709551615ULL,
+                                                              std::nullopt,
+                                                              std::nullopt,
+                                                              std::nullopt,
+                                                              std::nullopt,
+                                                              std::nullopt,
+                                                              std::nullopt,
+                                                              std::nullopt,
+                                                              std::nullopt};
   CHECK(got == expected);
   CHECK(doc.root().items().size() == 11);
   CHECK((*++doc.root().items().begin()).number_text() == "7");
 }
 
 TEST_CASE("json – strings decode escapes and surrogate pairs", "[io][json]") {
-  const std::string text = R"(["plain", "a\"b\\c\/d\b\f\n\r\t", "\u00e9\u20AC", "\ud83d\ude00", "\u0000", "caf\u00e9 ok"])";
+  const std::string text =
+      R"(["plain", "a\"b\\c\/d\b\f\n\r\t", "\u00e9\u20AC", "\ud83d\ude00", "\u0000", "caf\u00e9 ok"])";
   const auto doc = json::Document::parse(text);
   std::vector<std::string> got;
   for (const auto& v : doc.root().items()) got.emplace_back(v.as_string());

@@ -112,9 +112,8 @@ TEST_CASE("lease pool – cancelling a waiter completes it with operation_aborte
   auto hog = pool.try_acquire(16 * KiB);
   asio::cancellation_signal signal;
   std::error_code first, second;
-  pool.async_acquire(16 * KiB, asio::bind_cancellation_slot(signal.slot(), [&](std::error_code ec, StagingBuffer) {
-                       first = ec;
-                     }));
+  pool.async_acquire(
+      16 * KiB, asio::bind_cancellation_slot(signal.slot(), [&](std::error_code ec, StagingBuffer) { first = ec; }));
   pool.async_acquire(4 * KiB, [&](std::error_code ec, StagingBuffer) { second = ec; });
   ctx.poll();
   signal.emit(asio::cancellation_type::terminal);

@@ -112,8 +112,8 @@ TEST_CASE("guarded read – a file that shrinks under its mapping gives a typed 
   REQUIRE(e.context().offset);
   CHECK(*e.context().offset == cut);  // the first byte of the first page past the end
   const std::string what = e.what();
-  CHECK_THAT(what, Catch::Contains(ckpt.path.string()) && Catch::Contains("'w'") &&
-                       Catch::Contains(std::to_string(cut)));
+  CHECK_THAT(what,
+             Catch::Contains(ckpt.path.string()) && Catch::Contains("'w'") && Catch::Contains(std::to_string(cut)));
 
   // The guard is gone once guarded_read returns; a second guarded read faults the same way,
   // and an exception from the access passes through.

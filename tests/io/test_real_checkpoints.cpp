@@ -1,9 +1,9 @@
 // Every real checkpoint in ../shared/data/real against MANIFEST.json: tensor lists, byte
 // ranges (checked by sha256 of the stored bytes), and the expected rejections.
 
-#include <catch2/catch.hpp>
 #include <fcntl.h>
 #include <unistd.h>
+#include <catch2/catch.hpp>
 
 #include <fstream>
 #include <sstream>
@@ -13,8 +13,8 @@
 #include "eredu/core/error.hpp"
 #include "eredu/io/open_catalog.hpp"
 #include "eredu/io/safetensors.hpp"
-#include "json.hpp"
 #include "eredu/io/sha256.hpp"
+#include "json.hpp"
 #include "support/temp_dir.hpp"
 
 using eredu::errc;

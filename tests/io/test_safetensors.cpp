@@ -1,9 +1,9 @@
 #include "eredu/io/safetensors.hpp"
 
-#include <catch2/catch.hpp>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
+#include <catch2/catch.hpp>
 
 #include <set>
 #include <string>
@@ -73,8 +73,7 @@ std::vector<BadFile> bad_files() {
   add("N = 2^64-1", with_length(~std::uint64_t{0}, "{}"), errc::header_too_large, {"18446744073709551615"});
   // 4. invalid_header_length
   add("N larger than the file", with_length(100, "{}"), errc::invalid_header_length, {"100", "108", "10"});
-  add("N = 100,000,000 but short file", with_length(100'000'000, "{}"), errc::invalid_header_length,
-      {"100000000"});
+  add("N = 100,000,000 but short file", with_length(100'000'000, "{}"), errc::invalid_header_length, {"100000000"});
   // 5. invalid_header_utf8
   add("byte 0xFF in the header", st_file("{\"\xFF\":1}"), errc::invalid_header_utf8, {"0xFF", "offset 10"});
   add("encoded surrogate ED A0 80", st_file("{\"\xED\xA0\x80\":1}"), errc::invalid_header_utf8, {"0xED"});
@@ -107,11 +106,13 @@ std::vector<BadFile> bad_files() {
   add("raw U+0001 in a key", st_file("{\"t\x01\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8),
       errc::invalid_header_json, {"control character"});
   add("invalid escape \\x", st_file(R"({"t\x":{}})"), errc::invalid_header_json, {"escape"});
-  add("number out of range in an extra field", st_file(t_with(R"("dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1e400)"), 8),
-      errc::invalid_header_json, {"out of range"});
-  add("128 nested arrays", st_file(t_with(R"("dtype":"F32","shape":[2],"data_offsets":[0,8],"x":)" +
-                                          std::string(126, '[') + std::string(126, ']')),
-                                   8),
+  add("number out of range in an extra field",
+      st_file(t_with(R"("dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1e400)"), 8), errc::invalid_header_json,
+      {"out of range"});
+  add("128 nested arrays",
+      st_file(t_with(R"("dtype":"F32","shape":[2],"data_offsets":[0,8],"x":)" + std::string(126, '[') +
+                     std::string(126, ']')),
+              8),
       errc::invalid_header_json, {"recursion limit"});
   // 6. header_not_object
   add("[]", st_file("[]"), errc::header_not_object, {"array"});
@@ -127,8 +128,10 @@ std::vector<BadFile> bad_files() {
   // 6. schema: tensor entries
   add("tensor value [1,2]", st_file(R"({"t":[1,2]})"), errc::invalid_tensor_entry, {"'t'", "array"});
   add("tensor value null", st_file(R"({"t":null})"), errc::invalid_tensor_entry, {"'t'"});
-  add("missing dtype", st_file(t_with(R"("shape":[2],"data_offsets":[0,8])"), 8), errc::missing_field, {"'t'", "dtype"});
-  add("missing shape", st_file(t_with(R"("dtype":"F32","data_offsets":[0,8])"), 8), errc::missing_field, {"'t'", "shape"});
+  add("missing dtype", st_file(t_with(R"("shape":[2],"data_offsets":[0,8])"), 8), errc::missing_field,
+      {"'t'", "dtype"});
+  add("missing shape", st_file(t_with(R"("dtype":"F32","data_offsets":[0,8])"), 8), errc::missing_field,
+      {"'t'", "shape"});
   add("missing data_offsets", st_file(t_with(R"("dtype":"F32","shape":[2])"), 8), errc::missing_field,
       {"'t'", "data_offsets"});
   add("dtype twice", st_file(t_with(R"("dtype":"F32","dtype":"F32","shape":[2],"data_offsets":[0,8])"), 8),
@@ -139,7 +142,8 @@ std::vector<BadFile> bad_files() {
       {"'t'", "F128"});
   add("dtype f32", st_file(t_with(R"("dtype":"f32","shape":[2],"data_offsets":[0,8])"), 8), errc::unknown_dtype,
       {"f32", "case-sensitive"});
-  add("dtype 32", st_file(t_with(R"("dtype":32,"shape":[2],"data_offsets":[0,8])"), 8), errc::unknown_dtype, {"number"});
+  add("dtype 32", st_file(t_with(R"("dtype":32,"shape":[2],"data_offsets":[0,8])"), 8), errc::unknown_dtype,
+      {"number"});
   add("shape [2.0]", st_file(t_shape("[2.0]"), 8), errc::invalid_shape, {"'t'", "2.0"});
   add("shape [2e0]", st_file(t_shape("[2e0]"), 8), errc::invalid_shape, {"2e0"});
   add("shape [-0]", st_file(t_shape("[-0]"), 8), errc::invalid_shape, {"-0"});
@@ -172,7 +176,8 @@ std::vector<BadFile> bad_files() {
   // 7. offsets
   add("first tensor at [8,16]", st_file("{" + entry("t", "F32", "[2]", 8, 16) + "}", 16), errc::invalid_offset,
       {"'t'", "[8, 16] begin at 8", "ends at 0"});
-  add("gap [0,4],[8,12]", st_file("{" + entry("a", "F32", "[1]", 0, 4) + "," + entry("b", "F32", "[1]", 8, 12) + "}", 12),
+  add("gap [0,4],[8,12]",
+      st_file("{" + entry("a", "F32", "[1]", 0, 4) + "," + entry("b", "F32", "[1]", 8, 12) + "}", 12),
       errc::invalid_offset, {"'b'", "[8, 12]", "ends at 4", "gap"});
   add("overlap [0,8],[4,12]",
       st_file("{" + entry("a", "F32", "[2]", 0, 8) + "," + entry("b", "F32", "[2]", 4, 12) + "}", 12),
@@ -190,8 +195,8 @@ std::vector<BadFile> bad_files() {
       errc::size_overflow, {"'t'", "[2, 18446744073709551614]"});
   add("I32 [2,9223372036854775807]", st_file("{" + entry("t", "I32", "[2,9223372036854775807]", 0, 8) + "}", 8),
       errc::size_overflow, {"'t'", "18446744073709551614 elements x 32 bits"});
-  add("[2, 2^64-2, 0] overflows before the 0", st_file("{" + entry("t", "U8", "[2,18446744073709551614,0]", 0, 0) + "}"),
-      errc::size_overflow);
+  add("[2, 2^64-2, 0] overflows before the 0",
+      st_file("{" + entry("t", "U8", "[2,18446744073709551614,0]", 0, 0) + "}"), errc::size_overflow);
   add("F4 [3]", st_file("{" + entry("t", "F4", "[3]", 0, 2) + "}", 2), errc::misaligned_slice, {"'t'", "12 bits"});
   add("F6_E3M2 [2]", st_file("{" + entry("t", "F6_E3M2", "[2]", 0, 2) + "}", 2), errc::misaligned_slice,
       {"F6_E3M2", "12 bits"});
@@ -231,8 +236,7 @@ TEST_CASE("safetensors – the malformed table covers every header error kind", 
 }
 
 TEST_CASE("safetensors – a Git LFS pointer is named as such", "[io][safetensors]") {
-  const auto bytes = raw_bytes(
-      "version https://git-lfs.github.com/spec/v1\noid sha256:abc\nsize 1234\n");
+  const auto bytes = raw_bytes("version https://git-lfs.github.com/spec/v1\noid sha256:abc\nsize 1234\n");
   try {
     parse(bytes);
     FAIL("accepted");
@@ -265,9 +269,9 @@ TEST_CASE("safetensors – error offsets are absolute file offsets", "[io][safet
 }
 
 TEST_CASE("safetensors – accepts T with whitespace, padding and extra fields", "[io][safetensors]") {
-  for (const std::string& header : {T, " \t\n\r" + T, T + "   ", T + "\n",
-                                    t_with(R"("dtype":"F32","shape":[2],"data_offsets":[0,8],"extra":1)"),
-                                    t_with(R"("extra":{"a":[1,{"b":null}],"a":"\ud83d\ude00"},"dtype":"F32","shape":[2],"data_offsets":[0,8])")}) {
+  for (const std::string& header :
+       {T, " \t\n\r" + T, T + "   ", T + "\n", t_with(R"("dtype":"F32","shape":[2],"data_offsets":[0,8],"extra":1)"),
+        t_with(R"("extra":{"a":[1,{"b":null}],"a":"\ud83d\ude00"},"dtype":"F32","shape":[2],"data_offsets":[0,8])")}) {
     INFO(header);
     const auto layout = parse(st_file(header, 8));
     REQUIRE(layout.tensors.size() == 1);
@@ -284,8 +288,8 @@ TEST_CASE("safetensors – accepts T with whitespace, padding and extra fields",
 
 TEST_CASE("safetensors – 127 nested arrays in an extra field are accepted", "[io][safetensors]") {
   // The top-level object and the tensor object are two levels; 125 more make 127.
-  const auto header = t_with(R"("dtype":"F32","shape":[2],"data_offsets":[0,8],"x":)" + std::string(125, '[') +
-                             std::string(125, ']'));
+  const auto header =
+      t_with(R"("dtype":"F32","shape":[2],"data_offsets":[0,8],"x":)" + std::string(125, '[') + std::string(125, ']'));
   CHECK(parse(st_file(header, 8)).tensors.size() == 1);
 }
 
@@ -316,13 +320,12 @@ TEST_CASE("safetensors – N = 100,000,000 exactly is accepted", "[io][safetenso
 }
 
 TEST_CASE("safetensors – sub-byte and rare dtypes with exact sizes are accepted", "[io][safetensors]") {
-  const auto layout = parse(st_file("{" + entry("f4", "F4", "[4]", 0, 2) + "," + entry("f6", "F6_E2M3", "[4]", 2, 5) +
-                                        "," + entry("e8", "F8_E8M0", "[3]", 5, 8) + "," +
-                                        entry("c64", "C64", "[1]", 8, 16) + "," +
-                                        entry("fnuz1", "F8_E4M3FNUZ", "[2]", 16, 18) + "," +
-                                        entry("fnuz2", "F8_E5M2FNUZ", "[2]", 18, 20) + "," +
-                                        entry("u64", "U64", "[1]", 20, 28) + "}",
-                                    28));
+  const auto layout =
+      parse(st_file("{" + entry("f4", "F4", "[4]", 0, 2) + "," + entry("f6", "F6_E2M3", "[4]", 2, 5) + "," +
+                        entry("e8", "F8_E8M0", "[3]", 5, 8) + "," + entry("c64", "C64", "[1]", 8, 16) + "," +
+                        entry("fnuz1", "F8_E4M3FNUZ", "[2]", 16, 18) + "," +
+                        entry("fnuz2", "F8_E5M2FNUZ", "[2]", 18, 20) + "," + entry("u64", "U64", "[1]", 20, 28) + "}",
+                    28));
   REQUIRE(layout.tensors.size() == 7);
   CHECK(layout.tensors[0].dtype == eredu::DType::F4);
   CHECK(layout.tensors[0].nbytes == 2);
@@ -388,10 +391,9 @@ TEST_CASE("safetensors – parse_file_prefix needs the whole header", "[io][safe
   }
   // The prefix alone is enough to reject a bad length.
   const auto short_prefix = with_length(100, "");
-  CHECK_THROWS_MATCHES(st::parse_file_prefix(short_prefix, 50, path), eredu::Error,
-                       Catch::Predicate<eredu::Error>([](const eredu::Error& e) {
-                         return e.kind() == errc::invalid_header_length;
-                       }));
+  CHECK_THROWS_MATCHES(
+      st::parse_file_prefix(short_prefix, 50, path), eredu::Error,
+      Catch::Predicate<eredu::Error>([](const eredu::Error& e) { return e.kind() == errc::invalid_header_length; }));
 }
 
 TEST_CASE("safetensors – read_layout reads the header from a file", "[io][safetensors]") {

@@ -1,9 +1,9 @@
 #include "eredu/io/sharded_index.hpp"
 
-#include <catch2/catch.hpp>
 #include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <catch2/catch.hpp>
 
 #include <fstream>
 #include <string>
@@ -125,7 +125,8 @@ TEST_CASE("sharded – every weight_map tensor is in the shard it names", "[io][
 
 TEST_CASE("sharded – a tensor in two shards is refused with the sharded kind", "[io][sharded]") {
   Sharded s;
-  write_bytes(s.dir / shard2, st_file("{" + entry("a", "F32", "[2]", 0, 8) + "," + entry("c", "I64", "[]", 8, 16) + "}", 16));
+  write_bytes(s.dir / shard2,
+              st_file("{" + entry("a", "F32", "[2]", 0, 8) + "," + entry("c", "I64", "[]", 8, 16) + "}", 16));
   const auto e = error_of([&] { open_catalog(s.dir.path()); });
   CHECK(e.kind() == errc::tensor_in_two_shards);
   CHECK(e.context().tensor == "a");
@@ -134,7 +135,8 @@ TEST_CASE("sharded – a tensor in two shards is refused with the sharded kind",
 
 TEST_CASE("sharded – a shard tensor the index does not list is refused", "[io][sharded]") {
   Sharded s;
-  write_bytes(s.dir / shard2, st_file("{" + entry("c", "I64", "[]", 0, 8) + "," + entry("x", "U8", "[1]", 8, 9) + "}", 9));
+  write_bytes(s.dir / shard2,
+              st_file("{" + entry("c", "I64", "[]", 0, 8) + "," + entry("x", "U8", "[1]", 8, 9) + "}", 9));
   const auto e = error_of([&] { open_catalog(s.dir.path()); });
   CHECK(e.kind() == errc::tensor_not_in_index);
   CHECK(e.context().tensor == "x");
@@ -187,8 +189,9 @@ TEST_CASE("sharded – index metadata values are stringified", "[io][sharded]") 
   const auto index = eredu::io::parse_sharded_index(
       R"({"metadata":{"total_size":4305,"b":true,"n":null,"o":{"k":[1, 2.5]},"s":"x"},"weight_map":{"t":"m.safetensors","u":"a.safetensors"},"other":1})",
       "idx.json");
-  CHECK(index.metadata == eredu::io::Metadata{{"total_size", "4305"}, {"b", "true"}, {"n", "null"},
-                                              {"o", R"({"k":[1,2.5]})"}, {"s", "x"}});
+  CHECK(
+      index.metadata ==
+      eredu::io::Metadata{{"total_size", "4305"}, {"b", "true"}, {"n", "null"}, {"o", R"({"k":[1,2.5]})"}, {"s", "x"}});
   REQUIRE(index.weight_map.size() == 2);
   CHECK(index.weight_map[0] == std::pair<std::string, std::string>{"t", "m.safetensors"});
   CHECK(index.shards() == std::vector<std::string>{"a.safetensors", "m.safetensors"});

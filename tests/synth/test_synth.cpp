@@ -86,19 +86,15 @@ TEST_CASE("synth – an empty dict is {} padded to 8 bytes", "[synth][header]") 
   CHECK(safetensors_header({}, {}) == "{}      ");
 }
 
-TEST_CASE("synth – metadata comes first, offsets are contiguous, padding is spaces",
-          "[synth][header]") {
-  const std::vector<TensorSpec> tensors{{"b", DType::BF16, {2, 3}},
-                                        {"a", DType::I64, {}},
-                                        {"empty", DType::F32, {0, 4}},
-                                        {"c", DType::F4, {4}}};
+TEST_CASE("synth – metadata comes first, offsets are contiguous, padding is spaces", "[synth][header]") {
+  const std::vector<TensorSpec> tensors{
+      {"b", DType::BF16, {2, 3}}, {"a", DType::I64, {}}, {"empty", DType::F32, {0, 4}}, {"c", DType::F4, {4}}};
   std::string header = safetensors_header(tensors, {{"format", "pt"}, {"a", "1"}});
-  std::string expected =
-      R"({"__metadata__":{"a":"1","format":"pt"},)"
-      R"("b":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,12]},)"
-      R"("a":{"dtype":"I64","shape":[],"data_offsets":[12,20]},)"
-      R"("empty":{"dtype":"F32","shape":[0,4],"data_offsets":[20,20]},)"
-      R"("c":{"dtype":"F4","shape":[4],"data_offsets":[20,22]}})";
+  std::string expected = R"({"__metadata__":{"a":"1","format":"pt"},)"
+                         R"("b":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,12]},)"
+                         R"("a":{"dtype":"I64","shape":[],"data_offsets":[12,20]},)"
+                         R"("empty":{"dtype":"F32","shape":[0,4],"data_offsets":[20,20]},)"
+                         R"("c":{"dtype":"F4","shape":[4],"data_offsets":[20,22]}})";
   REQUIRE(header.size() % 8 == 0);
   CHECK(header.substr(0, expected.size()) == expected);
   CHECK(header.find_first_not_of(' ', expected.size()) == std::string::npos);
@@ -106,18 +102,15 @@ TEST_CASE("synth – metadata comes first, offsets are contiguous, padding is sp
 }
 
 TEST_CASE("synth – names are escaped as serde_json escapes them", "[synth][header]") {
-  const std::vector<TensorSpec> tensors{
-      {"q\"b\\s/\b\f\n\r\t\x01\x1f\x7f\xc3\xa9\xf0\x9f\x98\x80", DType::U8, {1}},
-      {"", DType::U8, {1}},
-      {std::string("n\0l", 3), DType::U8, {1}}};
+  const std::vector<TensorSpec> tensors{{"q\"b\\s/\b\f\n\r\t\x01\x1f\x7f\xc3\xa9\xf0\x9f\x98\x80", DType::U8, {1}},
+                                        {"", DType::U8, {1}},
+                                        {std::string("n\0l", 3), DType::U8, {1}}};
   std::string header = safetensors_header(tensors, {{"k\"", "v\n"}});
   CHECK(header.rfind(R"({"__metadata__":{"k\"":"v\n"},)"
                      "\"q\\\"b\\\\s/\\b\\f\\n\\r\\t\\u0001\\u001f\x7f\xc3\xa9\xf0\x9f\x98\x80\":",
                      0) == 0);
-  CHECK(header.find(R"("":{"dtype":"U8","shape":[1],"data_offsets":[1,2]})") !=
-        std::string::npos);
-  CHECK(header.find(R"("n\u0000l":{"dtype":"U8","shape":[1],"data_offsets":[2,3]})") !=
-        std::string::npos);
+  CHECK(header.find(R"("":{"dtype":"U8","shape":[1],"data_offsets":[1,2]})") != std::string::npos);
+  CHECK(header.find(R"("n\u0000l":{"dtype":"U8","shape":[1],"data_offsets":[2,3]})") != std::string::npos);
 }
 
 TEST_CASE("synth – names that are not valid UTF-8 are refused", "[synth][header]") {
@@ -136,9 +129,7 @@ TEST_CASE("synth – names that are not valid UTF-8 are refused", "[synth][heade
 TEST_CASE("synth – sizes that overflow are size_overflow errors", "[synth][header]") {
   const std::vector<TensorSpec> huge{{"w", DType::F32, {1ull << 62, 8}}};
   CHECK_THROWS_MATCHES(safetensors_header(huge, {}), Error,
-                       Catch::Predicate<Error>([](const Error& e) {
-                         return e.kind() == errc::size_overflow;
-                       }));
+                       Catch::Predicate<Error>([](const Error& e) { return e.kind() == errc::size_overflow; }));
   const std::vector<TensorSpec> odd{{"f4", DType::F4, {3}}};
   CHECK_THROWS_AS(tensor_nbytes(odd[0]), Error);
 }
@@ -204,8 +195,7 @@ TEST_CASE("synth – the file writer checks the declared data size", "[synth][fi
       SafetensorsFileWriter w(dir / "c.safetensors", tensors);
       w.write(std::span(bytes).first(4));
     }
-    CHECK(std::filesystem::file_size(dir / "c.safetensors") ==
-          8 + safetensors_header(tensors, {}).size() + 4);
+    CHECK(std::filesystem::file_size(dir / "c.safetensors") == 8 + safetensors_header(tensors, {}).size() + 4);
   }
 }
 
@@ -227,9 +217,8 @@ TEST_CASE("synth – a file that cannot be created is an io_error naming it", "[
 // ---------------------------------------------------------------------------------------
 
 TEST_CASE("synth – split_by_max_bytes fills shards in order", "[synth][shard]") {
-  const std::vector<TensorSpec> t{{"a", DType::U8, {4}}, {"b", DType::U8, {4}},
-                                  {"c", DType::U8, {9}}, {"d", DType::U8, {0}},
-                                  {"e", DType::U8, {1}}, {"f", DType::U8, {8}}};
+  const std::vector<TensorSpec> t{{"a", DType::U8, {4}}, {"b", DType::U8, {4}}, {"c", DType::U8, {9}},
+                                  {"d", DType::U8, {0}}, {"e", DType::U8, {1}}, {"f", DType::U8, {8}}};
   CHECK(split_by_max_bytes(t, 8) == std::vector<std::size_t>{0, 2, 4, 5});
   CHECK(split_by_max_bytes(t, 100) == std::vector<std::size_t>{0});
   CHECK(split_by_max_bytes(std::span(t).first(0), 8).empty());
@@ -254,8 +243,7 @@ TEST_CASE("synth – split_evenly makes exactly n non-empty, balanced shards", "
 
 TEST_CASE("synth – write_sharded writes shards and an index like transformers", "[synth][shard]") {
   test::TempDir dir;
-  const std::vector<TensorSpec> tensors{{"a", DType::F32, {2}}, {"b", DType::F32, {2}},
-                                        {"c", DType::U8, {3}}};
+  const std::vector<TensorSpec> tensors{{"a", DType::F32, {2}}, {"b", DType::F32, {2}}, {"c", DType::U8, {3}}};
   std::vector<std::byte> a(8, std::byte{1}), b(8, std::byte{2}), c(3, std::byte{3});
   const std::vector<std::span<const std::byte>> data{a, b, c};
   write_sharded(dir / "ckpt", tensors, data, 11);
@@ -288,8 +276,8 @@ TEST_CASE("synth – plans come within a few percent of the target", "[synth][pl
         o.tie_embeddings = tie;
         SyntheticModel m = plan_model(o);
         INFO("target " << target << " dtype " << dtype_name(dtype) << " tied " << tie);
-        double err = std::abs(static_cast<double>(m.total_bytes) - static_cast<double>(target)) /
-                     static_cast<double>(target);
+        double err =
+            std::abs(static_cast<double>(m.total_bytes) - static_cast<double>(target)) / static_cast<double>(target);
         CHECK(err < 0.05);
         CHECK(m.total_bytes == total_nbytes(m.tensors));
         CHECK(m.tensors.size() == 2 + 9 * m.layers + (tie ? 0 : 1));
@@ -315,16 +303,15 @@ TEST_CASE("synth – plans have Llama names and shapes", "[synth][plan]") {
   CHECK(m.layers >= 8);
   REQUIRE(m.tensors.size() >= 12);
   CHECK(m.tensors.front() == TensorSpec{"model.embed_tokens.weight", DType::BF16, {v, h}});
-  const std::vector<TensorSpec> layer0{
-      {"model.layers.0.input_layernorm.weight", DType::BF16, {h}},
-      {"model.layers.0.self_attn.q_proj.weight", DType::BF16, {h, h}},
-      {"model.layers.0.self_attn.k_proj.weight", DType::BF16, {kv, h}},
-      {"model.layers.0.self_attn.v_proj.weight", DType::BF16, {kv, h}},
-      {"model.layers.0.self_attn.o_proj.weight", DType::BF16, {h, h}},
-      {"model.layers.0.post_attention_layernorm.weight", DType::BF16, {h}},
-      {"model.layers.0.mlp.gate_proj.weight", DType::BF16, {i, h}},
-      {"model.layers.0.mlp.up_proj.weight", DType::BF16, {i, h}},
-      {"model.layers.0.mlp.down_proj.weight", DType::BF16, {h, i}}};
+  const std::vector<TensorSpec> layer0{{"model.layers.0.input_layernorm.weight", DType::BF16, {h}},
+                                       {"model.layers.0.self_attn.q_proj.weight", DType::BF16, {h, h}},
+                                       {"model.layers.0.self_attn.k_proj.weight", DType::BF16, {kv, h}},
+                                       {"model.layers.0.self_attn.v_proj.weight", DType::BF16, {kv, h}},
+                                       {"model.layers.0.self_attn.o_proj.weight", DType::BF16, {h, h}},
+                                       {"model.layers.0.post_attention_layernorm.weight", DType::BF16, {h}},
+                                       {"model.layers.0.mlp.gate_proj.weight", DType::BF16, {i, h}},
+                                       {"model.layers.0.mlp.up_proj.weight", DType::BF16, {i, h}},
+                                       {"model.layers.0.mlp.down_proj.weight", DType::BF16, {h, i}}};
   for (std::size_t k = 0; k < layer0.size(); ++k) CHECK(m.tensors[1 + k] == layer0[k]);
   CHECK(m.tensors[m.tensors.size() - 2] == TensorSpec{"model.norm.weight", DType::BF16, {h}});
   CHECK(m.tensors.back() == TensorSpec{"lm_head.weight", DType::BF16, {v, h}});
@@ -405,8 +392,7 @@ TEST_CASE("synth – any byte range equals the slice of the whole tensor", "[syn
 TEST_CASE("synth – values look like weights and norms, never NaN or Inf", "[synth][values]") {
   for (DType dtype : {DType::BF16, DType::F16, DType::F32}) {
     for (bool norm : {false, true}) {
-      const TensorSpec t{norm ? "model.norm.weight" : "model.layers.3.self_attn.q_proj.weight",
-                         dtype, {1 << 16}};
+      const TensorSpec t{norm ? "model.norm.weight" : "model.layers.3.self_attn.q_proj.weight", dtype, {1 << 16}};
       const std::vector<std::byte> bytes = tensor_bytes(3, t);
       const std::size_t width = dtype == DType::F32 ? 4 : 2;
       double sum = 0, sum2 = 0;
@@ -449,9 +435,7 @@ TEST_CASE("synth – write_synthetic writes one file with the planned layout", "
   const SyntheticModel m = plan_model(o);
   const std::string file = read_file(dir / "m.safetensors");
   const SplitFile split = split_safetensors(file);
-  CHECK(split.header ==
-        safetensors_header(m.tensors,
-                           {{"format", "pt"}, {"generator", "eredu-synth"}, {"seed", "7"}}));
+  CHECK(split.header == safetensors_header(m.tensors, {{"format", "pt"}, {"generator", "eredu-synth"}, {"seed", "7"}}));
   CHECK(split.header.rfind(R"({"__metadata__":{"format":"pt","generator":"eredu-synth","seed":"7"},)", 0) == 0);
   REQUIRE(split.data.size() == m.total_bytes);
   std::uint64_t offset = 0;
@@ -481,8 +465,7 @@ TEST_CASE("synth – write_synthetic writes three balanced shards and an index",
 
   const SyntheticModel m = plan_model(o);
   const std::vector<std::size_t> starts = split_evenly(m.tensors, 3);
-  CHECK(read_file(dir / "ckpt" / "model.safetensors.index.json") ==
-        sharded_index_json(m.tensors, starts));
+  CHECK(read_file(dir / "ckpt" / "model.safetensors.index.json") == sharded_index_json(m.tensors, starts));
   const std::string index = read_file(dir / "ckpt" / "model.safetensors.index.json");
   CHECK(index.find("\"total_size\": " + std::to_string(m.total_bytes) + "\n") != std::string::npos);
 
@@ -503,8 +486,7 @@ TEST_CASE("synth – write_synthetic writes three balanced shards and an index",
     data_total += split.data.size();
   }
   CHECK(data_total == m.total_bytes);
-  CHECK(std::distance(std::filesystem::directory_iterator(dir / "ckpt"),
-                      std::filesystem::directory_iterator()) == 4);
+  CHECK(std::distance(std::filesystem::directory_iterator(dir / "ckpt"), std::filesystem::directory_iterator()) == 4);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -524,8 +506,7 @@ TEST_CASE("synth – open_catalog reads written checkpoints back exactly", "[syn
     REQUIRE(catalog.size() == m.tensors.size());
     REQUIRE(catalog.files().size() == 1);
     CHECK(catalog.total_bytes() == m.total_bytes);
-    CHECK(catalog.metadata() ==
-          io::Metadata{{"format", "pt"}, {"generator", "eredu-synth"}, {"seed", "5"}});
+    CHECK(catalog.metadata() == io::Metadata{{"format", "pt"}, {"generator", "eredu-synth"}, {"seed", "5"}});
     std::uint64_t offset = catalog.files()[0].data_offset;
     CHECK(offset % 8 == 0);
     for (std::size_t k = 0; k < m.tensors.size(); ++k) {
@@ -571,11 +552,10 @@ TEST_CASE("synth – open_catalog reads written checkpoints back exactly", "[syn
 
 TEST_CASE("synth – escaped names survive a round trip through open_catalog", "[synth][io]") {
   test::TempDir dir;
-  const std::vector<TensorSpec> tensors{
-      {"q\"b\\s/\b\f\n\r\t\x01\x1f\x7f\xc3\xa9\xf0\x9f\x98\x80", DType::U8, {1}},
-      {"", DType::F32, {}},
-      {std::string("n\0l", 3), DType::BF16, {0, 3}},
-      {"__metadata__x", DType::I16, {2}}};
+  const std::vector<TensorSpec> tensors{{"q\"b\\s/\b\f\n\r\t\x01\x1f\x7f\xc3\xa9\xf0\x9f\x98\x80", DType::U8, {1}},
+                                        {"", DType::F32, {}},
+                                        {std::string("n\0l", 3), DType::BF16, {0, 3}},
+                                        {"__metadata__x", DType::I16, {2}}};
   std::vector<std::byte> b1(1), b4(4), b0, b2(4);
   const std::vector<std::span<const std::byte>> data{b1, b4, b0, b2};
   write_safetensors(dir / "names.safetensors", tensors, data, {{"k\"\n", "\xc3\xa9"}});

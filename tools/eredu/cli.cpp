@@ -62,12 +62,18 @@ std::uint64_t parse_bytes(std::string_view text) {
   if (unit.size() > 1 && unit.back() == 'B') unit.pop_back();
   if (unit.size() > 1 && unit.back() == 'I') unit.pop_back();
   double mult = 1;
-  if (unit == "" || unit == "B") mult = 1;
-  else if (unit == "K") mult = 1024.0;
-  else if (unit == "M") mult = 1024.0 * 1024;
-  else if (unit == "G") mult = 1024.0 * 1024 * 1024;
-  else if (unit == "T") mult = 1024.0 * 1024 * 1024 * 1024;
-  else throw std::invalid_argument(fmt::format("'{}': unknown unit (use K, M, G, T)", text));
+  if (unit == "" || unit == "B")
+    mult = 1;
+  else if (unit == "K")
+    mult = 1024.0;
+  else if (unit == "M")
+    mult = 1024.0 * 1024;
+  else if (unit == "G")
+    mult = 1024.0 * 1024 * 1024;
+  else if (unit == "T")
+    mult = 1024.0 * 1024 * 1024 * 1024;
+  else
+    throw std::invalid_argument(fmt::format("'{}': unknown unit (use K, M, G, T)", text));
   if (value < 0 || !std::isfinite(value)) throw std::invalid_argument(fmt::format("'{}' is negative", text));
   return static_cast<std::uint64_t>(value * mult);
 }

@@ -41,7 +41,9 @@ std::filesystem::path write_checksums(const std::filesystem::path& out) {
         const int err = r < 0 ? errno : 0;
         ::close(fd);
         throw Error(r < 0 ? errc::io_error : errc::unexpected_eof,
-                    {.file = path, .tensor = t.name, .offset = t.offset + done,
+                    {.file = path,
+                     .tensor = t.name,
+                     .offset = t.offset + done,
                      .os_error = std::error_code(err, std::system_category())},
                     "reading the tensor to hash it failed");
       }
@@ -62,7 +64,8 @@ std::filesystem::path write_checksums(const std::filesystem::path& out) {
 }  // namespace
 
 int run_gen(int argc, char** argv) {
-  Args args = parse_args(argc, argv, 2, {"size", "dtype", "shards", "seed", "layers"}, {"tie-embeddings", "checksums", "quiet"});
+  Args args = parse_args(argc, argv, 2, {"size", "dtype", "shards", "seed", "layers"},
+                         {"tie-embeddings", "checksums", "quiet"});
   if (args.positional.size() != 1) {
     throw std::invalid_argument(
         "usage: eredu gen OUT [--size 512M] [--dtype bf16|f16|f32] [--shards N] [--seed S] [--layers N] "
@@ -71,10 +74,14 @@ int run_gen(int argc, char** argv) {
   synth::SyntheticOptions o;
   o.target_bytes = parse_bytes(args.get("size", "512M"));
   std::string dtype = args.get("dtype", "bf16");
-  if (dtype == "bf16") o.dtype = DType::BF16;
-  else if (dtype == "f16") o.dtype = DType::F16;
-  else if (dtype == "f32") o.dtype = DType::F32;
-  else throw std::invalid_argument("--dtype must be bf16, f16 or f32");
+  if (dtype == "bf16")
+    o.dtype = DType::BF16;
+  else if (dtype == "f16")
+    o.dtype = DType::F16;
+  else if (dtype == "f32")
+    o.dtype = DType::F32;
+  else
+    throw std::invalid_argument("--dtype must be bf16, f16 or f32");
   o.shards = static_cast<std::uint32_t>(std::stoul(args.get("shards", "1")));
   o.seed = std::stoull(args.get("seed", "1"));
   o.layers = static_cast<std::uint32_t>(std::stoul(args.get("layers", "0")));

@@ -13,8 +13,8 @@
 #include "cli.hpp"
 #include "commands.hpp"
 #include "eredu/cpu/backend.hpp"
-#include "eredu/cpu/convert.hpp"
 #include "eredu/cpu/catalog_module.hpp"
+#include "eredu/cpu/convert.hpp"
 #include "eredu/engine/load.hpp"
 #include "eredu/io/json_text.hpp"
 
@@ -54,10 +54,9 @@ std::optional<DType> parse_dtype(const std::string& text) {
 }  // namespace
 
 int run_load(int argc, char** argv) {
-  Args args = parse_args(argc, argv, 2,
-                         {"dtype", "threads", "budget", "repeat", "reader", "depth", "request", "kernels", "chunk",
-                          "copies"},
-                         {"json"});
+  Args args = parse_args(
+      argc, argv, 2,
+      {"dtype", "threads", "budget", "repeat", "reader", "depth", "request", "kernels", "chunk", "copies"}, {"json"});
   if (args.positional.size() != 1) throw std::invalid_argument(load_usage);
   const std::string dtype_text = args.get("dtype", "keep");
   const std::optional<DType> cast_to = parse_dtype(dtype_text);
@@ -72,17 +71,22 @@ int run_load(int argc, char** argv) {
   opts.reader.depth = static_cast<unsigned>(std::stoul(args.get("depth", "8")));
   opts.reader.max_request = parse_bytes(args.get("request", "8M"));
   const std::string reader = args.get("reader", "auto");
-  if (reader == "uring") opts.reader.kind = io::ReaderKind::uring;
-  else if (reader == "pread") opts.reader.kind = io::ReaderKind::pread;
-  else if (reader != "auto") throw std::invalid_argument("--reader must be auto, uring or pread");
+  if (reader == "uring")
+    opts.reader.kind = io::ReaderKind::uring;
+  else if (reader == "pread")
+    opts.reader.kind = io::ReaderKind::pread;
+  else if (reader != "auto")
+    throw std::invalid_argument("--reader must be auto, uring or pread");
   // Converted tensors are read in chunk leases of this size, each converted while the next is read.
   opts.chunk_bytes = parse_bytes(args.get("chunk", "64M"));
   const bool json = args.has("json");
   const std::string copies = args.get("copies", "arena");
   if (copies != "arena" && copies != "reader") throw std::invalid_argument("--copies must be arena or reader");
   const std::string kernels = args.get("kernels", "best");
-  if (kernels == "generic") cpu::use_convert_isa(cpu::ConvertIsa::generic);
-  else if (kernels != "best") throw std::invalid_argument("--kernels must be best or generic");
+  if (kernels == "generic")
+    cpu::use_convert_isa(cpu::ConvertIsa::generic);
+  else if (kernels != "best")
+    throw std::invalid_argument("--kernels must be best or generic");
 
   // The event loop thread only submits reads and resumes coroutines; populating memory and
   // converting run on TBB workers, so there must be `threads` of them besides this thread.
@@ -114,15 +118,14 @@ int run_load(int argc, char** argv) {
     const double t0 = now_seconds();
     std::exception_ptr failure;
     double seconds = 0;
-    engine::async_load<cpu::Backend>(
-        *model, *source, blueprint.plan(), context,
-        [&](std::exception_ptr e) {
-          seconds = now_seconds() - t0;
-          failure = e;
-          done = true;
-          timer.cancel();
-        },
-        {.progress = &counters});
+    engine::async_load<cpu::Backend>(*model, *source, blueprint.plan(), context,
+                                     [&](std::exception_ptr e) {
+                                       seconds = now_seconds() - t0;
+                                       failure = e;
+                                       done = true;
+                                       timer.cancel();
+                                     },
+                                     {.progress = &counters});
     ctx.restart();
     ctx.run();  // returns once the load has completed and the progress timer is cancelled
     bar.finish();
@@ -139,12 +142,13 @@ int run_load(int argc, char** argv) {
                            run.recycled ? "true" : "false");
     fmt::print(
         "{{\"path\":{},\"reader\":{},\"tensors\":{},\"files\":{},\"source_bytes\":{},\"bytes\":{},\"dtype\":{},"
-        "\"threads\":{},\"kernels\":{},\"copies\":{},\"budget\":{},\"loads\":[{}],\"staging_high_water\":{},\"peak_rss_bytes\":{},"
+        "\"threads\":{},\"kernels\":{},\"copies\":{},\"budget\":{},\"loads\":[{}],\"staging_high_water\":{},\"peak_rss_"
+        "bytes\":{},"
         "\"storage_retained_bytes\":{}}}\n",
         io::json::quoted(args.positional[0]), io::json::quoted(source->reader().name()), catalog.size(),
         catalog.files().size(), source_bytes, blueprint.bytes(), io::json::quoted(dtype_text), threads,
-        io::json::quoted(cpu::convert_isa_name()), io::json::quoted(copies),
-        source->pool().budget(), loads, source->pool().high_water(), rss, storage.stats().retained_bytes);
+        io::json::quoted(cpu::convert_isa_name()), io::json::quoted(copies), source->pool().budget(), loads,
+        source->pool().high_water(), rss, storage.stats().retained_bytes);
   } else {
     for (std::size_t i = 0; i < runs.size(); ++i)
       fmt::print("load{} {} ({} tensors, {} file{}) into {} of CPU tensors ({}) in {:.3f} s: {:.2f} GB/s{}\n",

@@ -5,11 +5,11 @@
 #include <tbb/global_control.h>
 #include <tbb/parallel_for.h>
 
+#include <algorithm>
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/use_future.hpp>
-#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <future>
@@ -52,8 +52,8 @@ class UnitModule {
  public:
   /// One slot.
   struct Slot {
-    std::string name;         ///< parameter id within the unit
-    cpu::Parameter parameter; ///< the checkpoint's dtype and shape
+    std::string name;          ///< parameter id within the unit
+    cpu::Parameter parameter;  ///< the checkpoint's dtype and shape
   };
   std::vector<Slot> slots;  ///< in catalog order
 
@@ -89,7 +89,8 @@ bool split_layer_name(const std::string& name, std::string& prefix, std::uint64_
     if (at != 0 && name[at - 1] != '.') continue;
     std::size_t i = at + 7, digits = 0;
     layer = 0;
-    while (i < name.size() && name[i] >= '0' && name[i] <= '9' && digits < 9) layer = layer * 10 + (name[i++] - '0'), ++digits;
+    while (i < name.size() && name[i] >= '0' && name[i] <= '9' && digits < 9)
+      layer = layer * 10 + (name[i++] - '0'), ++digits;
     if (digits == 0 || i >= name.size() || name[i] != '.' || i + 1 == name.size()) continue;
     prefix = name.substr(0, at + 7);
     rest = name.substr(i + 1);
@@ -224,7 +225,8 @@ int run_pipeline(int argc, char** argv) {
   const int threads = std::stoi(args.get("threads", std::to_string(std::max(1u, std::thread::hardware_concurrency()))));
   if (threads < 1) throw std::invalid_argument("--threads must be at least 1");
   const std::string compute_mode = args.get("compute", "matvec");
-  if (compute_mode != "none" && compute_mode != "matvec") throw std::invalid_argument("--compute must be none or matvec");
+  if (compute_mode != "none" && compute_mode != "matvec")
+    throw std::invalid_argument("--compute must be none or matvec");
   const bool json = args.has("json");
   io::SourceOptions opts;
   opts.pool.budget = parse_bytes(args.get("staging", "64M"));
@@ -277,35 +279,38 @@ int run_pipeline(int argc, char** argv) {
     std::string units;
     for (std::size_t i = 0; i < stats.units.size(); ++i) {
       const engine::UnitTiming& u = stats.units[i];
-      units += fmt::format("{}{{\"index\":{},\"pass\":{},\"bytes\":{},\"load_s\":{:.6f},\"compute_s\":{:.6f},"
-                           "\"stall_s\":{:.6f}}}",
-                           i ? "," : "", u.index, u.pass, u.bytes, u.load_s, consumed.compute_s.at(i), u.stall_s);
+      units += fmt::format(
+          "{}{{\"index\":{},\"pass\":{},\"bytes\":{},\"load_s\":{:.6f},\"compute_s\":{:.6f},"
+          "\"stall_s\":{:.6f}}}",
+          i ? "," : "", u.index, u.pass, u.bytes, u.load_s, consumed.compute_s.at(i), u.stall_s);
     }
-    fmt::print("{{\"path\":{},\"reader\":{},\"units\":{},\"layer_tensors\":{},\"skipped_tensors\":{},"
-               "\"skipped_bytes\":{},\"passes\":{},\"lookahead\":{},\"threads\":{},\"compute\":{},"
-               "\"bytes_per_pass\":{},\"bytes\":{},\"seconds\":{:.6f},\"gb_per_s\":{:.4f},\"io_s\":{:.6f},"
-               "\"compute_s\":{:.6f},\"stall_s\":{:.6f},\"budget\":{},\"largest_unit\":{},\"resident_high_water\":{},"
-               "\"within_budget\":{},\"staging_budget\":{},\"staging_high_water\":{},\"peak_rss_bytes\":{},"
-               "\"checksum\":{:.6g},\"per_unit\":[{}]}}\n",
-               io::json::quoted(path), io::json::quoted(source->reader().name()), unit_count, g.layer_tensors,
-               g.skipped_tensors, g.skipped_bytes, passes, lookahead, threads, io::json::quoted(compute_mode),
-               pass_bytes, total_bytes, consumed.wall_s, gbps, stats.load_s, compute_total, stats.stall_s, stats.budget,
-               largest, stats.resident_high_water, within ? "true" : "false", source->pool().budget(),
-               source->pool().high_water(), rss, consumed.checksum, units);
+    fmt::print(
+        "{{\"path\":{},\"reader\":{},\"units\":{},\"layer_tensors\":{},\"skipped_tensors\":{},"
+        "\"skipped_bytes\":{},\"passes\":{},\"lookahead\":{},\"threads\":{},\"compute\":{},"
+        "\"bytes_per_pass\":{},\"bytes\":{},\"seconds\":{:.6f},\"gb_per_s\":{:.4f},\"io_s\":{:.6f},"
+        "\"compute_s\":{:.6f},\"stall_s\":{:.6f},\"budget\":{},\"largest_unit\":{},\"resident_high_water\":{},"
+        "\"within_budget\":{},\"staging_budget\":{},\"staging_high_water\":{},\"peak_rss_bytes\":{},"
+        "\"checksum\":{:.6g},\"per_unit\":[{}]}}\n",
+        io::json::quoted(path), io::json::quoted(source->reader().name()), unit_count, g.layer_tensors,
+        g.skipped_tensors, g.skipped_bytes, passes, lookahead, threads, io::json::quoted(compute_mode), pass_bytes,
+        total_bytes, consumed.wall_s, gbps, stats.load_s, compute_total, stats.stall_s, stats.budget, largest,
+        stats.resident_high_water, within ? "true" : "false", source->pool().budget(), source->pool().high_water(), rss,
+        consumed.checksum, units);
   } else {
     fmt::print("pipeline {} units ({} layers × {} pass{}) of {}: {} in {:.3f} s: {:.2f} GB/s\n", stats.delivered,
                unit_count, passes, passes == 1 ? "" : "es", path, format_bytes(total_bytes), consumed.wall_s, gbps);
     fmt::print("  units    {} tensors in layers, largest unit {}; {} tensors outside layers skipped ({})\n",
                g.layer_tensors, format_bytes(largest), g.skipped_tensors, format_bytes(g.skipped_bytes));
-    fmt::print("  time     I/O {:.3f} s (Σ per-unit load, overlapping), compute {:.3f} s ({}), stall {:.3f} s "
-               "(first unit {:.3f} s)\n",
-               stats.load_s, compute_total, compute_mode, stats.stall_s,
-               stats.units.empty() ? 0.0 : stats.units.front().stall_s);
-    fmt::print("  memory   look-ahead {}, resident high-water {} of a {} budget{}; staging high-water {} of {}; "
-               "peak RSS {}\n",
-               lookahead, format_bytes(stats.resident_high_water), format_bytes(stats.budget),
-               within ? "" : " (OVER BUDGET)", format_bytes(source->pool().high_water()),
-               format_bytes(source->pool().budget()), format_bytes(rss));
+    fmt::print(
+        "  time     I/O {:.3f} s (Σ per-unit load, overlapping), compute {:.3f} s ({}), stall {:.3f} s "
+        "(first unit {:.3f} s)\n",
+        stats.load_s, compute_total, compute_mode, stats.stall_s,
+        stats.units.empty() ? 0.0 : stats.units.front().stall_s);
+    fmt::print(
+        "  memory   look-ahead {}, resident high-water {} of a {} budget{}; staging high-water {} of {}; "
+        "peak RSS {}\n",
+        lookahead, format_bytes(stats.resident_high_water), format_bytes(stats.budget), within ? "" : " (OVER BUDGET)",
+        format_bytes(source->pool().high_water()), format_bytes(source->pool().budget()), format_bytes(rss));
     fmt::print("  threads  {} (TBB arenas for loads and compute), reader {}\n", threads, source->reader().describe());
   }
   return within ? 0 : 1;

@@ -13,9 +13,9 @@
 
 #include "cli.hpp"
 #include "commands.hpp"
-#include "eredu/io/json_text.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/io/checkpoint_source.hpp"
+#include "eredu/io/json_text.hpp"
 
 namespace eredu::cli {
 namespace {
@@ -87,8 +87,8 @@ std::vector<std::uint64_t> reference_hashes(const io::Catalog& catalog) {
 }  // namespace
 
 int run_read(int argc, char** argv) {
-  Args args = parse_args(argc, argv, 2,
-                         {"reader", "budget", "depth", "direct", "request", "concurrency", "verify", "chunk"}, {"json"});
+  Args args = parse_args(
+      argc, argv, 2, {"reader", "budget", "depth", "direct", "request", "concurrency", "verify", "chunk"}, {"json"});
   if (args.positional.size() != 1) {
     throw std::invalid_argument(
         "usage: eredu read PATH [--reader auto|uring|pread] [--budget 256M] [--depth 4] [--request 4M] "
@@ -99,15 +99,23 @@ int run_read(int argc, char** argv) {
   opts.reader.depth = static_cast<unsigned>(std::stoul(args.get("depth", "4")));
   opts.reader.max_request = parse_bytes(args.get("request", "4M"));
   std::string reader = args.get("reader", "auto");
-  if (reader == "auto") opts.reader.kind = io::ReaderKind::automatic;
-  else if (reader == "uring") opts.reader.kind = io::ReaderKind::uring;
-  else if (reader == "pread") opts.reader.kind = io::ReaderKind::pread;
-  else throw std::invalid_argument("--reader must be auto, uring or pread");
+  if (reader == "auto")
+    opts.reader.kind = io::ReaderKind::automatic;
+  else if (reader == "uring")
+    opts.reader.kind = io::ReaderKind::uring;
+  else if (reader == "pread")
+    opts.reader.kind = io::ReaderKind::pread;
+  else
+    throw std::invalid_argument("--reader must be auto, uring or pread");
   std::string direct = args.get("direct", "auto");
-  if (direct == "auto") opts.reader.direct = io::DirectMode::automatic;
-  else if (direct == "on") opts.reader.direct = io::DirectMode::on;
-  else if (direct == "off") opts.reader.direct = io::DirectMode::off;
-  else throw std::invalid_argument("--direct must be auto, on or off");
+  if (direct == "auto")
+    opts.reader.direct = io::DirectMode::automatic;
+  else if (direct == "on")
+    opts.reader.direct = io::DirectMode::on;
+  else if (direct == "off")
+    opts.reader.direct = io::DirectMode::off;
+  else
+    throw std::invalid_argument("--direct must be auto, on or off");
   const std::string verify = args.get("verify", "on");
   if (verify != "on" && verify != "off") throw std::invalid_argument("--verify must be on or off");
   const unsigned concurrency = static_cast<unsigned>(std::stoul(args.get("concurrency", "2")));

@@ -8,14 +8,14 @@
 #include <tbb/global_control.h>
 #include <xxhash.h>
 
+#include <algorithm>
+#include <array>
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/io_context.hpp>
 #include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
-#include <algorithm>
-#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -81,7 +81,8 @@ using Clock = std::chrono::steady_clock;
 struct Fd {
   int fd = -1;
   explicit Fd(const std::string& path) : fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
-    if (fd < 0) throw Error(errc::io_error, {.file = path, .os_error = {errno, std::generic_category()}}, "cannot open");
+    if (fd < 0)
+      throw Error(errc::io_error, {.file = path, .os_error = {errno, std::generic_category()}}, "cannot open");
   }
   ~Fd() { ::close(fd); }
   Fd(const Fd&) = delete;
@@ -96,7 +97,8 @@ void pread_exact(const std::string& path, std::uint64_t offset, std::span<std::b
   while (done < out.size()) {
     const ssize_t n = ::pread(file.fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
     if (n <= 0)
-      throw Error(errc::io_error, {.file = path, .offset = offset + done, .os_error = {n < 0 ? errno : 0, std::generic_category()}},
+      throw Error(errc::io_error,
+                  {.file = path, .offset = offset + done, .os_error = {n < 0 ? errno : 0, std::generic_category()}},
                   "short read while computing the reference");
     done += static_cast<std::size_t>(n);
   }
@@ -131,7 +133,8 @@ Probe make_probe(const io::Catalog& catalog, std::uint64_t work) {
   if (best == 0) throw Error(errc::invalid_argument, {}, "no 2-D BF16/F16/F32 tensor for the requests to read");
   for (std::size_t k = 0; k < 16; ++k) {
     std::vector<float> x(p.cols);
-    for (std::size_t j = 0; j < x.size(); ++j) x[j] = std::sin(0.37f * static_cast<float>(j) + 0.71f * static_cast<float>(k));
+    for (std::size_t j = 0; j < x.size(); ++j)
+      x[j] = std::sin(0.37f * static_cast<float>(j) + 0.71f * static_cast<float>(k));
     p.inputs.push_back(std::move(x));
   }
   return p;
@@ -213,7 +216,8 @@ std::uint64_t module_tag(const Module& m) {
   return XXH3_64bits_digest(state);
 }
 
-Reference make_reference(const std::string& path, const io::Catalog& order, const io::Catalog& catalog, const Probe& p) {
+Reference make_reference(const std::string& path, const io::Catalog& order, const io::Catalog& catalog,
+                         const Probe& p) {
   Reference r{path, file_tag(order, catalog), {}};
   const io::TensorInfo& t = catalog.at(p.tensor);
   std::vector<std::byte> w(p.rows * p.cols * dtype_bits(p.dtype) / 8);
@@ -251,7 +255,7 @@ struct Response {
 struct Server {
   Slot* slot = nullptr;
   const Probe* probe = nullptr;
-  cpu::Executor* compute = nullptr;                          // null: compute inline on the loop
+  cpu::Executor* compute = nullptr;                                  // null: compute inline on the loop
   std::unordered_map<const Module*, std::uint64_t>* tags = nullptr;  // filled by the canary
   std::vector<Response> responses;
   std::uint32_t epoch = 0;
@@ -272,7 +276,7 @@ asio::awaitable<void> client(Server& s, std::uint32_t id) {
     r.input = n++ % static_cast<std::uint32_t>(s.probe->inputs.size());
     r.epoch_start = s.epoch;
     const Clock::time_point arrival = Clock::now();
-    co_await asio::post(executor, asio::use_awaitable);  // queue behind whatever the loop runs
+    co_await asio::post(executor, asio::use_awaitable);    // queue behind whatever the loop runs
     std::shared_ptr<const Version> v = s.slot->current();  // one version for the whole request
     r.generation = v->generation;
     r.tag = s.tags->at(&v->model);
@@ -363,8 +367,8 @@ asio::awaitable<SwapRecord> swap_to(Server& s, const Plan& plan, std::size_t ind
       .progress = &counters};
   const Clock::time_point start = Clock::now();
   try {
-    record.report = co_await s.slot->async_swap(*plan.sources[index], *plan.plan, *plan.context,
-                                                asio::use_awaitable, std::move(options));
+    record.report = co_await s.slot->async_swap(*plan.sources[index], *plan.plan, *plan.context, asio::use_awaitable,
+                                                std::move(options));
     record.ok = true;
   } catch (const Error& e) {
     record.error_kind = errc_name(e.kind());
@@ -470,9 +474,9 @@ int run_swap(int argc, char** argv) {
       fmt::print("{}\n{}", swap_usage, swap_help);
       return 0;
     }
-  Args args = parse_args(argc, argv, 2,
-                         {"swaps", "requests", "concurrency", "serve-threads", "swap-threads", "budget", "work", "verify"},
-                         {"corrupt", "json"});
+  Args args = parse_args(
+      argc, argv, 2, {"swaps", "requests", "concurrency", "serve-threads", "swap-threads", "budget", "work", "verify"},
+      {"corrupt", "json"});
   if (args.positional.size() != 2) throw std::invalid_argument(swap_usage);
   const int swaps = std::stoi(args.get("swaps", "2"));
   const std::uint64_t requests = std::stoull(args.get("requests", "2000"));
@@ -482,7 +486,8 @@ int run_swap(int argc, char** argv) {
   const std::uint64_t work = parse_bytes(args.get("work", "256K"));
   const std::string verify = args.get("verify", "on");
   if (swaps < 0 || concurrency < 1 || serve_threads < 0 || swap_threads < 1 || requests < 1 || work < 1)
-    throw std::invalid_argument("--swaps ≥ 0, --requests ≥ 1, --concurrency ≥ 1, --serve-threads ≥ 0, --swap-threads ≥ 1");
+    throw std::invalid_argument(
+        "--swaps ≥ 0, --requests ≥ 1, --concurrency ≥ 1, --serve-threads ≥ 0, --swap-threads ≥ 1");
   if (verify != "on" && verify != "off") throw std::invalid_argument("--verify must be on or off");
   const bool json = args.has("json");
   const bool corrupt = args.has("corrupt");
@@ -502,7 +507,8 @@ int run_swap(int argc, char** argv) {
   asio::io_context ctx(1);
   std::vector<std::string> paths = {args.positional[0], args.positional[1]};
   std::vector<std::unique_ptr<io::CheckpointSource>> sources;
-  for (const std::string& p : paths) sources.push_back(io::CheckpointSource::open(ctx.get_executor(), p, source_options));
+  for (const std::string& p : paths)
+    sources.push_back(io::CheckpointSource::open(ctx.get_executor(), p, source_options));
   const io::Catalog& a = sources[0]->catalog();
   check_compatible(a, sources[1]->catalog(), paths[1]);
   const Module blueprint = Module::mirror(a);
@@ -526,7 +532,8 @@ int run_swap(int argc, char** argv) {
     std::filesystem::create_directories(corrupt_dir);
     const std::filesystem::path b(paths[1]);
     const std::filesystem::path copy = corrupt_dir / b.filename();
-    std::filesystem::copy(b, copy, std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::copy(b, copy,
+                          std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing);
     const io::TensorInfo& t = sources[1]->catalog().at(probe.tensor);
     std::vector<std::byte> original(t.nbytes);
     pread_exact(sources[1]->catalog().file_of(t).path, t.offset, original);
@@ -590,9 +597,12 @@ int run_swap(int argc, char** argv) {
   std::vector<Phase> phases(2 * (successful + (corrupt ? 1 : 0)) + 1);
   for (std::size_t i = 0; i < phases.size(); ++i) {
     const std::size_t k = (i + 1) / 2;
-    if (i == 0) phases[i].name = "before";
-    else if (i % 2 == 1) phases[i].name = k <= successful ? fmt::format("swap {}", k) : "failed swap";
-    else phases[i].name = k <= successful ? fmt::format("after {}", k) : "after failed";
+    if (i == 0)
+      phases[i].name = "before";
+    else if (i % 2 == 1)
+      phases[i].name = k <= successful ? fmt::format("swap {}", k) : "failed swap";
+    else
+      phases[i].name = k <= successful ? fmt::format("after {}", k) : "after failed";
   }
   std::vector<double> steady, during, failed_window;
   std::uint64_t mismatches = 0, changed = 0, failed_window_count = 0;
@@ -616,9 +626,12 @@ int run_swap(int argc, char** argv) {
       ++failed_window_count;
       if (!ok || r.generation != final_generation) ++changed;
     }
-    if (index % 2 == 0) steady.push_back(r.latency_us);
-    else if (corrupt && index == failed_epoch) failed_window.push_back(r.latency_us);
-    else during.push_back(r.latency_us);
+    if (index % 2 == 0)
+      steady.push_back(r.latency_us);
+    else if (corrupt && index == failed_epoch)
+      failed_window.push_back(r.latency_us);
+    else
+      during.push_back(r.latency_us);
   }
   const Stats steady_stats = stats_of(steady), during_stats = stats_of(during), failed_stats = stats_of(failed_window);
   std::vector<double> pauses;
@@ -648,8 +661,8 @@ int run_swap(int argc, char** argv) {
       std::string gens;
       for (std::uint64_t g : ph.generations) gens += fmt::format("{}{}", gens.empty() ? "" : ",", g);
       phases_json += fmt::format("{}{{\"name\":{},\"latency\":{},\"generations\":[{}],\"mismatches\":{}}}",
-                                 phases_json.empty() ? "" : ",", io::json::quoted(ph.name), stats_json(stats_of(ph.latencies)),
-                                 gens, ph.mismatches);
+                                 phases_json.empty() ? "" : ",", io::json::quoted(ph.name),
+                                 stats_json(stats_of(ph.latencies)), gens, ph.mismatches);
     }
     fmt::print(
         "{{\"a\":{},\"b\":{},\"tensors\":{},\"bytes\":{},\"probe\":{{\"tensor\":{},\"rows\":{},\"cols\":{}}},"
@@ -659,7 +672,8 @@ int run_swap(int argc, char** argv) {
         "\"steady\":{},\"during_swap\":{},\"p99_ratio\":{:.4f},"
         "\"failed_swap\":{{\"attempted\":{},\"rejected\":{},\"error_kind\":{},\"responses\":{},\"changed\":{},"
         "\"latency\":{}}},\"phases\":[{}],\"staging_high_water\":{},\"storage\":{{\"live_bytes\":{},"
-        "\"retained_bytes\":{},\"fresh_allocations\":{},\"recycled_allocations\":{}}},\"peak_rss_bytes\":{},\"ok\":{}}}\n",
+        "\"retained_bytes\":{},\"fresh_allocations\":{},\"recycled_allocations\":{}}},\"peak_rss_bytes\":{},\"ok\":{}}}"
+        "\n",
         io::json::quoted(paths[0]), io::json::quoted(paths[1]), a.size(), blueprint.bytes(),
         io::json::quoted(probe.tensor), probe.rows, probe.cols, serve_threads, swap_threads, concurrency, requests,
         source_options.pool.budget, run_s, reference_s, server.responses.size(), mismatches, swaps_json,
@@ -689,9 +703,10 @@ int run_swap(int argc, char** argv) {
     for (std::size_t i = 0; i < records.size(); ++i) {
       const SwapRecord& r = records[i];
       if (r.ok)
-        fmt::print("  swap {:<3} → generation {}: load {:.3f} s, verify {:.3f} s, canary {:.3f} s, publish pause {} ns\n",
-                   i + 1, r.report.generation, r.report.load_s, r.report.verify_s, r.report.canary_s,
-                   r.report.publish_pause.count());
+        fmt::print(
+            "  swap {:<3} → generation {}: load {:.3f} s, verify {:.3f} s, canary {:.3f} s, publish pause {} ns\n",
+            i + 1, r.report.generation, r.report.load_s, r.report.verify_s, r.report.canary_s,
+            r.report.publish_pause.count());
       else
         fmt::print("  swap {:<3} to {} rejected after {:.3f} s [{}]: {}\n", i + 1, r.target, r.seconds, r.error_kind,
                    r.error);

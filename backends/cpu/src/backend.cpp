@@ -2,13 +2,13 @@
 
 #include <fmt/format.h>
 
-#include <array>
-#include <asio/co_spawn.hpp>
-#include <atomic>
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
+#include <array>
+#include <asio/co_spawn.hpp>
 #include <asio/use_awaitable.hpp>
+#include <atomic>
 #include <cstring>
 #include <optional>
 
@@ -75,12 +75,11 @@ constexpr std::size_t mapped_block_bytes = std::size_t{128} << 10;
 /// cache) into `out` in one pass, with no staging copy. The arena's threads read the mapping
 /// in guarded blocks, so a file that shrinks or a page that fails to read in becomes a typed
 /// error instead of a SIGBUS.
-asio::awaitable<void> convert_mapped(const Job& job, io::MappedView view, const std::string& key, DType from,
-                                     DType to, std::span<std::byte> out) {
+asio::awaitable<void> convert_mapped(const Job& job, io::MappedView view, const std::string& key, DType from, DType to,
+                                     std::span<std::byte> out) {
   // A copy (from == to) moves bytes, whatever the element size (sub-byte dtypes included).
   const std::size_t in_elem = from == to ? 1 : element_bytes(from), out_elem = from == to ? 1 : element_bytes(to);
-  Completion c = job.executor.submit([view = std::move(view), key, from, to, out, in_elem, out_elem,
-                                      stop = job.stop] {
+  Completion c = job.executor.submit([view = std::move(view), key, from, to, out, in_elem, out_elem, stop = job.stop] {
     const std::span<const std::byte> in = view.bytes();
     const std::size_t window = mapped_window_bytes / in_elem * in_elem;
     const std::size_t block = mapped_block_bytes / in_elem * in_elem;
@@ -123,7 +122,8 @@ asio::awaitable<void> read_direct(Job job, std::unique_ptr<io::TensorReadRequest
   std::optional<io::MappedView> view;
   if (job.copy_resident) view = job.source.map_resident(*request);
   if (view) {
-    co_await convert_mapped(job, std::move(*view), request->key, tensor.dtype(), tensor.dtype(), tensor.mutable_bytes());
+    co_await convert_mapped(job, std::move(*view), request->key, tensor.dtype(), tensor.dtype(),
+                            tensor.mutable_bytes());
     co_return;
   }
   co_await job.source.async_read_into(*request, tensor.mutable_bytes(), asio::use_awaitable);
@@ -191,7 +191,9 @@ asio::awaitable<void> stream_convert(const Job& job, const DerivedWeightRecipe& 
 }
 
 /// A temporary tensor for an intermediate recipe result.
-Tensor temporary(const Job& job, const engine::InferredWeight& w) { return Tensor::allocate(job.storage, w.dtype, w.shape); }
+Tensor temporary(const Job& job, const engine::InferredWeight& w) {
+  return Tensor::allocate(job.storage, w.dtype, w.shape);
+}
 
 /// Writes the value of `node` (inferred as `info`) into `out`, which is exactly info.bytes.
 asio::awaitable<void> eval_into(const Job& job, const DerivedWeightRecipe& node, std::span<std::byte> out) {
@@ -222,9 +224,8 @@ asio::awaitable<void> eval_into(const Job& job, const DerivedWeightRecipe& node,
       } else {
         Tensor tmp = temporary(job, in);
         co_await eval_into(job, child, tmp.mutable_bytes());
-        Completion c = job.executor.submit([tmp, out, from = in.dtype, to = node.dtype()] {
-          convert(from, to, tmp.bytes(), out);
-        });
+        Completion c = job.executor.submit(
+            [tmp, out, from = in.dtype, to = node.dtype()] { convert(from, to, tmp.bytes(), out); });
         co_await await(c);
       }
       co_return;
@@ -245,10 +246,9 @@ asio::awaitable<void> eval_into(const Job& job, const DerivedWeightRecipe& node,
       } else {
         Tensor tmp = temporary(job, in);
         co_await eval_into(job, child, tmp.mutable_bytes());
-        Completion c = job.executor.submit([tmp, out, shape = in.shape, elem = element_bytes(in.dtype),
-                                            dim = node.dim(), range = node.range()] {
-          copy_slice(tmp.bytes(), shape, elem, dim, range, out);
-        });
+        Completion c =
+            job.executor.submit([tmp, out, shape = in.shape, elem = element_bytes(in.dtype), dim = node.dim(),
+                                 range = node.range()] { copy_slice(tmp.bytes(), shape, elem, dim, range, out); });
         co_await await(c);
       }
       co_return;
@@ -357,7 +357,8 @@ Completion Backend::overwrite(Executor& executor, Parameter& slot, const Tensor&
                                    dtype_name(slot.value.dtype()), format_shape(slot.value.shape()),
                                    dtype_name(weight.dtype()), format_shape(weight.shape())));
   if (slot.value.shares_storage_with(weight)) return Completion::ready_now();
-  return executor.submit([destination = slot.value, weight] { copy_bytes(weight.bytes(), destination.mutable_bytes()); });
+  return executor.submit(
+      [destination = slot.value, weight] { copy_bytes(weight.bytes(), destination.mutable_bytes()); });
 }
 
 std::pair<Tensor, Completion> Backend::promote(Executor& executor, const HostBuffer& host, StoragePool& storage) {

@@ -39,7 +39,8 @@ CatalogModule CatalogModule::unbound() const {
 
 void CatalogModule::visit_parameters(engine::ParameterVisitor<Parameter>& v, const std::string& prefix) const {
   for (const Slot& s : slots_)
-    v.visit({engine::ParameterId(engine::join_name(prefix, s.name)), s.parameter.dtype, s.parameter.shape}, s.parameter);
+    v.visit({engine::ParameterId(engine::join_name(prefix, s.name)), s.parameter.dtype, s.parameter.shape},
+            s.parameter);
 }
 
 void CatalogModule::visit_parameters_mut(engine::ParameterVisitorMut<Parameter>& v, const std::string& prefix) {

@@ -1,14 +1,14 @@
 #include "eredu/cpu/convert.hpp"
 
+#include <fmt/format.h>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <bit>
 #include <cstdint>
 #include <cstring>
-#include <fmt/format.h>
-#include <tbb/blocked_range.h>
-#include <tbb/parallel_for.h>
 
 #include "eredu/core/error.hpp"
 #include "eredu/cpu/float_formats.hpp"
@@ -62,7 +62,8 @@ std::uint32_t f16_to_f32_bits(std::uint16_t h) noexcept {
   const std::uint32_t inf_nan = (em << 13) | 0x7F80'0000u | (static_cast<std::uint32_t>(em > 0x7C00u) << 22);
   // A subnormal is em units of 2^-24; the int-to-float conversion and the power-of-two
   // scale are both exact, so this does not depend on the rounding mode.
-  const std::uint32_t subnormal = std::bit_cast<std::uint32_t>(static_cast<float>(static_cast<std::int32_t>(em)) * 0x1p-24f);
+  const std::uint32_t subnormal =
+      std::bit_cast<std::uint32_t>(static_cast<float>(static_cast<std::int32_t>(em)) * 0x1p-24f);
   const std::uint32_t special = mask(em >= 0x7C00u), tiny = mask(em < 0x0400u);
   return sign | (inf_nan & special) | (subnormal & tiny) | (normal & ~(special | tiny));
 }
@@ -170,14 +171,16 @@ __attribute__((target("avx2"))) void bf16_to_f32_avx2(const std::byte* __restric
 // payload, as f16_to_f32_bits does (the exhaustive tests check every pattern).
 template <bool Stream>
 __attribute__((target("avx2,f16c"))) void f16_to_f32_f16c(const std::byte* __restrict in, std::byte* __restrict out,
-                                                           std::size_t n) {
+                                                          std::size_t n) {
   std::size_t i = head_elements(out, 4, n);
   map_kernel<std::uint16_t, std::uint32_t, f16_to_f32_bits>(in, out, i);
   for (; i + 8 <= n; i += 8) {
     const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i)));
     auto* o = reinterpret_cast<float*>(out + 4 * i);
-    if constexpr (Stream) _mm256_stream_ps(o, v);
-    else _mm256_store_ps(o, v);
+    if constexpr (Stream)
+      _mm256_stream_ps(o, v);
+    else
+      _mm256_store_ps(o, v);
   }
   map_kernel<std::uint16_t, std::uint32_t, f16_to_f32_bits>(in + 2 * i, out + 4 * i, n - i);
   if constexpr (Stream) _mm_sfence();
@@ -319,8 +322,7 @@ Plan validate(DType from, DType to, std::span<const std::byte> in, std::span<std
       throw Error(errc::invalid_argument, {},
                   fmt::format("converting {} to {}: {} input bytes ({} per element) and {} output bytes ({} per "
                               "element) do not hold the same whole number of elements",
-                              dtype_name(from), dtype_name(to), in.size(), plan.in_elem, out.size(),
-                              plan.out_elem));
+                              dtype_name(from), dtype_name(to), in.size(), plan.in_elem, out.size(), plan.out_elem));
   }
   plan.count = out.size() / plan.out_elem;
   if (!in.empty() && !out.empty()) {
@@ -328,8 +330,8 @@ Plan validate(DType from, DType to, std::span<const std::byte> in, std::span<std
     const auto out_begin = reinterpret_cast<std::uintptr_t>(out.data());
     if (in_begin < out_begin + out.size() && out_begin < in_begin + in.size())
       throw Error(errc::invalid_argument, {},
-                  fmt::format("converting {} to {}: the {}-byte input and the {}-byte output overlap",
-                              dtype_name(from), dtype_name(to), in.size(), out.size()));
+                  fmt::format("converting {} to {}: the {}-byte input and the {}-byte output overlap", dtype_name(from),
+                              dtype_name(to), in.size(), out.size()));
   }
   return plan;
 }

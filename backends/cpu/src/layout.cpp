@@ -1,14 +1,14 @@
 #include "eredu/cpu/layout.hpp"
 
+#include <fmt/format.h>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <functional>
-#include <fmt/format.h>
 #include <numeric>
 #include <string>
-#include <tbb/blocked_range.h>
-#include <tbb/parallel_for.h>
 #include <vector>
 
 #include "eredu/core/error.hpp"
@@ -127,12 +127,18 @@ void transpose_tiled(const std::byte* in, std::byte* out, const Transpose& t) {
 
 void transpose(const std::byte* in, std::byte* out, const Transpose& t) {
   switch (t.elem) {
-    case 1: return transpose_tiled<1>(in, out, t);
-    case 2: return transpose_tiled<2>(in, out, t);
-    case 4: return transpose_tiled<4>(in, out, t);
-    case 8: return transpose_tiled<8>(in, out, t);
-    case 16: return transpose_tiled<16>(in, out, t);
-    default: return transpose_tiled<0>(in, out, t);
+    case 1:
+      return transpose_tiled<1>(in, out, t);
+    case 2:
+      return transpose_tiled<2>(in, out, t);
+    case 4:
+      return transpose_tiled<4>(in, out, t);
+    case 8:
+      return transpose_tiled<8>(in, out, t);
+    case 16:
+      return transpose_tiled<16>(in, out, t);
+    default:
+      return transpose_tiled<0>(in, out, t);
   }
 }
 
@@ -163,7 +169,8 @@ void permute_strided(const std::byte* in, std::byte* out, const std::vector<std:
     }
     for (std::size_t row = first; row < last; ++row) {
       std::byte* dst = out + row * row_len * elem;
-      for (std::size_t j = 0; j < row_len; ++j) move_element<E>(dst + j * elem, in + (base + j * row_stride) * elem, elem);
+      for (std::size_t j = 0; j < row_len; ++j)
+        move_element<E>(dst + j * elem, in + (base + j * row_stride) * elem, elem);
       for (std::size_t k = rank - 1; k-- > 0;) {
         base += stride[k];
         if (++idx[k] < out_dims[k]) break;
@@ -184,11 +191,16 @@ void permute_strided(const std::byte* in, std::byte* out, const std::vector<std:
 void permute_general(const std::byte* in, std::byte* out, const std::vector<std::size_t>& dims,
                      const std::vector<std::size_t>& perm, std::size_t elem) {
   switch (elem) {
-    case 1: return permute_strided<1>(in, out, dims, perm, elem);
-    case 2: return permute_strided<2>(in, out, dims, perm, elem);
-    case 4: return permute_strided<4>(in, out, dims, perm, elem);
-    case 8: return permute_strided<8>(in, out, dims, perm, elem);
-    default: return permute_strided<0>(in, out, dims, perm, elem);
+    case 1:
+      return permute_strided<1>(in, out, dims, perm, elem);
+    case 2:
+      return permute_strided<2>(in, out, dims, perm, elem);
+    case 4:
+      return permute_strided<4>(in, out, dims, perm, elem);
+    case 8:
+      return permute_strided<8>(in, out, dims, perm, elem);
+    default:
+      return permute_strided<0>(in, out, dims, perm, elem);
   }
 }
 
@@ -226,13 +238,13 @@ void concat(std::span<const ConcatInput> inputs, std::size_t dim, std::size_t el
   std::size_t total = 0;
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const Shape& s = inputs[i].shape;
-    if (s.size() != rank)
-      fail(fmt::format("concat: input {} has rank {} but input 0 has rank {}", i, s.size(), rank));
+    if (s.size() != rank) fail(fmt::format("concat: input {} has rank {} but input 0 has rank {}", i, s.size(), rank));
     for (std::size_t d = 0; d < rank; ++d)
       if (d != dim && s[d] != first[d])
-        fail(fmt::format("concat: input {} has shape {} but input 0 has shape {}; they differ in dim {}, not only in "
-                         "the concat dim {}",
-                         i, format_shape(s), format_shape(first), d, dim));
+        fail(
+            fmt::format("concat: input {} has shape {} but input 0 has shape {}; they differ in dim {}, not only in "
+                        "the concat dim {}",
+                        i, format_shape(s), format_shape(first), d, dim));
     require_size(inputs[i].bytes.size(), product(s, 0, rank, elem, what), what, "input", s, elem);
     if (__builtin_add_overflow(total, static_cast<std::size_t>(s[dim]), &total))
       fail("concat: the concatenated dimension overflows");
@@ -258,8 +270,8 @@ void permute(std::span<const std::byte> in, const Shape& in_shape, std::size_t e
   require_elem(elem, what);
   const std::size_t rank = in_shape.size();
   if (order.size() != rank)
-    fail(fmt::format("permute: the order has {} entries but shape {} has rank {}", order.size(),
-                     format_shape(in_shape), rank));
+    fail(fmt::format("permute: the order has {} entries but shape {} has rank {}", order.size(), format_shape(in_shape),
+                     rank));
   std::vector<bool> seen(rank, false);
   for (std::size_t i = 0; i < rank; ++i) {
     if (order[i] >= rank || seen[order[i]])

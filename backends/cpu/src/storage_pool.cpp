@@ -101,9 +101,12 @@ struct PoolState {
 }  // namespace detail
 
 StorageBlock::StorageBlock(StorageBlock&& other) noexcept
-    : pool_(std::move(other.pool_)), data_(std::exchange(other.data_, nullptr)),
-      size_(std::exchange(other.size_, 0)), capacity_(std::exchange(other.capacity_, 0)),
-      fresh_(other.fresh_), mapped_(other.mapped_) {}
+    : pool_(std::move(other.pool_)),
+      data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      capacity_(std::exchange(other.capacity_, 0)),
+      fresh_(other.fresh_),
+      mapped_(other.mapped_) {}
 
 StorageBlock& StorageBlock::operator=(StorageBlock&& other) noexcept {
   if (this != &other) {
@@ -179,7 +182,8 @@ void StoragePool::trim(std::uint64_t keep_bytes) {
   std::vector<std::pair<std::byte*, std::size_t>> victims;
   {
     std::lock_guard lock(state_->mutex);
-    for (auto it = state_->retained.begin(); it != state_->retained.end() && state_->stats.retained_bytes > keep_bytes;) {
+    for (auto it = state_->retained.begin();
+         it != state_->retained.end() && state_->stats.retained_bytes > keep_bytes;) {
       auto& blocks = it->second;
       while (!blocks.empty() && state_->stats.retained_bytes > keep_bytes) {
         victims.emplace_back(blocks.back(), it->first);

@@ -2,10 +2,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <fmt/format.h>
 #include <asio/co_spawn.hpp>
 #include <asio/use_awaitable.hpp>
 #include <atomic>
-#include <fmt/format.h>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -56,8 +56,9 @@ asio::awaitable<std::exception_ptr> settle(Completion c) {
 void warn_pageable_once() {
   static std::atomic<bool> warned{false};
   if (!warned.exchange(true))
-    log::warn("CUDA backend: the staging memory is not page-locked (no pin_staging in the context): "
-              "host-to-device copies go through the driver's bounce buffer");
+    log::warn(
+        "CUDA backend: the staging memory is not page-locked (no pin_staging in the context): "
+        "host-to-device copies go through the driver's bounce buffer");
 }
 
 /// What every step of one realization needs.
@@ -149,9 +150,9 @@ asio::awaitable<void> eval_into(const Job& job, const DerivedWeightRecipe& node,
         co_return;
       }
       if (!convert_supported(in.dtype, node.dtype()))
-        throw BackendError(errc::recipe_unsupported_cast, {.tensor = name},
-                           fmt::format("the CUDA backend cannot convert {} to {}", dtype_name(in.dtype),
-                                       dtype_name(node.dtype())));
+        throw BackendError(
+            errc::recipe_unsupported_cast, {.tensor = name},
+            fmt::format("the CUDA backend cannot convert {} to {}", dtype_name(in.dtype), dtype_name(node.dtype())));
       // The whole input lands on the device first: one H2D stream of leases, then one kernel.
       Tensor tmp = temporary(job, in, name);
       co_await eval_into(job, child, tmp.data());
@@ -226,9 +227,9 @@ asio::awaitable<void> eval_into(const Job& job, const DerivedWeightRecipe& node,
       const DerivedWeightRecipe& child = node.inputs()[0];
       engine::InferredWeight in = child.infer(catalog);
       if (in.shape.size() > max_permute_rank)
-        throw BackendError(errc::backend_failure, {.tensor = name},
-                           fmt::format("the CUDA backend permutes up to rank {}, not rank {}", max_permute_rank,
-                                       in.shape.size()));
+        throw BackendError(
+            errc::backend_failure, {.tensor = name},
+            fmt::format("the CUDA backend permutes up to rank {}, not rank {}", max_permute_rank, in.shape.size()));
       Tensor tmp = temporary(job, in, name);
       co_await eval_into(job, child, tmp.data());
       // permutation() resolves a transpose of a rank only known from the catalog.
@@ -270,8 +271,8 @@ Materialization Backend::materialize(io::CheckpointSource& source, const io::Ten
   const io::TensorInfo& info = source.catalog().at(request.key);
   source.selected_bytes(request);  // validates the selection before anything is allocated
   Shape shape = request.selection.is_all() ? info.shape : request.selection.selected_shape(info.shape);
-  Tensor weight = Tensor::allocate(context.memory, info.dtype, std::move(shape), context.executor.shared_stream(),
-                                   request.key);
+  Tensor weight =
+      Tensor::allocate(context.memory, info.dtype, std::move(shape), context.executor.shared_stream(), request.key);
   Job job{source, context.executor, context.memory, context.staging, std::move(stop)};
   return start(source, weight, read_direct(job, std::make_unique<io::TensorReadRequest>(request), weight));
 }
@@ -279,8 +280,8 @@ Materialization Backend::materialize(io::CheckpointSource& source, const io::Ten
 Materialization Backend::materialize_recipe(io::CheckpointSource& source, const engine::DerivedWeightRecipe& recipe,
                                             MaterializationContext& context, std::stop_token stop) {
   engine::InferredWeight w = recipe.infer(source.catalog());
-  Tensor weight = Tensor::allocate(context.memory, w.dtype, w.shape, context.executor.shared_stream(),
-                                   recipe.to_string());
+  Tensor weight =
+      Tensor::allocate(context.memory, w.dtype, w.shape, context.executor.shared_stream(), recipe.to_string());
   Job job{source, context.executor, context.memory, context.staging, std::move(stop)};
   return start(source, weight, run_recipe(job, std::make_unique<DerivedWeightRecipe>(recipe), weight));
 }

@@ -1,7 +1,7 @@
 #include "eredu/cuda/device_memory_pool.hpp"
 
-#include <cstdint>
 #include <fmt/format.h>
+#include <cstdint>
 
 #include "eredu/cuda/cuda_error.hpp"
 #include "eredu/cuda/device.hpp"
@@ -18,8 +18,8 @@ struct DeviceMemoryPool::State {
   }
 };
 
-DeviceAllocation::DeviceAllocation(Key, std::byte* data, std::size_t size, int device, std::shared_ptr<const Stream> home,
-                                   std::shared_ptr<const void> pool) noexcept
+DeviceAllocation::DeviceAllocation(Key, std::byte* data, std::size_t size, int device,
+                                   std::shared_ptr<const Stream> home, std::shared_ptr<const void> pool) noexcept
     : data_(data), size_(size), device_(device), home_(std::move(home)), pool_(std::move(pool)) {}
 
 DeviceAllocation::~DeviceAllocation() {
@@ -56,8 +56,7 @@ std::shared_ptr<DeviceAllocation> DeviceMemoryPool::allocate(std::size_t bytes,
   if (status != cudaSuccess) {
     (void)cudaGetLastError();
     BackendError e = cuda_error(status, "cudaMallocFromPoolAsync", tensor);
-    throw BackendError(e.kind(), e.context(),
-                       fmt::format("{} bytes on device {}: {}", n, device_, e.detail()));
+    throw BackendError(e.kind(), e.context(), fmt::format("{} bytes on device {}: {}", n, device_, e.detail()));
   }
   try {
     // The block holds the pool's state, not the pool object: the pool may be dropped first.
@@ -69,7 +68,9 @@ std::shared_ptr<DeviceAllocation> DeviceMemoryPool::allocate(std::size_t bytes,
   }
 }
 
-void DeviceMemoryPool::trim(std::size_t keep_bytes) { check(cudaMemPoolTrimTo(state_->pool, keep_bytes), "cudaMemPoolTrimTo"); }
+void DeviceMemoryPool::trim(std::size_t keep_bytes) {
+  check(cudaMemPoolTrimTo(state_->pool, keep_bytes), "cudaMemPoolTrimTo");
+}
 
 std::size_t DeviceMemoryPool::reserved_bytes() const {
   std::uint64_t v = 0;

@@ -92,8 +92,8 @@ __global__ void copy_rows_kernel(unsigned char* dst, std::size_t dst_stride, con
 }
 
 template <std::size_t W>
-cudaError_t run_copy_rows(void* dst, std::size_t dst_stride, const void* src, std::size_t src_stride,
-                          std::size_t rows, std::size_t row_bytes, cudaStream_t stream) {
+cudaError_t run_copy_rows(void* dst, std::size_t dst_stride, const void* src, std::size_t src_stride, std::size_t rows,
+                          std::size_t row_bytes, cudaStream_t stream) {
   const std::size_t words = row_bytes / W;
   copy_rows_kernel<W><<<grid_for(rows * words), block_threads, 0, stream>>>(
       static_cast<unsigned char*>(dst), dst_stride, static_cast<const unsigned char*>(src), src_stride, rows, words);
@@ -214,12 +214,22 @@ cudaError_t launch_permute(const void* in, void* out, const std::size_t* dims, c
   }
   const auto a = reinterpret_cast<std::uintptr_t>(in) | reinterpret_cast<std::uintptr_t>(out);
   switch (elem) {
-    case 1: return run_permute<1>(in, out, s, n, elem, stream);
-    case 2: if (aligned(a, 2)) return run_permute<2>(in, out, s, n, elem, stream); break;
-    case 4: if (aligned(a, 4)) return run_permute<4>(in, out, s, n, elem, stream); break;
-    case 8: if (aligned(a, 8)) return run_permute<8>(in, out, s, n, elem, stream); break;
-    case 16: if (aligned(a, 16)) return run_permute<16>(in, out, s, n, elem, stream); break;
-    default: break;
+    case 1:
+      return run_permute<1>(in, out, s, n, elem, stream);
+    case 2:
+      if (aligned(a, 2)) return run_permute<2>(in, out, s, n, elem, stream);
+      break;
+    case 4:
+      if (aligned(a, 4)) return run_permute<4>(in, out, s, n, elem, stream);
+      break;
+    case 8:
+      if (aligned(a, 8)) return run_permute<8>(in, out, s, n, elem, stream);
+      break;
+    case 16:
+      if (aligned(a, 16)) return run_permute<16>(in, out, s, n, elem, stream);
+      break;
+    default:
+      break;
   }
   return run_permute<0>(in, out, s, n, elem, stream);
 }

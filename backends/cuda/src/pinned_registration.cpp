@@ -17,7 +17,8 @@ PinnedRegistration::PinnedRegistration(std::span<std::byte> memory) {
   if (status != cudaSuccess) {
     (void)cudaGetLastError();
     BackendError e = cuda_error(status, "cudaHostRegister");
-    throw BackendError(e.kind(), e.context(), fmt::format("page-locking {} bytes of staging memory: {}", memory.size(), e.detail()));
+    throw BackendError(e.kind(), e.context(),
+                       fmt::format("page-locking {} bytes of staging memory: {}", memory.size(), e.detail()));
   }
   memory_ = memory;
 }
@@ -47,7 +48,8 @@ bool PinnedRegistration::contains(std::span<const std::byte> bytes) const noexce
   std::less<const std::byte*> lt;
   const std::byte* begin = memory_.data();
   const std::byte* end = memory_.data() + memory_.size();
-  return !lt(bytes.data(), begin) && !lt(end, bytes.data() + bytes.size()) && !lt(bytes.data() + bytes.size(), bytes.data());
+  return !lt(bytes.data(), begin) && !lt(end, bytes.data() + bytes.size()) &&
+         !lt(bytes.data() + bytes.size(), bytes.data());
 }
 
 PinnedRegistration pin_staging(io::CheckpointSource& source) { return PinnedRegistration(source.pool().memory()); }

@@ -1,7 +1,7 @@
 #include "eredu/cuda/tensor.hpp"
 
-#include <cstdint>
 #include <fmt/format.h>
+#include <cstdint>
 #include <optional>
 
 #include "eredu/core/error.hpp"
@@ -33,8 +33,9 @@ std::uint64_t Tensor::elements() const noexcept { return checked_element_count(s
 Tensor Tensor::reshaped(Shape shape) const {
   const std::optional<std::uint64_t> bytes = byte_size(shape, dtype_);
   if (!bytes || *bytes != nbytes())
-    throw Error(errc::invalid_argument, {}, fmt::format("cannot view {} bytes of {} {} as {}", nbytes(),
-                                                        dtype_name(dtype_), format_shape(shape_), format_shape(shape)));
+    throw Error(errc::invalid_argument, {},
+                fmt::format("cannot view {} bytes of {} {} as {}", nbytes(), dtype_name(dtype_), format_shape(shape_),
+                            format_shape(shape)));
   return Tensor(dtype_, std::move(shape), storage_);
 }
 

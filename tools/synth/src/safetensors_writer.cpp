@@ -32,20 +32,18 @@ void append_json_string(std::string& out, std::string_view s, const char* what) 
 
 void check_same_count(std::size_t tensors, std::size_t data) {
   if (tensors != data) {
-    throw Error(errc::invalid_argument, {},
-                fmt::format("{} tensors but {} data buffers", tensors, data));
+    throw Error(errc::invalid_argument, {}, fmt::format("{} tensors but {} data buffers", tensors, data));
   }
 }
 
 void write_with_specs(const std::filesystem::path& path, std::span<const TensorSpec> tensors,
-                      std::span<const std::span<const std::byte>> data,
-                      const io::Metadata& metadata) {
+                      std::span<const std::span<const std::byte>> data, const io::Metadata& metadata) {
   check_same_count(tensors.size(), data.size());
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     if (data[i].size() != tensor_nbytes(tensors[i])) {
-      throw Error(errc::invalid_argument, {.file = path.string(), .tensor = tensors[i].name},
-                  fmt::format("{} data bytes given for a tensor of {} bytes", data[i].size(),
-                              tensor_nbytes(tensors[i])));
+      throw Error(
+          errc::invalid_argument, {.file = path.string(), .tensor = tensors[i].name},
+          fmt::format("{} data bytes given for a tensor of {} bytes", data[i].size(), tensor_nbytes(tensors[i])));
     }
   }
   SafetensorsFileWriter writer(path, tensors, metadata);
@@ -59,9 +57,9 @@ std::uint64_t tensor_nbytes(const TensorSpec& tensor) {
   auto elements = checked_element_count(tensor.shape);
   auto bytes = elements ? checked_byte_size(*elements, tensor.dtype) : std::nullopt;
   if (!bytes) {
-    throw Error(errc::size_overflow, {.tensor = tensor.name},
-                fmt::format("shape {} of {} has no whole byte size", format_shape(tensor.shape),
-                            dtype_name(tensor.dtype)));
+    throw Error(
+        errc::size_overflow, {.tensor = tensor.name},
+        fmt::format("shape {} of {} has no whole byte size", format_shape(tensor.shape), dtype_name(tensor.dtype)));
   }
   return *bytes;
 }
@@ -76,8 +74,7 @@ std::uint64_t total_nbytes(std::span<const TensorSpec> tensors) {
   return total;
 }
 
-std::string safetensors_header(std::span<const TensorSpec> tensors_in_file_order,
-                               const io::Metadata& metadata) {
+std::string safetensors_header(std::span<const TensorSpec> tensors_in_file_order, const io::Metadata& metadata) {
   std::string out;
   out.reserve(64 + tensors_in_file_order.size() * 96);
   out.push_back('{');
@@ -128,8 +125,7 @@ SafetensorsFileWriter::SafetensorsFileWriter(const std::filesystem::path& path,
   data_size_ = total_nbytes(tensors_in_file_order);
   fd_ = io::UniqueFd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (fd_.get() < 0) {
-    throw Error(errc::io_error, {.file = path_.string(), .os_error = last_os_error()},
-                "cannot create the file");
+    throw Error(errc::io_error, {.file = path_.string(), .os_error = last_os_error()}, "cannot create the file");
   }
   // One write for prefix and header: small files then cost a single syscall.
   std::string head(8, '\0');
@@ -145,8 +141,8 @@ void SafetensorsFileWriter::write(std::span<const std::byte> bytes) {
   }
   if (bytes.size() > data_size_ - data_written_) {
     throw Error(errc::invalid_argument, {.file = path_.string()},
-                fmt::format("writing {} bytes at data offset {} passes the declared data size {}",
-                            bytes.size(), data_written_, data_size_));
+                fmt::format("writing {} bytes at data offset {} passes the declared data size {}", bytes.size(),
+                            data_written_, data_size_));
   }
   write_all(bytes);
   data_written_ += bytes.size();
@@ -161,13 +157,11 @@ void SafetensorsFileWriter::finish(bool sync) {
                 fmt::format("{} data bytes written, {} declared", data_written_, data_size_));
   }
   if (sync && ::fsync(fd_.get()) != 0) {
-    throw Error(errc::io_error, {.file = path_.string(), .os_error = last_os_error()},
-                "fsync failed");
+    throw Error(errc::io_error, {.file = path_.string(), .os_error = last_os_error()}, "fsync failed");
   }
   // close() can report a deferred write error (NFS, quota); the fd is gone either way.
   if (::close(fd_.release()) != 0) {
-    throw Error(errc::io_error, {.file = path_.string(), .os_error = last_os_error()},
-                "close failed");
+    throw Error(errc::io_error, {.file = path_.string(), .os_error = last_os_error()}, "close failed");
   }
 }
 
@@ -179,8 +173,7 @@ void SafetensorsFileWriter::write_all(std::span<const std::byte> bytes) {
     if (n < 0) {
       if (errno == EINTR) continue;
       throw Error(errc::io_error,
-                  {.file = path_.string(), .offset = 8 + header_size_ + data_written_,
-                   .os_error = last_os_error()},
+                  {.file = path_.string(), .offset = 8 + header_size_ + data_written_, .os_error = last_os_error()},
                   "write failed");
     }
     if (n == 0) {
@@ -195,40 +188,34 @@ void SafetensorsFileWriter::write_all(std::span<const std::byte> bytes) {
 void write_text_file(const std::filesystem::path& path, std::string_view contents) {
   io::UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (fd.get() < 0) {
-    throw Error(errc::io_error, {.file = path.string(), .os_error = last_os_error()},
-                "cannot create the file");
+    throw Error(errc::io_error, {.file = path.string(), .os_error = last_os_error()}, "cannot create the file");
   }
   auto bytes = std::as_bytes(std::span(contents));
   while (!bytes.empty()) {
     ssize_t n = ::write(fd.get(), bytes.data(), bytes.size());
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      throw Error(errc::io_error, {.file = path.string(), .os_error = last_os_error()},
-                  "write failed");
+      throw Error(errc::io_error, {.file = path.string(), .os_error = last_os_error()}, "write failed");
     }
     bytes = bytes.subspan(static_cast<std::size_t>(n));
   }
   if (::close(fd.release()) != 0) {
-    throw Error(errc::io_error, {.file = path.string(), .os_error = last_os_error()},
-                "close failed");
+    throw Error(errc::io_error, {.file = path.string(), .os_error = last_os_error()}, "close failed");
   }
 }
 
 void write_safetensors(const std::filesystem::path& path, std::span<const TensorSpec> tensors,
-                       std::span<const std::span<const std::byte>> data,
-                       const io::Metadata& metadata) {
+                       std::span<const std::span<const std::byte>> data, const io::Metadata& metadata) {
   write_with_specs(path, tensors, data, metadata);
 }
 
-std::vector<std::size_t> split_by_max_bytes(std::span<const TensorSpec> tensors,
-                                            std::uint64_t max_shard_bytes) {
+std::vector<std::size_t> split_by_max_bytes(std::span<const TensorSpec> tensors, std::uint64_t max_shard_bytes) {
   std::vector<std::size_t> starts;
   std::uint64_t in_shard = 0;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     std::uint64_t n = tensor_nbytes(tensors[i]);
     // A shard holding only zero-byte tensors takes the next tensor whatever its size.
-    if (starts.empty() ||
-        (in_shard != 0 && n > max_shard_bytes - std::min(in_shard, max_shard_bytes))) {
+    if (starts.empty() || (in_shard != 0 && n > max_shard_bytes - std::min(in_shard, max_shard_bytes))) {
       starts.push_back(i);
       in_shard = 0;
     }
@@ -240,8 +227,7 @@ std::vector<std::size_t> split_by_max_bytes(std::span<const TensorSpec> tensors,
 std::vector<std::size_t> split_evenly(std::span<const TensorSpec> tensors, std::uint32_t count) {
   if (count == 0 || count > tensors.size()) {
     throw Error(errc::invalid_argument, {},
-                fmt::format("cannot split {} tensors into {} non-empty shards", tensors.size(),
-                            count));
+                fmt::format("cannot split {} tensors into {} non-empty shards", tensors.size(), count));
   }
   // prefix[j] = bytes of tensors [0, j).
   std::vector<std::uint64_t> prefix(tensors.size() + 1, 0);
@@ -273,11 +259,11 @@ std::string shard_file_name(std::size_t index, std::size_t count) {
   return fmt::format("model-{:05}-of-{:05}.safetensors", index + 1, count);
 }
 
-std::string sharded_index_json(std::span<const TensorSpec> tensors,
-                               std::span<const std::size_t> shard_starts) {
-  std::string out = fmt::format("{{\n  \"metadata\": {{\n    \"total_size\": {}\n  }},\n"
-                                "  \"weight_map\": {{",
-                                total_nbytes(tensors));
+std::string sharded_index_json(std::span<const TensorSpec> tensors, std::span<const std::size_t> shard_starts) {
+  std::string out = fmt::format(
+      "{{\n  \"metadata\": {{\n    \"total_size\": {}\n  }},\n"
+      "  \"weight_map\": {{",
+      total_nbytes(tensors));
   std::size_t shard = 0;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     while (shard + 1 < shard_starts.size() && shard_starts[shard + 1] <= i) ++shard;
@@ -292,16 +278,14 @@ std::string sharded_index_json(std::span<const TensorSpec> tensors,
 }
 
 void write_sharded(const std::filesystem::path& dir, std::span<const TensorSpec> tensors,
-                   std::span<const std::span<const std::byte>> data,
-                   std::uint64_t max_shard_bytes) {
+                   std::span<const std::span<const std::byte>> data, std::uint64_t max_shard_bytes) {
   check_same_count(tensors.size(), data.size());
   std::vector<std::size_t> starts = split_by_max_bytes(tensors, max_shard_bytes);
   if (starts.empty()) starts.push_back(0);  // no tensors: one empty shard keeps the layout valid
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) {
-    throw Error(errc::io_error, {.file = dir.string(), .os_error = ec},
-                "cannot create the directory");
+    throw Error(errc::io_error, {.file = dir.string(), .os_error = ec}, "cannot create the directory");
   }
   const io::Metadata shard_metadata{{"format", "pt"}};
   for (std::size_t s = 0; s < starts.size(); ++s) {

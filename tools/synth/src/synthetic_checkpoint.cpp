@@ -6,8 +6,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -42,12 +42,13 @@ struct Dims {
 std::uint64_t element_bytes(DType dtype) {
   switch (dtype) {
     case DType::BF16:
-    case DType::F16: return 2;
-    case DType::F32: return 4;
+    case DType::F16:
+      return 2;
+    case DType::F32:
+      return 4;
     default:
       throw Error(errc::invalid_argument, {},
-                  fmt::format("synthetic checkpoints are BF16, F16 or F32, not {}",
-                              dtype_name(dtype)));
+                  fmt::format("synthetic checkpoints are BF16, F16 or F32, not {}", dtype_name(dtype)));
   }
 }
 
@@ -73,17 +74,16 @@ Dims dims_for_hidden(std::uint64_t hidden) {
 
 std::uint64_t layer_elements(const Dims& d) {
   const std::uint64_t h = d.hidden;
-  return 2 * h                                  // the two norms
-         + 2 * h * h                            // q_proj, o_proj
-         + 2 * d.kv_heads * d.head_dim * h      // k_proj, v_proj
-         + 3 * h * d.intermediate;              // gate, up, down
+  return 2 * h                              // the two norms
+         + 2 * h * h                        // q_proj, o_proj
+         + 2 * d.kv_heads * d.head_dim * h  // k_proj, v_proj
+         + 3 * h * d.intermediate;          // gate, up, down
 }
 
 // In floating point: candidates far from the target must not wrap around to look close.
 double model_elements(const Dims& d, std::uint64_t embeddings) {
   return static_cast<double>(embeddings * d.vocab * d.hidden) +
-         static_cast<double>(d.layers) * static_cast<double>(layer_elements(d)) +
-         static_cast<double>(d.hidden);
+         static_cast<double>(d.layers) * static_cast<double>(layer_elements(d)) + static_cast<double>(d.hidden);
 }
 
 std::uint64_t round_to(double x, std::uint64_t multiple) {
@@ -97,8 +97,7 @@ struct Candidate {
   double shape = 0;  // how far layers is from what models of this width use
 };
 
-Candidate plan_for_hidden(std::uint64_t hidden, std::uint64_t target_elements,
-                          const SyntheticOptions& options) {
+Candidate plan_for_hidden(std::uint64_t hidden, std::uint64_t target_elements, const SyntheticOptions& options) {
   Dims d = dims_for_hidden(hidden);
   const std::uint64_t embeddings = options.tie_embeddings ? 1 : 2;
   const double target = static_cast<double>(target_elements);
@@ -106,22 +105,19 @@ Candidate plan_for_hidden(std::uint64_t hidden, std::uint64_t target_elements,
   // the budget and let the vocabulary absorb what whole layers leave over. A pinned layer
   // count leaves only the vocabulary to fine-tune the size with, whatever the model size.
   bool small_vocab = static_cast<double>(embeddings * default_vocab * hidden) > target / 3;
-  d.vocab = small_vocab ? std::max(min_vocab, round_to(target / 3 / static_cast<double>(
-                                                           embeddings * hidden), 64))
+  d.vocab = small_vocab ? std::max(min_vocab, round_to(target / 3 / static_cast<double>(embeddings * hidden), 64))
                         : default_vocab;
   if (options.layers != 0) {
     d.layers = options.layers;
   } else {
     double rest = target - static_cast<double>(embeddings * d.vocab * hidden + hidden);
-    d.layers = std::clamp<std::uint64_t>(
-        round_to(rest / static_cast<double>(layer_elements(d)), 1), 1, max_layers);
+    d.layers = std::clamp<std::uint64_t>(round_to(rest / static_cast<double>(layer_elements(d)), 1), 1, max_layers);
   }
   const std::uint64_t natural_vocab = d.vocab;
   if (small_vocab || options.layers != 0) {
-    double rest = target - static_cast<double>(d.layers) * static_cast<double>(layer_elements(d)) -
-                  static_cast<double>(hidden);
-    d.vocab = std::clamp(round_to(rest / static_cast<double>(embeddings * hidden), 64), min_vocab,
-                         default_vocab);
+    double rest =
+        target - static_cast<double>(d.layers) * static_cast<double>(layer_elements(d)) - static_cast<double>(hidden);
+    d.vocab = std::clamp(round_to(rest / static_cast<double>(embeddings * hidden), 64), min_vocab, default_vocab);
   }
   Candidate c;
   c.dims = d;
@@ -216,9 +212,8 @@ Table16 make_table16(Distribution dist, bool bf16) {
 }
 
 const Table16& table16(DType dtype, bool norm) {
-  static const Table16 tables[4] = {
-      make_table16(weight_dist, true), make_table16(norm_dist, true),
-      make_table16(weight_dist, false), make_table16(norm_dist, false)};
+  static const Table16 tables[4] = {make_table16(weight_dist, true), make_table16(norm_dist, true),
+                                    make_table16(weight_dist, false), make_table16(norm_dist, false)};
   return tables[(dtype == DType::BF16 ? 0 : 2) + (norm ? 1 : 0)];
 }
 
@@ -286,8 +281,7 @@ std::uint64_t tensor_key(std::uint64_t seed, std::string_view name) noexcept {
   return mix64(fnv1a64(name) ^ mix64(seed + golden));
 }
 
-void fill_unchecked(std::uint64_t seed, const TensorSpec& tensor, std::uint64_t byte_offset,
-                    std::span<std::byte> out) {
+void fill_unchecked(std::uint64_t seed, const TensorSpec& tensor, std::uint64_t byte_offset, std::span<std::byte> out) {
   const std::uint64_t key = tensor_key(seed, tensor.name);
   const bool norm = is_norm(tensor.name);
   if (tensor.dtype == DType::F32) {
@@ -303,7 +297,9 @@ void fill_unchecked(std::uint64_t seed, const TensorSpec& tensor, std::uint64_t 
 class BlockStreamer {
  public:
   BlockStreamer(std::uint64_t seed, std::uint64_t total, ProgressFn& progress)
-      : seed_(seed), total_(total), progress_(progress),
+      : seed_(seed),
+        total_(total),
+        progress_(progress),
         block_(std::make_unique_for_overwrite<std::byte[]>(block_size)) {}
 
   void write_file(const std::filesystem::path& path, std::span<const TensorSpec> tensors,
@@ -352,8 +348,7 @@ SyntheticModel plan_model(const SyntheticOptions& options) {
   }
   if (options.layers > max_layers) {
     throw Error(errc::invalid_argument, {},
-                fmt::format("{} layers requested; at most {} are supported", options.layers,
-                            max_layers));
+                fmt::format("{} layers requested; at most {} are supported", options.layers, max_layers));
   }
   const std::uint64_t target_elements = std::max<std::uint64_t>(1, options.target_bytes / elem);
 
@@ -420,14 +415,12 @@ void fill_tensor_bytes(std::uint64_t seed, const TensorSpec& tensor, std::uint64
   const std::uint64_t nbytes = tensor_nbytes(tensor);
   if (byte_offset > nbytes || out.size() > nbytes - byte_offset) {
     throw Error(errc::invalid_argument, {.tensor = tensor.name},
-                fmt::format("bytes [{}, +{}) pass the end of a {}-byte tensor", byte_offset,
-                            out.size(), nbytes));
+                fmt::format("bytes [{}, +{}) pass the end of a {}-byte tensor", byte_offset, out.size(), nbytes));
   }
   fill_unchecked(seed, tensor, byte_offset, out);
 }
 
-void write_synthetic(const std::filesystem::path& out, const SyntheticOptions& options,
-                     ProgressFn progress) {
+void write_synthetic(const std::filesystem::path& out, const SyntheticOptions& options, ProgressFn progress) {
   if (options.shards == 0) {
     throw Error(errc::invalid_argument, {.file = out.string()}, "shards must be at least 1");
   }
@@ -439,9 +432,7 @@ void write_synthetic(const std::filesystem::path& out, const SyntheticOptions& o
   if (options.shards == 1) {
     std::filesystem::path file = std::filesystem::is_directory(out, ec) ? out / "model.safetensors" : out;
     streamer.write_file(file, tensors,
-                        {{"format", "pt"},
-                         {"generator", "eredu-synth"},
-                         {"seed", std::to_string(options.seed)}});
+                        {{"format", "pt"}, {"generator", "eredu-synth"}, {"seed", std::to_string(options.seed)}});
     return;
   }
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "eredu/core/error.hpp"
+#include "eredu/engine/engine_error.hpp"
 #include "eredu/engine/materialized_unit.hpp"
 #include "eredu/engine/parameter_error.hpp"
 #include "eredu/engine/parameterized.hpp"
@@ -27,7 +28,7 @@ namespace eredu::engine {
 /// unexpected_bindings naming every value without a slot) or the backend's BackendError
 /// with the parameter named.
 template <ParameterBackend B, class M>
-  requires Parameterized<M, typename B::Parameter>
+requires Parameterized<M, typename B::Parameter>
 void validate_materialized_unit(const M& module, const typename MaterializedUnit<B>::Weights& weights) {
   using Weights = typename MaterializedUnit<B>::Weights;
   using Parameter = typename B::Parameter;
@@ -38,10 +39,10 @@ void validate_materialized_unit(const M& module, const typename MaterializedUnit
       if (error) return;
       auto it = weights.find(metadata.id);
       if (it == weights.end()) {
-        error = std::make_exception_ptr(OrchestrationError(
-            errc::missing_binding, {.parameter = metadata.id.str()},
-            fmt::format("the materialized unit has no value for this {} {} parameter", dtype_name(metadata.dtype),
-                        format_shape(metadata.shape))));
+        error = std::make_exception_ptr(
+            OrchestrationError(errc::missing_binding, {.parameter = metadata.id.str()},
+                               fmt::format("the materialized unit has no value for this {} {} parameter",
+                                           dtype_name(metadata.dtype), format_shape(metadata.shape))));
         return;
       }
       if (!visited.insert(metadata.id).second) {
@@ -77,7 +78,7 @@ void validate_materialized_unit(const M& module, const typename MaterializedUnit
 /// Binds `unit` into `module` (see file comment). Throws what validate_materialized_unit
 /// throws; in every case of failure the module is unchanged.
 template <ParameterBackend B, class M>
-  requires Parameterized<M, typename B::Parameter>
+requires Parameterized<M, typename B::Parameter>
 void bind_materialized_unit(M& module, MaterializedUnit<B> unit) {
   using Weights = typename MaterializedUnit<B>::Weights;
   using Parameter = typename B::Parameter;

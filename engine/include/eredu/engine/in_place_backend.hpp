@@ -16,10 +16,10 @@ namespace eredu::engine {
 /// when the slot is unbound or the shapes differ; otherwise it returns the copy's
 /// Completion, retaining `weight` until then.
 template <class B>
-concept InPlaceBackend =
-    ParameterBackend<B> && SubmissionBackend<B> &&
-    requires(typename B::Executor& executor, typename B::Parameter& slot, const typename B::MaterializedWeight& weight) {
-      { B::overwrite(executor, slot, weight) } -> std::same_as<Completion>;
-    };
+concept InPlaceBackend = ParameterBackend<B> && SubmissionBackend<B> &&
+    requires(typename B::Executor& executor, typename B::Parameter& slot,
+             const typename B::MaterializedWeight& weight) {
+  { B::overwrite(executor, slot, weight) } -> std::same_as<Completion>;
+};
 
 }  // namespace eredu::engine

@@ -58,6 +58,7 @@
 #include "eredu/core/detail/spawn_operation.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/engine/bind.hpp"
+#include "eredu/engine/engine_error.hpp"
 #include "eredu/engine/in_place_backend.hpp"
 #include "eredu/engine/materialize.hpp"
 #include "eredu/engine/model_slot.hpp"
@@ -68,7 +69,7 @@ namespace eredu::engine {
 /// A model swapped in place (see file comment). Thread-safe: readers on any thread; swaps
 /// on the source's executor, one at a time.
 template <ParameterBackend B, class Model>
-  requires Parameterized<Model, typename B::Parameter> && InPlaceBackend<B>
+requires Parameterized<Model, typename B::Parameter> && InPlaceBackend<B>
 class InPlaceModelSlot {
   struct Gate;
 
@@ -172,7 +173,7 @@ class InPlaceModelSlot {
     Model model;
     std::mutex mutex;
     std::size_t readers = 0;
-    bool writing = false;                     // a swap is draining readers or copying
+    bool writing = false;  // a swap is draining readers or copying
     std::uint64_t generation = 0;
     std::exception_ptr torn;                  // a failed copy: reads fail until a swap succeeds
     std::vector<Deliver> waiting;             // reads that arrived while writing
@@ -284,8 +285,9 @@ class InPlaceModelSlot {
             errc::canary_failed, {},
             fmt::format("the canary rejected the new version ({}); version {} keeps serving", e.what(), serving)));
       } catch (...) {
-        rejected = std::make_exception_ptr(OrchestrationError(
-            errc::canary_failed, {}, fmt::format("the canary rejected the new version; version {} keeps serving", serving)));
+        rejected = std::make_exception_ptr(
+            OrchestrationError(errc::canary_failed, {},
+                               fmt::format("the canary rejected the new version; version {} keeps serving", serving)));
       }
       if (rejected) std::rethrow_exception(rejected);
       report.canary_s = seconds_since(t);

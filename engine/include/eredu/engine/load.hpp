@@ -22,8 +22,7 @@ namespace detail {
 
 /// The coroutine behind async_load.
 template <ParameterBackend B, class M>
-asio::awaitable<void> load_unit(M& module, io::CheckpointSource& source,
-                                std::shared_ptr<const WeightBindingPlan> plan,
+asio::awaitable<void> load_unit(M& module, io::CheckpointSource& source, std::shared_ptr<const WeightBindingPlan> plan,
                                 typename B::MaterializationContext& context, MaterializeOptions options) {
   MaterializedUnit<B> unit = co_await materialize_unit<B>(source, std::move(plan), context, options);
   bind_materialized_unit<B>(module, std::move(unit));
@@ -35,13 +34,13 @@ asio::awaitable<void> load_unit(M& module, io::CheckpointSource& source,
 /// Completion signature: void(std::exception_ptr). `module`, `source` and `context` must
 /// outlive the operation. Errors: those of async_materialize and bind_materialized_unit.
 template <ParameterBackend B, class M, class Token>
-  requires Parameterized<M, typename B::Parameter>
+requires Parameterized<M, typename B::Parameter>
 auto async_load(M& module, io::CheckpointSource& source, const WeightBindingPlan& plan,
                 typename B::MaterializationContext& context, Token&& token, MaterializeOptions options = {}) {
-  return eredu::detail::spawn_operation(source.get_executor(),
-                        detail::load_unit<B>(module, source, std::make_shared<const WeightBindingPlan>(plan),
-                                             context, options),
-                        std::forward<Token>(token));
+  return eredu::detail::spawn_operation(
+      source.get_executor(),
+      detail::load_unit<B>(module, source, std::make_shared<const WeightBindingPlan>(plan), context, options),
+      std::forward<Token>(token));
 }
 
 }  // namespace eredu::engine

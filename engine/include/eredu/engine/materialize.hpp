@@ -116,14 +116,15 @@ asio::awaitable<MaterializedUnit<B>> materialize_unit(io::CheckpointSource& sour
       break;
     }
     std::uint64_t bytes = inferred[started].bytes;
-    B::completion(in_flight.back()).on_complete([stop, progress = options.progress, bytes](std::exception_ptr e) mutable {
-      if (e) {
-        stop.request_stop();
-      } else if (progress) {
-        progress->owners_done.fetch_add(1, std::memory_order_relaxed);
-        progress->bytes_done.fetch_add(bytes, std::memory_order_relaxed);
-      }
-    });
+    B::completion(in_flight.back())
+        .on_complete([stop, progress = options.progress, bytes](std::exception_ptr e) mutable {
+          if (e) {
+            stop.request_stop();
+          } else if (progress) {
+            progress->owners_done.fetch_add(1, std::memory_order_relaxed);
+            progress->bytes_done.fetch_add(bytes, std::memory_order_relaxed);
+          }
+        });
   }
 
   // 3. Wait for every started realization, failed or not, before deciding anything.
@@ -140,14 +141,13 @@ asio::awaitable<MaterializedUnit<B>> materialize_unit(io::CheckpointSource& sour
   for (std::size_t i = 0; i < in_flight.size(); ++i) {
     std::exception_ptr e = completions[i].error();
     if (!e) continue;
-    if (!failure || (is_cancellation(failure) && !is_cancellation(e)))
-      failure = attach_parameter(e, owners[i]->name());
+    if (!failure || (is_cancellation(failure) && !is_cancellation(e))) failure = attach_parameter(e, owners[i]->name());
   }
   if (start_error && (!failure || is_cancellation(failure))) failure = start_error;
   if (cancel_state.slot().is_connected()) cancel_state.slot().clear();
   if (cancelled_by_caller->load() && (!failure || is_cancellation(failure)))
-    throw Error(errc::cancelled, {}, fmt::format("the load of {} weight(s) was cancelled; nothing was published",
-                                                 owners.size()));
+    throw Error(errc::cancelled, {},
+                fmt::format("the load of {} weight(s) was cancelled; nothing was published", owners.size()));
   if (failure) std::rethrow_exception(failure);
 
   // 4. Collect owners, then share them with aliases.
@@ -168,12 +168,11 @@ asio::awaitable<MaterializedUnit<B>> materialize_unit(io::CheckpointSource& sour
 /// as io_error or unexpected_eof, BackendError) with its parameter named.
 template <ParameterBackend B, class Token>
 auto async_materialize(io::CheckpointSource& source, const WeightBindingPlan& plan,
-                       typename B::MaterializationContext& context, Token&& token,
-                       MaterializeOptions options = {}) {
-  return eredu::detail::spawn_operation(source.get_executor(),
-                        detail::materialize_unit<B>(source, std::make_shared<const WeightBindingPlan>(plan),
-                                                    context, options),
-                        std::forward<Token>(token));
+                       typename B::MaterializationContext& context, Token&& token, MaterializeOptions options = {}) {
+  return eredu::detail::spawn_operation(
+      source.get_executor(),
+      detail::materialize_unit<B>(source, std::make_shared<const WeightBindingPlan>(plan), context, options),
+      std::forward<Token>(token));
 }
 
 }  // namespace eredu::engine

@@ -56,6 +56,7 @@
 #include "eredu/core/detail/spawn_operation.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/core/published_ptr.hpp"
+#include "eredu/engine/engine_error.hpp"
 #include "eredu/engine/load.hpp"
 #include "eredu/io/checksums.hpp"
 
@@ -64,9 +65,9 @@ namespace eredu::engine {
 /// What one published version is: the bound model and where it came from.
 template <class Model>
 struct ModelVersion {
-  Model model;                  ///< every parameter bound
-  std::uint64_t generation = 0; ///< 1 for the first version, +1 per successful swap
-  std::string origin;           ///< what the caller said it was loaded from
+  Model model;                   ///< every parameter bound
+  std::uint64_t generation = 0;  ///< 1 for the first version, +1 per successful swap
+  std::string origin;            ///< what the caller said it was loaded from
 };
 
 /// Per-swap options.
@@ -84,12 +85,12 @@ struct SwapOptions {
 
 /// What a successful swap did and how long each step took.
 struct SwapReport {
-  std::uint64_t generation = 0;         ///< the version now serving
-  std::uint64_t bytes = 0;              ///< bytes the new version's weights occupy
-  std::uint64_t verified_bytes = 0;     ///< bytes re-read for checksums
-  double load_s = 0;                    ///< step 1
-  double verify_s = 0;                  ///< step 2
-  double canary_s = 0;                  ///< step 3
+  std::uint64_t generation = 0;      ///< the version now serving
+  std::uint64_t bytes = 0;           ///< bytes the new version's weights occupy
+  std::uint64_t verified_bytes = 0;  ///< bytes re-read for checksums
+  double load_s = 0;                 ///< step 1
+  double verify_s = 0;               ///< step 2
+  double canary_s = 0;               ///< step 3
   /// ModelSlot: the publication itself (readers never wait); InPlaceModelSlot: the
   /// drain of requests in flight plus the copy, during which new reads wait.
   std::chrono::nanoseconds publish_pause{0};
@@ -100,7 +101,7 @@ struct SwapReport {
 /// The serving version of a model (see file comment). Thread-safe: current() from any
 /// thread; async_swap runs on the source's executor.
 template <ParameterBackend B, class Model>
-  requires Parameterized<Model, typename B::Parameter>
+requires Parameterized<Model, typename B::Parameter>
 class ModelSlot {
  public:
   /// A published version.
@@ -134,7 +135,8 @@ class ModelSlot {
   auto async_swap(io::CheckpointSource& source, const WeightBindingPlan& plan,
                   typename B::MaterializationContext& context, Token&& token, SwapOptions<Model> options = {}) {
     return eredu::detail::spawn_operation(
-        source.get_executor(), swap(source, std::make_shared<const WeightBindingPlan>(plan), context, std::move(options)),
+        source.get_executor(),
+        swap(source, std::make_shared<const WeightBindingPlan>(plan), context, std::move(options)),
         std::forward<Token>(token));
   }
 
@@ -189,13 +191,13 @@ class ModelSlot {
       try {
         co_await options.canary(std::as_const(next->model));
       } catch (const std::exception& e) {
+        rejected = std::make_exception_ptr(OrchestrationError(
+            errc::canary_failed, {},
+            fmt::format("the canary rejected the new version ({}); version {} keeps serving", e.what(), serving)));
+      } catch (...) {
         rejected = std::make_exception_ptr(
             OrchestrationError(errc::canary_failed, {},
-                               fmt::format("the canary rejected the new version ({}); version {} keeps serving",
-                                           e.what(), serving)));
-      } catch (...) {
-        rejected = std::make_exception_ptr(OrchestrationError(
-            errc::canary_failed, {}, fmt::format("the canary rejected the new version; version {} keeps serving", serving)));
+                               fmt::format("the canary rejected the new version; version {} keeps serving", serving)));
       }
       if (rejected) std::rethrow_exception(rejected);
       report.canary_s = seconds_since(t);

@@ -33,35 +33,34 @@ namespace eredu::engine {
 /// - `B::MaterializationContext`: what the backend needs while realizing (pools, executors);
 /// - `B::Materialization`: an in-flight realization that retains its leases until it completes.
 template <class B>
-concept ParameterBackend =
-    requires {
-      typename B::Parameter;
-      typename B::MaterializedWeight;
-      typename B::MaterializationContext;
-      typename B::Materialization;
-    } &&
-    requires(io::CheckpointSource& source, const io::TensorReadRequest& request,
-             const DerivedWeightRecipe& recipe, typename B::MaterializationContext& context,
-             std::stop_token stop, typename B::Materialization& in_flight,
-             const typename B::Materialization& const_in_flight,
-             const typename B::MaterializedWeight& weight, typename B::MaterializedWeight& owned_weight,
-             const typename B::Parameter& parameter, typename B::Parameter& slot) {
-      // Starts realizing a format-preserving tensor read (checkpoint dtype kept).
-      { B::materialize(source, request, context, stop) } -> std::same_as<typename B::Materialization>;
-      // Starts realizing a validated recipe.
-      { B::materialize_recipe(source, recipe, context, stop) } -> std::same_as<typename B::Materialization>;
-      // The exact completion of an in-flight realization.
-      { B::completion(const_in_flight) } -> std::same_as<Completion>;
-      // The weight an in-flight realization is producing.
-      { B::materialized_weight(const_in_flight) } -> std::same_as<const typename B::MaterializedWeight&>;
-      // After completion: the weight, or the realization's error thrown.
-      { B::finish_materialization(std::move(in_flight)) } -> std::same_as<typename B::MaterializedWeight>;
-      // Another handle to the same storage (aliases), never a copy or a re-read.
-      { B::share_materialized_weight(weight) } -> std::same_as<typename B::MaterializedWeight>;
-      // Throws eredu::BackendError when the weight cannot be bound to the slot.
-      B::validate_bind(parameter, weight);
-      // Publishes the weight into the slot; cannot fail after validate_bind.
-      { B::bind(slot, std::move(owned_weight)) } noexcept;
-    };
+concept ParameterBackend = requires {
+  typename B::Parameter;
+  typename B::MaterializedWeight;
+  typename B::MaterializationContext;
+  typename B::Materialization;
+}
+&&requires(io::CheckpointSource& source, const io::TensorReadRequest& request, const DerivedWeightRecipe& recipe,
+           typename B::MaterializationContext& context, std::stop_token stop, typename B::Materialization& in_flight,
+           const typename B::Materialization& const_in_flight, const typename B::MaterializedWeight& weight,
+           typename B::MaterializedWeight& owned_weight, const typename B::Parameter& parameter,
+           typename B::Parameter& slot) {
+  // Starts realizing a format-preserving tensor read (checkpoint dtype kept).
+  { B::materialize(source, request, context, stop) } -> std::same_as<typename B::Materialization>;
+  // Starts realizing a validated recipe.
+  { B::materialize_recipe(source, recipe, context, stop) } -> std::same_as<typename B::Materialization>;
+  // The exact completion of an in-flight realization.
+  { B::completion(const_in_flight) } -> std::same_as<Completion>;
+  // The weight an in-flight realization is producing.
+  { B::materialized_weight(const_in_flight) } -> std::same_as<const typename B::MaterializedWeight&>;
+  // After completion: the weight, or the realization's error thrown.
+  { B::finish_materialization(std::move(in_flight)) } -> std::same_as<typename B::MaterializedWeight>;
+  // Another handle to the same storage (aliases), never a copy or a re-read.
+  { B::share_materialized_weight(weight) } -> std::same_as<typename B::MaterializedWeight>;
+  // Throws eredu::BackendError when the weight cannot be bound to the slot.
+  B::validate_bind(parameter, weight);
+  // Publishes the weight into the slot; cannot fail after validate_bind.
+  { B::bind(slot, std::move(owned_weight)) }
+  noexcept;
+};
 
 }  // namespace eredu::engine

@@ -32,6 +32,7 @@
 /// every load at its next step, frees every loaded unit not handed out, waits until every
 /// load has returned its leases, then completes (async_next: with eredu::errc::cancelled).
 
+#include <algorithm>
 #include <asio/awaitable.hpp>
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
@@ -40,7 +41,6 @@
 #include <asio/post.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
-#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -96,12 +96,12 @@ struct PrefetchOptions {
 
 /// What happened to one delivered unit.
 struct UnitTiming {
-  std::size_t index = 0;      ///< position in the sequence
-  std::size_t pass = 0;       ///< pass it belongs to
-  std::uint64_t bytes = 0;    ///< bytes its weights occupy
-  double load_s = 0;          ///< from the start of its load to ready
-  double stall_s = 0;         ///< how long the consumer waited for it in async_next
-  bool from_host = false;     ///< promoted from a parked host copy, not read
+  std::size_t index = 0;    ///< position in the sequence
+  std::size_t pass = 0;     ///< pass it belongs to
+  std::uint64_t bytes = 0;  ///< bytes its weights occupy
+  double load_s = 0;        ///< from the start of its load to ready
+  double stall_s = 0;       ///< how long the consumer waited for it in async_next
+  bool from_host = false;   ///< promoted from a parked host copy, not read
 };
 
 /// Counters of a pipeline so far (see PrefetchPipeline::stats).
@@ -121,7 +121,7 @@ struct PipelineStats {
 /// A bounded look-ahead loader over an ordered sequence of units (see file comment).
 /// B: the backend; M: the module type of one unit, made by the factory for each load.
 template <ParameterBackend B, class M>
-  requires Parameterized<M, typename B::Parameter>
+requires Parameterized<M, typename B::Parameter>
 class PrefetchPipeline {
   struct State;
   struct Slot;
@@ -210,8 +210,8 @@ class PrefetchPipeline {
     for (std::size_t i = 0; i < s.bytes.size(); ++i)
       if (s.bytes[i] > s.budget)
         throw Error(errc::invalid_argument, {},
-                    fmt::format("unit '{}' needs {} bytes, more than the whole resident budget of {} bytes",
-                                s.names[i], s.bytes[i], s.budget));
+                    fmt::format("unit '{}' needs {} bytes, more than the whole resident budget of {} bytes", s.names[i],
+                                s.bytes[i], s.budget));
     asio::co_spawn(source.get_executor(), State::produce(state_), asio::detached);
   }
 
@@ -226,8 +226,8 @@ class PrefetchPipeline {
       // Closed, or run to its end with nothing loading: nothing to stop, and nothing is
       // posted (so a pipeline may outlive its event loop once it is done).
       std::lock_guard lock(s->mutex);
-      const bool loading = std::any_of(s->loading.begin(), s->loading.end(),
-                                       [](const std::shared_ptr<Slot>& l) { return l->loading; });
+      const bool loading =
+          std::any_of(s->loading.begin(), s->loading.end(), [](const std::shared_ptr<Slot>& l) { return l->loading; });
       if (s->stopping || (s->producer_done && !loading)) return;
     }
     asio::post(s->source.get_executor(), [s] { State::stop(s); });
@@ -270,12 +270,12 @@ class PrefetchPipeline {
   struct Slot {
     std::size_t index = 0;
     std::size_t pass = 0;
-    CompletionSource done_source;         // completed when the load has finished, either way
+    CompletionSource done_source;  // completed when the load has finished, either way
     Completion done = done_source.completion();
-    asio::cancellation_signal cancel;     // stops the load (emitted on the executor only)
+    asio::cancellation_signal cancel;  // stops the load (emitted on the executor only)
     bool loading = true;
     bool released = false;
-    std::unique_ptr<M> module;            // the bound module, once loaded
+    std::unique_ptr<M> module;  // the bound module, once loaded
     std::exception_ptr error;
     // keep_on_host: the owners' weights, shared with the module, to demote on release.
     std::vector<std::pair<ParameterId, typename B::MaterializedWeight>> owners;
@@ -293,8 +293,8 @@ class PrefetchPipeline {
 
   /// Everything the pipeline, its loads and its units share.
   struct State {
-    State(io::CheckpointSource& src, typename B::MaterializationContext& ctx, PrefetchOptions opts,
-          ModuleFactory make, typename B::Executor* park)
+    State(io::CheckpointSource& src, typename B::MaterializationContext& ctx, PrefetchOptions opts, ModuleFactory make,
+          typename B::Executor* park)
         : source(src), context(ctx), options(opts), make_module(std::move(make)), park_executor(park) {}
 
     io::CheckpointSource& source;
@@ -308,16 +308,16 @@ class PrefetchPipeline {
     std::uint64_t budget = 0;
 
     mutable std::mutex mutex;
-    std::deque<std::shared_ptr<Slot>> queue;     // started, not yet handed out, in order
-    std::vector<std::shared_ptr<Slot>> loading;  // loads not finished (pruned as they finish)
+    std::deque<std::shared_ptr<Slot>> queue;            // started, not yet handed out, in order
+    std::vector<std::shared_ptr<Slot>> loading;         // loads not finished (pruned as they finish)
     std::vector<std::shared_ptr<const Parked>> parked;  // per unit (keep_on_host)
-    std::size_t outstanding = 0;                 // started and not released
-    std::size_t in_flight = 0;                   // started and still loading
+    std::size_t outstanding = 0;                        // started and not released
+    std::size_t in_flight = 0;                          // started and still loading
     bool stopping = false;
-    bool failed = false;           // a load failed: start nothing more
+    bool failed = false;  // a load failed: start nothing more
     bool producer_done = false;
-    bool consumer_busy = false;    // an async_next is running (one at a time)
-    std::exception_ptr terminal;   // delivered to the consumer; reported again after
+    bool consumer_busy = false;   // an async_next is running (one at a time)
+    std::exception_ptr terminal;  // delivered to the consumer; reported again after
     std::optional<CompletionSource> producer_wake, consumer_wake;
     CompletionSource producer_exit_source;
     Completion producer_exit = producer_exit_source.completion();
@@ -436,7 +436,8 @@ class PrefetchPipeline {
             // Nothing after a failed unit will be delivered: stop what was started after it.
             s->failed = true;
             for (auto& other : s->loading)
-              if (other->loading && (other->pass > slot->pass || (other->pass == slot->pass && other->index > slot->index)))
+              if (other->loading &&
+                  (other->pass > slot->pass || (other->pass == slot->pass && other->index > slot->index)))
                 to_cancel.push_back(other);
             wake(s->producer_wake, wakes);
           }
@@ -590,8 +591,7 @@ class PrefetchPipeline {
       const Clock::time_point asked = Clock::now();
       co_await asio::this_coro::throw_if_cancelled(false);
       asio::cancellation_state cancel_state = co_await asio::this_coro::cancellation_state;
-      if (cancel_state.slot().is_connected())
-        cancel_state.slot().assign([s](asio::cancellation_type) { stop(s); });
+      if (cancel_state.slot().is_connected()) cancel_state.slot().assign([s](asio::cancellation_type) { stop(s); });
       struct ClearSlot {
         asio::cancellation_state& state;
         ~ClearSlot() {
@@ -676,7 +676,6 @@ class PrefetchPipeline {
         co_return Unit(s, std::move(slot));
       }
     }
-
   };
 
   std::shared_ptr<State> state_;

@@ -20,13 +20,14 @@ namespace eredu::engine {
 /// - `B::order_after(c, ex)`: later work on `ex` starts after `c`;
 /// - `B::retain_until_complete(ex, c, value)`: keeps `value` alive until `c` has completed.
 template <class B>
-concept SubmissionBackend =
-    requires { typename B::Executor; } &&
-    requires(typename B::Executor& executor, const Completion& completion, std::size_t count) {
-      { B::fork_executors(executor, count) } -> std::same_as<std::vector<std::unique_ptr<typename B::Executor>>>;
-      { B::submit(executor) } -> std::same_as<Completion>;
-      B::order_after(completion, executor);
-      B::retain_until_complete(executor, completion, std::make_unique<int>(0));
-    };
+concept SubmissionBackend = requires {
+  typename B::Executor;
+}
+&&requires(typename B::Executor& executor, const Completion& completion, std::size_t count) {
+  { B::fork_executors(executor, count) } -> std::same_as<std::vector<std::unique_ptr<typename B::Executor>>>;
+  { B::submit(executor) } -> std::same_as<Completion>;
+  B::order_after(completion, executor);
+  B::retain_until_complete(executor, completion, std::make_unique<int>(0));
+};
 
 }  // namespace eredu::engine

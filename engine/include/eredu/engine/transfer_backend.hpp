@@ -17,12 +17,12 @@ namespace eredu::engine {
 /// together with the Completion of the copy; the copy retains its source and destination
 /// storage until it completes, and the destination must not be read before then.
 template <class B>
-concept TransferBackend =
-    ParameterBackend<B> && SubmissionBackend<B> && requires { typename B::HostBuffer; } &&
-    requires(typename B::Executor& executor, const typename B::HostBuffer& host,
-             const typename B::MaterializedWeight& weight) {
-      { B::promote(executor, host) } -> std::same_as<std::pair<typename B::MaterializedWeight, Completion>>;
-      { B::demote(executor, weight) } -> std::same_as<std::pair<typename B::HostBuffer, Completion>>;
-    };
+concept TransferBackend = ParameterBackend<B> && SubmissionBackend<B> && requires {
+  typename B::HostBuffer;
+} && requires(typename B::Executor& executor, const typename B::HostBuffer& host,
+              const typename B::MaterializedWeight& weight) {
+  { B::promote(executor, host) } -> std::same_as<std::pair<typename B::MaterializedWeight, Completion>>;
+  { B::demote(executor, weight) } -> std::same_as<std::pair<typename B::HostBuffer, Completion>>;
+};
 
 }  // namespace eredu::engine

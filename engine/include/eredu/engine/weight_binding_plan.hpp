@@ -44,7 +44,7 @@ class WeightBindingPlan {
 
  private:
   std::vector<WeightBinding> bindings_;
-  std::vector<std::size_t> owners_;                          // indices into bindings_
+  std::vector<std::size_t> owners_;                           // indices into bindings_
   std::vector<std::pair<std::size_t, std::size_t>> aliases_;  // (alias, owner) indices
 };
 

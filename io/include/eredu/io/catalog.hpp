@@ -46,9 +46,7 @@ class Catalog {
  private:
   struct Hash {
     using is_transparent = void;
-    std::size_t operator()(std::string_view s) const noexcept {
-      return std::hash<std::string_view>{}(s);
-    }
+    std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
   };
   std::vector<CheckpointFile> files_;
   std::vector<TensorInfo> tensors_;

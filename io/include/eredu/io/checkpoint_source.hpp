@@ -45,8 +45,8 @@ namespace eredu::io {
 
 /// Everything configurable about a CheckpointSource.
 struct SourceOptions {
-  LeasePoolOptions pool;   ///< staging budget (default 256 MiB)
-  ReaderOptions reader;    ///< reader kind, depth, request size, O_DIRECT policy
+  LeasePoolOptions pool;  ///< staging budget (default 256 MiB)
+  ReaderOptions reader;   ///< reader kind, depth, request size, O_DIRECT policy
   /// Largest chunk of a chunked read (clamped so a chunk's window fits the budget).
   std::size_t chunk_bytes = std::size_t{64} << 20;
   /// Let map_resident() hand out mappings of page-cache-resident tensors, which a backend
@@ -63,8 +63,7 @@ class CheckpointSource {
   /// Opens the checkpoint at `path` (file, directory or index) and its files, creates the
   /// pool and the reader (io_uring, or pread where io_uring is unavailable, with a log
   /// line). Blocking; throws eredu::Error. Prefer async_open_checkpoint on an event loop.
-  static std::unique_ptr<CheckpointSource> open(asio::any_io_executor executor,
-                                                const std::filesystem::path& path,
+  static std::unique_ptr<CheckpointSource> open(asio::any_io_executor executor, const std::filesystem::path& path,
                                                 const SourceOptions& options = {});
   ~CheckpointSource();
   CheckpointSource(const CheckpointSource&) = delete;
@@ -139,7 +138,7 @@ class CheckpointSource {
   SourceOptions options_;
   Catalog catalog_;
   std::vector<OpenFile> files_;
-  std::unique_ptr<LeasePool> pool_;   // destroyed after the reader, which may write into it
+  std::unique_ptr<LeasePool> pool_;  // destroyed after the reader, which may write into it
   std::unique_ptr<Reader> reader_;
 };
 
@@ -176,8 +175,8 @@ class ChunkStream {
 /// helper thread. Completion signature:
 /// void(std::exception_ptr, std::unique_ptr<CheckpointSource>).
 template <class Token>
-auto async_open_checkpoint(asio::any_io_executor executor, std::filesystem::path path,
-                           SourceOptions options, Token&& token) {
+auto async_open_checkpoint(asio::any_io_executor executor, std::filesystem::path path, SourceOptions options,
+                           Token&& token) {
   using Sig = void(std::exception_ptr, std::unique_ptr<CheckpointSource>);
   return asio::async_initiate<Token, Sig>(
       [](auto handler, asio::any_io_executor ex, std::filesystem::path p, SourceOptions o) {

@@ -31,7 +31,8 @@ std::optional<MappingFault> guarded_read(std::span<const std::byte> region, void
 /// guarded_read() for a callable, called once by reference.
 template <class F>
 std::optional<MappingFault> guarded_read(std::span<const std::byte> region, F& access) {
-  return guarded_read(region, [](void* f) { (*static_cast<F*>(f))(); }, &access);
+  return guarded_read(
+      region, [](void* f) { (*static_cast<F*>(f))(); }, &access);
 }
 
 }  // namespace eredu::io

@@ -18,10 +18,14 @@ class Lease {
  public:
   Lease() noexcept = default;
   /// Wraps `buffer`, exposing `size` bytes from `view_offset` (internal: built by readers).
-  Lease(StagingBuffer buffer, std::size_t view_offset, std::size_t size, const TensorInfo* tensor,
-        std::uint64_t offset, std::uint64_t total) noexcept
-      : buffer_(std::move(buffer)), view_offset_(view_offset), size_(size), tensor_(tensor),
-        offset_(offset), total_(total) {}
+  Lease(StagingBuffer buffer, std::size_t view_offset, std::size_t size, const TensorInfo* tensor, std::uint64_t offset,
+        std::uint64_t total) noexcept
+      : buffer_(std::move(buffer)),
+        view_offset_(view_offset),
+        size_(size),
+        tensor_(tensor),
+        offset_(offset),
+        total_(total) {}
   Lease(Lease&&) noexcept = default;
   Lease& operator=(Lease&&) noexcept = default;
 

@@ -10,8 +10,8 @@
 /// construction, which readers register with io_uring as fixed buffers.
 
 #include <asio/any_io_executor.hpp>
-#include <asio/async_result.hpp>
 #include <asio/associated_cancellation_slot.hpp>
+#include <asio/async_result.hpp>
 #include <asio/error.hpp>
 #include <atomic>
 #include <cstddef>
@@ -23,8 +23,8 @@
 #include <span>
 #include <system_error>
 
-#include "eredu/core/unique_function.hpp"
 #include "eredu/core/detail/handler_delivery.hpp"
+#include "eredu/core/unique_function.hpp"
 #include "eredu/io/staging_buffer.hpp"
 
 namespace eredu::io {
@@ -32,8 +32,8 @@ namespace eredu::io {
 /// Construction options of a LeasePool.
 struct LeasePoolOptions {
   std::size_t budget = std::size_t{256} << 20;  ///< bytes of staging memory (rounded up to pages)
-  bool huge_pages = true;  ///< madvise(MADV_HUGEPAGE) on the region: cheaper first touch
-  bool prefault = true;    ///< touch every page at construction, on all cores
+  bool huge_pages = true;                       ///< madvise(MADV_HUGEPAGE) on the region: cheaper first touch
+  bool prefault = true;                         ///< touch every page at construction, on all cores
 };
 
 /// Bounded pool of staging memory handing out StagingBuffers.
@@ -87,8 +87,8 @@ class LeasePool {
     return asio::async_initiate<Token, void(std::error_code, StagingBuffer)>(
         [this](auto handler, std::size_t n) {
           auto slot = asio::get_associated_cancellation_slot(handler);
-          auto done = eredu::detail::deliver_on_handler_executor<std::error_code, StagingBuffer>(
-              std::move(handler), executor_);
+          auto done =
+              eredu::detail::deliver_on_handler_executor<std::error_code, StagingBuffer>(std::move(handler), executor_);
           start_acquire(n, std::move(done), slot);
         },
         token, bytes);

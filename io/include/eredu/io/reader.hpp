@@ -17,8 +17,8 @@
 #include <system_error>
 #include <vector>
 
-#include "eredu/core/unique_function.hpp"
 #include "eredu/core/detail/handler_delivery.hpp"
+#include "eredu/core/unique_function.hpp"
 #include "eredu/io/open_file.hpp"
 #include "eredu/io/read_fault.hpp"
 
@@ -26,10 +26,10 @@ namespace eredu::io {
 
 /// One contiguous range of a file to read into memory.
 struct ReadSegment {
-  std::uint32_t file = 0;    ///< index into the reader's files
-  std::uint64_t offset = 0;  ///< absolute file offset
-  std::byte* dest = nullptr; ///< where the bytes go (inside the lease pool)
-  std::uint64_t length = 0;  ///< bytes to read
+  std::uint32_t file = 0;     ///< index into the reader's files
+  std::uint64_t offset = 0;   ///< absolute file offset
+  std::byte* dest = nullptr;  ///< where the bytes go (inside the lease pool)
+  std::uint64_t length = 0;   ///< bytes to read
   /// Bytes from the start that must be read; the rest may lie past end of file. Less
   /// than `length` only for page-aligned windows of direct reads.
   std::uint64_t required = 0;
@@ -37,22 +37,22 @@ struct ReadSegment {
 
 /// Why a batch of segments failed: the first failure seen.
 struct ReadFailure {
-  std::error_code code;       ///< eredu::errc::io_error, unexpected_eof, cancelled, direct_io_unsupported
-  std::error_code os_error;   ///< errno of an io_error
-  std::uint32_t file = 0;     ///< file of the failed request
-  std::uint64_t offset = 0;   ///< absolute offset of the failed request
-  std::string detail;         ///< what went wrong, with the numbers
+  std::error_code code;      ///< eredu::errc::io_error, unexpected_eof, cancelled, direct_io_unsupported
+  std::error_code os_error;  ///< errno of an io_error
+  std::uint32_t file = 0;    ///< file of the failed request
+  std::uint64_t offset = 0;  ///< absolute offset of the failed request
+  std::string detail;        ///< what went wrong, with the numbers
 };
 
 /// Counters a reader keeps (for summaries and tests).
 struct ReaderStats {
-  std::uint64_t requests = 0;        ///< read requests issued (resubmissions included)
-  std::uint64_t bytes = 0;           ///< bytes delivered
-  std::uint64_t short_reads = 0;     ///< requests that returned fewer bytes than asked
-  std::uint64_t requeued = 0;        ///< EAGAIN requeues
-  std::uint64_t direct_requests = 0; ///< requests issued with O_DIRECT
+  std::uint64_t requests = 0;               ///< read requests issued (resubmissions included)
+  std::uint64_t bytes = 0;                  ///< bytes delivered
+  std::uint64_t short_reads = 0;            ///< requests that returned fewer bytes than asked
+  std::uint64_t requeued = 0;               ///< EAGAIN requeues
+  std::uint64_t direct_requests = 0;        ///< requests issued with O_DIRECT
   std::uint64_t fixed_buffer_requests = 0;  ///< io_uring requests into registered buffers
-  std::uint64_t syscalls = 0;        ///< submit/read system calls made
+  std::uint64_t syscalls = 0;               ///< submit/read system calls made
 };
 
 /// Which of the two reader implementations to use.
@@ -67,11 +67,11 @@ enum class DirectMode {
 
 /// Options shared by both readers.
 struct ReaderOptions {
-  ReaderKind kind = ReaderKind::automatic;  ///< implementation
-  unsigned depth = 4;                          ///< requests in flight
+  ReaderKind kind = ReaderKind::automatic;         ///< implementation
+  unsigned depth = 4;                              ///< requests in flight
   std::size_t max_request = std::size_t{4} << 20;  ///< largest single request, bytes
-  DirectMode direct = DirectMode::automatic;   ///< O_DIRECT policy
-  bool register_buffers = true;  ///< register the lease pool with io_uring (fixed buffers)
+  DirectMode direct = DirectMode::automatic;       ///< O_DIRECT policy
+  bool register_buffers = true;                    ///< register the lease pool with io_uring (fixed buffers)
   /// Cap on registered bytes (0 = the whole pool); the fallback for small memlock limits
   /// also lands here.
   std::size_t max_registered_bytes = 0;
@@ -106,13 +106,11 @@ class Reader {
   /// void(std::optional<ReadFailure>), run on the handler's associated executor (or
   /// `fallback`). The memory behind the segments must stay valid until then.
   template <class Token>
-  auto async_read(std::vector<ReadSegment> segments, const asio::any_io_executor& fallback,
-                  Token&& token) {
+  auto async_read(std::vector<ReadSegment> segments, const asio::any_io_executor& fallback, Token&& token) {
     return asio::async_initiate<Token, void(std::optional<ReadFailure>)>(
         [this, &fallback](auto handler, std::vector<ReadSegment> segs) {
           read(std::move(segs),
-               eredu::detail::deliver_on_handler_executor<std::optional<ReadFailure>>(std::move(handler),
-                                                                               fallback));
+               eredu::detail::deliver_on_handler_executor<std::optional<ReadFailure>>(std::move(handler), fallback));
         },
         token, std::move(segments));
   }

@@ -45,8 +45,7 @@ inline constexpr std::uint64_t max_header_size = 100'000'000;
 /// min(file_size, 8 + N) bytes (fewer only when the file itself is too short, which then
 /// fails with the right kind). Returns tensors in ascending offset order with absolute
 /// offsets; throws eredu::Error naming `path`, the tensor and the offending numbers.
-FileLayout parse_file_prefix(std::span<const std::byte> bytes, std::uint64_t file_size,
-                             const std::string& path);
+FileLayout parse_file_prefix(std::span<const std::byte> bytes, std::uint64_t file_size, const std::string& path);
 
 /// Reads the prefix and header of the open file `fd` (checking the length before
 /// allocating, so at most 100,000,008 bytes) and validates them as parse_file_prefix does.

@@ -15,8 +15,7 @@ class LeasePool;
 class StagingBuffer {
  public:
   StagingBuffer() noexcept = default;
-  StagingBuffer(StagingBuffer&& o) noexcept
-      : pool_(std::exchange(o.pool_, nullptr)), data_(o.data_), size_(o.size_) {}
+  StagingBuffer(StagingBuffer&& o) noexcept : pool_(std::exchange(o.pool_, nullptr)), data_(o.data_), size_(o.size_) {}
   StagingBuffer& operator=(StagingBuffer&& o) noexcept {
     if (this != &o) {
       reset();
@@ -43,8 +42,7 @@ class StagingBuffer {
 
  private:
   friend class LeasePool;
-  StagingBuffer(LeasePool* pool, std::byte* data, std::size_t size) noexcept
-      : pool_(pool), data_(data), size_(size) {}
+  StagingBuffer(LeasePool* pool, std::byte* data, std::size_t size) noexcept : pool_(pool), data_(data), size_(size) {}
   LeasePool* pool_ = nullptr;
   std::byte* data_ = nullptr;
   std::size_t size_ = 0;

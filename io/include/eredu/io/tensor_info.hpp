@@ -25,12 +25,12 @@ struct CheckpointFile {
 
 /// Where one tensor's bytes are and how to interpret them.
 struct TensorInfo {
-  std::string name;         ///< checkpoint key
-  DType dtype{};            ///< element type
-  Shape shape;              ///< row-major dimensions
-  std::uint32_t file = 0;   ///< index into Catalog::files()
-  std::uint64_t offset = 0; ///< absolute byte offset of the first byte in the file
-  std::uint64_t nbytes = 0; ///< stored byte length
+  std::string name;          ///< checkpoint key
+  DType dtype{};             ///< element type
+  Shape shape;               ///< row-major dimensions
+  std::uint32_t file = 0;    ///< index into Catalog::files()
+  std::uint64_t offset = 0;  ///< absolute byte offset of the first byte in the file
+  std::uint64_t nbytes = 0;  ///< stored byte length
 };
 
 }  // namespace eredu::io

@@ -23,8 +23,8 @@ class UringReader final : public Reader {
   /// Sets up the ring for `files` (which must outlive the reader) and registers
   /// `pool_memory` as fixed buffers. Throws eredu::Error(uring_unavailable) when
   /// io_uring_setup fails (old kernel, seccomp, kernel.io_uring_disabled).
-  UringReader(asio::any_io_executor executor, std::span<OpenFile> files,
-              std::span<std::byte> pool_memory, const ReaderOptions& options);
+  UringReader(asio::any_io_executor executor, std::span<OpenFile> files, std::span<std::byte> pool_memory,
+              const ReaderOptions& options);
   /// Waits for the kernel to finish every request in flight (their memory may be freed
   /// right after), then completes every unfinished batch with errc::cancelled. Must not
   /// run concurrently with the executor running this reader's handlers.

@@ -19,7 +19,9 @@ class HostBuffer {
   HostBuffer() = default;
   /// An uninitialized buffer of `bytes` bytes for a `dtype` × `shape` weight.
   HostBuffer(DType dtype, Shape shape, std::size_t bytes)
-      : dtype_(dtype), shape_(std::move(shape)), size_(bytes),
+      : dtype_(dtype),
+        shape_(std::move(shape)),
+        size_(bytes),
         data_(std::make_shared_for_overwrite<std::byte[]>(bytes)) {}
 
   /// Element type.

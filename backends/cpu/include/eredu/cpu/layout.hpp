@@ -23,8 +23,8 @@ inline constexpr std::size_t layout_block_bytes = std::size_t{64} << 10;
 
 /// Copies to `out` the sub-tensor of `in` (shape `in_shape`) whose dimension `dim` is restricted
 /// to `range`, contiguous and row-major: out holds in_shape with in_shape[dim] = range.size().
-void copy_slice(std::span<const std::byte> in, const Shape& in_shape, std::size_t elem, std::size_t dim,
-                Range range, std::span<std::byte> out);
+void copy_slice(std::span<const std::byte> in, const Shape& in_shape, std::size_t elem, std::size_t dim, Range range,
+                std::span<std::byte> out);
 
 /// One input of concat(): a row-major tensor's bytes and its shape.
 struct ConcatInput {
@@ -40,7 +40,7 @@ void concat(std::span<const ConcatInput> inputs, std::size_t dim, std::size_t el
 /// in_shape[order[i]]. A swap of the last two dimensions (after merging dimensions that stay
 /// adjacent and dropping those of size 1) runs as a cache-blocked tiled transpose; other
 /// orders use a general strided copy.
-void permute(std::span<const std::byte> in, const Shape& in_shape, std::size_t elem,
-             std::span<const std::size_t> order, std::span<std::byte> out);
+void permute(std::span<const std::byte> in, const Shape& in_shape, std::size_t elem, std::span<const std::size_t> order,
+             std::span<std::byte> out);
 
 }  // namespace eredu::cpu

@@ -33,8 +33,8 @@ struct StoragePoolOptions {
 
 /// Counters of a pool, for reports and tests.
 struct StoragePoolStats {
-  std::uint64_t live_bytes = 0;       ///< bytes of blocks currently handed out
-  std::uint64_t retained_bytes = 0;   ///< bytes of freed blocks kept for reuse
+  std::uint64_t live_bytes = 0;            ///< bytes of blocks currently handed out
+  std::uint64_t retained_bytes = 0;        ///< bytes of freed blocks kept for reuse
   std::uint64_t fresh_allocations = 0;     ///< blocks that came from the system
   std::uint64_t recycled_allocations = 0;  ///< blocks that came from the retained set
 };
@@ -70,7 +70,7 @@ class StorageBlock {
   std::size_t size_ = 0;
   std::size_t capacity_ = 0;  // size class actually mapped
   bool fresh_ = false;
-  bool mapped_ = false;       // mmap'd (large) or operator new'd (small)
+  bool mapped_ = false;  // mmap'd (large) or operator new'd (small)
 };
 
 /// Thread-safe source of tensor storage (see file comment). Copies are handles to the

@@ -37,7 +37,9 @@ class Tensor {
   /// Byte size of the data.
   std::size_t nbytes() const noexcept { return storage_ ? storage_->size() : 0; }
   /// The data, read-only.
-  std::span<const std::byte> bytes() const noexcept { return storage_ ? std::span<const std::byte>(storage_->bytes()) : std::span<const std::byte>{}; }
+  std::span<const std::byte> bytes() const noexcept {
+    return storage_ ? std::span<const std::byte>(storage_->bytes()) : std::span<const std::byte>{};
+  }
   /// The data, writable: only while the tensor is being produced (materialization, tests).
   std::span<std::byte> mutable_bytes() const noexcept { return storage_ ? storage_->bytes() : std::span<std::byte>{}; }
   /// Typed read-only view; T's size must match the dtype's.

@@ -55,7 +55,9 @@ class Executor {
   Completion enqueue(UniqueFunction<void(cudaStream_t)> op, const std::string& what = {});
 
   /// A completion for everything enqueued so far (the seed's submit).
-  Completion fence() { return enqueue([](cudaStream_t) {}); }
+  Completion fence() {
+    return enqueue([](cudaStream_t) {});
+  }
 
   /// Ops enqueued from now on run after `completion` (host-side, see file comment). A failed
   /// predecessor fails them: nothing runs on inputs that were not produced.

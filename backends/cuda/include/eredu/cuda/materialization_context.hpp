@@ -12,10 +12,11 @@ namespace eredu::cuda {
 /// the page-locked registration of the source's staging memory. All must outlive every
 /// materialization started with the context.
 struct MaterializationContext {
-  Executor& executor;                         ///< the stream: H2D copies, conversion and layout kernels
-  DeviceMemoryPool& memory;                   ///< device memory of weights and temporaries
-  const PinnedRegistration* staging = nullptr;  ///< pin_staging(source); when null or not covering a
-                                                ///< lease, that copy reads pageable memory (slower; a warning is logged once)
+  Executor& executor;        ///< the stream: H2D copies, conversion and layout kernels
+  DeviceMemoryPool& memory;  ///< device memory of weights and temporaries
+  const PinnedRegistration* staging =
+      nullptr;  ///< pin_staging(source); when null or not covering a
+                ///< lease, that copy reads pageable memory (slower; a warning is logged once)
 };
 
 }  // namespace eredu::cuda

@@ -48,8 +48,7 @@ std::uint64_t total_nbytes(std::span<const TensorSpec> tensors);
 /// tensors laid out contiguously in the given order: compact, `__metadata__` first when
 /// non-empty, padded with spaces to a multiple of 8. Throws eredu::Error(invalid_argument)
 /// for a name or metadata string that is not valid UTF-8, (size_overflow) for sizes.
-std::string safetensors_header(std::span<const TensorSpec> tensors_in_file_order,
-                               const io::Metadata& metadata);
+std::string safetensors_header(std::span<const TensorSpec> tensors_in_file_order, const io::Metadata& metadata);
 
 /// Streams one safetensors file: the constructor writes the length prefix and header, write()
 /// appends tensor data in file order, finish() checks that exactly the declared data was
@@ -58,8 +57,7 @@ std::string safetensors_header(std::span<const TensorSpec> tensors_in_file_order
 class SafetensorsFileWriter {
  public:
   /// Creates (or truncates) `path` and writes the prefix and header for `tensors_in_file_order`.
-  SafetensorsFileWriter(const std::filesystem::path& path,
-                        std::span<const TensorSpec> tensors_in_file_order,
+  SafetensorsFileWriter(const std::filesystem::path& path, std::span<const TensorSpec> tensors_in_file_order,
                         const io::Metadata& metadata = {});
   SafetensorsFileWriter(SafetensorsFileWriter&&) noexcept = default;
   SafetensorsFileWriter& operator=(SafetensorsFileWriter&&) noexcept = default;
@@ -98,16 +96,14 @@ class SafetensorsFileWriter {
 /// Writes a whole safetensors file: `data[i]` holds the bytes of `tensors[i]`, and must have
 /// exactly its size (else eredu::Error(invalid_argument)).
 void write_safetensors(const std::filesystem::path& path, std::span<const TensorSpec> tensors,
-                       std::span<const std::span<const std::byte>> data,
-                       const io::Metadata& metadata = {});
+                       std::span<const std::span<const std::byte>> data, const io::Metadata& metadata = {});
 
 /// Creates (or truncates) `path` holding exactly `contents`; throws eredu::Error(io_error).
 void write_text_file(const std::filesystem::path& path, std::string_view contents);
 
 /// Splits tensors, in order, into shards whose data is at most `max_shard_bytes` (a tensor
 /// larger than that gets a shard of its own); returns the index of each shard's first tensor.
-std::vector<std::size_t> split_by_max_bytes(std::span<const TensorSpec> tensors,
-                                            std::uint64_t max_shard_bytes);
+std::vector<std::size_t> split_by_max_bytes(std::span<const TensorSpec> tensors, std::uint64_t max_shard_bytes);
 
 /// Splits tensors, in order, into exactly `count` non-empty shards of nearly equal bytes;
 /// returns the index of each shard's first tensor. Throws eredu::Error(invalid_argument) when
@@ -120,14 +116,12 @@ std::string shard_file_name(std::size_t index, std::size_t count);
 /// The contents of `model.safetensors.index.json` for `tensors` split at `shard_starts` (as
 /// returned by split_by_max_bytes): total_size is the sum of tensor bytes, weight_map names
 /// each tensor's shard. Indented like transformers writes it.
-std::string sharded_index_json(std::span<const TensorSpec> tensors,
-                               std::span<const std::size_t> shard_starts);
+std::string sharded_index_json(std::span<const TensorSpec> tensors, std::span<const std::size_t> shard_starts);
 
 /// Writes a sharded checkpoint into `dir` (created if missing): the shards from
 /// split_by_max_bytes, each with `__metadata__` {"format":"pt"}, and the index. `data[i]`
 /// holds the bytes of `tensors[i]`.
 void write_sharded(const std::filesystem::path& dir, std::span<const TensorSpec> tensors,
-                   std::span<const std::span<const std::byte>> data,
-                   std::uint64_t max_shard_bytes);
+                   std::span<const std::span<const std::byte>> data, std::uint64_t max_shard_bytes);
 
 }  // namespace eredu::synth

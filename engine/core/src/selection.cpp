@@ -29,14 +29,12 @@ Shape Selection::selected_shape(const Shape& shape) const {
 std::string Selection::check(const Shape& shape) const {
   if (ranges.empty()) return {};
   if (ranges.size() != shape.size()) {
-    return fmt::format("selection has {} ranges but the tensor has rank {}", ranges.size(),
-                       shape.size());
+    return fmt::format("selection has {} ranges but the tensor has rank {}", ranges.size(), shape.size());
   }
   for (std::size_t d = 0; d < shape.size(); ++d) {
     const auto& r = ranges[d];
     if (r.start > r.stop || r.stop > shape[d]) {
-      return fmt::format("range {}:{} of dimension {} does not fit its size {}", r.start, r.stop,
-                         d, shape[d]);
+      return fmt::format("range {}:{} of dimension {} does not fit its size {}", r.start, r.stop, d, shape[d]);
     }
   }
   return {};

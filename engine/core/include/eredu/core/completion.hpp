@@ -70,8 +70,8 @@ class Completion {
   auto async_wait(Token&& token) const {
     return asio::async_initiate<Token, void(std::exception_ptr)>(
         [](auto handler, Completion self) {
-          self.on_complete(eredu::detail::deliver_on_handler_executor<std::exception_ptr>(
-              std::move(handler), asio::system_executor()));
+          self.on_complete(eredu::detail::deliver_on_handler_executor<std::exception_ptr>(std::move(handler),
+                                                                                          asio::system_executor()));
         },
         token, *this);
   }

@@ -102,8 +102,8 @@ class PublishedPtr {
   }
 
   std::shared_ptr<const T> slots_[2];
-  std::atomic<int> side_{0};         // the slot readers copy
-  std::atomic<int> version_{0};      // the read-indicator readers announce themselves on
+  std::atomic<int> side_{0};     // the slot readers copy
+  std::atomic<int> version_{0};  // the read-indicator readers announce themselves on
   mutable std::atomic<std::int64_t> readers_[2] = {0, 0};
   std::mutex writer_;
   // Retirement in progress (writer_ held to touch these).

@@ -40,9 +40,11 @@ inline constexpr std::size_t dtype_count = 22;
 /// Bits one element occupies in the file (4 and 6 for the sub-byte float types).
 constexpr unsigned dtype_bits(DType t) noexcept {
   switch (t) {
-    case DType::F4: return 4;
+    case DType::F4:
+      return 4;
     case DType::F6_E2M3:
-    case DType::F6_E3M2: return 6;
+    case DType::F6_E3M2:
+      return 6;
     case DType::BOOL:
     case DType::U8:
     case DType::I8:
@@ -50,18 +52,22 @@ constexpr unsigned dtype_bits(DType t) noexcept {
     case DType::F8_E4M3:
     case DType::F8_E8M0:
     case DType::F8_E4M3FNUZ:
-    case DType::F8_E5M2FNUZ: return 8;
+    case DType::F8_E5M2FNUZ:
+      return 8;
     case DType::I16:
     case DType::U16:
     case DType::F16:
-    case DType::BF16: return 16;
+    case DType::BF16:
+      return 16;
     case DType::I32:
     case DType::U32:
-    case DType::F32: return 32;
+    case DType::F32:
+      return 32;
     case DType::C64:
     case DType::F64:
     case DType::I64:
-    case DType::U64: return 64;
+    case DType::U64:
+      return 64;
   }
   return 0;
 }

@@ -77,7 +77,8 @@ bool pending(const std::shared_ptr<detail::CompletionState>& state) {
 
 CompletionSource& CompletionSource::operator=(CompletionSource&& other) noexcept {
   if (this != &other) {
-    if (pending(state_)) fail(std::make_exception_ptr(Error(errc::cancelled, {}, "completion source replaced before it completed")));
+    if (pending(state_))
+      fail(std::make_exception_ptr(Error(errc::cancelled, {}, "completion source replaced before it completed")));
     state_ = std::move(other.state_);
   }
   return *this;
@@ -86,7 +87,8 @@ CompletionSource& CompletionSource::operator=(CompletionSource&& other) noexcept
 CompletionSource::~CompletionSource() {
   // Building the error only when it is needed keeps this destructor trivial for completed
   // sources, which may be destroyed by a TBB worker while the process exits.
-  if (pending(state_)) fail(std::make_exception_ptr(Error(errc::cancelled, {}, "producer destroyed before completing its work")));
+  if (pending(state_))
+    fail(std::make_exception_ptr(Error(errc::cancelled, {}, "producer destroyed before completing its work")));
 }
 
 void CompletionSource::finish(std::exception_ptr error) noexcept {

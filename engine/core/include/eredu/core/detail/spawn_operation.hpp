@@ -29,8 +29,7 @@ inline std::exception_ptr typed_cancellation(std::exception_ptr error) {
   } catch (const std::system_error& e) {
     if (e.code() == asio::error::operation_aborted && !dynamic_cast<const Error*>(&e))
       return std::make_exception_ptr(Error(errc::cancelled, {}, "the operation was cancelled before it started"));
-  } catch (...) {
-  }
+  } catch (...) {}
   return error;
 }
 
@@ -54,10 +53,11 @@ auto spawn_operation(const Executor& executor, asio::awaitable<T> op, Token&& to
         [executor](auto handler, asio::awaitable<T> work) {
           auto slot = asio::get_associated_cancellation_slot(handler);
           auto deliver = deliver_on_handler_executor<std::exception_ptr, T>(std::move(handler), executor);
-          asio::co_spawn(executor, std::move(work),
-                         asio::bind_cancellation_slot(slot, [d = std::move(deliver)](std::exception_ptr e, T value) mutable {
-                           d(typed_cancellation(e), std::move(value));
-                         }));
+          asio::co_spawn(
+              executor, std::move(work),
+              asio::bind_cancellation_slot(slot, [d = std::move(deliver)](std::exception_ptr e, T value) mutable {
+                d(typed_cancellation(e), std::move(value));
+              }));
         },
         token, std::move(op));
   }

@@ -25,8 +25,7 @@ UniqueFunction<void(Args...)> deliver_on_handler_executor(Handler handler, const
   auto work = asio::make_work_guard(ex);
   return [h = std::move(handler), w = std::move(work)](Args... args) mutable {
     auto ex2 = w.get_executor();
-    asio::post(ex2, [h = std::move(h), w = std::move(w),
-                     t = std::make_tuple(std::forward<Args>(args)...)]() mutable {
+    asio::post(ex2, [h = std::move(h), w = std::move(w), t = std::make_tuple(std::forward<Args>(args)...)]() mutable {
       std::apply(h, std::move(t));
     });
   };

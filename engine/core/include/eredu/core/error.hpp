@@ -15,11 +15,11 @@ namespace eredu {
 
 /// Where an error happened: every field that is known is named in the message.
 struct ErrorContext {
-  std::string file;                    ///< path of the file concerned, if any
-  std::string parameter;               ///< runtime parameter identity concerned, if any
-  std::string tensor;                  ///< tensor name concerned, if any
-  std::optional<std::uint64_t> offset; ///< absolute byte offset in the file, if any
-  std::error_code os_error;            ///< errno-based cause for I/O errors, if any
+  std::string file;                     ///< path of the file concerned, if any
+  std::string parameter;                ///< runtime parameter identity concerned, if any
+  std::string tensor;                   ///< tensor name concerned, if any
+  std::optional<std::uint64_t> offset;  ///< absolute byte offset in the file, if any
+  std::error_code os_error;             ///< errno-based cause for I/O errors, if any
 };
 
 /// Exception thrown (or carried in std::exception_ptr by async operations) for every
@@ -51,25 +51,6 @@ class Error : public std::system_error {
 /// True when `error` holds an eredu::Error of kind errc::cancelled (work stopped because of
 /// another failure, or its owner went away): a consequence, not a root cause.
 bool is_cancellation(const std::exception_ptr& error) noexcept;
-
-/// A recipe rejected by metadata inference (the seed's RecipeError); family() == recipe.
-class RecipeError : public Error {
- public:
-  using Error::Error;
-};
-
-/// Invalid binding declarations (the seed's ResidencyDeclarationError); family() == declaration.
-class DeclarationError : public Error {
- public:
-  using Error::Error;
-};
-
-/// A materialized unit that does not fit its module (ParameterOrchestrationError's
-/// MissingBinding / UnexpectedBindings / ByteMismatch).
-class OrchestrationError : public Error {
- public:
-  using Error::Error;
-};
 
 /// A backend-native failure (allocation, shape/dtype refusal at bind, device errors).
 class BackendError : public Error {

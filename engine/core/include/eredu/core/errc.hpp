@@ -1,0 +1,106 @@
+#pragma once
+/// \file
+/// The error kinds of eredu, as a std::error_code enum (category "eredu").
+///
+/// Every failure eredu reports carries one of these kinds; the accompanying
+/// eredu::Error adds the file, tensor and offset it concerns.
+
+#include <system_error>
+
+namespace eredu {
+
+/// Kinds of failure, grouped by layer. Values are stable: they may be logged.
+enum class errc {
+  // --- checkpoint format: safetensors header (order of the reference parser's checks) ---
+  header_too_small = 1,   ///< file shorter than the 8-byte length prefix
+  header_too_large,       ///< header length above 100,000,000 bytes
+  invalid_header_length,  ///< 8 + header length overflows or exceeds the file size
+  invalid_header_utf8,    ///< header bytes are not valid UTF-8
+  invalid_header_json,    ///< header is not strict JSON (syntax, trailing bytes, nesting)
+  header_not_object,      ///< header JSON is valid but its top level is not an object
+  invalid_tensor_entry,   ///< a tensor's value is not an object
+  missing_field,          ///< a tensor lacks dtype, shape or data_offsets
+  duplicate_field,        ///< a tensor or the header repeats a field
+  unknown_dtype,          ///< dtype is not one of the 22 known names
+  invalid_shape,          ///< shape is not an array of non-negative integers < 2^64
+  invalid_data_offsets,   ///< data_offsets is not an array of exactly two u64 integers
+  invalid_metadata,       ///< __metadata__ is not null or a string-to-string object
+  duplicate_tensor,       ///< the same tensor name appears twice
+  invalid_offset,         ///< data_offsets leave a gap, overlap, or run backwards
+  size_overflow,          ///< elements or bytes overflow 64 bits
+  misaligned_slice,       ///< a sub-byte dtype whose bit count is not a whole byte
+  tensor_size_mismatch,   ///< end - begin differs from elements x dtype bits / 8
+  incomplete_data,        ///< data does not end exactly at end of file
+  // --- checkpoint format: sharded index and file discovery ---
+  invalid_index,              ///< model.safetensors.index.json is malformed
+  shard_missing,              ///< a shard named by the index does not exist
+  tensor_missing_from_shard,  ///< the index maps a tensor to a shard that lacks it
+  tensor_in_two_shards,       ///< a tensor appears in two shards
+  tensor_not_in_index,        ///< a shard holds a tensor the index does not list
+  unknown_format,             ///< no checkpoint format recognises the file
+  // --- reading ---
+  tensor_not_found,       ///< a request names a tensor the catalog lacks
+  invalid_selection,      ///< a selection's rank or ranges do not fit the tensor
+  exceeds_budget,         ///< a RequireBounded request is larger than the lease pool
+  io_error,               ///< the operating system failed a read (errno in the message)
+  unexpected_eof,         ///< the file ended before the tensor's bytes (truncated)
+  file_changed,           ///< the file's size changed since it was opened
+  direct_io_unsupported,  ///< --direct on, but the file system refuses O_DIRECT
+  uring_unavailable,      ///< io_uring was requested but cannot be set up
+  cancelled,              ///< the operation was cancelled or its owner destroyed
+  invalid_argument,       ///< an option or argument is out of range
+  // --- recipes (RecipeError): rejected by metadata inference, before any read ---
+  recipe_unknown_key,        ///< a source names a tensor the checkpoint lacks
+  recipe_invalid_selection,  ///< a source's selection does not fit its tensor
+  recipe_rank_mismatch,      ///< inputs of different rank, or a permutation of the wrong length
+  recipe_shape_mismatch,     ///< concat inputs disagree off the concat dim, reshape changes the size
+  recipe_bad_dim,            ///< a dim or range outside the input's shape, or not a permutation
+  recipe_dtype_mismatch,     ///< concat inputs of different dtypes
+  recipe_unsupported_cast,   ///< a cast between dtypes no backend converts
+  recipe_sub_byte_layout,    ///< slice/concat/permute of a dtype narrower than a byte
+  // --- binding declarations (the seed's ResidencyDeclarationError) ---
+  invalid_parameter_id,  ///< a binding name is not a valid dotted parameter identity
+  duplicate_binding,     ///< two bindings target the same parameter
+  alias_unknown_owner,   ///< an alias names an owner that is not a binding
+  alias_chain,           ///< an alias names another alias
+  byte_mismatch,         ///< declared bytes differ from what the recipe produces
+  // --- binding a materialized unit (ParameterOrchestrationError) ---
+  missing_binding,      ///< a module parameter has no materialized value
+  unexpected_bindings,  ///< materialized values name no parameter of the module
+  // --- backends ---
+  bind_shape_mismatch,  ///< a weight's shape differs from its parameter's
+  bind_dtype_mismatch,  ///< a weight's dtype differs from its parameter's
+  out_of_memory,        ///< the backend could not allocate tensor storage
+  backend_failure,      ///< any other backend operation failed
+  // --- later additions (values stay stable; families as noted) ---
+  checksum_mismatch,  ///< store: a tensor's bytes differ from their recorded checksum
+  canary_failed,      ///< orchestration: a new version failed the caller's canary check
+  swap_in_progress,   ///< orchestration: a slot is already swapping to another version
+};
+
+/// The layer a kind belongs to: which of the seed's error types it realises.
+enum class error_family {
+  format,         ///< checkpoint format (safetensors header, sharded index)
+  store,          ///< reading (the seed's StoreError)
+  recipe,         ///< recipe validation (RecipeError)
+  declaration,    ///< binding declarations (ResidencyDeclarationError)
+  orchestration,  ///< materialize/bind orchestration (ParameterOrchestrationError)
+  backend,        ///< backend-native failure (ParameterOrchestrationError::Backend)
+};
+
+/// Family of a kind.
+error_family errc_family(errc e) noexcept;
+
+/// The category of eredu::errc values.
+const std::error_category& error_category() noexcept;
+
+/// Makes an error_code of the eredu category.
+inline std::error_code make_error_code(errc e) noexcept { return {static_cast<int>(e), error_category()}; }
+
+/// Short stable identifier of a kind ("invalid_offset"); used in JSON output.
+const char* errc_name(errc e) noexcept;
+
+}  // namespace eredu
+
+template <>
+struct std::is_error_code_enum<eredu::errc> : std::true_type {};
