@@ -31,10 +31,6 @@ struct DerivedWeightRecipe::Node {
 
 namespace {
 
-bool is_float_16_32(DType t) noexcept { return t == DType::F16 || t == DType::BF16 || t == DType::F32; }
-
-bool is_f8(DType t) noexcept { return t == DType::F8_E4M3 || t == DType::F8_E5M2 || t == DType::F8_E8M0; }
-
 // The rank of a recipe's result when it follows from the recipe alone (no catalog).
 std::optional<std::size_t> static_rank(const DerivedWeightRecipe& r) {
   switch (r.kind()) {
@@ -276,9 +272,8 @@ Inferred infer_cast(const DerivedWeightRecipe& r, Inferred in, const std::string
   const DType to = r.dtype();
   if (!is_supported_cast(in.weight.dtype, to)) {
     fail(errc::recipe_unsupported_cast, in, path,
-         fmt::format("cast from {} to {} is not supported (supported: among F16, BF16, F32; and from F8_E4M3, "
-                     "F8_E5M2, F8_E8M0 to BF16 or F32)",
-                     dtype_name(in.weight.dtype), dtype_name(to)));
+         fmt::format("cast from {} to {} is not supported (supported: {})", dtype_name(in.weight.dtype), dtype_name(to),
+                     supported_casts_text));
   }
   in.weight.dtype = to;
   in.weight.bytes = byte_size(in.weight.shape, to, in, path);
@@ -361,12 +356,6 @@ void append_string(const DerivedWeightRecipe& r, std::string& out) {
 }
 
 }  // namespace
-
-bool is_supported_cast(DType from, DType to) noexcept {
-  if (from == to) return true;
-  if (is_float_16_32(from) && is_float_16_32(to)) return true;
-  return is_f8(from) && (to == DType::BF16 || to == DType::F32);
-}
 
 const char* recipe_kind_name(DerivedWeightRecipe::Kind kind) noexcept {
   switch (kind) {

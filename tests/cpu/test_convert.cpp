@@ -1,7 +1,8 @@
-// Tests of the CPU backend's dtype conversions: the scalar reference in float_formats.hpp
-// against independent double-arithmetic decoders and rounding, and the buffer kernels
-// (serial and parallel, aligned and not) against the scalar reference, exhaustively for
-// every 8- and 16-bit input.
+// Tests of the CPU backend's dtype conversions: the one float-format reference
+// (eredu/core/float_formats.hpp, through the CPU's float-typed view) against independent
+// double-arithmetic decoders and rounding (support/float_definitions.hpp), and the buffer
+// kernels (serial and parallel, aligned and not, AVX2 and generic) against the reference,
+// exhaustively for every 8- and 16-bit input.
 #include "eredu/cpu/convert.hpp"
 
 #include <catch2/catch.hpp>
@@ -19,10 +20,13 @@
 #include <vector>
 
 #include "eredu/core/error.hpp"
+#include "eredu/core/float_formats.hpp"
 #include "eredu/cpu/float_formats.hpp"
+#include "support/float_definitions.hpp"
 
 using namespace eredu;
 using namespace eredu::cpu;
+using namespace eredu::test;
 
 namespace {
 
@@ -102,99 +106,6 @@ const char* runner_name(Runner r) {
       return "parallel unaligned";
   }
   return "?";
-}
-
-bool is_nan32(std::uint32_t x) { return (x & 0x7FFF'FFFFu) > 0x7F80'0000u; }
-
-// --- independent decoders: fields to a double with std::ldexp, no bit tricks ---
-
-// A binary float format with an implicit leading one, IEEE-style subnormals and (when
-// `ieee_specials`) an all-ones exponent for Inf/NaN.
-struct Format {
-  int mant_bits;
-  int exp_bits;
-  int bias;
-};
-constexpr Format bf16_format{7, 8, 127};
-constexpr Format f16_format{10, 5, 15};
-
-// Value of the non-negative pattern `k` of `f` (k may be the all-ones-exponent pattern with
-// zero mantissa, which this returns as 2^(emax+1), the point where rounding overflows).
-double decode_positive(Format f, std::uint32_t k) {
-  const std::uint32_t e = k >> f.mant_bits;
-  const std::uint32_t m = k & ((1u << f.mant_bits) - 1u);
-  if (e == 0) return std::ldexp(static_cast<double>(m), 1 - f.bias - f.mant_bits);
-  return std::ldexp(static_cast<double>(m + (1u << f.mant_bits)), static_cast<int>(e) - f.bias - f.mant_bits);
-}
-
-// NaN as a double, or the signed decoded value, of a full IEEE-style pattern.
-double decode_ieee(Format f, std::uint32_t bits) {
-  const std::uint32_t sign_bit = 1u << (f.mant_bits + f.exp_bits);
-  const std::uint32_t magnitude = bits & (sign_bit - 1u);
-  const std::uint32_t inf = ((1u << f.exp_bits) - 1u) << f.mant_bits;
-  double v = 0;
-  if (magnitude > inf)
-    v = std::nan("");
-  else if (magnitude == inf)
-    v = INFINITY;
-  else
-    v = decode_positive(f, magnitude);
-  return (bits & sign_bit) != 0 ? -v : v;
-}
-
-double decode_e4m3(std::uint8_t b) {
-  const double s = (b & 0x80) != 0 ? -1.0 : 1.0;
-  const int e = (b >> 3) & 0xF, m = b & 7;
-  if (e == 15 && m == 7) return std::nan("");
-  if (e == 0) return s * std::ldexp(m / 8.0, -6);
-  return s * std::ldexp(1.0 + m / 8.0, e - 7);
-}
-
-double decode_e5m2(std::uint8_t b) {
-  const double s = (b & 0x80) != 0 ? -1.0 : 1.0;
-  const int e = (b >> 2) & 0x1F, m = b & 3;
-  if (e == 31) return m == 0 ? s * INFINITY : std::nan("");
-  if (e == 0) return s * std::ldexp(m / 4.0, -14);
-  return s * std::ldexp(1.0 + m / 4.0, e - 15);
-}
-
-double decode_e8m0(std::uint8_t b) { return b == 0xFF ? std::nan("") : std::ldexp(1.0, b - 127); }
-
-// True when the f32 `got` is exactly `want` (a double), NaN matching any NaN.
-bool same_value(float got, double want) {
-  if (std::isnan(want)) return std::isnan(got);
-  return static_cast<double>(got) == want && std::signbit(got) == std::signbit(want);
-}
-
-// --- independent rounding: nearest neighbour search over the format's sorted values ---
-
-// The format's non-negative finite values in pattern order, plus 2^(emax+1) at the Inf
-// pattern: the values are increasing, so nearest-even rounding is a search plus a compare.
-std::vector<double> positive_grid(Format f) {
-  const std::uint32_t inf = ((1u << f.exp_bits) - 1u) << f.mant_bits;
-  std::vector<double> grid(inf + 1);
-  for (std::uint32_t k = 0; k <= inf; ++k) grid[k] = decode_positive(f, k);
-  return grid;
-}
-
-// The pattern an f32 rounds to in `f`, by brute definition of round-to-nearest-even.
-std::uint32_t reference_round(Format f, const std::vector<double>& grid, std::uint32_t x) {
-  const std::uint32_t sign = (x >> 31) << (f.mant_bits + f.exp_bits);
-  const std::uint32_t inf = static_cast<std::uint32_t>(grid.size() - 1);
-  if (is_nan32(x)) {
-    // Quiet (top mantissa bit set), same sign, payload's high bits kept.
-    const std::uint32_t payload = (x & 0x7F'FFFFu) >> (23 - f.mant_bits);
-    return sign | inf | (1u << (f.mant_bits - 1)) | payload;
-  }
-  float fx = 0;
-  std::memcpy(&fx, &x, sizeof fx);
-  const double a = std::fabs(static_cast<double>(fx));
-  if (a >= grid.back()) return sign | inf;  // Inf and every finite value past the halfway point
-  const auto k = static_cast<std::uint32_t>(std::upper_bound(grid.begin(), grid.end(), a) - grid.begin() - 1);
-  const double below = a - grid[k], above = grid[k + 1] - a;
-  std::uint32_t r = k;
-  if (above < below || (above == below && k % 2 == 1)) r = k + 1;
-  return sign | r;
 }
 
 std::uint32_t bits_of(float v) {
@@ -481,6 +392,8 @@ TEST_CASE("convert – the supported casts are exactly the documented set", "[cp
           (in_set(from, {DType::F8_E4M3, DType::F8_E5M2, DType::F8_E8M0}) && in_set(to, {DType::BF16, DType::F32}));
       INFO(dtype_name(from) << " -> " << dtype_name(to));
       CHECK(convert_supported(from, to) == expected);
+      // The one definition recipe inference checks casts against is this same set.
+      CHECK(is_supported_cast(from, to) == expected);
       // Eight elements in whole bytes for every dtype (F4: 4 bytes, F6: 6 bytes).
       std::vector<std::byte> in(dtype_bits(from)), out(dtype_bits(to), std::byte{0x5A});
       if (expected) {

@@ -1,12 +1,18 @@
-// The CUDA backend's element conversions (eredu/cuda/float_formats.hpp), host instantiation,
-// held bit for bit to the CPU backend: exhaustively for every 8- and 16-bit input, and for
-// f32 inputs over every rounding boundary plus dense and random sweeps. The kernels call
-// these same functions on the device, so these tests need no GPU.
+// The float-format reference (eredu/core/float_formats.hpp) as the CUDA kernels use it. The
+// kernels call these same functions on the device, so this host instantiation is what runs
+// there, and these tests need no GPU. The reference is shared with the CPU backend, so it is
+// compared here with code that shares nothing with it: the formats' definitions
+// (support/float_definitions.hpp: double decoders, brute-force nearest-even rounding) and the
+// CPU backend's separately written buffer kernels (generic and AVX2), for every 8- and 16-bit
+// input and millions of f32 ones. Then: its results do not move under flush-to-zero and
+// denormals-are-zero (the device's float modes), and the kernels' cast table is
+// eredu::is_supported_cast.
 
-#include "eredu/cuda/float_formats.hpp"
+#include "eredu/core/float_formats.hpp"
 
 #include <array>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -14,27 +20,31 @@
 #include <vector>
 
 #include "eredu/cpu/convert.hpp"
-#include "eredu/cpu/float_formats.hpp"
 #include "eredu/cuda/kernels.hpp"
+#include "support/float_definitions.hpp"
+
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
 
 using namespace eredu;
-namespace f = eredu::cuda::formats;
+namespace f = eredu::formats;
+namespace def = eredu::test;
 
 namespace {
 
-std::uint32_t bits(float v) {
-  std::uint32_t b = 0;
-  std::memcpy(&b, &v, sizeof b);
-  return b;
-}
-
-// The CPU backend's buffer kernel applied to every value of `in`, read back as Out patterns.
+// The CPU backend's buffer kernel (the `isa` set) applied to every value of `in`, read back
+// as Out patterns.
 template <class In, class Out>
-std::vector<Out> cpu_convert(DType from, DType to, const std::vector<In>& in) {
+std::vector<Out> cpu_convert(cpu::ConvertIsa isa, DType from, DType to, const std::vector<In>& in) {
+  cpu::use_convert_isa(isa);
   std::vector<Out> out(in.size());
   cpu::convert_serial(from, to, std::as_bytes(std::span(in)), std::as_writable_bytes(std::span(out)));
+  cpu::use_convert_isa(cpu::ConvertIsa::best);
   return out;
 }
+
+const auto all_isas = {cpu::ConvertIsa::best, cpu::ConvertIsa::generic};
 
 template <class T>
 std::vector<T> every_pattern() {
@@ -60,6 +70,41 @@ std::vector<std::uint32_t> f32_patterns() {
   return v;
 }
 
+// A NaN widened to f32 by the definition: same sign, quiet bit set, payload moved to the top
+// of the f32 mantissa (bf16 keeps every bit, so only f16 and FP8 E5M2 go through this).
+std::uint32_t quiet_f32_nan(std::uint32_t sign, std::uint32_t payload, int payload_bits) {
+  return sign << 31 | 0x7FC0'0000u | payload << (23 - payload_bits);
+}
+
+// Every conversion of the reference, over every 8- and 16-bit input and `f32` (narrowed to
+// bf16 and f16), concatenated in one vector of bit patterns.
+std::vector<std::uint32_t> reference_results(const std::vector<std::uint32_t>& f32) {
+  std::vector<std::uint32_t> r;
+  for (std::uint32_t i = 0; i < 65536; ++i) {
+    const auto h = static_cast<std::uint16_t>(i);
+    r.insert(r.end(), {f::bf16_to_f32(h), f::f16_to_f32(h), f::bf16_to_f16(h), f::f16_to_bf16(h)});
+  }
+  for (std::uint32_t i = 0; i < 256; ++i) {
+    const auto b = static_cast<std::uint8_t>(i);
+    r.insert(r.end(), {f::f8_e4m3_to_f32(b), f::f8_e5m2_to_f32(b), f::f8_e8m0_to_f32(b), f::f8_e4m3_to_bf16(b),
+                       f::f8_e5m2_to_bf16(b), f::f8_e8m0_to_bf16(b)});
+  }
+  for (std::uint32_t x : f32) r.insert(r.end(), {f::f32_to_bf16(x), f::f32_to_f16(x)});
+  return r;
+}
+
+#if defined(__x86_64__)
+// Runs reference_results with flush-to-zero and denormals-are-zero set in MXCSR, restoring
+// the caller's mode after. Not inlined, so no computation moves across the mode switch.
+[[gnu::noinline]] std::vector<std::uint32_t> reference_results_ftz_daz(const std::vector<std::uint32_t>& f32) {
+  const unsigned saved = _mm_getcsr();
+  _mm_setcsr(saved | 0x8040u);  // FTZ (bit 15) | DAZ (bit 6)
+  std::vector<std::uint32_t> r = reference_results(f32);
+  _mm_setcsr(saved);
+  return r;
+}
+#endif
+
 }  // namespace
 
 TEST_CASE("cuda formats – known values, at compile time", "[cuda][formats]") {
@@ -75,66 +120,124 @@ TEST_CASE("cuda formats – known values, at compile time", "[cuda][formats]") {
   STATIC_REQUIRE(f::f32_to_f16(0x7F80'0001u) == 0x7E00);    // a signalling NaN is quieted
 }
 
-TEST_CASE("cuda formats – every 16-bit input widens and crosses exactly as on the CPU", "[cuda][formats]") {
+TEST_CASE("cuda formats – every 16-bit input widens and crosses as the formats define and the CPU kernels compute",
+          "[cuda][formats]") {
   const std::vector<std::uint16_t> all = every_pattern<std::uint16_t>();
-  const auto bf16_f32 = cpu_convert<std::uint16_t, std::uint32_t>(DType::BF16, DType::F32, all);
-  const auto f16_f32 = cpu_convert<std::uint16_t, std::uint32_t>(DType::F16, DType::F32, all);
-  const auto bf16_f16 = cpu_convert<std::uint16_t, std::uint16_t>(DType::BF16, DType::F16, all);
-  const auto f16_bf16 = cpu_convert<std::uint16_t, std::uint16_t>(DType::F16, DType::BF16, all);
+  const auto f16_grid = def::positive_grid(def::f16_format);
+  const auto bf16_grid = def::positive_grid(def::bf16_format);
   std::size_t mismatches = 0;
   for (std::uint16_t h : all) {
-    const bool ok = f::bf16_to_f32(h) == bf16_f32[h] && f::bf16_to_f32(h) == bits(cpu::bf16_to_f32(h)) &&
-                    f::f16_to_f32(h) == f16_f32[h] && f::f16_to_f32(h) == bits(cpu::f16_to_f32(h)) &&
-                    f::f32_to_f16(f::bf16_to_f32(h)) == bf16_f16[h] && f::f32_to_bf16(f::f16_to_f32(h)) == f16_bf16[h];
-    if (!ok && ++mismatches <= 5) FAIL_CHECK("16-bit pattern 0x" << std::hex << h << " differs from the CPU backend");
+    const std::uint32_t sign = h >> 15, mant = h & 0x3FFu;
+    const bool f16_nan = (h & 0x7FFFu) > 0x7C00u;
+    // Widening: the decoded value exactly, and a NaN's bits by the definition.
+    bool ok = def::same_value_bits(f::bf16_to_f32(h), def::decode_ieee(def::bf16_format, h)) &&
+              f::bf16_to_f32(h) == std::uint32_t{h} << 16 &&
+              def::same_value_bits(f::f16_to_f32(h), def::decode_ieee(def::f16_format, h)) &&
+              (!f16_nan || f::f16_to_f32(h) == quiet_f32_nan(sign, mant, 10));
+    // Crossing rounds once, from the exact f32 value.
+    ok = ok && f::bf16_to_f16(h) == def::reference_round(def::f16_format, f16_grid, f::bf16_to_f32(h)) &&
+         f::f16_to_bf16(h) == def::reference_round(def::bf16_format, bf16_grid, f::f16_to_f32(h));
+    if (!ok && ++mismatches <= 5) FAIL_CHECK("16-bit pattern 0x" << std::hex << h << " differs from the definition");
   }
   CHECK(mismatches == 0);
+  for (cpu::ConvertIsa isa : all_isas) {
+    INFO((isa == cpu::ConvertIsa::best ? "best CPU kernels" : "generic CPU kernels"));
+    const auto bf16_f32 = cpu_convert<std::uint16_t, std::uint32_t>(isa, DType::BF16, DType::F32, all);
+    const auto f16_f32 = cpu_convert<std::uint16_t, std::uint32_t>(isa, DType::F16, DType::F32, all);
+    const auto bf16_f16 = cpu_convert<std::uint16_t, std::uint16_t>(isa, DType::BF16, DType::F16, all);
+    const auto f16_bf16 = cpu_convert<std::uint16_t, std::uint16_t>(isa, DType::F16, DType::BF16, all);
+    std::size_t differ = 0;
+    for (std::uint16_t h : all) {
+      const bool ok = f::bf16_to_f32(h) == bf16_f32[h] && f::f16_to_f32(h) == f16_f32[h] &&
+                      f::bf16_to_f16(h) == bf16_f16[h] && f::f16_to_bf16(h) == f16_bf16[h];
+      if (!ok && ++differ <= 5) FAIL_CHECK("16-bit pattern 0x" << std::hex << h << " differs from the CPU kernels");
+    }
+    CHECK(differ == 0);
+  }
 }
 
-TEST_CASE("cuda formats – every FP8 input widens exactly as on the CPU", "[cuda][formats]") {
-  const std::vector<std::uint8_t> all = every_pattern<std::uint8_t>();
+TEST_CASE("cuda formats – every FP8 input widens as its format defines", "[cuda][formats]") {
   struct Case {
     DType dtype;
     std::uint32_t (*to_f32)(std::uint8_t) noexcept;
-    float (*cpu_to_f32)(std::uint8_t) noexcept;
+    std::uint16_t (*to_bf16)(std::uint8_t) noexcept;
+    double (*decode)(std::uint8_t);
   };
-  const Case cases[] = {{DType::F8_E4M3, f::f8_e4m3_to_f32, cpu::f8_e4m3_to_f32},
-                        {DType::F8_E5M2, f::f8_e5m2_to_f32, cpu::f8_e5m2_to_f32},
-                        {DType::F8_E8M0, f::f8_e8m0_to_f32, cpu::f8_e8m0_to_f32}};
+  const Case cases[] = {{DType::F8_E4M3, f::f8_e4m3_to_f32, f::f8_e4m3_to_bf16, def::decode_e4m3},
+                        {DType::F8_E5M2, f::f8_e5m2_to_f32, f::f8_e5m2_to_bf16, def::decode_e5m2},
+                        {DType::F8_E8M0, f::f8_e8m0_to_f32, f::f8_e8m0_to_bf16, def::decode_e8m0}};
+  const auto bf16_grid = def::positive_grid(def::bf16_format);
   for (const Case& c : cases) {
     INFO(dtype_name(c.dtype));
-    const auto to_f32 = cpu_convert<std::uint8_t, std::uint32_t>(c.dtype, DType::F32, all);
-    const auto to_bf16 = cpu_convert<std::uint8_t, std::uint16_t>(c.dtype, DType::BF16, all);
-    for (std::uint8_t b : all) {
-      INFO("pattern " << int(b));
-      REQUIRE(c.to_f32(b) == to_f32[b]);
-      REQUIRE(c.to_f32(b) == bits(c.cpu_to_f32(b)));
-      REQUIRE(f::f32_to_bf16(c.to_f32(b)) == to_bf16[b]);
+    for (std::uint32_t i = 0; i < 256; ++i) {
+      const auto b = static_cast<std::uint8_t>(i);
+      INFO("pattern " << i);
+      const double want = c.decode(b);
+      REQUIRE(def::same_value_bits(c.to_f32(b), want));
+      if (std::isnan(want)) {
+        // E4M3 and E8M0 have one NaN per sign: the canonical quiet NaN. E5M2 is an f16's
+        // high byte: quieted, payload kept.
+        const std::uint32_t sign = c.dtype == DType::F8_E8M0 ? 0u : i >> 7;
+        REQUIRE(c.to_f32(b) ==
+                (c.dtype == DType::F8_E5M2 ? quiet_f32_nan(sign, i & 3u, 2) : sign << 31 | 0x7FC0'0000u));
+      }
+      // Every FP8 value is exact in bf16: the nearest-even bf16 of the f32 value, which
+      // widens back to it.
+      REQUIRE(c.to_bf16(b) == def::reference_round(def::bf16_format, bf16_grid, c.to_f32(b)));
+      if (!std::isnan(want)) REQUIRE(f::bf16_to_f32(c.to_bf16(b)) == c.to_f32(b));
     }
   }
 }
 
-TEST_CASE("cuda formats – f32 narrowing rounds exactly as on the CPU", "[cuda][formats]") {
+TEST_CASE("cuda formats – f32 narrowing rounds as brute force and the CPU kernels do", "[cuda][formats]") {
   const std::vector<std::uint32_t> patterns = f32_patterns();
-  const auto to_bf16 = cpu_convert<std::uint32_t, std::uint16_t>(DType::F32, DType::BF16, patterns);
-  const auto to_f16 = cpu_convert<std::uint32_t, std::uint16_t>(DType::F32, DType::F16, patterns);
+  const auto bf16_grid = def::positive_grid(def::bf16_format);
+  const auto f16_grid = def::positive_grid(def::f16_format);
   std::size_t mismatches = 0;
-  for (std::size_t i = 0; i < patterns.size(); ++i) {
-    const std::uint32_t x = patterns[i];
-    float v = 0;
-    std::memcpy(&v, &x, sizeof v);
-    const bool ok = f::f32_to_bf16(x) == to_bf16[i] && f::f32_to_f16(x) == to_f16[i] &&
-                    f::f32_to_bf16(x) == cpu::f32_to_bf16(v) && f::f32_to_f16(x) == cpu::f32_to_f16(v);
-    if (!ok && ++mismatches <= 5) FAIL_CHECK("f32 pattern 0x" << std::hex << x << " differs from the CPU backend");
+  for (std::uint32_t x : patterns) {
+    const bool ok = f::f32_to_bf16(x) == def::reference_round(def::bf16_format, bf16_grid, x) &&
+                    f::f32_to_f16(x) == def::reference_round(def::f16_format, f16_grid, x);
+    if (!ok && ++mismatches <= 5) FAIL_CHECK("f32 pattern 0x" << std::hex << x << " differs from brute force");
   }
   CHECK(mismatches == 0);
+  for (cpu::ConvertIsa isa : all_isas) {
+    INFO((isa == cpu::ConvertIsa::best ? "best CPU kernels" : "generic CPU kernels"));
+    const auto to_bf16 = cpu_convert<std::uint32_t, std::uint16_t>(isa, DType::F32, DType::BF16, patterns);
+    const auto to_f16 = cpu_convert<std::uint32_t, std::uint16_t>(isa, DType::F32, DType::F16, patterns);
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < patterns.size(); ++i) {
+      const std::uint32_t x = patterns[i];
+      const bool ok = f::f32_to_bf16(x) == to_bf16[i] && f::f32_to_f16(x) == to_f16[i];
+      if (!ok && ++differ <= 5) FAIL_CHECK("f32 pattern 0x" << std::hex << x << " differs from the CPU kernels");
+    }
+    CHECK(differ == 0);
+  }
 }
 
-TEST_CASE("cuda formats – the backend converts exactly the casts the CPU backend does", "[cuda][formats]") {
+TEST_CASE("cuda formats – results do not move under flush-to-zero and denormals-are-zero", "[cuda][formats]") {
+#if defined(__x86_64__)
+  // The device may flush subnormals in float arithmetic; the host's MXCSR modes do the same
+  // to SSE arithmetic. An integer-only reference gives the same bits either way — among
+  // them the subnormal results of f16 and E8M0 widening and bf16 narrowing of f32 subnormals.
+  std::vector<std::uint32_t> f32 = f32_patterns();
+  for (std::uint32_t m = 1; m < 0x80'0000u; m += 97) f32.insert(f32.end(), {m, 0x8000'0000u | m});
+  const std::vector<std::uint32_t> normal = reference_results(f32);
+  const std::vector<std::uint32_t> flushed = reference_results_ftz_daz(f32);
+  REQUIRE(normal.size() == flushed.size());
+  std::size_t moved = 0;
+  for (std::size_t i = 0; i < normal.size(); ++i) moved += normal[i] != flushed[i] ? 1 : 0;
+  CHECK(moved == 0);
+#else
+  WARN("not an x86-64 host: no MXCSR to set flush-to-zero with; skipping");
+#endif
+}
+
+TEST_CASE("cuda formats – the kernels convert exactly the casts the float formats define", "[cuda][formats]") {
   for (std::size_t a = 0; a < dtype_count; ++a)
     for (std::size_t b = 0; b < dtype_count; ++b) {
       const auto from = static_cast<DType>(a), to = static_cast<DType>(b);
       INFO(dtype_name(from) << " -> " << dtype_name(to));
-      CHECK(cuda::convert_supported(from, to) == cpu::convert_supported(from, to));
+      CHECK(cuda::convert_supported(from, to) == is_supported_cast(from, to));
+      CHECK(cpu::convert_supported(from, to) == is_supported_cast(from, to));
     }
 }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "eredu/core/dtype.hpp"
+#include "eredu/core/float_formats.hpp"
 #include "eredu/core/selection.hpp"
 #include "eredu/core/shape.hpp"
 #include "eredu/io/catalog.hpp"
@@ -31,8 +32,10 @@ struct InferredWeight {
 };
 
 /// True when a cast from -> to is supported: from == to; or both in {F16, BF16, F32}; or from
-/// in {F8_E4M3, F8_E5M2, F8_E8M0} and to in {BF16, F32}. (The CPU kernels implement exactly this.)
-bool is_supported_cast(DType from, DType to) noexcept;
+/// in {F8_E4M3, F8_E5M2, F8_E8M0} and to in {BF16, F32}. The rule is a property of the float
+/// formats and is defined once, in core (eredu/core/float_formats.hpp); every backend's
+/// supports_cast implements exactly this set.
+using eredu::is_supported_cast;
 
 /// An immutable recipe tree over checkpoint tensors. Factories never throw on content (only
 /// allocation can fail): every rule is checked by infer(), which knows the catalog. Accessors

@@ -3,8 +3,9 @@
 /// Buffer-wide dtype conversion kernels of the CPU backend: a serial kernel over one
 /// contiguous block and a oneTBB-parallel version over cache-sized blocks of it.
 ///
-/// The supported casts are exactly those of convert_supported(); results agree bit for bit
-/// with the scalar reference in float_formats.hpp. Buffers are raw bytes in the host's
+/// The supported casts are exactly those of convert_supported() (the set
+/// eredu::is_supported_cast defines); results agree bit for bit with the one float-format
+/// reference, eredu/core/float_formats.hpp. Buffers are raw bytes in the host's
 /// (little-endian) element layout and need no particular alignment.
 
 #include <cstddef>
@@ -32,9 +33,10 @@ ConvertIsa use_convert_isa(ConvertIsa wanted) noexcept;
 /// The kernel set now in effect, for reports: "avx2+f16c", "avx2" or "generic".
 const char* convert_isa_name() noexcept;
 
-/// True when the CPU backend converts `from` to `to`: any dtype to itself (a byte copy),
-/// among {F16, BF16, F32}, and from {F8_E4M3, F8_E5M2, F8_E8M0} to {BF16, F32}. The engine
-/// validates recipe casts with the same rule.
+/// True when the CPU backend has a kernel converting `from` to `to` (the backend's
+/// supports_cast): any dtype to itself (a byte copy), among {F16, BF16, F32}, and from
+/// {F8_E4M3, F8_E5M2, F8_E8M0} to {BF16, F32} — exactly eredu::is_supported_cast, which the
+/// tests check for every pair.
 bool convert_supported(DType from, DType to) noexcept;
 
 /// Converts every element of `in` (of dtype `from`) into `out` (of dtype `to`) on the calling

@@ -1,7 +1,7 @@
 #pragma once
 /// \file
 /// The CUDA backend's device kernels, as host functions that queue them on a stream:
-/// dtype conversion (the casts of the CPU backend, bit for bit: float_formats.hpp), a
+/// dtype conversion (eredu/core/float_formats.hpp, bit for bit, as every backend), a
 /// strided row copy (slice and concat), and a permutation (transpose).
 ///
 /// These are the raw launchers: pointers are device addresses, sizes are trusted, and the
@@ -20,8 +20,9 @@ namespace eredu::cuda {
 /// Highest rank launch_permute handles.
 inline constexpr std::size_t max_permute_rank = 8;
 
-/// True when the backend converts `from` to `to`: any dtype to itself, among {F16, BF16,
-/// F32}, and from {F8_E4M3, F8_E5M2, F8_E8M0} to {BF16, F32} (the CPU backend's rule).
+/// True when launch_convert has a kernel for `from` -> `to` (the backend's supports_cast):
+/// any dtype to itself, among {F16, BF16, F32}, and from {F8_E4M3, F8_E5M2, F8_E8M0} to
+/// {BF16, F32} — exactly eredu::is_supported_cast, which the tests check for every pair.
 bool convert_supported(DType from, DType to) noexcept;
 
 /// Queues the conversion of `count` elements from `in` (dtype `from`, naturally aligned) to
