@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "eredu/core/completion.hpp"
+#include "eredu/core/retain_until_complete.hpp"
 #include "eredu/core/unique_function.hpp"
 
 namespace eredu::cpu {
@@ -53,11 +54,10 @@ class Executor {
   Completion fence();
 
   /// Keeps `value` alive until `completion` has finished, then destroys it on the
-  /// completing thread (the seed's retain_until_complete).
+  /// completing thread (eredu::retain_until_complete, the one definition).
   template <class T>
   static void retain_until_complete(const Completion& completion, T value) {
-    auto held = std::make_unique<T>(std::move(value));
-    completion.on_complete([held = std::move(held)](std::exception_ptr) mutable { held.reset(); });
+    eredu::retain_until_complete(completion, std::move(value));
   }
 
   /// `count` new executors on the same cores, each with this one's concurrency, for

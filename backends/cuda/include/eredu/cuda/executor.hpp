@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "eredu/core/completion.hpp"
+#include "eredu/core/retain_until_complete.hpp"
 #include "eredu/core/unique_function.hpp"
 #include "eredu/cuda/stream.hpp"
 
@@ -68,11 +69,11 @@ class Executor {
   void order_after(Executor& other);
 
   /// Keeps `value` alive until `completion` has finished, then destroys it on the thread
-  /// that completed it (never a CUDA callback thread, so `value` may free CUDA memory).
+  /// that completed it (never a CUDA callback thread, so `value` may free CUDA memory;
+  /// eredu::retain_until_complete, the one definition).
   template <class T>
   static void retain_until_complete(const Completion& completion, T value) {
-    auto held = std::make_unique<T>(std::move(value));
-    completion.on_complete([held = std::move(held)](std::exception_ptr) mutable { held.reset(); });
+    eredu::retain_until_complete(completion, std::move(value));
   }
 
   /// `count` new executors (streams) on the same device, for independently ordered lanes.
