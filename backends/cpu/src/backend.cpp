@@ -10,30 +10,29 @@
 #include <asio/use_awaitable.hpp>
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <optional>
+#include <string_view>
+#include <vector>
 
 #include "eredu/core/error.hpp"
 #include "eredu/cpu/convert.hpp"
 #include "eredu/cpu/copy_bytes.hpp"
 #include "eredu/cpu/layout.hpp"
+#include "eredu/engine/recipe_evaluator.hpp"
 #include "eredu/io/guarded_read.hpp"
 
 namespace eredu::cpu {
 namespace {
 
 using engine::DerivedWeightRecipe;
-using Kind = DerivedWeightRecipe::Kind;
+using engine::InferredWeight;
 
 /// Bytes per element of a whole-byte dtype (recipes that reach here were inferred, so
 /// layout operations only see whole-byte dtypes).
 std::size_t element_bytes(DType t) { return dtype_bits(t) / 8; }
 
-/// The error a realization ends with when the unit told it to stop.
-Error stopped(const std::string& what) {
-  return Error(errc::cancelled, {.tensor = what}, "stopped because another weight of the unit failed");
-}
-
-[[noreturn]] void throw_stopped(const std::string& what) { throw stopped(what); }
+[[noreturn]] void throw_stopped(const std::string& what) { throw engine::stopped_error(what); }
 
 /// Awaits `c`, rethrowing its failure.
 asio::awaitable<void> await(Completion c) { co_await c.async_wait(asio::use_awaitable); }
@@ -132,9 +131,9 @@ asio::awaitable<void> read_direct(Job job, std::unique_ptr<io::TensorReadRequest
 /// Reads `source` in bounded chunk leases and converts each into `out` on the arena while
 /// the next is read; each lease is released by its conversion task once done. Chunk
 /// boundaries need not fall on elements: a split element is carried over.
-asio::awaitable<void> stream_convert(const Job& job, const DerivedWeightRecipe& source, DType from, DType to,
+asio::awaitable<void> stream_convert(const Job& job, const io::TensorReadRequest& source, DType from, DType to,
                                      std::span<std::byte> out) {
-  io::TensorReadRequest request{source.key(), source.selection(), io::ReadPolicy::chunked};
+  io::TensorReadRequest request{source.key, source.selection, io::ReadPolicy::chunked};
   io::ChunkStream stream = job.source.stream(request);
   const std::size_t in_elem = element_bytes(from), out_elem = element_bytes(to);
   std::array<std::byte, 8> carry{};
@@ -145,7 +144,7 @@ asio::awaitable<void> stream_convert(const Job& job, const DerivedWeightRecipe& 
     std::exception_ptr failure;
     std::optional<io::Lease> lease;
     if (job.stop.stop_requested()) {
-      failure = std::make_exception_ptr(stopped(source.key()));
+      failure = std::make_exception_ptr(engine::stopped_error(source.key));
     } else {
       try {
         lease = co_await stream.async_next(asio::use_awaitable);
@@ -190,116 +189,118 @@ asio::awaitable<void> stream_convert(const Job& job, const DerivedWeightRecipe& 
   co_await await(pending);
 }
 
-/// A temporary tensor for an intermediate recipe result.
-Tensor temporary(const Job& job, const engine::InferredWeight& w) {
-  return Tensor::allocate(job.storage, w.dtype, w.shape);
-}
+/// The CPU backend's recipe primitives (engine::RecipeOps): destinations are host spans,
+/// temporaries pooled tensors, and every kernel runs on the context's arena.
+struct RecipePrimitives {
+  using Region = std::span<std::byte>;  ///< host bytes
+  using Temporary = Tensor;             ///< a pooled tensor
+  class ConcatJoin;
 
-/// Writes the value of `node` (inferred as `info`) into `out`, which is exactly info.bytes.
-asio::awaitable<void> eval_into(const Job& job, const DerivedWeightRecipe& node, std::span<std::byte> out) {
-  const io::Catalog& catalog = job.source.catalog();
-  if (job.stop.stop_requested()) throw_stopped(node.to_string());
-  switch (node.kind()) {
-    case Kind::source: {
-      io::TensorReadRequest request{node.key(), node.selection()};
-      co_await job.source.async_read_into(request, out, asio::use_awaitable);
-      co_return;
-    }
-    case Kind::reshape:
-      // Row-major bytes do not change under a reshape.
-      co_await eval_into(job, node.inputs()[0], out);
-      co_return;
-    case Kind::cast: {
-      const DerivedWeightRecipe& child = node.inputs()[0];
-      engine::InferredWeight in = child.infer(catalog);
-      if (in.dtype == node.dtype()) {
-        co_await eval_into(job, child, out);
-      } else if (child.kind() == Kind::source) {
-        io::TensorReadRequest request{child.key(), child.selection()};
-        if (std::optional<io::MappedView> view = job.source.map_resident(request)) {
-          co_await convert_mapped(job, std::move(*view), child.key(), in.dtype, node.dtype(), out);
-        } else {
-          co_await stream_convert(job, child, in.dtype, node.dtype(), out);
-        }
-      } else {
-        Tensor tmp = temporary(job, in);
-        co_await eval_into(job, child, tmp.mutable_bytes());
-        Completion c = job.executor.submit(
-            [tmp, out, from = in.dtype, to = node.dtype()] { convert(from, to, tmp.bytes(), out); });
-        co_await await(c);
-      }
-      co_return;
-    }
-    case Kind::slice: {
-      const DerivedWeightRecipe& child = node.inputs()[0];
-      engine::InferredWeight in = child.infer(catalog);
-      if (child.kind() == Kind::source) {
-        // Fold the slice into the read's selection: only the sliced bytes are read.
-        const io::TensorInfo& t = catalog.at(child.key());
-        std::vector<Range> ranges = child.selection().ranges;
-        if (ranges.empty())
-          for (auto d : t.shape) ranges.push_back({0, d});
-        Range& r = ranges[node.dim()];
-        r = {r.start + node.range().start, r.start + node.range().stop};
-        io::TensorReadRequest request{child.key(), Selection{std::move(ranges)}};
-        co_await job.source.async_read_into(request, out, asio::use_awaitable);
-      } else {
-        Tensor tmp = temporary(job, in);
-        co_await eval_into(job, child, tmp.mutable_bytes());
-        Completion c =
-            job.executor.submit([tmp, out, shape = in.shape, elem = element_bytes(in.dtype), dim = node.dim(),
-                                 range = node.range()] { copy_slice(tmp.bytes(), shape, elem, dim, range, out); });
-        co_await await(c);
-      }
-      co_return;
-    }
-    case Kind::concat: {
-      engine::InferredWeight whole = node.infer(catalog);
-      std::uint64_t outer = 1;
-      for (std::size_t d = 0; d < node.dim(); ++d) outer *= whole.shape[d];
-      if (outer == 1) {
-        // Each input is one contiguous block of the output: evaluate it in place.
-        std::size_t offset = 0;
-        for (const DerivedWeightRecipe& child : node.inputs()) {
-          std::size_t bytes = child.infer(catalog).bytes;
-          co_await eval_into(job, child, out.subspan(offset, bytes));
-          offset += bytes;
-        }
-        co_return;
-      }
-      std::vector<Tensor> parts;
-      for (const DerivedWeightRecipe& child : node.inputs()) {
-        parts.push_back(temporary(job, child.infer(catalog)));
-        co_await eval_into(job, child, parts.back().mutable_bytes());
-      }
-      Completion c = job.executor.submit([parts, out, dim = node.dim(), elem = element_bytes(whole.dtype)] {
-        std::vector<ConcatInput> inputs;
-        for (const Tensor& p : parts) inputs.push_back({p.bytes(), p.shape()});
-        concat(inputs, dim, elem, out);
-      });
-      co_await await(c);
-      co_return;
-    }
-    case Kind::permute: {
-      const DerivedWeightRecipe& child = node.inputs()[0];
-      engine::InferredWeight in = child.infer(catalog);
-      Tensor tmp = temporary(job, in);
-      co_await eval_into(job, child, tmp.mutable_bytes());
-      // permutation() resolves a transpose of a rank only known from the catalog.
-      std::vector<std::size_t> order = node.permutation(in.shape.size());
-      Completion c = job.executor.submit([tmp, out, shape = in.shape, elem = element_bytes(in.dtype), order] {
-        permute(tmp.bytes(), shape, elem, order, out);
-      });
-      co_await await(c);
-      co_return;
+  static constexpr std::string_view name = "CPU";
+  /// The layout kernels permute any rank.
+  static constexpr std::size_t max_permute_rank = std::numeric_limits<std::size_t>::max();
+
+  const Job& job;  ///< the realization's source, arena, storage and stop token
+
+  const io::Catalog& catalog() const noexcept { return job.source.catalog(); }
+  bool stop_requested() const noexcept { return job.stop.stop_requested(); }
+  static bool supports_cast(DType from, DType to) noexcept { return convert_supported(from, to); }
+  static Region subregion(Region r, std::size_t offset, std::size_t bytes) { return r.subspan(offset, bytes); }
+  static Region region(const Tensor& t) noexcept { return t.mutable_bytes(); }
+
+  /// A pooled tensor (not populated: the kernel or read that fills it faults its pages in).
+  Tensor temporary(const InferredWeight& w, const std::string&) const {
+    return Tensor::allocate(job.storage, w.dtype, w.shape);
+  }
+
+  /// The reader writes the selected bytes straight into `out`: one copy, no lease.
+  asio::awaitable<void> read_into(const io::TensorReadRequest& request, Region out) const {
+    co_await job.source.async_read_into(request, out, asio::use_awaitable);
+  }
+
+  /// Resident in the page cache: converted straight from a mapping, no lease; otherwise
+  /// streamed in bounded chunk leases, at most two at a time.
+  asio::awaitable<void> cast_source(const io::TensorReadRequest& request, const InferredWeight& in, DType to,
+                                    Region out, const std::string&) const {
+    if (std::optional<io::MappedView> view = job.source.map_resident(request)) {
+      co_await convert_mapped(job, std::move(*view), request.key, in.dtype, to, out);
+    } else {
+      co_await stream_convert(job, request, in.dtype, to, out);
     }
   }
+
+  /// `in` converted on the arena (the parallel kernel, cache-sized blocks).
+  asio::awaitable<void> convert(Tensor in, const InferredWeight& w, DType to, Region out, const std::string&) const {
+    Completion c = job.executor.submit([in, out, from = w.dtype, to] { cpu::convert(from, to, in.bytes(), out); });
+    co_await await(c);
+  }
+
+  /// Indices `range` of dimension `dim` of `in`, copied on the arena.
+  asio::awaitable<void> copy_slice(Tensor in, const InferredWeight& w, std::size_t dim, Range range, Region out,
+                                   const std::string&) const {
+    Completion c = job.executor.submit([in, out, shape = w.shape, elem = element_bytes(w.dtype), dim, range] {
+      cpu::copy_slice(in.bytes(), shape, elem, dim, range, out);
+    });
+    co_await await(c);
+  }
+
+  /// `in` with its dimensions reordered on the arena (a tiled transpose for the last two).
+  asio::awaitable<void> permute(Tensor in, const InferredWeight& w, std::span<const std::size_t> order, Region out,
+                                const std::string&) const {
+    Completion c = job.executor.submit(
+        [in, out, shape = w.shape, elem = element_bytes(w.dtype), order = std::vector(order.begin(), order.end())] {
+          cpu::permute(in.bytes(), shape, elem, order, out);
+        });
+    co_await await(c);
+  }
+
+  /// A join that keeps the inputs and runs one concat kernel over all of them at the end.
+  ConcatJoin begin_concat(const InferredWeight& whole, std::size_t dim, Region out, const std::string&) const;
+};
+
+/// Keeps every input of a concat, then joins them with one parallel kernel.
+class RecipePrimitives::ConcatJoin {
+ public:
+  /// A join into `out` along `dim` of `elem`-byte elements, on `job`'s arena.
+  ConcatJoin(const Job& job, std::size_t dim, std::size_t elem, Region out)
+      : job_(job), dim_(dim), elem_(elem), out_(out) {}
+
+  /// Keeps the next input until finish().
+  asio::awaitable<void> add(Tensor part, const InferredWeight&) {
+    parts_.push_back(std::move(part));
+    co_return;
+  }
+
+  /// Joins every input kept, in order, with one parallel kernel.
+  asio::awaitable<void> finish() {
+    Completion c = job_.executor.submit([parts = parts_, out = out_, dim = dim_, elem = elem_] {
+      std::vector<ConcatInput> inputs;
+      for (const Tensor& p : parts) inputs.push_back({p.bytes(), p.shape()});
+      cpu::concat(inputs, dim, elem, out);
+    });
+    co_await await(c);
+  }
+
+ private:
+  const Job& job_;
+  std::size_t dim_;
+  std::size_t elem_;
+  Region out_;
+  std::vector<Tensor> parts_;
+};
+
+RecipePrimitives::ConcatJoin RecipePrimitives::begin_concat(const InferredWeight& whole, std::size_t dim, Region out,
+                                                            const std::string&) const {
+  return ConcatJoin(job, dim, element_bytes(whole.dtype), out);
 }
+
+static_assert(engine::RecipeOps<RecipePrimitives>);
 
 /// The whole recipe into its (populated) output tensor.
 asio::awaitable<void> run_recipe(Job job, std::unique_ptr<DerivedWeightRecipe> recipe, Tensor out) {
   co_await populate(job.executor, out);
-  co_await eval_into(job, *recipe, out.mutable_bytes());
+  RecipePrimitives ops{job};
+  co_await engine::evaluate_recipe(ops, *recipe, out.mutable_bytes());
 }
 
 /// Runs `work` on the source's executor; its end completes the returned Materialization.
