@@ -9,12 +9,16 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <span>
+#include <string_view>
+#include <vector>
 
 #include "eredu/core/error.hpp"
 #include "eredu/core/log.hpp"
 #include "eredu/cuda/cuda_error.hpp"
 #include "eredu/cuda/kernels.hpp"
 #include "eredu/engine/parameter_backend.hpp"
+#include "eredu/engine/recipe_evaluator.hpp"
 #include "eredu/engine/submission_backend.hpp"
 #include "eredu/engine/transfer_backend.hpp"
 
@@ -27,15 +31,10 @@ static_assert(engine::TransferBackend<Backend>);
 namespace {
 
 using engine::DerivedWeightRecipe;
-using Kind = DerivedWeightRecipe::Kind;
+using engine::InferredWeight;
 
 /// Bytes per element of a whole-byte dtype (layout recipes were inferred: no sub-byte dtypes).
 std::size_t element_bytes(DType t) { return dtype_bits(t) / 8; }
-
-/// The error a realization ends with when the unit told it to stop.
-Error stopped(const std::string& what) {
-  return Error(errc::cancelled, {.tensor = what}, "stopped because another weight of the unit failed");
-}
 
 /// Awaits `c`, rethrowing its failure.
 asio::awaitable<void> await(Completion c) { co_await c.async_wait(asio::use_awaitable); }
@@ -71,7 +70,7 @@ struct Job {
 };
 
 /// A temporary device buffer on the executor's stream, freed (stream-ordered) with its last handle.
-Tensor temporary(const Job& job, const engine::InferredWeight& w, const std::string& name) {
+Tensor temporary(const Job& job, const InferredWeight& w, const std::string& name) {
   return Tensor::allocate(job.memory, w.dtype, w.shape, job.executor.shared_stream(), name);
 }
 
@@ -88,7 +87,7 @@ asio::awaitable<void> upload(const Job& job, const io::TensorReadRequest& whole,
     std::exception_ptr failure;
     std::optional<io::Lease> lease;
     if (job.stop.stop_requested()) {
-      failure = std::make_exception_ptr(stopped(request.key));
+      failure = std::make_exception_ptr(engine::stopped_error(request.key));
     } else if (last.ready() && last.error()) {
       failure = last.error();
     } else {
@@ -127,132 +126,135 @@ asio::awaitable<void> run_kernel(const Job& job, const char* what, const std::st
   co_await await(done);
 }
 
-/// Writes the value of `node` into `out` (device memory of exactly the node's bytes).
-asio::awaitable<void> eval_into(const Job& job, const DerivedWeightRecipe& node, std::byte* out) {
-  const io::Catalog& catalog = job.source.catalog();
-  const std::string name = node.to_string();
-  if (job.stop.stop_requested()) throw stopped(name);
-  switch (node.kind()) {
-    case Kind::source: {
-      io::TensorReadRequest request{node.key(), node.selection()};
-      co_await upload(job, request, out);
-      co_return;
-    }
-    case Kind::reshape:
-      // Row-major bytes do not change under a reshape.
-      co_await eval_into(job, node.inputs()[0], out);
-      co_return;
-    case Kind::cast: {
-      const DerivedWeightRecipe& child = node.inputs()[0];
-      engine::InferredWeight in = child.infer(catalog);
-      if (in.dtype == node.dtype()) {
-        co_await eval_into(job, child, out);
-        co_return;
-      }
-      if (!convert_supported(in.dtype, node.dtype()))
-        throw BackendError(
-            errc::recipe_unsupported_cast, {.tensor = name},
-            fmt::format("the CUDA backend cannot convert {} to {}", dtype_name(in.dtype), dtype_name(node.dtype())));
-      // The whole input lands on the device first: one H2D stream of leases, then one kernel.
-      Tensor tmp = temporary(job, in, name);
-      co_await eval_into(job, child, tmp.data());
-      const std::uint64_t count = tmp.elements();
-      auto launch = [tmp, out, count, from = in.dtype, to = node.dtype()](cudaStream_t s) {
-        return launch_convert(from, to, tmp.data(), out, count, s);
-      };
-      co_await run_kernel(job, "conversion kernel launch", name, launch);
-      co_return;
-    }
-    case Kind::slice: {
-      const DerivedWeightRecipe& child = node.inputs()[0];
-      engine::InferredWeight in = child.infer(catalog);
-      if (child.kind() == Kind::source) {
-        // Fold the slice into the read's selection: only the sliced bytes are read.
-        const io::TensorInfo& t = catalog.at(child.key());
-        std::vector<Range> ranges = child.selection().ranges;
-        if (ranges.empty())
-          for (auto d : t.shape) ranges.push_back({0, d});
-        Range& r = ranges[node.dim()];
-        r = {r.start + node.range().start, r.start + node.range().stop};
-        io::TensorReadRequest request{child.key(), Selection{std::move(ranges)}};
-        co_await upload(job, request, out);
-        co_return;
-      }
-      Tensor tmp = temporary(job, in, name);
-      co_await eval_into(job, child, tmp.data());
-      const std::size_t elem = element_bytes(in.dtype);
-      std::size_t outer = 1, inner = elem;
-      for (std::size_t d = 0; d < node.dim(); ++d) outer *= in.shape[d];
-      for (std::size_t d = node.dim() + 1; d < in.shape.size(); ++d) inner *= in.shape[d];
-      const std::size_t out_row = node.range().size() * inner, in_row = in.shape[node.dim()] * inner;
-      const std::size_t start = node.range().start * inner;
-      auto launch = [tmp, out, outer, out_row, in_row, start](cudaStream_t s) {
-        return launch_copy_rows(out, out_row, tmp.data() + start, in_row, outer, out_row, s);
-      };
-      co_await run_kernel(job, "slice kernel launch", name, launch);
-      co_return;
-    }
-    case Kind::concat: {
-      engine::InferredWeight whole = node.infer(catalog);
-      std::size_t outer = 1;
-      for (std::size_t d = 0; d < node.dim(); ++d) outer *= whole.shape[d];
-      if (outer == 1) {
-        // Each input is one contiguous block of the output: evaluate it in place.
-        std::size_t offset = 0;
-        for (const DerivedWeightRecipe& child : node.inputs()) {
-          const std::size_t bytes = child.infer(catalog).bytes;
-          co_await eval_into(job, child, out + offset);
-          offset += bytes;
-        }
-        co_return;
-      }
-      std::size_t inner = element_bytes(whole.dtype);
-      for (std::size_t d = node.dim() + 1; d < whole.shape.size(); ++d) inner *= whole.shape[d];
-      const std::size_t out_row = whole.shape[node.dim()] * inner;
-      std::size_t offset = 0;
-      for (const DerivedWeightRecipe& child : node.inputs()) {
-        engine::InferredWeight part = child.infer(catalog);
-        Tensor tmp = temporary(job, part, name);
-        co_await eval_into(job, child, tmp.data());
-        const std::size_t row = part.shape[node.dim()] * inner;
-        auto launch = [tmp, out, offset, out_row, row, outer](cudaStream_t s) {
-          return launch_copy_rows(out + offset, out_row, tmp.data(), row, outer, row, s);
-        };
-        co_await run_kernel(job, "concat kernel launch", name, launch);
-        offset += row;
-      }
-      co_return;
-    }
-    case Kind::permute: {
-      const DerivedWeightRecipe& child = node.inputs()[0];
-      engine::InferredWeight in = child.infer(catalog);
-      if (in.shape.size() > max_permute_rank)
-        throw BackendError(
-            errc::backend_failure, {.tensor = name},
-            fmt::format("the CUDA backend permutes up to rank {}, not rank {}", max_permute_rank, in.shape.size()));
-      Tensor tmp = temporary(job, in, name);
-      co_await eval_into(job, child, tmp.data());
-      // permutation() resolves a transpose of a rank only known from the catalog.
-      std::vector<std::size_t> order = node.permutation(in.shape.size());
-      std::vector<std::size_t> dims(in.shape.begin(), in.shape.end());
-      auto launch = [tmp, out, dims, order, elem = element_bytes(in.dtype)](cudaStream_t s) {
-        return launch_permute(tmp.data(), out, dims.data(), order.data(), dims.size(), elem, s);
-      };
-      co_await run_kernel(job, "permute kernel launch", name, launch);
-      co_return;
-    }
+/// The CUDA backend's recipe primitives (engine::RecipeOps): destinations are device
+/// addresses, temporaries device tensors on the executor's stream, kernels queued on it.
+struct RecipePrimitives {
+  using Region = std::byte*;  ///< device memory of exactly the value's bytes
+  using Temporary = Tensor;   ///< a device tensor, freed stream-ordered with its last handle
+  class ConcatJoin;
+
+  static constexpr std::string_view name = "CUDA";
+  static constexpr std::size_t max_permute_rank = cuda::max_permute_rank;  ///< the permute kernel's limit
+
+  const Job& job;  ///< the realization's source, stream, device memory and stop token
+
+  const io::Catalog& catalog() const noexcept { return job.source.catalog(); }
+  bool stop_requested() const noexcept { return job.stop.stop_requested(); }
+  static bool supports_cast(DType from, DType to) noexcept { return convert_supported(from, to); }
+  static Region subregion(Region r, std::size_t offset, std::size_t) noexcept { return r + offset; }
+  static Region region(const Tensor& t) noexcept { return t.data(); }
+
+  /// A device buffer on the executor's stream, named after the node in allocation errors.
+  Tensor temporary(const InferredWeight& w, const std::string& what) const { return cuda::temporary(job, w, what); }
+
+  /// Bounded chunk leases uploaded straight from the (pinned) pool, each released by its copy.
+  asio::awaitable<void> read_into(const io::TensorReadRequest& request, Region out) const {
+    co_await upload(job, request, out);
   }
+
+  /// Staged: the whole source lands in a device temporary first (one H2D stream of leases),
+  /// then one conversion kernel writes `out`.
+  asio::awaitable<void> cast_source(const io::TensorReadRequest& request, const InferredWeight& in, DType to,
+                                    Region out, const std::string& what) const {
+    Tensor tmp = temporary(in, what);
+    co_await upload(job, request, tmp.data());
+    co_await convert(std::move(tmp), in, to, out, what);
+  }
+
+  /// The conversion kernel over `in`; `in` is freed (stream-ordered) after it.
+  asio::awaitable<void> convert(Tensor in, const InferredWeight& w, DType to, Region out,
+                                const std::string& what) const {
+    const std::uint64_t count = in.elements();
+    auto launch = [in, out, count, from = w.dtype, to](cudaStream_t s) {
+      return launch_convert(from, to, in.data(), out, count, s);
+    };
+    co_await run_kernel(job, "conversion kernel launch", what, launch);
+  }
+
+  /// The row-copy kernel over indices `range` of dimension `dim` of `in`.
+  asio::awaitable<void> copy_slice(Tensor in, const InferredWeight& w, std::size_t dim, Range range, Region out,
+                                   const std::string& what) const {
+    const std::size_t elem = element_bytes(w.dtype);
+    std::size_t outer = 1, inner = elem;
+    for (std::size_t d = 0; d < dim; ++d) outer *= w.shape[d];
+    for (std::size_t d = dim + 1; d < w.shape.size(); ++d) inner *= w.shape[d];
+    const std::size_t out_row = range.size() * inner, in_row = w.shape[dim] * inner;
+    const std::size_t start = range.start * inner;
+    auto launch = [in, out, outer, out_row, in_row, start](cudaStream_t s) {
+      return launch_copy_rows(out, out_row, in.data() + start, in_row, outer, out_row, s);
+    };
+    co_await run_kernel(job, "slice kernel launch", what, launch);
+  }
+
+  /// The permutation kernel (a gather, up to max_permute_rank dimensions).
+  asio::awaitable<void> permute(Tensor in, const InferredWeight& w, std::span<const std::size_t> order, Region out,
+                                const std::string& what) const {
+    std::vector<std::size_t> dims(w.shape.begin(), w.shape.end());
+    auto launch = [in, out, dims, order = std::vector(order.begin(), order.end()),
+                   elem = element_bytes(w.dtype)](cudaStream_t s) {
+      return launch_permute(in.data(), out, dims.data(), order.data(), dims.size(), elem, s);
+    };
+    co_await run_kernel(job, "permute kernel launch", what, launch);
+  }
+
+  /// A join that copies each input into its rows as soon as it is evaluated, so at most one
+  /// input's temporary is held at a time.
+  ConcatJoin begin_concat(const InferredWeight& whole, std::size_t dim, Region out, const std::string& what) const;
+};
+
+/// Copies each input of a concat into its rows of the output with the row-copy kernel.
+class RecipePrimitives::ConcatJoin {
+ public:
+  /// A join into `out` (of shape `whole`) along `dim`, on `job`'s stream; `what` names the concat.
+  ConcatJoin(const Job& job, const InferredWeight& whole, std::size_t dim, Region out, const std::string& what)
+      : job_(job), dim_(dim), out_(out), what_(what) {
+    inner_ = element_bytes(whole.dtype);
+    for (std::size_t d = dim + 1; d < whole.shape.size(); ++d) inner_ *= whole.shape[d];
+    out_row_ = whole.shape[dim] * inner_;
+    for (std::size_t d = 0; d < dim; ++d) outer_ *= whole.shape[d];
+  }
+
+  /// Copies `part` (shape `w`) into the next rows and waits for the kernel; `part` is then freed.
+  asio::awaitable<void> add(Tensor part, const InferredWeight& w) {
+    const std::size_t row = w.shape[dim_] * inner_;
+    auto launch = [part, out = out_ + offset_, out_row = out_row_, row, outer = outer_](cudaStream_t s) {
+      return launch_copy_rows(out, out_row, part.data(), row, outer, row, s);
+    };
+    co_await run_kernel(job_, "concat kernel launch", what_, launch);
+    offset_ += row;
+  }
+
+  /// Nothing left: every input was copied when it was added.
+  asio::awaitable<void> finish() { co_return; }
+
+ private:
+  const Job& job_;
+  std::size_t dim_;
+  Region out_;
+  const std::string& what_;
+  std::size_t inner_ = 0;
+  std::size_t out_row_ = 0;
+  std::size_t outer_ = 1;
+  std::size_t offset_ = 0;
+};
+
+RecipePrimitives::ConcatJoin RecipePrimitives::begin_concat(const InferredWeight& whole, std::size_t dim, Region out,
+                                                            const std::string& what) const {
+  return ConcatJoin(job, whole, dim, out, what);
 }
+
+static_assert(engine::RecipeOps<RecipePrimitives>);
 
 /// The checkpoint dtype kept: upload the selected bytes into the tensor.
 asio::awaitable<void> read_direct(Job job, std::unique_ptr<io::TensorReadRequest> request, Tensor tensor) {
-  if (job.stop.stop_requested()) throw stopped(request->key);
+  if (job.stop.stop_requested()) throw engine::stopped_error(request->key);
   co_await upload(job, *request, tensor.data());
 }
 
 /// The whole recipe into its output tensor.
 asio::awaitable<void> run_recipe(Job job, std::unique_ptr<DerivedWeightRecipe> recipe, Tensor out) {
-  co_await eval_into(job, *recipe, out.data());
+  RecipePrimitives ops{job};
+  co_await engine::evaluate_recipe(ops, *recipe, out.data());
 }
 
 /// Runs `work` on the source's executor; its end completes the returned Materialization.
