@@ -269,8 +269,8 @@ ChunkStream::~ChunkStream() = default;
 std::uint64_t ChunkStream::total() const noexcept { return state_->plan.total; }
 std::uint64_t ChunkStream::remaining() const noexcept { return state_->plan.total - state_->position; }
 
-asio::awaitable<std::optional<Lease>> ChunkStream::next() {
-  auto& s = *state_;
+asio::awaitable<std::optional<Lease>> ChunkStream::next(CheckpointSource* source, State* state) {
+  auto& s = *state;
   if (s.position >= s.plan.total) co_return std::nullopt;
   std::uint64_t length = std::min(s.chunk, s.plan.total - s.position);
   if (s.plan.runs.size() == 1 && s.plan.alignment && length < s.plan.total - s.position) {
@@ -281,7 +281,7 @@ asio::awaitable<std::optional<Lease>> ChunkStream::next() {
     const std::uint64_t end = (file_pos + length) / s.plan.alignment * s.plan.alignment;
     if (end > file_pos) length = end - file_pos;
   }
-  Lease lease = co_await source_->read_chunk(s.plan, s.position, length);
+  Lease lease = co_await source->read_chunk(s.plan, s.position, length);
   s.position += length;
   co_return std::optional<Lease>(std::move(lease));
 }

@@ -436,8 +436,9 @@ TEST_CASE("readers – a deferred read whose fallback executor temporary is gone
   CHECK(dest == ck.bytes("embed"));
 }
 
-TEST_CASE("checkpoint source – a deferred async_read launched after its request and executor are gone still works",
-          "[io][read][deferred]") {
+TEST_CASE(
+    "checkpoint source – deferred reads launched after their requests are gone, or their stream moved, still work",
+    "[io][read][deferred]") {
   Checkpoint ck;
   asio::io_context ctx;
   auto source =
@@ -458,9 +459,19 @@ TEST_CASE("checkpoint source – a deferred async_read launched after its reques
   });
   bool filled = false;
   std::move(read_into)([&](std::exception_ptr e) { filled = !e; });
+  // A deferred async_next of a stream that was moved before the launch.
+  ChunkStream stream = source->stream(TensorReadRequest{"tiny"});
+  auto next = stream.async_next(asio::experimental::deferred);
+  ChunkStream moved = std::move(stream);
+  std::vector<std::byte> tiny;
+  std::move(next)([&](std::exception_ptr e, std::optional<Lease> l) {
+    if (!e && l) tiny = copy_of(*l);
+  });
   ctx.run();
   CHECK(embed == ck.bytes("embed"));
   CHECK(filled);
   CHECK(straddle == ck.bytes("straddle"));
+  CHECK(tiny == ck.bytes("tiny"));
+  CHECK(moved.remaining() == 0);
   CHECK(source->pool().in_use() == 0);
 }

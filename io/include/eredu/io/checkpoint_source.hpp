@@ -176,17 +176,20 @@ class ChunkStream {
   /// @par Per-Operation Cancellation
   /// terminal, as CheckpointSource::async_read; the stream stays at the chunk it was at.
   ///
-  /// The stream (and its source) must outlive the operation; one async_next at a time.
+  /// The stream's state (the stream, or the stream it was moved into) and its source must
+  /// outlive the operation; one async_next at a time.
   template <asio::completion_token_for<void(std::exception_ptr, std::optional<Lease>)> Token>
   auto async_next(Token&& token) {
-    return eredu::detail::spawn_operation(source_->executor_, next(), std::forward<Token>(token));
+    return eredu::detail::spawn_operation(source_->executor_, next(source_, state_.get()), std::forward<Token>(token));
   }
 
  private:
   friend class CheckpointSource;
   struct State;
   ChunkStream(CheckpointSource* source, std::unique_ptr<State> state);
-  asio::awaitable<std::optional<Lease>> next();
+  // Takes the state, not the stream: the state stays put when the stream is moved, so a
+  // deferred async_next may be launched after a move.
+  static asio::awaitable<std::optional<Lease>> next(CheckpointSource* source, State* state);
   CheckpointSource* source_;
   std::unique_ptr<State> state_;
 };
