@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
-#include <asio/redirect_error.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 #include <thread>
@@ -39,19 +38,16 @@ std::error_code sys_error(int e) { return {e, std::system_category()}; }
 std::uint64_t align_down(std::uint64_t v, std::uint64_t a) { return v / a * a; }
 std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 
-[[noreturn]] void throw_failure(const ReadFailure& f, const TensorInfo& tensor, std::span<const OpenFile> files) {
-  errc kind = f.code.category() == error_category() ? static_cast<errc>(f.code.value()) : errc::io_error;
-  throw Error(kind,
-              {.file = f.file < files.size() ? files[f.file].path : std::string{},
-               .tensor = tensor.name,
-               .offset = f.offset,
-               .os_error = f.os_error},
-              f.detail);
+/// A reader's error (file, offset, errno) with the tensor it was reading named too.
+Error with_tensor(const Error& e, const TensorInfo& tensor) {
+  ErrorContext context = e.context();
+  context.tensor = tensor.name;
+  return Error(e.kind(), std::move(context), e.detail());
 }
 
 }  // namespace
 
-CheckpointSource::CheckpointSource(Key, asio::any_io_executor executor, const SourceOptions& options)
+CheckpointSource::CheckpointSource(asio::any_io_executor executor, const SourceOptions& options)
     : executor_(std::move(executor)), options_(options) {}
 
 CheckpointSource::~CheckpointSource() {
@@ -64,7 +60,8 @@ CheckpointSource::~CheckpointSource() {
 std::unique_ptr<CheckpointSource> CheckpointSource::open(asio::any_io_executor executor,
                                                          const std::filesystem::path& path,
                                                          const SourceOptions& options) {
-  auto source = std::make_unique<CheckpointSource>(Key{}, executor, options);
+  // The constructor is private, out of std::make_unique's reach; the pointer is owned at once.
+  std::unique_ptr<CheckpointSource> source(new CheckpointSource(executor, options));
   source->catalog_ = open_catalog(path);
   const auto direct = options.reader.direct;
   std::size_t no_direct = 0;
@@ -163,11 +160,12 @@ asio::awaitable<Lease> CheckpointSource::read_chunk(const Plan& plan, std::uint6
       view = file_off - window_start;
     }
   }
-  std::error_code ec;
-  StagingBuffer buffer = co_await pool_->async_acquire(buffer_bytes, asio::redirect_error(asio::use_awaitable, ec));
-  if (ec) {
+  StagingBuffer buffer;
+  try {
+    buffer = co_await pool_->async_acquire(buffer_bytes, asio::use_awaitable);
+  } catch (const Error& e) {
     const auto& file = catalog_.file_of(t).path;
-    if (ec == errc::exceeds_budget) {
+    if (e.kind() == errc::exceeds_budget) {
       throw Error(errc::exceeds_budget, {.file = file, .tensor = t.name},
                   fmt::format("needs {} bytes of staging but the budget is {} bytes: read it with "
                               "ReadPolicy::chunked (stream) or raise the budget",
@@ -185,8 +183,11 @@ asio::awaitable<Lease> CheckpointSource::read_chunk(const Plan& plan, std::uint6
           {t.file, t.offset + it->source_offset + (b - it->dest_offset), buffer.data() + (b - offset), e - b, e - b});
     }
   }
-  auto failure = co_await reader_->async_read(std::move(segments), executor_, asio::use_awaitable);
-  if (failure) throw_failure(*failure, t, files_);
+  try {
+    co_await reader_->async_read(std::move(segments), executor_, asio::use_awaitable);
+  } catch (const Error& e) {
+    throw with_tensor(e, t);
+  }
   co_return Lease(std::move(buffer), view, length, &t, offset, plan.total);
 }
 
@@ -215,8 +216,11 @@ asio::awaitable<void> CheckpointSource::read_into(std::unique_ptr<TensorReadRequ
   for (const auto& r : plan.runs) {
     segments.push_back({t.file, t.offset + r.source_offset, destination.data() + r.dest_offset, r.length, r.length});
   }
-  auto failure = co_await reader_->async_read(std::move(segments), executor_, asio::use_awaitable);
-  if (failure) throw_failure(*failure, t, files_);
+  try {
+    co_await reader_->async_read(std::move(segments), executor_, asio::use_awaitable);
+  } catch (const Error& e) {
+    throw with_tensor(e, t);
+  }
 }
 
 std::optional<MappedView> CheckpointSource::map_resident(const TensorReadRequest& request) const {
@@ -265,8 +269,8 @@ ChunkStream::~ChunkStream() = default;
 std::uint64_t ChunkStream::total() const noexcept { return state_->plan.total; }
 std::uint64_t ChunkStream::remaining() const noexcept { return state_->plan.total - state_->position; }
 
-asio::awaitable<std::optional<Lease>> ChunkStream::next() {
-  auto& s = *state_;
+asio::awaitable<std::optional<Lease>> ChunkStream::next(CheckpointSource* source, State* state) {
+  auto& s = *state;
   if (s.position >= s.plan.total) co_return std::nullopt;
   std::uint64_t length = std::min(s.chunk, s.plan.total - s.position);
   if (s.plan.runs.size() == 1 && s.plan.alignment && length < s.plan.total - s.position) {
@@ -277,13 +281,13 @@ asio::awaitable<std::optional<Lease>> ChunkStream::next() {
     const std::uint64_t end = (file_pos + length) / s.plan.alignment * s.plan.alignment;
     if (end > file_pos) length = end - file_pos;
   }
-  Lease lease = co_await source_->read_chunk(s.plan, s.position, length);
+  Lease lease = co_await source->read_chunk(s.plan, s.position, length);
   s.position += length;
   co_return std::optional<Lease>(std::move(lease));
 }
 
-void start_open_thread(asio::any_io_executor executor, std::filesystem::path path, SourceOptions options,
-                       UniqueFunction<void(std::exception_ptr, std::unique_ptr<CheckpointSource>)> done) {
+void detail::start_open_thread(asio::any_io_executor executor, std::filesystem::path path, SourceOptions options,
+                               UniqueFunction<void(std::exception_ptr, std::unique_ptr<CheckpointSource>)> done) {
   // Header parsing is blocking file I/O: keep it off the caller's event loop.
   std::thread([ex = std::move(executor), p = std::move(path), o = std::move(options), d = std::move(done)]() mutable {
     std::unique_ptr<CheckpointSource> source;

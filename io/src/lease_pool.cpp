@@ -64,7 +64,11 @@ LeasePool::~LeasePool() {
     std::lock_guard lock(mutex_);
     waiters.swap(waiters_);
   }
-  for (auto& w : waiters) w.done(asio::error::operation_aborted, StagingBuffer{});
+  if (!waiters.empty()) {
+    auto error = std::make_exception_ptr(
+        Error(errc::cancelled, {}, "the lease pool was destroyed while an acquisition waited for staging memory"));
+    for (auto& w : waiters) w.done(error, StagingBuffer{});
+  }
   ::munmap(memory_.data(), memory_.size());
 }
 
@@ -98,17 +102,20 @@ std::optional<StagingBuffer> LeasePool::try_acquire(std::size_t bytes) {
   return std::nullopt;
 }
 
-std::uint64_t LeasePool::enqueue_or_complete(std::size_t bytes, Completion done) {
+std::uint64_t LeasePool::enqueue_or_complete(std::size_t bytes, AcquireHandler done) {
   const std::size_t block = block_size(bytes);
   if (bytes > memory_.size()) {
-    done(make_error_code(errc::exceeds_budget), StagingBuffer{});
+    done(std::make_exception_ptr(
+             Error(errc::exceeds_budget, {},
+                   fmt::format("needs {} bytes of staging but the budget is {} bytes", bytes, memory_.size()))),
+         StagingBuffer{});
     return 0;
   }
   std::unique_lock lock(mutex_);
   if (waiters_.empty()) {
     if (auto* p = allocate_locked(block)) {
       lock.unlock();
-      done(std::error_code{}, StagingBuffer(this, p, block));
+      done(nullptr, StagingBuffer(this, p, block));
       return 0;
     }
   }
@@ -118,7 +125,7 @@ std::uint64_t LeasePool::enqueue_or_complete(std::size_t bytes, Completion done)
 }
 
 void LeasePool::cancel_waiter(std::uint64_t id) {
-  Completion done;
+  AcquireHandler done;
   {
     std::lock_guard lock(mutex_);
     auto it = std::find_if(waiters_.begin(), waiters_.end(), [id](const Waiter& w) { return w.id == id; });
@@ -126,13 +133,14 @@ void LeasePool::cancel_waiter(std::uint64_t id) {
     done = std::move(it->done);
     waiters_.erase(it);
   }
-  done(asio::error::operation_aborted, StagingBuffer{});
+  done(std::make_exception_ptr(Error(errc::cancelled, {}, "waiting for staging memory was cancelled")),
+       StagingBuffer{});
   // The cancelled waiter may have been the head that blocked smaller requests behind it.
   release(nullptr, 0);
 }
 
 void LeasePool::release(std::byte* data, std::size_t size) noexcept {
-  std::vector<std::pair<Completion, StagingBuffer>> ready;
+  std::vector<std::pair<AcquireHandler, StagingBuffer>> ready;
   {
     std::lock_guard lock(mutex_);
     if (data) {
@@ -161,7 +169,7 @@ void LeasePool::release(std::byte* data, std::size_t size) noexcept {
       waiters_.pop_front();
     }
   }
-  for (auto& [done, buffer] : ready) done(std::error_code{}, std::move(buffer));
+  for (auto& [done, buffer] : ready) done(nullptr, std::move(buffer));
 }
 
 }  // namespace eredu::io

@@ -67,7 +67,7 @@ PreadReader::~PreadReader() {
 void PreadReader::read(std::vector<ReadSegment> segments, ReadCallback done) {
   std::lock_guard lock(impl_->mutex);
   if (impl_->stopping) {
-    done(ReadFailure{make_error_code(errc::cancelled), {}, 0, 0, "reader shut down"});
+    done(impl_->core.to_exception(detail::ReadFailure{make_error_code(errc::cancelled), {}, 0, 0, "reader shut down"}));
     return;
   }
   impl_->core.add(segments, std::move(done));

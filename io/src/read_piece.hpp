@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include <fmt/format.h>
@@ -16,6 +17,16 @@
 #include "eredu/io/reader.hpp"
 
 namespace eredu::io::detail {
+
+/// Why a batch of segments failed: the first failure seen. ReaderCore turns it into the
+/// eredu::Error the batch completes with (to_exception).
+struct ReadFailure {
+  std::error_code code;      ///< eredu::errc::io_error, unexpected_eof, cancelled, direct_io_unsupported
+  std::error_code os_error;  ///< errno of an io_error
+  std::uint32_t file = 0;    ///< file of the failed request
+  std::uint64_t offset = 0;  ///< absolute offset of the failed request
+  std::string detail;        ///< what went wrong, with the numbers
+};
 
 /// A batch of segments handed to Reader::read(), completed once.
 struct Batch {

@@ -117,7 +117,7 @@ void ReaderCore::complete(Batch& b) {
   auto done = std::move(b.done);
   auto failure = std::move(b.failure);
   batches_.remove_if([&b](const BatchState& s) { return &s.batch == &b; });
-  done(std::move(failure));  // posts to the handler's executor; never runs it here
+  done(failure ? to_exception(*failure) : nullptr);  // posts to the handler's executor; never runs it here
 }
 
 void ReaderCore::cancel_all() {
@@ -128,9 +128,17 @@ void ReaderCore::cancel_all() {
             ? std::move(*s.batch.failure)
             : ReadFailure{
                   make_error_code(errc::cancelled), {}, 0, 0, "the reader was destroyed before the read finished"};
-    if (s.batch.done) s.batch.done(std::move(failure));
+    if (s.batch.done) s.batch.done(to_exception(failure));
   }
   batches_.clear();
+}
+
+std::exception_ptr ReaderCore::to_exception(const ReadFailure& f) const {
+  const errc kind = f.code.category() == error_category() ? static_cast<errc>(f.code.value()) : errc::io_error;
+  return std::make_exception_ptr(Error(
+      kind,
+      {.file = f.file < files.size() ? files[f.file].path : std::string{}, .offset = f.offset, .os_error = f.os_error},
+      f.detail));
 }
 
 std::size_t ReaderCore::direct_alignment(std::uint32_t file) const noexcept {

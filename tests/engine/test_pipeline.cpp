@@ -188,8 +188,7 @@ TEST_CASE("pipeline – a fast consumer waits for a slow reader and the look-ahe
 TEST_CASE("pipeline – keep_on_host parks released units and promotes them on the next pass", "[engine][pipeline]") {
   Env env;
   cpu::Executor park{1};
-  Pipeline pipeline(*env.source, units(), make_layer, env.mc, {.lookahead = 1, .passes = 3, .keep_on_host = true},
-                    &park);
+  Pipeline pipeline(*env.source, units(), make_layer, env.mc, {.lookahead = 1, .passes = 3}, engine::KeepOnHost{park});
   std::uint64_t max_live = 0;
   auto done =
       asio::co_spawn(env.ctx, consume(pipeline, env, std::chrono::microseconds(200), &max_live), asio::use_future);

@@ -118,14 +118,13 @@ int run_load(int argc, char** argv) {
     const double t0 = now_seconds();
     std::exception_ptr failure;
     double seconds = 0;
-    engine::async_load<cpu::Backend>(*model, *source, blueprint.plan(), context,
+    engine::async_load<cpu::Backend>(*model, *source, blueprint.plan(), context, {.progress = &counters},
                                      [&](std::exception_ptr e) {
                                        seconds = now_seconds() - t0;
                                        failure = e;
                                        done = true;
                                        timer.cancel();
-                                     },
-                                     {.progress = &counters});
+                                     });
     ctx.restart();
     ctx.run();  // returns once the load has completed and the progress timer is cancelled
     bar.finish();

@@ -367,8 +367,8 @@ asio::awaitable<SwapRecord> swap_to(Server& s, const Plan& plan, std::size_t ind
       .progress = &counters};
   const Clock::time_point start = Clock::now();
   try {
-    record.report = co_await s.slot->async_swap(*plan.sources[index], *plan.plan, *plan.context, asio::use_awaitable,
-                                                std::move(options));
+    record.report = co_await s.slot->async_swap(*plan.sources[index], *plan.plan, *plan.context, std::move(options),
+                                                asio::use_awaitable);
     record.ok = true;
   } catch (const Error& e) {
     record.error_kind = errc_name(e.kind());
