@@ -17,7 +17,6 @@
 #include "eredu/engine/in_place_model_slot.hpp"
 #include "eredu/engine/model_slot.hpp"
 #include "support/checkpoint_fixture.hpp"
-#include "support/engine_calls.hpp"
 #include "support/fake_backend.hpp"
 #include "support/reference_recipe.hpp"
 #include "support/slot_module.hpp"
@@ -163,7 +162,7 @@ TEST_CASE("model slot engine – a failed swap leaves the serving version: same 
   }
   SECTION("the canary rejects the new model") {
     expected_kind = errc::canary_failed;
-    async_swap_with_options(slot, *env.source_b, env.plan, env.device, {.canary = reject}, r.handler());
+    slot.async_swap(*env.source_b, env.plan, env.device, {.canary = reject}, r.handler());
   }
   SECTION("the swap is cancelled while a realization is held") {
     FakeGate w = env.device.hold(FakeOp::materialize, "w");
@@ -215,14 +214,14 @@ TEST_CASE("model slot engine – the canary sees the new model while the old one
   std::optional<std::uint64_t> serving_during_canary;
   bool saw_new_model = false;
   Outcome<engine::SwapReport> r;
-  async_swap_with_options(slot, *env.source_b, env.plan, env.device,
-                          {.origin = "b",
-                           .canary = [&](const Model& m) -> asio::awaitable<void> {
-                             serving_during_canary = slot.generation();
-                             saw_new_model = contents(m) == expected(env.b);
-                             co_return;
-                           }},
-                          r.handler());
+  slot.async_swap(*env.source_b, env.plan, env.device,
+                  {.origin = "b",
+                   .canary = [&](const Model& m) -> asio::awaitable<void> {
+                     serving_during_canary = slot.generation();
+                     saw_new_model = contents(m) == expected(env.b);
+                     co_return;
+                   }},
+                  r.handler());
   CHECK(run_until_ready(env.ctx, r).generation == 2);
   CHECK(serving_during_canary == 1u);
   CHECK(saw_new_model);
@@ -269,8 +268,7 @@ TEST_CASE("in-place slot engine – a failure before the copy changes no byte an
     CHECK(failure_of(env.ctx, r).kind() == errc::bind_shape_mismatch);
   }
   SECTION("the canary rejects the staged model") {
-    async_swap_in_place_with_options(slot, *env.source_b, env.plan, env.device, env.background, {.canary = reject},
-                                     r.handler());
+    slot.async_swap(*env.source_b, env.plan, env.device, env.background, {.canary = reject}, r.handler());
     CHECK(failure_of(env.ctx, r).kind() == errc::canary_failed);
   }
   CHECK(env.stats().overwrites == 0);

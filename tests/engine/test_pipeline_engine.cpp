@@ -305,8 +305,8 @@ TEST_CASE("pipeline engine – keep_on_host promotes released units on the next 
   Env env;
   FakeExecutor park(env.device);
   {
-    Pipeline pipeline(*env.source, units(), make_layer, env.device, {.lookahead = 1, .passes = 2, .keep_on_host = true},
-                      &park);
+    Pipeline pipeline(*env.source, units(), make_layer, env.device, {.lookahead = 1, .passes = 2},
+                      engine::KeepOnHost<FakeExecutor>{park});
     std::vector<std::size_t> seen;
     while (Pipeline::Unit unit = env.next(pipeline)) {
       seen.push_back(unit.index());
@@ -336,8 +336,8 @@ TEST_CASE("pipeline engine – a failed transfer surfaces at that unit on the la
   FakeExecutor park(env.device);
   SECTION("promote") { env.device.fail(FakeOp::promote, "layers.3.a", errc::backend_failure); }
   SECTION("demote") { env.device.fail(FakeOp::demote, "layers.3.a", errc::out_of_memory); }
-  Pipeline pipeline(*env.source, units(), make_layer, env.device, {.lookahead = 1, .passes = 2, .keep_on_host = true},
-                    &park);
+  Pipeline pipeline(*env.source, units(), make_layer, env.device, {.lookahead = 1, .passes = 2},
+                    engine::KeepOnHost<FakeExecutor>{park});
   std::vector<std::pair<std::size_t, std::size_t>> seen;
   std::exception_ptr failure;
   for (;;) {
