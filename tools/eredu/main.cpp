@@ -23,8 +23,7 @@
 namespace {
 
 constexpr const char* description =
-    "eredu: asynchronous checkpoint loading (safetensors files and sharded directories)\n"
-    "Run 'eredu COMMAND --help' for a command's options; docs/cli.md has them all and the JSON schema.";
+    "eredu: asynchronous checkpoint loading (safetensors files and sharded directories)";
 
 // The first argument naming a subcommand, for messages before (or without) a parse.
 std::string command_in(int argc, char** argv, const std::vector<eredu::cli::Command>& commands) {
@@ -47,7 +46,9 @@ int main(int argc, char** argv) {
   bool completion = false;
   app.add_flag("--completion-bash", completion, "print a bash completion script for eredu and exit");
   app.require_subcommand(0, 1);
-  app.footer(exit_status_text);
+  app.footer(std::string("Run 'eredu COMMAND --help' for a command's options; docs/cli.md has them all and the JSON "
+                         "schema.\n\n") +
+             exit_status_text);
 
   CommonFlags flags;
   const std::vector<Command> commands = {add_inspect_command(app, flags), add_read_command(app, flags),
