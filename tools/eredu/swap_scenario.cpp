@@ -251,14 +251,22 @@ asio::awaitable<void> client(Server& s, std::uint32_t id) {
 /// verification that follows has no counter, so the display switches to it (with its
 /// elapsed time) once every byte is loaded; the canary is this command's own step, and the
 /// publication follows it at once.
+///
+/// Shared between the swap and its redraw timer: a timer handler already queued when the
+/// swap ends still runs after the swap's coroutine frame is gone, so it holds this state
+/// (timer and counters included) rather than pointing into the frame.
 struct SwapProgress {
-  Progress& bar;
-  const engine::MaterializeProgress& counters;
-  std::string context;  // "load A", "swap 1/2", "corrupt swap"
+  SwapProgress(Progress& b, std::string c, std::uint64_t t, bool v, const asio::any_io_executor& executor)
+      : bar(b), context(std::move(c)), total(t), verifies(v), timer(executor) {}
+
+  Progress& bar;                         // outlives the scenario
+  engine::MaterializeProgress counters;  // the engine's load counters
+  std::string context;                   // "load A", "swap 1/2", "corrupt swap"
   std::uint64_t total = 0;
   bool verifies = false;  // checksums will be verified after the load
   enum class Stage { read, verify, canary } stage = Stage::read;
   bool done = false;
+  asio::steady_timer timer;  // redraws every 100 ms
 
   /// Called every 100 ms while the swap runs.
   void poll() {
@@ -294,12 +302,13 @@ asio::awaitable<void> tag_canary(const Module& m, cpu::Executor& background, con
 }
 
 /// Redraws the display of `progress` every 100 ms until the swap is done.
-void watch_progress(asio::steady_timer& timer, SwapProgress& progress) {
-  timer.expires_after(std::chrono::milliseconds(100));
-  timer.async_wait([&timer, &progress](std::error_code ec) {
-    if (ec || progress.done) return;
-    progress.poll();
-    watch_progress(timer, progress);
+void watch_progress(std::shared_ptr<SwapProgress> progress) {
+  SwapProgress& p = *progress;
+  p.timer.expires_after(std::chrono::milliseconds(100));
+  p.timer.async_wait([progress = std::move(progress)](std::error_code ec) mutable {
+    if (ec || progress->done) return;
+    progress->poll();
+    watch_progress(std::move(progress));
   });
 }
 
@@ -323,22 +332,21 @@ struct Plan {
 asio::awaitable<SwapAttempt> swap_to(Server& s, const Plan& plan, std::size_t index, std::string label) {
   SwapAttempt record{plan.paths[index]};
   record.checksum_count = plan.checksums[index].size();
-  engine::MaterializeProgress counters;
-  SwapProgress progress{*plan.progress, counters, std::move(label), plan.total_bytes, !plan.checksums[index].empty()};
-  progress.bar.phase("read", plan.total_bytes, progress.context);
   auto executor = co_await asio::this_coro::executor;
-  asio::steady_timer timer(executor);
-  watch_progress(timer, progress);
+  auto progress = std::make_shared<SwapProgress>(*plan.progress, std::move(label), plan.total_bytes,
+                                                 !plan.checksums[index].empty(), executor);
+  progress->bar.phase("read", plan.total_bytes, progress->context);
+  watch_progress(progress);
   const Probe& probe = *s.probe;
   auto* tags = s.tags;
   cpu::Executor& background = *plan.background;
-  SwapProgress* shown = &progress;
+  SwapProgress* shown = progress.get();  // alive for the whole swap, which holds `progress`
   engine::SwapOptions<Module> options{
       .origin = plan.paths[index],
       .checksums = plan.checksums[index],
       .canary = [&background, &probe, tags,
                  shown](const Module& m) { return tag_canary(m, background, probe, *tags, *shown); },
-      .progress = &counters};
+      .progress = &progress->counters};
   const Clock::time_point start = Clock::now();
   try {
     record.report = co_await s.slot->async_swap(*plan.sources[index], *plan.plan, *plan.context, asio::use_awaitable,
@@ -350,9 +358,9 @@ asio::awaitable<SwapAttempt> swap_to(Server& s, const Plan& plan, std::size_t in
     record.failure = std::current_exception();
   }
   record.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  progress.done = true;
-  timer.cancel();
-  progress.bar.finish();
+  progress->done = true;
+  progress->timer.cancel();
+  progress->bar.finish();
   co_return record;
 }
 
