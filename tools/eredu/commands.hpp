@@ -16,7 +16,7 @@ using Runner = std::function<int(const CommonFlags&)>;
 /// One defined subcommand: its CLI11 app and what runs it.
 struct Command {
   CLI::App* app = nullptr;  ///< owned by the parent app
-  Runner run;               ///< called once, after a successful parse
+  Runner run{};             ///< called once, after a successful parse
 };
 
 /// A command-line error found only after parsing (an option against the checkpoint's

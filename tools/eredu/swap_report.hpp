@@ -26,19 +26,19 @@ LatencyStats latency_stats(std::vector<double> samples);
 
 /// One reporting phase: steady (between swaps) or during a swap.
 struct SwapPhase {
-  std::string name;                     ///< "before", "swap 1", "after 1", "failed swap", ...
-  std::vector<double> latencies;        ///< seconds, per response
-  std::set<std::uint64_t> generations;  ///< versions that answered in it
-  std::uint64_t mismatches = 0;         ///< responses that differ from their version's reference
+  std::string name{};                     ///< "before", "swap 1", "after 1", "failed swap", ...
+  std::vector<double> latencies{};        ///< seconds, per response
+  std::set<std::uint64_t> generations{};  ///< versions that answered in it
+  std::uint64_t mismatches = 0;           ///< responses that differ from their version's reference
 };
 
 /// What the responses and swaps of one scenario mean.
 struct SwapAnalysis {
-  std::vector<SwapPhase> phases;          ///< in order
-  LatencyStats steady;                    ///< responses between swaps
-  LatencyStats during;                    ///< responses overlapping a successful swap
-  LatencyStats failed_window;             ///< responses overlapping the failed swap
-  LatencyStats publish_pause;             ///< the publications of the successful swaps
+  std::vector<SwapPhase> phases{};        ///< in order
+  LatencyStats steady{};                  ///< responses between swaps
+  LatencyStats during{};                  ///< responses overlapping a successful swap
+  LatencyStats failed_window{};           ///< responses overlapping the failed swap
+  LatencyStats publish_pause{};           ///< the publications of the successful swaps
   std::uint64_t mismatches = 0;           ///< responses not from exactly one version
   std::uint64_t changed = 0;              ///< responses during or after the failed swap not from the serving version
   std::uint64_t failed_window_count = 0;  ///< responses during or after the failed swap

@@ -39,9 +39,7 @@ void validate_materialized_unit(const M& module, const typename MaterializedUnit
       if (error) return;
       // Every field named: this body is compiled in the code that instantiates it, whose
       // -Wextra would report the ones left out (-Wmissing-field-initializers).
-      auto context = [&] {
-        return ErrorContext{.file = {}, .parameter = metadata.id.str(), .tensor = {}, .offset = {}, .os_error = {}};
-      };
+      auto context = [&] { return ErrorContext{.parameter = metadata.id.str()}; };
       auto it = weights.find(metadata.id);
       if (it == weights.end()) {
         error = std::make_exception_ptr(

@@ -14,7 +14,7 @@ namespace eredu::engine {
 
 /// One unit of a pipeline: its name (for reports and errors) and the plan that loads it.
 struct PipelineUnit {
-  std::string name;        ///< e.g. "layers.3"; qualifies the parameters named in errors
+  std::string name{};      ///< e.g. "layers.3"; qualifies the parameters named in errors
   WeightBindingPlan plan;  ///< the unit's bindings, named as its module's slots
 };
 
@@ -68,7 +68,7 @@ struct PipelineStats {
   double load_s = 0;                      ///< total of per-unit load times (they overlap)
   /// The most recent delivered units, in delivery order (at most
   /// PrefetchOptions::timing_history of them, so an endless stream stays bounded).
-  std::deque<UnitTiming> units;
+  std::deque<UnitTiming> units{};
 };
 
 }  // namespace eredu::engine

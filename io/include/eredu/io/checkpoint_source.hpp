@@ -47,8 +47,8 @@ namespace eredu::io {
 
 /// Everything configurable about a CheckpointSource.
 struct SourceOptions {
-  LeasePoolOptions pool;  ///< staging budget (default 256 MiB)
-  ReaderOptions reader;   ///< reader kind, depth, request size, O_DIRECT policy
+  LeasePoolOptions pool{};  ///< staging budget (default 256 MiB)
+  ReaderOptions reader{};   ///< reader kind, depth, request size, O_DIRECT policy
   /// Largest chunk of a chunked read (clamped so a chunk's window fits the budget).
   std::size_t chunk_bytes = std::size_t{64} << 20;
   /// Let map_resident() hand out mappings of page-cache-resident tensors, which a backend

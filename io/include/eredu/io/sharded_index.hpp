@@ -22,9 +22,9 @@ namespace eredu::io {
 /// A parsed sharded-checkpoint index.
 struct ShardedIndex {
   /// The index's `metadata`, non-string values as their compact JSON text ("4305").
-  Metadata metadata;
+  Metadata metadata{};
   /// (tensor, shard file name) pairs of `weight_map`, in the index's order.
-  std::vector<std::pair<std::string, std::string>> weight_map;
+  std::vector<std::pair<std::string, std::string>> weight_map{};
 
   /// The distinct shard file names, sorted (the order the shards are opened in).
   std::vector<std::string> shards() const;
