@@ -11,11 +11,7 @@ bool aligned(std::uint64_t v) { return v % ReaderCore::direct_align == 0; }
 }  // namespace
 
 ReaderCore::ReaderCore(std::span<OpenFile> f, const ReaderOptions& o) : files(f), options(o) {
-  if (options.depth == 0 || options.max_request == 0 || options.max_request > (std::size_t{1} << 30)) {
-    throw Error(errc::invalid_argument, {},
-                fmt::format("depth {} and max request {} must be positive (max request <= 1 GiB)", options.depth,
-                            options.max_request));
-  }
+  validate(options);
   direct_enabled_.assign(files.size(), options.direct != DirectMode::off);
   probes_.reserve(files.size());
   for (auto& file : files) {
@@ -164,3 +160,28 @@ ReaderStats ReaderCore::stats() const {
 }
 
 }  // namespace eredu::io::detail
+
+namespace eredu::io {
+
+void validate(const ReaderOptions& o) {
+  auto bad = [](const std::string& what) { throw Error(errc::invalid_argument, {}, what); };
+  if (o.depth < 1 || o.depth > ReaderOptions::max_depth) {
+    bad(fmt::format("ReaderOptions::depth is {}; it must be 1..{}", o.depth, ReaderOptions::max_depth));
+  }
+  if (o.max_request < 1 || o.max_request > ReaderOptions::max_request_limit) {
+    bad(fmt::format("ReaderOptions::max_request is {} bytes; it must be 1..{}", o.max_request,
+                    ReaderOptions::max_request_limit));
+  }
+  if (o.kind != ReaderKind::automatic && o.kind != ReaderKind::uring && o.kind != ReaderKind::pread) {
+    bad(fmt::format("ReaderOptions::kind is {}; it must be automatic, uring or pread", static_cast<int>(o.kind)));
+  }
+  if (o.direct != DirectMode::automatic && o.direct != DirectMode::on && o.direct != DirectMode::off) {
+    bad(fmt::format("ReaderOptions::direct is {}; it must be automatic, on or off", static_cast<int>(o.direct)));
+  }
+  if (o.uring_policy != UringPolicy::by_file_system && o.uring_policy != UringPolicy::every_file) {
+    bad(fmt::format("ReaderOptions::uring_policy is {}; it must be by_file_system or every_file",
+                    static_cast<int>(o.uring_policy)));
+  }
+}
+
+}  // namespace eredu::io
