@@ -36,6 +36,7 @@ struct PreadReader::Impl {
       const std::uint64_t pos = p->offset + p->done;
       std::byte* dst = p->dest + p->done;
       const std::uint64_t len = p->length - p->done;
+      p->submitted = len;
       p->direct = core.want_direct(*p, pos, dst, len);
       const auto& f = core.files[p->file];
       const int fd = p->direct ? f.direct.get() : f.buffered.get();

@@ -35,6 +35,10 @@ void ReaderCore::add(const std::vector<ReadSegment>& segments, ReadCallback done
 
 bool ReaderCore::want_direct(const Piece& p, std::uint64_t pos, const std::byte* dst, std::uint64_t len) {
   if (!files[p.file].direct || !direct_enabled_[p.file] || p.buffered_only) return false;
+  // On FUSE, NFS and the like, O_DIRECT goes to the server for any offset and length, and
+  // keeps the kernel's page cache out: a FUSE server's short reply in page-cache mode makes
+  // the kernel cache zeros after it, which a later read would deliver as the file's bytes.
+  if (!files[p.file].file_system.uring_trusted) return true;
   if (!aligned(pos) || !aligned(reinterpret_cast<std::uintptr_t>(dst)) || !aligned(len)) return false;
   if (options.direct == DirectMode::on) return true;
   return !probes_[p.file].mostly_resident(pos, len);
@@ -52,6 +56,23 @@ void ReaderCore::on_result(Piece& p, long res) {
   {
     std::lock_guard lock(stats_mutex_);
     next = classify(p, res, files[p.file].path, failure, stats_);
+  }
+  const bool untrusted = !files[p.file].file_system.uring_trusted;
+  if (untrusted && res > 0 && next == Next::retry_buffered) next = Next::resubmit;  // stay direct (see want_direct)
+  if (untrusted && res > 0 && next == Next::resubmit && !p.direct) {
+    // A short buffered read there means the server said the file ended (FUSE page-cache
+    // mode), and the kernel may now hold zeros for what follows: never read on into them.
+    fail(b, {make_error_code(errc::unexpected_eof),
+             {},
+             p.file,
+             p.offset + p.done,
+             fmt::format("{} returned {} bytes where {} were asked at offset {}, before the end of the file: on {} "
+                         "a short buffered read means the server ended the file there, and the page cache may hold "
+                         "zeros after it (read it with O_DIRECT: direct automatic or on)",
+                         files[p.file].path, res, p.submitted, p.offset + p.done - static_cast<std::uint64_t>(res),
+                         files[p.file].file_system.describe())});
+    finish_piece(p);
+    return;
   }
   switch (next) {
     case Next::finished:
@@ -139,6 +160,8 @@ std::exception_ptr ReaderCore::to_exception(const ReadFailure& f) const {
 
 std::size_t ReaderCore::direct_alignment(std::uint32_t file) const noexcept {
   if (options.direct == DirectMode::off || file >= files.size()) return 0;
+  // Direct reads of an untrusted file system need no alignment (want_direct), so no window.
+  if (!files[file].file_system.uring_trusted) return 0;
   return files[file].direct ? direct_align : 0;
 }
 
