@@ -102,7 +102,11 @@ OpenFile open_checkpoint_file(const CheckpointFile& file, DirectMode direct, std
   f.modified_ns = nanoseconds(st.st_mtim);
   f.file_system = file_system_of(opened.fd.get(), file.path);
   f.buffered = std::move(opened.fd);
-  if (direct != DirectMode::off) {
+  // A FUSE server's short reply in page-cache mode leaves zeros in the page cache that a
+  // later buffered read or mapping delivers as the file's bytes: on a file system eredu does
+  // not trust, data is read O_DIRECT (any alignment) whatever `direct` says, where it can be.
+  const bool untrusted = !f.file_system.uring_trusted;
+  if (direct != DirectMode::off || untrusted) {
     RegularFile d = open_regular_file(file.path, O_DIRECT);
     if (d && (d.status.st_dev != st.st_dev || d.status.st_ino != st.st_ino)) {
       throw Error(errc::file_changed, {.file = file.path}, "the file was replaced while it was being opened");
@@ -111,6 +115,7 @@ OpenFile open_checkpoint_file(const CheckpointFile& file, DirectMode direct, std
       f.direct = std::move(d.fd);
     } else {
       const std::string why = d.error ? d.error.message() : std::string(d.not_regular);
+      if (direct == DirectMode::off) return f;  // only tried for an untrusted file system
       if (direct == DirectMode::on) {
         throw Error(errc::direct_io_unsupported, {.file = file.path, .os_error = d.error},
                     "cannot open with O_DIRECT and --direct on was asked");
@@ -351,6 +356,9 @@ std::optional<MappedView> CheckpointSource::map_resident(const TensorReadRequest
   }
   const TensorInfo& t = *plan.tensor;
   const OpenFile& file = files_[t.file];
+  // The page cache of an untrusted file system can hold zeros where the file has bytes
+  // (see open_checkpoint_file): its files are only read O_DIRECT, never mapped.
+  if (!file.file_system.uring_trusted) return std::nullopt;
   std::optional<MappedView> mapped;
   try {
     mapped.emplace(file.buffered.get(), t.offset + plan.runs.front().source_offset, plan.total, file.path, t.name,

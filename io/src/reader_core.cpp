@@ -13,6 +13,10 @@ bool aligned(std::uint64_t v) { return v % ReaderCore::direct_align == 0; }
 ReaderCore::ReaderCore(std::span<OpenFile> f, const ReaderOptions& o) : files(f), options(o) {
   validate(options);
   direct_enabled_.assign(files.size(), options.direct != DirectMode::off);
+  // Files on untrusted file systems are read O_DIRECT whatever the mode (see want_direct).
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    if (!files[i].file_system.uring_trusted && files[i].direct) direct_enabled_[i] = true;
+  }
   probes_.reserve(files.size());
   for (auto& file : files) {
     // Only `automatic` asks the page cache; the mapping costs address space, nothing else.
@@ -159,9 +163,9 @@ std::exception_ptr ReaderCore::to_exception(const ReadFailure& f) const {
 }
 
 std::size_t ReaderCore::direct_alignment(std::uint32_t file) const noexcept {
-  if (options.direct == DirectMode::off || file >= files.size()) return 0;
   // Direct reads of an untrusted file system need no alignment (want_direct), so no window.
-  if (!files[file].file_system.uring_trusted) return 0;
+  if (file >= files.size() || !files[file].file_system.uring_trusted) return 0;
+  if (options.direct == DirectMode::off) return 0;
   return files[file].direct ? direct_align : 0;
 }
 
