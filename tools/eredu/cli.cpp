@@ -90,6 +90,14 @@ std::string error_document(std::string_view command, std::exception_ptr error) {
   return json.take();
 }
 
+std::string interrupted_document(std::string_view command, std::string_view message) {
+  JsonWriter json;
+  begin_document(json, command);
+  error_object(json, "interrupted", message, nullptr);
+  json.end_object();
+  return json.take();
+}
+
 std::string usage_error_document(std::string_view command, std::string_view message) {
   JsonWriter json;
   begin_document(json, command);

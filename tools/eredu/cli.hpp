@@ -36,6 +36,9 @@ void print_document(JsonWriter& json);
 /// eredu::Error, "usage" for a command-line error, "failure" for anything else.
 std::string error_document(std::string_view command, std::exception_ptr error);
 
+/// The same for a command ended by SIGINT or SIGTERM: kind "interrupted".
+std::string interrupted_document(std::string_view command, std::string_view message);
+
 /// The same for a usage error, whose message CLI11 composed.
 std::string usage_error_document(std::string_view command, std::string_view message);
 

@@ -1,6 +1,7 @@
 // `eredu load PATH`: every tensor of a checkpoint into CPU tensors through the engine.
 #include <tbb/global_control.h>
 
+#include <asio/bind_cancellation_slot.hpp>
 #include <asio/io_context.hpp>
 #include <asio/steady_timer.hpp>
 #include <chrono>
@@ -17,6 +18,7 @@
 #include "eredu/cpu/catalog_module.hpp"
 #include "eredu/cpu/convert.hpp"
 #include "eredu/engine/load.hpp"
+#include "interrupt.hpp"
 #include "progress.hpp"
 
 namespace eredu::cli {
@@ -30,6 +32,7 @@ struct LoadOptions {
   std::uint64_t budget = std::uint64_t{256} << 20;
   unsigned repeat = 1;
   std::string reader = "auto";
+  std::string uring_files = "local";
   // A load has every tensor in flight at once: deeper and larger requests keep both cores
   // copying (recycled 4 GiB loads: 11-13.5 GB/s at depth 8 / 8 MiB, 10.6-11.6 at 4 / 4 MiB).
   unsigned depth = 8;
@@ -76,6 +79,7 @@ int run_load(const LoadOptions& o, const CommonFlags& flags) {
   opts.reader.kind = o.reader == "uring"   ? io::ReaderKind::uring
                      : o.reader == "pread" ? io::ReaderKind::pread
                                            : io::ReaderKind::automatic;
+  opts.reader.uring_policy = o.uring_files == "all" ? io::UringPolicy::every_file : io::UringPolicy::by_file_system;
   opts.chunk_bytes = o.chunk;
   if (o.kernels == "generic") cpu::use_convert_isa(cpu::ConvertIsa::generic);
 
@@ -92,7 +96,10 @@ int run_load(const LoadOptions& o, const CommonFlags& flags) {
   Progress bar(!flags.quiet);
   bar.phase("open");
   asio::io_context ctx(1);
+  Interrupt interrupt(ctx);
+  interrupt.doing(fmt::format("opening {}", o.path));
   auto source = io::CheckpointSource::open(ctx.get_executor(), o.path, opts);
+  interrupt.check();
   const auto& catalog = source->catalog();
   const cpu::CatalogModule blueprint = cpu::CatalogModule::mirror(catalog, cast_to);
   const std::uint64_t source_bytes = catalog.total_bytes();
@@ -118,16 +125,19 @@ int run_load(const LoadOptions& o, const CommonFlags& flags) {
     std::exception_ptr failure;
     double seconds = 0;
     // The one asynchronous engine call of this command.
+    interrupt.doing(fmt::format("loading {} (load {} of {}); the module was left unbound", o.path, r + 1, o.repeat));
     engine::async_load<cpu::Backend>(*model, *source, blueprint.plan(), context, {.progress = &counters},
-                                     [&](std::exception_ptr e) {
+                                     asio::bind_cancellation_slot(interrupt.slot(), [&](std::exception_ptr e) {
                                        seconds = now_seconds() - t0;
                                        failure = e;
                                        done = true;
                                        timer.cancel();
-                                     });
+                                       interrupt.disarm();
+                                     }));
+    interrupt.arm();
     ctx.restart();
     ctx.run();  // returns once the load has completed and the progress timer is cancelled
-    if (failure) std::rethrow_exception(failure);
+    interrupt.rethrow(failure);
     runs.push_back({seconds, recycled});
   }
   bar.finish();
@@ -183,6 +193,9 @@ Command add_load_command(CLI::App& app, CommonFlags& flags) {
   add_integer(*cmd, "--repeat", o->repeat, 1u, 1000u, "load this many times, each reusing the previous load's storage");
   add_choice(*cmd, "--reader", o->reader, {"auto", "uring", "pread"},
              "reader: io_uring, pread, or auto (io_uring where the kernel allows it)");
+  add_choice(*cmd, "--uring-files", o->uring_files, {"local", "all"},
+             "files io_uring may read: local (ext4, xfs, btrfs, tmpfs, overlayfs...; FUSE, NFS, SMB, 9p, ceph and "
+             "unknown file systems are read with pread, where io_uring can hide a failed read) or all");
   add_integer(*cmd, "--depth", o->depth, 1u, 256u, "read requests in flight");
   add_bytes(*cmd, "--request", o->request, 4096, std::uint64_t{1} << 30, "largest single read request");
   add_choice(*cmd, "--kernels", o->kernels, {"best", "generic"},

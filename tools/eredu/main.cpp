@@ -17,6 +17,7 @@
 #include "commands.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/core/log.hpp"
+#include "interrupt.hpp"
 #include "options.hpp"
 #include "version.hpp"
 
@@ -94,6 +95,10 @@ int main(int argc, char** argv) {
     return chosen->run(flags);
   } catch (const UsageError& e) {
     return usage_error(e.what());
+  } catch (const Interrupted& e) {
+    if (json) std::puts(interrupted_document(name, e.what()).c_str());
+    fmt::print(stderr, "{}: {}\n", who, e.what());
+    return e.exit_code();
   } catch (...) {
     const std::exception_ptr error = std::current_exception();
     if (json) std::puts(error_document(name, error).c_str());

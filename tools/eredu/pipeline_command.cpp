@@ -6,6 +6,7 @@
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
+#include <asio/bind_cancellation_slot.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <asio/use_awaitable.hpp>
@@ -30,6 +31,7 @@
 #include "eredu/engine/parameter_id.hpp"
 #include "eredu/engine/prefetch_pipeline.hpp"
 #include "eredu/io/checkpoint_source.hpp"
+#include "interrupt.hpp"
 #include "progress.hpp"
 
 namespace eredu::cli {
@@ -223,7 +225,10 @@ int run_pipeline(const PipelineCommandOptions& o, const CommonFlags& flags) {
   Progress bar(!flags.quiet);
   bar.phase("open");
   asio::io_context ctx(1);
+  Interrupt interrupt(ctx);
+  interrupt.doing(fmt::format("opening {}", o.path));
   auto source = io::CheckpointSource::open(ctx.get_executor(), o.path, opts);
+  interrupt.check();
   Grouping g = group_layers(source->catalog());
   if (g.units.empty())
     throw Error(errc::invalid_argument, {.file = o.path},
@@ -240,11 +245,17 @@ int run_pipeline(const PipelineCommandOptions& o, const CommonFlags& flags) {
   const std::uint64_t total_bytes = pass_bytes * o.passes;
   bar.phase("read", total_bytes, o.passes > 1 ? fmt::format("pipeline ×{}", o.passes) : std::string("pipeline"));
   Consumed consumed;
-  std::future<void> done =
-      asio::co_spawn(ctx, consume(pipeline, compute, o.compute == "matvec", bar, g.bytes, consumed), asio::use_future);
+  interrupt.doing(fmt::format("streaming {} through the pipeline", o.path));
+  std::exception_ptr failure;  // a unit's load error, its parameter named after the unit
+  asio::co_spawn(ctx, consume(pipeline, compute, o.compute == "matvec", bar, g.bytes, consumed),
+                 asio::bind_cancellation_slot(interrupt.slot(), [&](std::exception_ptr e) {
+                   failure = e;
+                   interrupt.disarm();
+                 }));
+  interrupt.arm();
   ctx.run();
   bar.finish();
-  done.get();  // rethrows a unit's load error, its parameter named after the unit
+  interrupt.rethrow(failure);
 
   const engine::PipelineStats stats = pipeline.stats();
   double compute_total = 0;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <asio/bind_cancellation_slot.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <asio/use_awaitable.hpp>
@@ -18,6 +19,7 @@
 #include "commands.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/io/checkpoint_source.hpp"
+#include "interrupt.hpp"
 #include "progress.hpp"
 
 namespace eredu::cli {
@@ -27,6 +29,7 @@ namespace {
 struct ReadOptions {
   std::string path;
   std::string reader = "auto";
+  std::string uring_files = "local";
   std::uint64_t budget = std::uint64_t{256} << 20;
   unsigned depth = 4;
   std::uint64_t request = std::uint64_t{4} << 20;
@@ -113,6 +116,7 @@ int run_read(const ReadOptions& o, const CommonFlags& flags) {
   opts.reader.kind = o.reader == "uring"   ? io::ReaderKind::uring
                      : o.reader == "pread" ? io::ReaderKind::pread
                                            : io::ReaderKind::automatic;
+  opts.reader.uring_policy = o.uring_files == "all" ? io::UringPolicy::every_file : io::UringPolicy::by_file_system;
   opts.reader.direct = o.direct == "on"    ? io::DirectMode::on
                        : o.direct == "off" ? io::DirectMode::off
                                            : io::DirectMode::automatic;
@@ -124,9 +128,12 @@ int run_read(const ReadOptions& o, const CommonFlags& flags) {
 
   Progress progress(!flags.quiet);
   asio::io_context ctx(1);
+  Interrupt interrupt(ctx);
+  interrupt.doing(fmt::format("opening {}", o.path));
   progress.phase("open");
   const double t_setup = now_seconds();
   auto source = io::CheckpointSource::open(ctx.get_executor(), o.path, opts);
+  interrupt.check();
   const double setup_s = now_seconds() - t_setup;
   const auto& catalog = source->catalog();
 
@@ -139,14 +146,19 @@ int run_read(const ReadOptions& o, const CommonFlags& flags) {
   st.progress = &progress;
   progress.phase("read", catalog.total_bytes());
   const double t0 = now_seconds();
+  interrupt.doing(fmt::format("reading {}", o.path));
+  unsigned running = o.concurrency;
   for (unsigned w = 0; w < o.concurrency; ++w) {
-    asio::co_spawn(ctx, read_worker(&st), [&st](std::exception_ptr e) {
-      if (e && !st.failure) st.failure = e;
-    });
+    asio::co_spawn(ctx, read_worker(&st),
+                   asio::bind_cancellation_slot(interrupt.slot(), [&st, &running, &interrupt](std::exception_ptr e) {
+                     if (e && !st.failure) st.failure = e;
+                     if (--running == 0) interrupt.disarm();
+                   }));
   }
+  interrupt.arm();
   ctx.run();
   const double read_s = now_seconds() - t0;
-  if (st.failure) std::rethrow_exception(st.failure);
+  interrupt.rethrow(st.failure);
 
   std::size_t mismatches = 0;
   double verify_s = 0;
@@ -220,6 +232,9 @@ Command add_read_command(CLI::App& app, CommonFlags& flags) {
   add_path(*cmd, "PATH", o->path, "a .safetensors file, a sharded directory, or its model.safetensors.index.json");
   add_choice(*cmd, "--reader", o->reader, {"auto", "uring", "pread"},
              "reader: io_uring, pread, or auto (io_uring where the kernel allows it)");
+  add_choice(*cmd, "--uring-files", o->uring_files, {"local", "all"},
+             "files io_uring may read: local (ext4, xfs, btrfs, tmpfs, overlayfs...; FUSE, NFS, SMB, 9p, ceph and "
+             "unknown file systems are read with pread, where io_uring can hide a failed read) or all");
   add_bytes(*cmd, "--budget", o->budget, 4096, std::uint64_t{1} << 40, "staging memory of the lease pool");
   add_integer(*cmd, "--depth", o->depth, 1u, 256u, "read requests in flight");
   add_bytes(*cmd, "--request", o->request, 4096, std::uint64_t{1} << 30, "largest single read request");

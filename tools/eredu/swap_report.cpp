@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include <fmt/format.h>
 
@@ -54,10 +55,20 @@ SwapAnalysis analyze_swap(const SwapScenarioOptions& o, const SwapScenarioResult
   std::vector<double> steady, during, failed_window;
   const std::uint64_t final_generation = 1 + successful;
   const auto failed_epoch = static_cast<std::uint32_t>(2 * successful + 1);
+  // Which checkpoint each published generation holds: generation 1 is A (the first load),
+  // and each later one whatever the swap that published it loaded. Not parity: a rejected
+  // swap publishes no generation, so after one, parity would blame every later response.
+  std::map<std::uint64_t, std::size_t> reference_of{{1, 0}};
+  for (const SwapAttempt& s : r.attempts) {
+    if (!s.ok) continue;
+    const auto at = std::find(r.paths.begin(), r.paths.end(), s.target);
+    const auto index = static_cast<std::size_t>(at - r.paths.begin());
+    if (index < r.references.size()) reference_of[s.report.generation] = index;
+  }
   for (const SwapResponse& x : r.responses) {
-    // A version's generation says which checkpoint it must be: odd A, even B.
-    const VersionReference& want = r.references[(x.generation % 2 == 1) ? 0 : 1];
-    const bool ok = x.tag == want.tag && x.output == want.outputs[x.input];
+    const auto found = reference_of.find(x.generation);
+    const VersionReference* want = found == reference_of.end() ? nullptr : &r.references[found->second];
+    const bool ok = want && x.tag == want->tag && x.input < want->outputs.size() && x.output == want->outputs[x.input];
     // A request that overlapped a swap belongs to that swap's phase.
     std::size_t index = x.epoch_start;
     if (x.epoch_end != x.epoch_start && index % 2 == 0) ++index;

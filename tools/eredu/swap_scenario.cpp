@@ -9,6 +9,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <asio/bind_cancellation_slot.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <asio/post.hpp>
@@ -37,6 +38,7 @@
 #include "eredu/cpu/float_formats.hpp"
 #include "eredu/io/checksums.hpp"
 #include "eredu/io/sha256.hpp"
+#include "interrupt.hpp"
 
 namespace eredu::cli {
 namespace {
@@ -454,6 +456,8 @@ SwapScenarioResult run_swap_scenario(const SwapScenarioOptions& o, Progress& pro
   cpu::MaterializationContext context{background, storage};
 
   asio::io_context ctx(1);
+  Interrupt interrupt(ctx);
+  interrupt.doing("opening the checkpoints");
   SwapScenarioResult result;
   result.paths = {o.a, o.b};
   std::vector<std::string>& paths = result.paths;
@@ -504,6 +508,7 @@ SwapScenarioResult run_swap_scenario(const SwapScenarioOptions& o, Progress& pro
     io::Checksums sums = checksums[1];
     if (o.verify != "off") sums.add(probe.tensor, io::sha256_hex(original));
     checksums.push_back(std::move(sums));
+    interrupt.check();  // the copy took a while: a signal during it ends the run here
   }
   for (const io::Checksums& c : checksums) result.checksum_counts.push_back(c.size());
 
@@ -536,15 +541,21 @@ SwapScenarioResult run_swap_scenario(const SwapScenarioOptions& o, Progress& pro
   plan.total_bytes = blueprint.bytes();
 
   std::exception_ptr failure;
-  asio::co_spawn(ctx, drive(server, plan), [&](std::exception_ptr e, std::vector<SwapAttempt> r) {
-    failure = e;
-    result.attempts = std::move(r);
-  });
+  interrupt.check();
+  interrupt.doing("serving while swapping; the serving version was left as it was");
+  interrupt.on_signal([&server] { server.stop = true; });  // the clients stop too
+  asio::co_spawn(ctx, drive(server, plan),
+                 asio::bind_cancellation_slot(interrupt.slot(), [&](std::exception_ptr e, std::vector<SwapAttempt> r) {
+                   failure = e;
+                   result.attempts = std::move(r);
+                   interrupt.disarm();
+                 }));
+  interrupt.arm();
   const double t_run = now_seconds();
   ctx.run();
   result.run_seconds = now_seconds() - t_run;
   progress.finish();
-  if (failure) std::rethrow_exception(failure);
+  interrupt.rethrow(failure);
 
   result.tensor_count = a.size();
   result.bytes = blueprint.bytes();

@@ -10,6 +10,7 @@
 /// Shards are plain file names in the index's directory, each a complete checkpoint file.
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -35,7 +36,9 @@ struct ShardedIndex {
 /// listed twice, or a shard name that is not a plain file name (absolute, `..`, `/`).
 ShardedIndex parse_sharded_index(std::string_view text, const std::string& path);
 
-/// Reads and parses the index file at `path`; io_error when it cannot be read.
-ShardedIndex read_sharded_index(const std::string& path);
+/// Reads and parses the index file at `path`: io_error when it cannot be read,
+/// unknown_format when it is not a regular file (never blocks on a FIFO), outside_root when
+/// `confine_to` is not empty and the index's real location is outside it.
+ShardedIndex read_sharded_index(const std::string& path, const std::filesystem::path& confine_to = {});
 
 }  // namespace eredu::io

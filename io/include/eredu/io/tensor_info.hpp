@@ -21,6 +21,8 @@ struct CheckpointFile {
   std::uint64_t size = 0;         ///< file size in bytes when the header was parsed
   std::uint64_t data_offset = 0;  ///< absolute offset of the data region
   Metadata metadata{};            ///< the file's own metadata
+  std::uint64_t device = 0;       ///< st_dev when the header was parsed (to spot a replaced file)
+  std::uint64_t inode = 0;        ///< st_ino when the header was parsed
 };
 
 /// Where one tensor's bytes are and how to interpret them.
