@@ -50,6 +50,7 @@ struct Piece {
   unsigned requeues = 0;            ///< EAGAIN / EINTR results in a row
   std::uint64_t request_limit = 0;  ///< longest next read (0: none); see ReaderCore's page-cache guard
   unsigned cache_retries = 0;       ///< guarded reads in a row that delivered nothing trusted
+  std::uint64_t issued_ns = 0;      ///< when the read in flight was issued, while tracing (trace::now_ns)
 };
 
 /// EAGAIN or EINTR results in a row after which a piece fails: a blocking read does not

@@ -80,10 +80,11 @@ class ReaderCore {
   /// fails its batch after max_cache_retries in a row.
   void on_cache_suspect(Piece& p, bool cached);
 
-  /// Counts one request issued.
-  void count_request(bool direct, bool fixed_buffer);
   /// Counts one direct read whose result was (in part) not trusted by the page-cache guard.
   void count_cache_redo();
+  /// Counts one request issued for `p` (its `direct` already decided) and, while tracing,
+  /// stamps its issue time.
+  void count_request(Piece& p, bool fixed_buffer);
   /// Counts one system call.
   void count_syscall();
   /// A copy of the counters.
