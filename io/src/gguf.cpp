@@ -334,7 +334,10 @@ class Parser {
                                 i, name.size(), max_name_bytes - 1));
       }
       if (name.find('\0') != std::string::npos) {
-        throw Error(errc::invalid_tensor_name, ctx(),
+        // Named with the NUL spelled out: a message is a C string.
+        std::string shown;
+        for (char c : name) shown += c == '\0' ? std::string("\\0") : std::string(1, c);
+        throw Error(errc::invalid_tensor_name, {.file = path_, .tensor = shown, .offset = at},
                     fmt::format("tensor {}'s name holds a NUL byte at {}; ggml would silently cut it there", i,
                                 name.find('\0')));
       }
