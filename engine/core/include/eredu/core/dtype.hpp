@@ -1,7 +1,7 @@
 #pragma once
 /// \file
-/// Element types of checkpoint tensors: the 22 safetensors types, named exactly as safetensors
-/// spells them, and ggml's quantized block types as GGUF stores them.
+/// Element types of checkpoint tensors (C++17: the CUDA kernels include it): the 22 safetensors types, named exactly as
+/// safetensors spells them, and ggml's quantized block types as GGUF stores them.
 ///
 /// Every dtype is stored in blocks (dtype_block): `elements` values packed in `bytes` bytes.
 /// A plain element type is a block of one element; the sub-byte floats pack 2 (F4) or 4 (F6)
@@ -79,7 +79,10 @@ inline constexpr std::size_t safetensors_dtype_count = 22;
 struct DTypeBlock {
   std::uint32_t elements = 1;  ///< values per block
   std::uint32_t bytes = 1;     ///< bytes per block
-  friend constexpr bool operator==(const DTypeBlock&, const DTypeBlock&) = default;
+  /// Same elements and bytes (spelled out: nvcc compiles this header as C++17).
+  friend constexpr bool operator==(const DTypeBlock& a, const DTypeBlock& b) noexcept {
+    return a.elements == b.elements && a.bytes == b.bytes;
+  }
 };
 
 /// True for ggml's quantized block types (Q4_0 ... MXFP4): neither an element type nor a
@@ -184,6 +187,9 @@ constexpr DTypeBlock dtype_block(DType t) noexcept {
       return {1, dtype_bits(t) / 8};
   }
 }
+
+/// The largest dtype_block(t).bytes of any dtype (Q8_K's 292).
+inline constexpr std::size_t max_dtype_block_bytes = 292;
 
 /// The name of `t`: the safetensors name ("BF16", "F8_E4M3") or ggml's type name in upper
 /// case ("Q4_K", "IQ2_XXS", "MXFP4").

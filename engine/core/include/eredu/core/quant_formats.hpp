@@ -113,12 +113,18 @@ EREDU_HOST_DEVICE inline float e8m0_half(std::uint8_t x) noexcept {
   return from_bits(x < 2 ? (0x0020'0000u << x) : (static_cast<std::uint32_t>(x - 1) << 23));
 }
 
-/// ggml's IQ4_NL codebook (also IQ4_XS's).
-inline constexpr std::int8_t iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                                 1,    13,   25,  38,  53,  69,  89,  113};
+/// ggml's IQ4_NL codebook (also IQ4_XS's): entry `i` (0-15). A function, not a table, so
+/// device code can use it without a device copy.
+EREDU_HOST_DEVICE constexpr int iq4nl_value(unsigned i) noexcept {
+  constexpr std::int8_t values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+  return values[i & 15];
+}
 
-/// ggml's MXFP4 values: the E2M1 values doubled (hence the halved E8M0 scale).
-inline constexpr std::int8_t mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+/// ggml's MXFP4 values, entry `i` (0-15): the E2M1 values doubled (hence the halved E8M0 scale).
+EREDU_HOST_DEVICE constexpr int mxfp4_value(unsigned i) noexcept {
+  constexpr std::int8_t values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+  return values[i & 15];
+}
 
 /// ggml's IQ1 grid offset (IQ1S_DELTA, IQ1M_DELTA).
 inline constexpr float iq1_delta = 0.125f;
@@ -241,8 +247,8 @@ EREDU_HOST_DEVICE inline void dequantize_q8_0(const std::uint8_t* b, float* y) n
 EREDU_HOST_DEVICE inline void dequantize_mxfp4(const std::uint8_t* b, float* y) noexcept {
   const float d = e8m0_half(b[0]);
   for (int j = 0; j < 16; ++j) {
-    y[j] = mul(static_cast<float>(mxfp4_values[b[1 + j] & 0x0F]), d);
-    y[j + 16] = mul(static_cast<float>(mxfp4_values[b[1 + j] >> 4]), d);
+    y[j] = mul(static_cast<float>(mxfp4_value(b[1 + j] & 0x0F)), d);
+    y[j + 16] = mul(static_cast<float>(mxfp4_value(b[1 + j] >> 4)), d);
   }
 }
 
@@ -531,8 +537,8 @@ EREDU_HOST_DEVICE inline void dequantize_iq1_m(const std::uint8_t* b, float* y, 
 EREDU_HOST_DEVICE inline void dequantize_iq4_nl(const std::uint8_t* b, float* y) noexcept {
   const float d = half_at(b);
   for (int j = 0; j < 16; ++j) {
-    y[j] = mul(d, static_cast<float>(iq4nl_values[b[2 + j] & 0xf]));
-    y[j + 16] = mul(d, static_cast<float>(iq4nl_values[b[2 + j] >> 4]));
+    y[j] = mul(d, static_cast<float>(iq4nl_value(b[2 + j] & 0xf)));
+    y[j + 16] = mul(d, static_cast<float>(iq4nl_value(b[2 + j] >> 4)));
   }
 }
 
@@ -546,8 +552,8 @@ EREDU_HOST_DEVICE inline void dequantize_iq4_xs(const std::uint8_t* b, float* y)
     const int ls = static_cast<int>(((scales_l[ib / 2] >> (4 * (ib % 2))) & 0xf) | (((scales_h >> (2 * ib)) & 3) << 4));
     const float dl = mul(d, static_cast<float>(ls - 32));
     for (int j = 0; j < 16; ++j) {
-      y[j] = mul(dl, static_cast<float>(iq4nl_values[qs[j] & 0xf]));
-      y[j + 16] = mul(dl, static_cast<float>(iq4nl_values[qs[j] >> 4]));
+      y[j] = mul(dl, static_cast<float>(iq4nl_value(qs[j] & 0xf)));
+      y[j + 16] = mul(dl, static_cast<float>(iq4nl_value(qs[j] >> 4)));
     }
     y += 32;
     qs += 16;
