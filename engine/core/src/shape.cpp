@@ -14,6 +14,14 @@ std::optional<std::uint64_t> checked_element_count(const Shape& shape) noexcept 
 }
 
 std::optional<std::uint64_t> checked_byte_size(std::uint64_t elements, DType t) noexcept {
+  if (!dtype_is_quantized(t)) {
+    // Counted in bits, as the safetensors reference counts them: a size whose bit count
+    // overflows 64 bits is refused even when its byte count would fit.
+    std::uint64_t bits = 0;
+    if (__builtin_mul_overflow(elements, std::uint64_t{dtype_bits(t)}, &bits)) return std::nullopt;
+    if (bits % 8 != 0) return std::nullopt;
+    return bits / 8;
+  }
   const DTypeBlock block = dtype_block(t);
   if (elements % block.elements != 0) return std::nullopt;
   std::uint64_t bytes = 0;

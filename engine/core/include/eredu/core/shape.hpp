@@ -17,9 +17,9 @@ using Shape = std::vector<std::uint64_t>;
 /// Product of the dimensions, folded left to right; nullopt if it overflows u64.
 std::optional<std::uint64_t> checked_element_count(const Shape& shape) noexcept;
 
-/// Bytes that `elements` values of `t` occupy; nullopt on overflow or when they are not a
-/// whole number of the dtype's blocks (odd F4 counts, F6 counts not a multiple of 4, a Q4_K
-/// count not a multiple of 256).
+/// Bytes that `elements` values of `t` occupy; nullopt on overflow (of the bit count, for
+/// element types, as safetensors counts) or when they are not a whole number of the dtype's
+/// blocks (odd F4 counts, F6 counts not a multiple of 4, a Q4_K count not a multiple of 256).
 std::optional<std::uint64_t> checked_byte_size(std::uint64_t elements, DType t) noexcept;
 
 /// Empty when a tensor of `shape` can store quantized dtype `t`: rank at least 1 and a last
