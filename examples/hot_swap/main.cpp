@@ -174,9 +174,9 @@ asio::awaitable<void> serve(Server& s, std::uint64_t n) {
 
 /// One attempted swap.
 struct SwapResult {
-  std::string target;
-  std::optional<engine::SwapReport> report;  // empty: rejected
-  std::string error;
+  std::string target{};
+  std::optional<engine::SwapReport> report{};  // empty: rejected
+  std::string error{};
 };
 
 /// The user's code, in one place: swap the slot to `source`, checking `sums` and the canary.
@@ -189,7 +189,7 @@ asio::awaitable<SwapResult> swap_to(Server& s, io::CheckpointSource& source, std
       .checksums = io::Checksums::discover(origin, source.catalog()),  // the sidecar's digests
       .canary = [&background, &s](const Model& m) { return canary(m, background, s); }};
   try {
-    result.report = co_await s.slot->async_swap(source, plan, context, asio::use_awaitable, std::move(options));
+    result.report = co_await s.slot->async_swap(source, plan, context, std::move(options), asio::use_awaitable);
   } catch (const Error& e) {  // typed: checksum_mismatch, canary_failed, unexpected_eof, ...
     result.error = e.what();
   }

@@ -25,9 +25,14 @@ void prefault(std::span<std::byte> region) {
     std::size_t begin = t * per;
     if (begin >= region.size()) break;
     std::size_t end = std::min(region.size(), begin + per);
-    workers.emplace_back([p = region.data(), begin, end] {
+    auto touch = [p = region.data(), begin, end] {
       for (std::size_t i = begin; i < end; i += 4096) p[i] = std::byte{0};
-    });
+    };
+    try {
+      workers.emplace_back(touch);
+    } catch (const std::system_error&) {
+      touch();  // no thread to spare (a small ulimit -v): touch this part here
+    }
   }
   for (auto& w : workers) w.join();
 }
@@ -42,10 +47,16 @@ void StagingBuffer::reset() noexcept {
   }
 }
 
-LeasePool::LeasePool(asio::any_io_executor executor, LeasePoolOptions options) : executor_(std::move(executor)) {
-  if (options.budget == 0) {
-    throw Error(errc::invalid_argument, {}, "the lease pool budget must be at least one byte");
+void validate(const LeasePoolOptions& options) {
+  if (options.budget < 1 || options.budget > LeasePool::max_budget) {
+    throw Error(errc::invalid_argument, {},
+                fmt::format("LeasePoolOptions::budget is {} bytes; the lease pool budget must be 1..{} bytes",
+                            options.budget, LeasePool::max_budget));
   }
+}
+
+LeasePool::LeasePool(asio::any_io_executor executor, LeasePoolOptions options) : executor_(std::move(executor)) {
+  validate(options);
   const std::size_t size = block_size(options.budget);
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {
@@ -64,7 +75,11 @@ LeasePool::~LeasePool() {
     std::lock_guard lock(mutex_);
     waiters.swap(waiters_);
   }
-  for (auto& w : waiters) w.done(asio::error::operation_aborted, StagingBuffer{});
+  if (!waiters.empty()) {
+    auto error = std::make_exception_ptr(
+        Error(errc::cancelled, {}, "the lease pool was destroyed while an acquisition waited for staging memory"));
+    for (auto& w : waiters) w.done(error, StagingBuffer{});
+  }
   ::munmap(memory_.data(), memory_.size());
 }
 
@@ -98,17 +113,20 @@ std::optional<StagingBuffer> LeasePool::try_acquire(std::size_t bytes) {
   return std::nullopt;
 }
 
-std::uint64_t LeasePool::enqueue_or_complete(std::size_t bytes, Completion done) {
+std::uint64_t LeasePool::enqueue_or_complete(std::size_t bytes, AcquireHandler done) {
   const std::size_t block = block_size(bytes);
   if (bytes > memory_.size()) {
-    done(make_error_code(errc::exceeds_budget), StagingBuffer{});
+    done(std::make_exception_ptr(
+             Error(errc::exceeds_budget, {},
+                   fmt::format("needs {} bytes of staging but the budget is {} bytes", bytes, memory_.size()))),
+         StagingBuffer{});
     return 0;
   }
   std::unique_lock lock(mutex_);
   if (waiters_.empty()) {
     if (auto* p = allocate_locked(block)) {
       lock.unlock();
-      done(std::error_code{}, StagingBuffer(this, p, block));
+      done(nullptr, StagingBuffer(this, p, block));
       return 0;
     }
   }
@@ -118,7 +136,7 @@ std::uint64_t LeasePool::enqueue_or_complete(std::size_t bytes, Completion done)
 }
 
 void LeasePool::cancel_waiter(std::uint64_t id) {
-  Completion done;
+  AcquireHandler done;
   {
     std::lock_guard lock(mutex_);
     auto it = std::find_if(waiters_.begin(), waiters_.end(), [id](const Waiter& w) { return w.id == id; });
@@ -126,13 +144,14 @@ void LeasePool::cancel_waiter(std::uint64_t id) {
     done = std::move(it->done);
     waiters_.erase(it);
   }
-  done(asio::error::operation_aborted, StagingBuffer{});
+  done(std::make_exception_ptr(Error(errc::cancelled, {}, "waiting for staging memory was cancelled")),
+       StagingBuffer{});
   // The cancelled waiter may have been the head that blocked smaller requests behind it.
   release(nullptr, 0);
 }
 
 void LeasePool::release(std::byte* data, std::size_t size) noexcept {
-  std::vector<std::pair<Completion, StagingBuffer>> ready;
+  std::vector<std::pair<AcquireHandler, StagingBuffer>> ready;
   {
     std::lock_guard lock(mutex_);
     if (data) {
@@ -161,7 +180,7 @@ void LeasePool::release(std::byte* data, std::size_t size) noexcept {
       waiters_.pop_front();
     }
   }
-  for (auto& [done, buffer] : ready) done(std::error_code{}, std::move(buffer));
+  for (auto& [done, buffer] : ready) done(nullptr, std::move(buffer));
 }
 
 }  // namespace eredu::io

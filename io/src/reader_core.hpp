@@ -6,6 +6,7 @@
 // strand, the pread reader's mutex); only stats() may be called from anywhere.
 
 #include <deque>
+#include <exception>
 #include <list>
 #include <mutex>
 #include <span>
@@ -46,6 +47,9 @@ class ReaderCore {
   /// Completes every unfinished batch (with its failure, or cancelled) and drops all
   /// pieces. Only when nothing is in flight any more.
   void cancel_all();
+  /// The eredu::Error a batch failing with `failure` completes with: its kind, the file's
+  /// path, the offset, the errno and the detail.
+  std::exception_ptr to_exception(const ReadFailure& failure) const;
   /// Direct-read alignment of `file`, 0 when it is read buffered only.
   std::size_t direct_alignment(std::uint32_t file) const noexcept;
 

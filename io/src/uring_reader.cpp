@@ -118,7 +118,7 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
 
   void start(std::vector<ReadSegment> segments, ReadCallback done) {
     if (closed) {
-      done(ReadFailure{make_error_code(errc::cancelled), {}, 0, 0, "reader shut down"});
+      done(core.to_exception(detail::ReadFailure{make_error_code(errc::cancelled), {}, 0, 0, "reader shut down"}));
       return;
     }
     core.add(segments, std::move(done));

@@ -120,7 +120,7 @@ struct Env {
   }
 
   engine::SwapReport swap(io::CheckpointSource& source, engine::SwapOptions<TinyModel> options = {}) {
-    auto f = slot.async_swap(source, plan, mc, asio::use_future, std::move(options));
+    auto f = slot.async_swap(source, plan, mc, std::move(options), asio::use_future);
     return get(f);
   }
 
@@ -131,7 +131,7 @@ struct Env {
     REQUIRE(before);
     const std::string tag = before->model.tag();
     try {
-      auto f = slot.async_swap(source, other_plan ? *other_plan : plan, mc, asio::use_future, std::move(options));
+      auto f = slot.async_swap(source, other_plan ? *other_plan : plan, mc, std::move(options), asio::use_future);
       get(f);
       FAIL("the swap succeeded");
     } catch (const Error& e) {
@@ -179,7 +179,7 @@ TEST_CASE("model slot – every failed swap leaves the serving version untouched
   }
   SECTION("the checkpoint is truncated after it was opened") {
     std::filesystem::resize_file(env.b.path, env.source_b->catalog().at("n").offset + 10);
-    env.expect_rejected(*env.source_b, errc::unexpected_eof);
+    env.expect_rejected(*env.source_b, errc::file_changed);
   }
   SECTION("a tensor the plan needs is missing") {
     WeightBindingPlan missing({WeightBinding::tensor("w", "nope", Selection::all(), 64 * 48 * 4)});
@@ -308,7 +308,7 @@ using InPlace = engine::InPlaceModelSlot<cpu::Backend, TinyModel>;
 /// Runs an in-place swap to completion (rethrows its failure).
 engine::SwapReport swap_in_place(Env& env, InPlace& slot, io::CheckpointSource& source, const WeightBindingPlan& plan,
                                  engine::SwapOptions<TinyModel> options = {}) {
-  auto f = slot.async_swap(source, plan, env.mc, env.background, asio::use_future, std::move(options));
+  auto f = slot.async_swap(source, plan, env.mc, env.background, std::move(options), asio::use_future);
   return env.get(f);
 }
 

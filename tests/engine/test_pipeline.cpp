@@ -188,8 +188,7 @@ TEST_CASE("pipeline – a fast consumer waits for a slow reader and the look-ahe
 TEST_CASE("pipeline – keep_on_host parks released units and promotes them on the next pass", "[engine][pipeline]") {
   Env env;
   cpu::Executor park{1};
-  Pipeline pipeline(*env.source, units(), make_layer, env.mc, {.lookahead = 1, .passes = 3, .keep_on_host = true},
-                    &park);
+  Pipeline pipeline(*env.source, units(), make_layer, env.mc, {.lookahead = 1, .passes = 3}, engine::KeepOnHost{park});
   std::uint64_t max_live = 0;
   auto done =
       asio::co_spawn(env.ctx, consume(pipeline, env, std::chrono::microseconds(200), &max_live), asio::use_future);
@@ -360,4 +359,30 @@ TEST_CASE("pipeline – one consumer: a second concurrent async_next is refused,
   REQUIRE(stats.units.size() == 4);  // only the most recent timings are kept
   CHECK(stats.units.back().index == kUnits - 1);
   CHECK(stats.units.back().pass == 1);
+}
+
+TEST_CASE("pipeline – options out of range are invalid_argument naming the option and its range",
+          "[engine][pipeline][options]") {
+  Env env;
+  struct Case {
+    engine::PrefetchOptions options;
+    const char* says;
+  };
+  const Case cases[] = {
+      {{.lookahead = 0}, "PrefetchOptions::lookahead is 0; it must be 1..4096"},
+      {{.lookahead = SIZE_MAX}, "PrefetchOptions::lookahead"},
+      {{.concurrent_loads = 0}, "PrefetchOptions::concurrent_loads is 0"},
+      {{.concurrent_loads = 100000}, "PrefetchOptions::concurrent_loads is 100000; it must be 1..256"},
+      {{.timing_history = SIZE_MAX}, "PrefetchOptions::timing_history"},
+  };
+  for (const Case& c : cases) {
+    try {
+      Pipeline pipeline(*env.source, units(), make_layer, env.mc, c.options);
+      FAIL("accepted");
+    } catch (const Error& e) {
+      CHECK(e.kind() == errc::invalid_argument);
+      CHECK_THAT(e.what(), Catch::Contains(c.says));
+    }
+  }
+  CHECK(env.source->pool().in_use() == 0);
 }

@@ -161,7 +161,7 @@ TEST_CASE("checksums – a read error while a chunk is being hashed is reported,
   sums.add("a", f.digest(0));
   asio::thread_pool hashers(1);
   auto op = [](CheckpointSource& s, Checksums c, asio::any_io_executor h) -> asio::awaitable<std::uint64_t> {
-    co_return co_await async_verify_checksums(s, std::move(c), asio::use_awaitable, h);
+    co_return co_await async_verify_checksums(s, std::move(c), h, asio::use_awaitable);
   };
   CHECK(kind_of([&] { test::run_on(ctx, op(*source, sums, hashers.get_executor())); }) == errc::io_error);
   CHECK(source->pool().in_use() == 0);

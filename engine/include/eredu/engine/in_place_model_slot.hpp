@@ -23,7 +23,8 @@
 /// A failure in 1-3 (or a cancellation) leaves the serving weights untouched and reports a
 /// typed error. The copy in 4 is a bounded memcpy of validated sizes; if a backend ever
 /// fails it, the slot does not serve a mix of versions: every later read fails with that
-/// error (backend_failure) until a swap succeeds.
+/// error (backend_failure) until a swap succeeds. The gate is detail/in_place_gate.hpp;
+/// step 3 is shared with ModelSlot (detail/swap_steps.hpp).
 ///
 /// Trade-off against the double-buffered ModelSlot (see docs/hot_swap.md): the same peak
 /// memory on a CPU (serving model + staged set), but the serving model's addresses never
@@ -40,12 +41,10 @@
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <utility>
@@ -58,11 +57,12 @@
 #include "eredu/core/detail/spawn_operation.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/engine/bind.hpp"
+#include "eredu/engine/detail/in_place_gate.hpp"
+#include "eredu/engine/detail/materialize_unit.hpp"
+#include "eredu/engine/detail/swap_steps.hpp"
 #include "eredu/engine/engine_error.hpp"
 #include "eredu/engine/in_place_backend.hpp"
-#include "eredu/engine/materialize.hpp"
-#include "eredu/engine/model_slot.hpp"
-#include "eredu/io/checksums.hpp"
+#include "eredu/engine/swap_options.hpp"
 
 namespace eredu::engine {
 
@@ -71,7 +71,11 @@ namespace eredu::engine {
 template <ParameterBackend B, class Model>
 requires Parameterized<Model, typename B::Parameter> && InPlaceBackend<B>
 class InPlaceModelSlot {
-  struct Gate;
+ public:
+  class Reader;
+
+ private:
+  using Gate = detail::InPlaceGate<Model, Reader>;
 
  public:
   /// Makes an empty model with every slot declared and nothing bound.
@@ -105,8 +109,7 @@ class InPlaceModelSlot {
     }
 
    private:
-    friend class InPlaceModelSlot;
-    friend struct Gate;
+    friend Gate;
     Reader(std::shared_ptr<Gate> gate, std::uint64_t generation) : gate_(std::move(gate)), generation_(generation) {}
     std::shared_ptr<Gate> gate_;
     std::uint64_t generation_ = 0;
@@ -118,113 +121,71 @@ class InPlaceModelSlot {
   InPlaceModelSlot(const InPlaceModelSlot&) = delete;
   InPlaceModelSlot& operator=(const InPlaceModelSlot&) = delete;
 
-  /// Read access, at once unless a swap is copying. Completion signature:
-  /// void(std::exception_ptr, Reader); the error is a torn slot's (see file comment).
-  template <class Token>
+  /// Read access, at once unless a swap is copying.
+  ///
+  /// @par Completion Signature
+  /// `void(std::exception_ptr, Reader)`; the error is a torn slot's (see file comment). The
+  /// handler runs on its associated executor (asio::system_executor if it has none), never
+  /// inline.
+  ///
+  /// @par Per-Operation Cancellation
+  /// none: a read waits at most for one copy.
+  ///
+  /// The slot must outlive the Reader, not the operation.
+  template <asio::completion_token_for<void(std::exception_ptr, Reader)> Token>
   auto async_read(Token&& token) {
     return asio::async_initiate<Token, void(std::exception_ptr, Reader)>(
-        [gate = gate_](auto handler) {
+        [](auto handler, std::shared_ptr<Gate> gate) {
           auto deliver = eredu::detail::deliver_on_handler_executor<std::exception_ptr, Reader>(
               std::move(handler), asio::system_executor());
           Gate::enter(gate, std::move(deliver));
         },
-        token);
+        token, gate_);
   }
 
   /// Read access now, or nullopt while a swap is copying (for callers that cannot wait).
   /// Throws a torn slot's error.
-  std::optional<Reader> try_read() {
-    std::lock_guard lock(gate_->mutex);
-    if (gate_->torn) std::rethrow_exception(gate_->torn);
-    if (gate_->writing) return std::nullopt;
-    ++gate_->readers;
-    return Reader(gate_, gate_->generation);
-  }
+  std::optional<Reader> try_read() { return Gate::try_enter(gate_); }
 
   /// Generation of the serving weights.
-  std::uint64_t generation() const {
-    std::lock_guard lock(gate_->mutex);
-    return gate_->generation;
-  }
+  std::uint64_t generation() const { return Gate::current_generation(gate_); }
 
-  /// Loads `plan` from `source` and copies it into the serving model (see file comment).
-  /// `executor` runs the copy. Completion signature: void(std::exception_ptr, SwapReport);
-  /// publish_pause is how long new readers were held back (drain + copy), readers_drained
-  /// the part spent waiting for requests in flight. `source`, `context` and `executor` must
-  /// outlive the operation.
-  template <class Token>
+  /// Loads `plan` from `source` and copies it into the serving model (see file comment);
+  /// `executor` runs the copy.
+  ///
+  /// @par Completion Signature
+  /// `void(std::exception_ptr, SwapReport)`; publish_pause is how long new readers were held
+  /// back (drain + copy), readers_drained the part spent waiting for requests in flight.
+  /// Errors: the load's, a validation's (missing_binding, bind_shape_mismatch, ...),
+  /// invalid_argument for different aliasing, checksum_mismatch, canary_failed,
+  /// swap_in_progress, cancelled; all of them leave the serving weights untouched. A failed
+  /// copy (backend_failure) tears the slot.
+  ///
+  /// @par Per-Operation Cancellation
+  /// terminal, up to the copy: the swap stops after its current step and fails with
+  /// errc::cancelled. Once the gate is closed the swap runs to its end.
+  ///
+  /// `source`, `context`, `executor` and `options.progress` must outlive the operation; the
+  /// plan is copied, and so is the canary.
+  template <asio::completion_token_for<void(std::exception_ptr, SwapReport)> Token>
   auto async_swap(io::CheckpointSource& source, const WeightBindingPlan& plan,
-                  typename B::MaterializationContext& context, typename B::Executor& executor, Token&& token,
-                  SwapOptions<Model> options = {}) {
+                  typename B::MaterializationContext& context, typename B::Executor& executor,
+                  SwapOptions<Model> options, Token&& token) {
     return eredu::detail::spawn_operation(
         source.get_executor(),
         swap(source, std::make_shared<const WeightBindingPlan>(plan), context, executor, std::move(options)),
         std::forward<Token>(token));
   }
 
+  /// async_swap with default options.
+  template <asio::completion_token_for<void(std::exception_ptr, SwapReport)> Token>
+  auto async_swap(io::CheckpointSource& source, const WeightBindingPlan& plan,
+                  typename B::MaterializationContext& context, typename B::Executor& executor, Token&& token) {
+    return async_swap(source, plan, context, executor, SwapOptions<Model>{}, std::forward<Token>(token));
+  }
+
  private:
-  using Clock = std::chrono::steady_clock;
-  using Deliver = UniqueFunction<void(std::exception_ptr, Reader)>;
   using Aliases = std::set<std::pair<ParameterId, ParameterId>>;
-
-  /// The serving model and the reader/writer gate around it.
-  struct Gate {
-    explicit Gate(Model m) : model(std::move(m)) {}
-    Model model;
-    std::mutex mutex;
-    std::size_t readers = 0;
-    bool writing = false;  // a swap is draining readers or copying
-    std::uint64_t generation = 0;
-    std::exception_ptr torn;                  // a failed copy: reads fail until a swap succeeds
-    std::vector<Deliver> waiting;             // reads that arrived while writing
-    std::optional<CompletionSource> drained;  // completed when the last reader leaves
-
-    static void enter(const std::shared_ptr<Gate>& g, Deliver deliver) {
-      std::unique_lock lock(g->mutex);
-      if (g->torn) {
-        std::exception_ptr e = g->torn;
-        lock.unlock();
-        deliver(e, Reader());
-      } else if (g->writing) {
-        g->waiting.push_back(std::move(deliver));
-      } else {
-        ++g->readers;
-        const std::uint64_t generation = g->generation;
-        lock.unlock();
-        deliver(nullptr, Reader(g, generation));
-      }
-    }
-
-    static void leave(const std::shared_ptr<Gate>& g) {
-      std::optional<CompletionSource> last;
-      {
-        std::lock_guard lock(g->mutex);
-        if (--g->readers == 0 && g->drained) {
-          last = std::move(g->drained);
-          g->drained.reset();
-        }
-      }
-      if (last) last->complete();
-    }
-
-    /// Reopens the gate and admits the reads that waited.
-    static void open(const std::shared_ptr<Gate>& g) {
-      std::vector<Deliver> admitted;
-      std::exception_ptr torn;
-      std::uint64_t generation = 0;
-      {
-        std::lock_guard lock(g->mutex);
-        g->writing = false;
-        admitted.swap(g->waiting);
-        torn = g->torn;
-        generation = g->generation;
-        if (!torn) g->readers += admitted.size();
-      }
-      for (Deliver& d : admitted) torn ? d(torn, Reader()) : d(nullptr, Reader(g, generation));
-    }
-  };
-
-  static double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
   static Aliases aliases_of(const WeightBindingPlan& plan) {
     Aliases out;
@@ -235,78 +196,42 @@ class InPlaceModelSlot {
   asio::awaitable<SwapReport> swap(io::CheckpointSource& source, std::shared_ptr<const WeightBindingPlan> plan,
                                    typename B::MaterializationContext& context, typename B::Executor& executor,
                                    SwapOptions<Model> options) {
-    if (swapping_.exchange(true, std::memory_order_acq_rel))
-      throw OrchestrationError(errc::swap_in_progress, {}, "another swap of this slot is still running");
-    struct Done {
-      std::atomic<bool>& flag;
-      ~Done() { flag.store(false, std::memory_order_release); }
-    } done{swapping_};
+    detail::SwapClaim claim(swapping_, options.origin);
     co_await asio::this_coro::throw_if_cancelled(false);
     asio::cancellation_state cancel_state = co_await asio::this_coro::cancellation_state;
     const std::uint64_t serving = generation();
-    auto check_cancelled = [&](const char* step) {
-      if (cancel_state.cancelled() != asio::cancellation_type::none)
-        throw Error(errc::cancelled, {},
-                    fmt::format("the in-place swap was cancelled {}; version {} keeps serving", step, serving));
-    };
+    const detail::SwapCancellation cancellation(cancel_state, "in-place swap", serving);
     if (serving > 0 && aliases_of(*plan) != aliases_)
       throw OrchestrationError(errc::invalid_argument, {},
                                "an in-place swap needs the serving version's aliasing (the same tied weights)");
 
     // 1. Stage the complete new set.
     SwapReport report;
-    Clock::time_point t = Clock::now();
-    MaterializedUnit<B> unit =
-        co_await detail::materialize_unit<B>(source, plan, context, MaterializeOptions{.progress = options.progress});
-    report.load_s = seconds_since(t);
-    for (const InferredWeight& w : plan->check(source.catalog())) report.bytes += w.bytes;
+    const detail::SwapClock::time_point t = detail::SwapClock::now();
+    MaterializeOptions materialize{.progress = options.progress};
+    MaterializedUnit<B> unit = co_await detail::materialize_unit<B>(source, plan, context, materialize);
+    report.load_s = detail::seconds_since(t);
+    report.bytes = detail::plan_bytes(*plan, source.catalog());
 
     // 2. Validate against the serving model's declarations (which never change).
     validate_materialized_unit<B>(gate_->model, unit.weights());
-    check_cancelled("after the load");
+    cancellation.check("after the load");
 
     // 3. Checksums, then the canary on a staged model sharing the staging weights.
-    if (!options.checksums.empty()) {
-      t = Clock::now();
-      report.verified_bytes = co_await io::async_verify_checksums(source, options.checksums, asio::use_awaitable);
-      report.verify_s = seconds_since(t);
-    }
+    if (!options.checksums.empty()) co_await detail::verify_checksums_step(source, options.checksums, report);
     if (options.canary) {
-      t = Clock::now();
       Model staged = make_model_();
       typename MaterializedUnit<B>::Weights shared;
       for (auto& [id, weight] : unit.weights()) shared.emplace(id, B::share_materialized_weight(weight));
       bind_materialized_unit<B>(staged, MaterializedUnit<B>(std::move(shared)));
-      std::exception_ptr rejected;
-      try {
-        co_await options.canary(std::as_const(staged));
-      } catch (const std::exception& e) {
-        rejected = std::make_exception_ptr(OrchestrationError(
-            errc::canary_failed, {},
-            fmt::format("the canary rejected the new version ({}); version {} keeps serving", e.what(), serving)));
-      } catch (...) {
-        rejected = std::make_exception_ptr(
-            OrchestrationError(errc::canary_failed, {},
-                               fmt::format("the canary rejected the new version; version {} keeps serving", serving)));
-      }
-      if (rejected) std::rethrow_exception(rejected);
-      report.canary_s = seconds_since(t);
+      co_await detail::canary_step<Model>(options.canary, std::as_const(staged), serving, report);
     }
-    check_cancelled("before the copy");
+    cancellation.check("before the copy");
 
     // 4. Close the gate, drain the requests in flight, copy, reopen.
-    const Clock::time_point closed = Clock::now();
-    Completion drained;
-    {
-      std::lock_guard lock(gate_->mutex);
-      gate_->writing = true;
-      if (gate_->readers > 0) {
-        gate_->drained.emplace();
-        drained = gate_->drained->completion();
-      }
-    }
-    if (drained.valid()) co_await drained.async_wait(asio::use_awaitable);
-    report.readers_drained = Clock::now() - closed;
+    const detail::SwapClock::time_point closed = detail::SwapClock::now();
+    co_await Gate::close_and_drain(gate_);
+    report.readers_drained = detail::SwapClock::now() - closed;
 
     std::exception_ptr copy_error;
     if (serving == 0) {
@@ -320,22 +245,16 @@ class InPlaceModelSlot {
         copy_error = std::current_exception();
       }
     }
-    {
-      std::lock_guard lock(gate_->mutex);
-      if (copy_error) {
-        gate_->torn = std::make_exception_ptr(BackendError(
-            errc::backend_failure, {},
-            fmt::format("an in-place swap failed during its final copy, so the weights are neither version {} nor "
-                        "the new one; reads fail until a swap succeeds",
-                        serving)));
-      } else {
-        gate_->torn = nullptr;
-        ++gate_->generation;
-      }
-    }
-    report.publish_pause = Clock::now() - closed;
+    std::exception_ptr torn;
+    if (copy_error)
+      torn = std::make_exception_ptr(BackendError(
+          errc::backend_failure, {},
+          fmt::format("an in-place swap failed during its final copy, so the weights are neither version {} nor "
+                      "the new one; reads fail until a swap succeeds",
+                      serving)));
+    report.publish_pause = detail::SwapClock::now() - closed;
     report.generation = serving + 1;
-    Gate::open(gate_);
+    Gate::open(gate_, std::move(torn));
     if (copy_error) std::rethrow_exception(copy_error);
     co_return report;
   }

@@ -6,41 +6,48 @@
 ///   co_await engine::async_load<cpu::Backend>(layer3, *source, plan, context, asio::use_awaitable);
 /// \endcode
 /// On any failure the module is left exactly as it was and every lease is back in the pool.
+/// The coroutine is detail::load_unit (detail/load_unit.hpp).
 
-#include <asio/awaitable.hpp>
-#include <asio/co_spawn.hpp>
-#include <asio/use_awaitable.hpp>
+#include <asio/async_result.hpp>
+#include <exception>
 #include <memory>
+#include <utility>
 
 #include "eredu/core/detail/spawn_operation.hpp"
 #include "eredu/engine/bind.hpp"
+#include "eredu/engine/detail/load_unit.hpp"
 #include "eredu/engine/materialize.hpp"
 
 namespace eredu::engine {
 
-namespace detail {
-
-/// The coroutine behind async_load.
-template <ParameterBackend B, class M>
-asio::awaitable<void> load_unit(M& module, io::CheckpointSource& source, std::shared_ptr<const WeightBindingPlan> plan,
-                                typename B::MaterializationContext& context, MaterializeOptions options) {
-  MaterializedUnit<B> unit = co_await materialize_unit<B>(source, std::move(plan), context, options);
-  bind_materialized_unit<B>(module, std::move(unit));
-}
-
-}  // namespace detail
-
 /// Materializes `plan` from `source` on backend B and binds the result into `module`.
-/// Completion signature: void(std::exception_ptr). `module`, `source` and `context` must
-/// outlive the operation. Errors: those of async_materialize and bind_materialized_unit.
-template <ParameterBackend B, class M, class Token>
+///
+/// @par Completion Signature
+/// `void(std::exception_ptr)`. Errors: those of async_materialize and
+/// bind_materialized_unit; in every case `module` is unchanged.
+///
+/// @par Per-Operation Cancellation
+/// terminal, as async_materialize: nothing is bound, and the operation fails with
+/// errc::cancelled.
+///
+/// `module`, `source`, `context` and `options.progress` must outlive the operation; the plan
+/// is copied.
+template <ParameterBackend B, class M, asio::completion_token_for<void(std::exception_ptr)> Token>
 requires Parameterized<M, typename B::Parameter>
 auto async_load(M& module, io::CheckpointSource& source, const WeightBindingPlan& plan,
-                typename B::MaterializationContext& context, Token&& token, MaterializeOptions options = {}) {
+                typename B::MaterializationContext& context, MaterializeOptions options, Token&& token) {
   return eredu::detail::spawn_operation(
       source.get_executor(),
       detail::load_unit<B>(module, source, std::make_shared<const WeightBindingPlan>(plan), context, options),
       std::forward<Token>(token));
+}
+
+/// async_load with default options.
+template <ParameterBackend B, class M, asio::completion_token_for<void(std::exception_ptr)> Token>
+requires Parameterized<M, typename B::Parameter>
+auto async_load(M& module, io::CheckpointSource& source, const WeightBindingPlan& plan,
+                typename B::MaterializationContext& context, Token&& token) {
+  return async_load<B>(module, source, plan, context, MaterializeOptions{}, std::forward<Token>(token));
 }
 
 }  // namespace eredu::engine

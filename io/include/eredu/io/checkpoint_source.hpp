@@ -25,7 +25,6 @@
 #include <asio/any_io_executor.hpp>
 #include <asio/async_result.hpp>
 #include <asio/awaitable.hpp>
-#include <asio/co_spawn.hpp>
 #include <exception>
 #include <filesystem>
 #include <memory>
@@ -33,6 +32,9 @@
 #include <span>
 #include <vector>
 
+#include "eredu/core/detail/handler_delivery.hpp"
+#include "eredu/core/detail/spawn_operation.hpp"
+#include "eredu/core/unique_function.hpp"
 #include "eredu/io/catalog.hpp"
 #include "eredu/io/lease.hpp"
 #include "eredu/io/lease_pool.hpp"
@@ -45,15 +47,22 @@ namespace eredu::io {
 
 /// Everything configurable about a CheckpointSource.
 struct SourceOptions {
-  LeasePoolOptions pool;  ///< staging budget (default 256 MiB)
-  ReaderOptions reader;   ///< reader kind, depth, request size, O_DIRECT policy
+  LeasePoolOptions pool{};  ///< staging budget (default 256 MiB)
+  ReaderOptions reader{};   ///< reader kind, depth, request size, O_DIRECT policy
   /// Largest chunk of a chunked read (clamped so a chunk's window fits the budget).
   std::size_t chunk_bytes = std::size_t{64} << 20;
   /// Let map_resident() hand out mappings of page-cache-resident tensors, which a backend
   /// converts with no staging copy. While reader.faults is set it does so only if the
   /// injector allows it, so tests that inject read errors keep exercising the readers.
   bool map_resident = true;
+  /// When not empty, every checkpoint file must resolve (symbolic links followed) inside
+  /// this directory (CatalogOptions::confine_to); else errc::outside_root.
+  std::filesystem::path confine_to{};
 };
+
+/// Throws eredu::Error(invalid_argument) naming the first option of `options` out of its
+/// accepted range (the pool's, the reader's, chunk_bytes >= 1). CheckpointSource::open calls it.
+void validate(const SourceOptions& options);
 
 class ChunkStream;
 
@@ -61,8 +70,12 @@ class ChunkStream;
 class CheckpointSource {
  public:
   /// Opens the checkpoint at `path` (file, directory or index) and its files, creates the
-  /// pool and the reader (io_uring, or pread where io_uring is unavailable, with a log
-  /// line). Blocking; throws eredu::Error. Prefer async_open_checkpoint on an event loop.
+  /// pool and the reader: io_uring for files on local file systems, pread for files on
+  /// FUSE, NFS, SMB and other file systems where io_uring can hide a failed read
+  /// (ReaderOptions::uring_policy), pread everywhere when io_uring is unavailable; one log
+  /// line per file says which reader it got and why. Blocking; throws eredu::Error
+  /// (invalid_argument for options out of range, see validate()). Prefer
+  /// async_open_checkpoint on an event loop.
   static std::unique_ptr<CheckpointSource> open(asio::any_io_executor executor, const std::filesystem::path& path,
                                                 const SourceOptions& options = {});
   ~CheckpointSource();
@@ -81,26 +94,43 @@ class CheckpointSource {
   /// The options the source was opened with.
   const SourceOptions& options() const noexcept { return options_; }
 
-  /// Reads the request's bytes into one lease.
+  /// Reads the request's bytes into one lease; waits while the pool is full.
   ///
-  /// Completion signature: void(std::exception_ptr, Lease). Errors: tensor_not_found,
-  /// invalid_selection, exceeds_budget (the selection is larger than the pool: use
-  /// stream()), io_error, unexpected_eof, direct_io_unsupported, cancelled. Waits while
-  /// the pool is full.
-  template <class Token>
+  /// @par Completion Signature
+  /// `void(std::exception_ptr, Lease)`. Errors: tensor_not_found, invalid_selection,
+  /// exceeds_budget (the selection is larger than the pool: use stream()), io_error,
+  /// unexpected_eof, file_changed, direct_io_unsupported, cancelled — each an eredu::Error
+  /// naming file, tensor and offset.
+  ///
+  /// @par Per-Operation Cancellation
+  /// terminal: a wait for staging memory ends at once; a read already in flight completes
+  /// first (the kernel writes into the lease's memory). Then the operation fails with
+  /// errc::cancelled.
+  ///
+  /// The request is copied; the source must outlive the operation and the lease.
+  template <asio::completion_token_for<void(std::exception_ptr, Lease)> Token>
   auto async_read(const TensorReadRequest& request, Token&& token) {
-    return asio::co_spawn(executor_, read_lease(std::make_unique<TensorReadRequest>(request)),
-                          std::forward<Token>(token));
+    return eredu::detail::spawn_operation(executor_, read_lease(std::make_unique<TensorReadRequest>(request)),
+                                          std::forward<Token>(token));
   }
 
   /// Reads the request's bytes straight into `destination` (exactly the selected size),
   /// bypassing the pool: for callers that own the final memory (one copy from the page
   /// cache, or none with O_DIRECT when everything is page-aligned).
-  /// Completion signature: void(std::exception_ptr).
-  template <class Token>
+  ///
+  /// @par Completion Signature
+  /// `void(std::exception_ptr)`. Errors: those of async_read but exceeds_budget, and
+  /// invalid_argument when `destination` is not the selection's size.
+  ///
+  /// @par Per-Operation Cancellation
+  /// terminal, checked before the read starts: a read in flight runs to its end.
+  ///
+  /// The request is copied; the source and the memory of `destination` must outlive the
+  /// operation.
+  template <asio::completion_token_for<void(std::exception_ptr)> Token>
   auto async_read_into(const TensorReadRequest& request, std::span<std::byte> destination, Token&& token) {
-    return asio::co_spawn(executor_, read_into(std::make_unique<TensorReadRequest>(request), destination),
-                          std::forward<Token>(token));
+    return eredu::detail::spawn_operation(
+        executor_, read_into(std::make_unique<TensorReadRequest>(request), destination), std::forward<Token>(token));
   }
 
   /// A stream of bounded chunk leases covering the request, in order; for tensors larger
@@ -120,19 +150,19 @@ class CheckpointSource {
  private:
   friend class ChunkStream;
   struct Plan;
-  struct Key {
-    explicit Key() = default;
-  };
-
- public:
-  /// Use open(); the key keeps construction inside the class.
-  CheckpointSource(Key, asio::any_io_executor executor, const SourceOptions& options);
-
- private:
+  // Only open() constructs (and then fills the catalog, files, pool and reader).
+  CheckpointSource(asio::any_io_executor executor, const SourceOptions& options);
   Plan make_plan(const TensorReadRequest& request) const;
   asio::awaitable<Lease> read_lease(std::unique_ptr<TensorReadRequest> request);
   asio::awaitable<void> read_into(std::unique_ptr<TensorReadRequest> request, std::span<std::byte> destination);
   asio::awaitable<Lease> read_chunk(const Plan& plan, std::uint64_t offset, std::uint64_t length);
+  // The reader for `files` under `options` (marks each file's read_with_pread), logging
+  // one line per file.
+  static std::unique_ptr<Reader> make_reader(const asio::any_io_executor& executor, std::span<OpenFile> files,
+                                             std::span<std::byte> pool_memory, const ReaderOptions& options);
+  // Fails with file_changed when the tensor's file changed size or modification time since
+  // open: bytes just read may then not be the file's.
+  void check_unchanged(const TensorInfo& tensor) const;
 
   asio::any_io_executor executor_;
   SourceOptions options_;
@@ -156,25 +186,52 @@ class ChunkStream {
   std::uint64_t remaining() const noexcept;
 
   /// The next chunk, or an empty optional after the last one.
-  /// Completion signature: void(std::exception_ptr, std::optional<Lease>).
-  template <class Token>
+  ///
+  /// @par Completion Signature
+  /// `void(std::exception_ptr, std::optional<Lease>)`. Errors: those of
+  /// CheckpointSource::async_read but exceeds_budget.
+  ///
+  /// @par Per-Operation Cancellation
+  /// terminal, as CheckpointSource::async_read; the stream stays at the chunk it was at.
+  ///
+  /// The stream's state (the stream, or the stream it was moved into) and its source must
+  /// outlive the operation; one async_next at a time.
+  template <asio::completion_token_for<void(std::exception_ptr, std::optional<Lease>)> Token>
   auto async_next(Token&& token) {
-    return asio::co_spawn(source_->executor_, next(), std::forward<Token>(token));
+    return eredu::detail::spawn_operation(source_->executor_, next(source_, state_.get()), std::forward<Token>(token));
   }
 
  private:
   friend class CheckpointSource;
   struct State;
   ChunkStream(CheckpointSource* source, std::unique_ptr<State> state);
-  asio::awaitable<std::optional<Lease>> next();
+  // Takes the state, not the stream: the state stays put when the stream is moved, so a
+  // deferred async_next may be launched after a move.
+  static asio::awaitable<std::optional<Lease>> next(CheckpointSource* source, State* state);
   CheckpointSource* source_;
   std::unique_ptr<State> state_;
 };
 
+namespace detail {
+/// Implementation of async_open_checkpoint: opens on a short-lived thread.
+void start_open_thread(asio::any_io_executor executor, std::filesystem::path path, SourceOptions options,
+                       UniqueFunction<void(std::exception_ptr, std::unique_ptr<CheckpointSource>)> done);
+
+}  // namespace detail
+
 /// Opens a checkpoint without blocking the caller's event loop: headers are parsed on a
-/// helper thread. Completion signature:
-/// void(std::exception_ptr, std::unique_ptr<CheckpointSource>).
-template <class Token>
+/// helper thread.
+///
+/// @par Completion Signature
+/// `void(std::exception_ptr, std::unique_ptr<CheckpointSource>)`. Errors: those of
+/// CheckpointSource::open.
+///
+/// @par Per-Operation Cancellation
+/// none: parsing runs to its end.
+///
+/// Every argument is taken by value: nothing needs to outlive the operation but the
+/// executor's context.
+template <asio::completion_token_for<void(std::exception_ptr, std::unique_ptr<CheckpointSource>)> Token>
 auto async_open_checkpoint(asio::any_io_executor executor, std::filesystem::path path, SourceOptions options,
                            Token&& token) {
   using Sig = void(std::exception_ptr, std::unique_ptr<CheckpointSource>);
@@ -182,13 +239,15 @@ auto async_open_checkpoint(asio::any_io_executor executor, std::filesystem::path
       [](auto handler, asio::any_io_executor ex, std::filesystem::path p, SourceOptions o) {
         auto done = eredu::detail::deliver_on_handler_executor<std::exception_ptr, std::unique_ptr<CheckpointSource>>(
             std::move(handler), ex);
-        start_open_thread(std::move(ex), std::move(p), std::move(o), std::move(done));
+        detail::start_open_thread(std::move(ex), std::move(p), std::move(o), std::move(done));
       },
       token, std::move(executor), std::move(path), std::move(options));
 }
 
-/// Implementation of async_open_checkpoint: opens on a short-lived thread.
-void start_open_thread(asio::any_io_executor executor, std::filesystem::path path, SourceOptions options,
-                       UniqueFunction<void(std::exception_ptr, std::unique_ptr<CheckpointSource>)> done);
+/// async_open_checkpoint with default options.
+template <asio::completion_token_for<void(std::exception_ptr, std::unique_ptr<CheckpointSource>)> Token>
+auto async_open_checkpoint(asio::any_io_executor executor, std::filesystem::path path, Token&& token) {
+  return async_open_checkpoint(std::move(executor), std::move(path), SourceOptions{}, std::forward<Token>(token));
+}
 
 }  // namespace eredu::io

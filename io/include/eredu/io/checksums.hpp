@@ -19,14 +19,15 @@
 /// caught only if its size changed (file_changed) or the new bytes differ from the digests.
 
 #include <asio/any_io_executor.hpp>
+#include <asio/async_result.hpp>
 #include <asio/awaitable.hpp>
-#include <asio/co_spawn.hpp>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <map>
 #include <string>
 
+#include "eredu/core/detail/spawn_operation.hpp"
 #include "eredu/io/catalog.hpp"
 #include "eredu/io/checkpoint_source.hpp"
 
@@ -73,15 +74,30 @@ asio::awaitable<std::uint64_t> verify_checksums(CheckpointSource& source, Checks
 
 /// Reads every tensor `checksums` lists through `source` and compares its SHA-256, hashing
 /// on `hasher` (a thread pool's executor, say; a default-constructed one means a hashing
-/// thread of this operation's own). Completion signature: void(std::exception_ptr,
-/// std::uint64_t bytes_verified). Errors: tensor_not_found for a digest of a tensor the
-/// catalog lacks; checksum_mismatch naming file, tensor, offset, expected and actual
-/// digest; any read error. `source` must outlive it.
-template <class Token>
-auto async_verify_checksums(CheckpointSource& source, Checksums checksums, Token&& token,
-                            asio::any_io_executor hasher = {}) {
-  return asio::co_spawn(source.get_executor(), detail::verify_checksums(source, std::move(checksums), hasher),
-                        std::forward<Token>(token));
+/// thread of this operation's own).
+///
+/// @par Completion Signature
+/// `void(std::exception_ptr, std::uint64_t bytes_verified)`. Errors: tensor_not_found for a
+/// digest of a tensor the catalog lacks; checksum_mismatch naming file, tensor, offset,
+/// expected and actual digest; any read error; cancelled.
+///
+/// @par Per-Operation Cancellation
+/// terminal, checked between chunks (never while a chunk is being hashed): the operation
+/// fails with errc::cancelled and every lease is back.
+///
+/// `source` and the context of `hasher` must outlive the operation; `checksums` is copied.
+template <asio::completion_token_for<void(std::exception_ptr, std::uint64_t)> Token>
+auto async_verify_checksums(CheckpointSource& source, Checksums checksums, asio::any_io_executor hasher,
+                            Token&& token) {
+  return eredu::detail::spawn_operation(source.get_executor(),
+                                        detail::verify_checksums(source, std::move(checksums), std::move(hasher)),
+                                        std::forward<Token>(token));
+}
+
+/// async_verify_checksums hashing on a thread of the operation's own.
+template <asio::completion_token_for<void(std::exception_ptr, std::uint64_t)> Token>
+auto async_verify_checksums(CheckpointSource& source, Checksums checksums, Token&& token) {
+  return async_verify_checksums(source, std::move(checksums), asio::any_io_executor(), std::forward<Token>(token));
 }
 
 }  // namespace eredu::io

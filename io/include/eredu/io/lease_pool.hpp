@@ -12,16 +12,15 @@
 #include <asio/any_io_executor.hpp>
 #include <asio/associated_cancellation_slot.hpp>
 #include <asio/async_result.hpp>
-#include <asio/error.hpp>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <list>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <span>
-#include <system_error>
 
 #include "eredu/core/detail/handler_delivery.hpp"
 #include "eredu/core/unique_function.hpp"
@@ -36,18 +35,25 @@ struct LeasePoolOptions {
   bool prefault = true;                         ///< touch every page at construction, on all cores
 };
 
+/// Throws eredu::Error(invalid_argument) naming `budget` when it is outside
+/// 1..LeasePool::max_budget bytes.
+void validate(const LeasePoolOptions& options);
+
 /// Bounded pool of staging memory handing out StagingBuffers.
 class LeasePool {
  public:
   /// Granularity and alignment of every block (O_DIRECT needs page alignment).
   static constexpr std::size_t alignment = 4096;
+  /// Largest accepted budget (1 TiB): staging needs a few GiB at most, and the bound stops a
+  /// typo (or a -1) before mmap or the page rounding of sizes near SIZE_MAX misbehave.
+  static constexpr std::size_t max_budget = std::size_t{1} << 40;
 
   /// Maps `options.budget` bytes. `executor` runs completions of handlers that have no
   /// associated executor. Throws eredu::Error(invalid_argument) for a zero budget and
   /// eredu::Error(io_error) when the memory cannot be mapped.
   LeasePool(asio::any_io_executor executor, LeasePoolOptions options = {});
-  /// Completes every waiter with asio::error::operation_aborted. Every StagingBuffer must
-  /// have been returned.
+  /// Completes every waiter with eredu::Error(cancelled). Every StagingBuffer must have been
+  /// returned.
   ~LeasePool();
   LeasePool(const LeasePool&) = delete;
   LeasePool& operator=(const LeasePool&) = delete;
@@ -78,33 +84,40 @@ class LeasePool {
 
   /// Acquires a block of at least `bytes`, waiting while the pool is full.
   ///
-  /// Completion signature: void(std::error_code, StagingBuffer). Fails at once with
-  /// eredu::errc::exceeds_budget when `bytes` exceeds the budget; with
-  /// asio::error::operation_aborted when cancelled (per-operation cancellation: terminal)
-  /// or when the pool is destroyed. The handler runs on its associated executor.
-  template <class Token>
+  /// @par Completion Signature
+  /// `void(std::exception_ptr, StagingBuffer)`. Errors (an eredu::Error): exceeds_budget at
+  /// once when `bytes` exceeds the budget; cancelled when the wait is cancelled or the pool is
+  /// destroyed first. The handler runs on its associated executor (get_executor() if it has
+  /// none), never inline.
+  ///
+  /// @par Per-Operation Cancellation
+  /// terminal, partial and total: a cancelled wait completes with errc::cancelled and has no
+  /// other effect (nothing was acquired; the waiters behind it move up).
+  ///
+  /// The pool must outlive the operation and the buffer.
+  template <asio::completion_token_for<void(std::exception_ptr, StagingBuffer)> Token>
   auto async_acquire(std::size_t bytes, Token&& token) {
-    return asio::async_initiate<Token, void(std::error_code, StagingBuffer)>(
-        [this](auto handler, std::size_t n) {
+    return asio::async_initiate<Token, void(std::exception_ptr, StagingBuffer)>(
+        [](auto handler, LeasePool* self, std::size_t n) {
           auto slot = asio::get_associated_cancellation_slot(handler);
-          auto done =
-              eredu::detail::deliver_on_handler_executor<std::error_code, StagingBuffer>(std::move(handler), executor_);
-          start_acquire(n, std::move(done), slot);
+          auto done = eredu::detail::deliver_on_handler_executor<std::exception_ptr, StagingBuffer>(std::move(handler),
+                                                                                                    self->executor_);
+          self->start_acquire(n, std::move(done), slot);
         },
-        token, bytes);
+        token, this, bytes);
   }
 
  private:
   friend class StagingBuffer;
-  using Completion = UniqueFunction<void(std::error_code, StagingBuffer)>;
+  using AcquireHandler = UniqueFunction<void(std::exception_ptr, StagingBuffer)>;
   struct Waiter {
     std::uint64_t id;
     std::size_t bytes;
-    Completion done;
+    AcquireHandler done;
   };
 
   template <class Slot>
-  void start_acquire(std::size_t bytes, Completion done, Slot& slot) {
+  void start_acquire(std::size_t bytes, AcquireHandler done, Slot& slot) {
     std::uint64_t id = enqueue_or_complete(bytes, std::move(done));
     if (id != 0 && slot.is_connected()) {
       slot.assign([this, id](asio::cancellation_type type) {
@@ -113,7 +126,7 @@ class LeasePool {
     }
   }
   // Completes at once (returns 0) or queues the waiter (returns its id).
-  std::uint64_t enqueue_or_complete(std::size_t bytes, Completion done);
+  std::uint64_t enqueue_or_complete(std::size_t bytes, AcquireHandler done);
   void cancel_waiter(std::uint64_t id);
   std::byte* allocate_locked(std::size_t block);
   void release(std::byte* data, std::size_t size) noexcept;

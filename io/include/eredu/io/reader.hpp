@@ -6,15 +6,15 @@
 /// default) and PreadReader (a thread pool of pread calls, for kernels without io_uring).
 /// A reader splits every segment into device-sized requests (up to max_request bytes),
 /// keeps up to `depth` of them in flight, resubmits short reads, requeues EAGAIN and
-/// turns every failure into a ReadFailure. It knows nothing of tensors or formats.
+/// turns the first failure of a batch into an eredu::Error naming the file, the offset and
+/// the errno. It knows nothing of tensors or formats (CheckpointSource adds the tensor).
 
 #include <asio/any_io_executor.hpp>
 #include <asio/async_result.hpp>
 #include <cstdint>
-#include <optional>
+#include <exception>
 #include <string>
 #include <string_view>
-#include <system_error>
 #include <vector>
 
 #include "eredu/core/detail/handler_delivery.hpp"
@@ -33,15 +33,6 @@ struct ReadSegment {
   /// Bytes from the start that must be read; the rest may lie past end of file. Less
   /// than `length` only for page-aligned windows of direct reads.
   std::uint64_t required = 0;
-};
-
-/// Why a batch of segments failed: the first failure seen.
-struct ReadFailure {
-  std::error_code code;      ///< eredu::errc::io_error, unexpected_eof, cancelled, direct_io_unsupported
-  std::error_code os_error;  ///< errno of an io_error
-  std::uint32_t file = 0;    ///< file of the failed request
-  std::uint64_t offset = 0;  ///< absolute offset of the failed request
-  std::string detail;        ///< what went wrong, with the numbers
 };
 
 /// Counters a reader keeps (for summaries and tests).
@@ -65,13 +56,33 @@ enum class DirectMode {
   off,        ///< buffered reads only
 };
 
-/// Options shared by both readers.
+/// Which files the io_uring reader may read; CheckpointSource reads the others with pread.
+enum class UringPolicy {
+  /// Files on local file systems (ext4, xfs, btrfs, tmpfs, overlayfs, ...; see
+  /// file_system.hpp). Files on FUSE (and virtiofs), NFS, SMB, 9p, ceph and unknown file
+  /// systems go to the pread reader: io_uring can report a failed read there as complete.
+  by_file_system,
+  /// Every file: the caller vouches for its file systems (a log line warns for each file on
+  /// one eredu does not trust).
+  every_file,
+};
+
+/// Options shared by both readers. CheckpointSource::open validates them
+/// (eredu::Error(invalid_argument) naming the option and its accepted range).
 struct ReaderOptions {
-  ReaderKind kind = ReaderKind::automatic;         ///< implementation
-  unsigned depth = 4;                              ///< requests in flight
-  std::size_t max_request = std::size_t{4} << 20;  ///< largest single request, bytes
-  DirectMode direct = DirectMode::automatic;       ///< O_DIRECT policy
-  bool register_buffers = true;                    ///< register the lease pool with io_uring (fixed buffers)
+  /// Largest accepted `depth`.
+  static constexpr unsigned max_depth = 4096;
+  /// Most worker threads a PreadReader starts (it starts min(depth, this)).
+  static constexpr unsigned max_pread_threads = 64;
+  /// Largest accepted `max_request` (io_uring's limit for one read).
+  static constexpr std::size_t max_request_limit = std::size_t{1} << 30;
+
+  ReaderKind kind = ReaderKind::automatic;                 ///< implementation
+  UringPolicy uring_policy = UringPolicy::by_file_system;  ///< which files io_uring may read
+  unsigned depth = 4;                                      ///< requests in flight, 1..max_depth
+  std::size_t max_request = std::size_t{4} << 20;          ///< largest single request, 1..max_request_limit bytes
+  DirectMode direct = DirectMode::automatic;               ///< O_DIRECT policy
+  bool register_buffers = true;                            ///< register the lease pool with io_uring (fixed buffers)
   /// Cap on registered bytes (0 = the whole pool); the fallback for small memlock limits
   /// also lands here.
   std::size_t max_registered_bytes = 0;
@@ -82,9 +93,17 @@ struct ReaderOptions {
   FaultInjector* faults = nullptr;  ///< test hook; must outlive the reader
 };
 
+/// Throws eredu::Error(invalid_argument) naming the first field of `options` out of its range
+/// (depth 1..ReaderOptions::max_depth, max_request 1..ReaderOptions::max_request_limit, an
+/// enumerator that is not one of its values).
+void validate(const ReaderOptions& options);
+
 /// Called exactly once per batch, on the reader's own context, when every request of the
-/// batch has completed (so no kernel write into its memory is still pending).
-using ReadCallback = UniqueFunction<void(std::optional<ReadFailure>)>;
+/// batch has completed (so no kernel write into its memory is still pending): with null, or
+/// with an eredu::Error whose kind is io_error, unexpected_eof, direct_io_unsupported or
+/// cancelled and whose context names the file, the absolute offset of the failed request
+/// and the errno (os_error) of an io_error.
+using ReadCallback = UniqueFunction<void(std::exception_ptr)>;
 
 /// A reader of byte ranges (see file comment).
 class Reader {
@@ -102,17 +121,26 @@ class Reader {
   /// Describes the configuration in one line (for logs and summaries).
   virtual std::string describe() const = 0;
 
-  /// Reads every segment (see read()). Completion signature:
-  /// void(std::optional<ReadFailure>), run on the handler's associated executor (or
-  /// `fallback`). The memory behind the segments must stay valid until then.
-  template <class Token>
-  auto async_read(std::vector<ReadSegment> segments, const asio::any_io_executor& fallback, Token&& token) {
-    return asio::async_initiate<Token, void(std::optional<ReadFailure>)>(
-        [this, &fallback](auto handler, std::vector<ReadSegment> segs) {
-          read(std::move(segs),
-               eredu::detail::deliver_on_handler_executor<std::optional<ReadFailure>>(std::move(handler), fallback));
+  /// Reads every segment (see read()).
+  ///
+  /// @par Completion Signature
+  /// `void(std::exception_ptr)`: null once every byte landed, else the batch's first failure
+  /// (see ReadCallback). The handler runs on its associated executor (or `fallback`, taken by
+  /// value), never inline on the reaping thread.
+  ///
+  /// @par Per-Operation Cancellation
+  /// none: a read in flight cannot be recalled from the kernel; it completes, or fails with
+  /// errc::cancelled when the reader is destroyed first.
+  ///
+  /// The reader and the memory behind the segments must outlive the operation.
+  template <asio::completion_token_for<void(std::exception_ptr)> Token>
+  auto async_read(std::vector<ReadSegment> segments, asio::any_io_executor fallback, Token&& token) {
+    return asio::async_initiate<Token, void(std::exception_ptr)>(
+        [](auto handler, Reader* self, std::vector<ReadSegment> segs, asio::any_io_executor ex) {
+          self->read(std::move(segs),
+                     eredu::detail::deliver_on_handler_executor<std::exception_ptr>(std::move(handler), ex));
         },
-        token, std::move(segments));
+        token, this, std::move(segments), std::move(fallback));
   }
 };
 

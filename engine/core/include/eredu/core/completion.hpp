@@ -63,10 +63,18 @@ class Completion {
   /// chaining): never resume user code here; that is what async_wait is for.
   void on_complete(UniqueFunction<void(std::exception_ptr)> fn) const;
 
-  /// Waits asynchronously. Completion signature: void(std::exception_ptr) — nullptr on
-  /// success. The handler runs on its associated executor (asio::system_executor if it
-  /// has none).
-  template <class Token>
+  /// Waits asynchronously for the work to finish.
+  ///
+  /// @par Completion Signature
+  /// `void(std::exception_ptr)`: null on success, else the work's failure. The handler runs
+  /// on its associated executor (asio::system_executor if it has none), never inline on the
+  /// thread that completed the work.
+  ///
+  /// @par Per-Operation Cancellation
+  /// none: the wait ends when the work does (cancel the work itself, through its producer).
+  ///
+  /// Nothing needs to outlive the operation: it holds a copy of this handle.
+  template <asio::completion_token_for<void(std::exception_ptr)> Token>
   auto async_wait(Token&& token) const {
     return asio::async_initiate<Token, void(std::exception_ptr)>(
         [](auto handler, Completion self) {

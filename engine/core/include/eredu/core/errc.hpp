@@ -76,6 +76,7 @@ enum class errc {
   checksum_mismatch,  ///< store: a tensor's bytes differ from their recorded checksum
   canary_failed,      ///< orchestration: a new version failed the caller's canary check
   swap_in_progress,   ///< orchestration: a slot is already swapping to another version
+  outside_root,       ///< format: a checkpoint file resolves outside CatalogOptions::confine_to
   // --- later additions: GGUF and quantized blocks (families as noted) ---
   bad_magic,            ///< format: GGUF: the file does not start with the magic bytes "GGUF"
   unsupported_version,  ///< format: GGUF: a version other than 2 or 3 (v1 is refused, as ggml does)

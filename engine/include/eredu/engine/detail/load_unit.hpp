@@ -1,0 +1,22 @@
+#pragma once
+/// \file
+/// load_unit: the coroutine behind async_load — materialize_unit, then bind, as one step.
+
+#include <asio/awaitable.hpp>
+#include <memory>
+
+#include "eredu/engine/bind.hpp"
+#include "eredu/engine/detail/materialize_unit.hpp"
+
+namespace eredu::engine::detail {
+
+/// Materializes `plan` from `source` on backend B and binds the result into `module`; on
+/// any failure `module` is unchanged.
+template <ParameterBackend B, class M>
+asio::awaitable<void> load_unit(M& module, io::CheckpointSource& source, std::shared_ptr<const WeightBindingPlan> plan,
+                                typename B::MaterializationContext& context, MaterializeOptions options) {
+  MaterializedUnit<B> unit = co_await materialize_unit<B>(source, std::move(plan), context, options);
+  bind_materialized_unit<B>(module, std::move(unit));
+}
+
+}  // namespace eredu::engine::detail
