@@ -114,11 +114,11 @@ class ModelSlot:
         converted = {k: to_framework(t, reader_fw, self._plans[k].post) for k, t in zip(keys, tensors)}
         return Version(converted, generation, origin, native)
 
-    def _start(self, path, verify, canary, origin, blocking):
+    def _start(self, path, verify, canary, origin, blocking, options):
         fw, cast, bf16, unsupported = self._rules
         path = os.fspath(path)
         mode = _verify_mode(verify)
-        reader = _Reader.open(path, fw, cast, bf16, unsupported, copy_resident=False, **self._options)
+        reader = _Reader.open(path, fw, cast, bf16, unsupported, copy_resident=False, **{**self._options, **options})
         try:
             specs = None
             if self._plans is None or self._native.generation == 0:
@@ -146,19 +146,20 @@ class ModelSlot:
         self._cached = None  # the retired version goes when its last reader lets go
         return report
 
-    def swap_sync(self, path, *, verify=None, canary=None, origin=None):
+    def swap_sync(self, path, *, verify=None, canary=None, origin=None, **options):
         """swap(), blocking (Ctrl-C cancels it); returns the swap report."""
-        op, record = self._start(path, verify, canary, origin, True)
+        op, record = self._start(path, verify, canary, origin, True, options)
         try:
             return self._finished(_bridge.wait(op))
         except CanaryError as e:
             raise e from record.exception
 
-    async def swap(self, path, *, verify=None, canary=None, origin=None):
+    async def swap(self, path, *, verify=None, canary=None, origin=None, **options):
         """Loads, verifies, canaries and publishes `path`; returns the report (generation, bytes,
         verified_bytes, load_s, verify_s, canary_s, publish_pause_ns). Raises, leaving the old
-        version serving, on any failure; cancelling the task cancels the swap (before publication)."""
-        op, record = self._start(path, verify, canary, origin, False)
+        version serving, on any failure; cancelling the task cancels the swap (before publication).
+        `options` (budget, reader, ...) override the slot's for this swap."""
+        op, record = self._start(path, verify, canary, origin, False, options)
         try:
             return self._finished(await _bridge.wait_async(op))
         except CanaryError as e:

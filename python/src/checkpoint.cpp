@@ -45,7 +45,7 @@ Checkpoint::Use::Use(std::shared_ptr<Checkpoint> checkpoint) : checkpoint_(std::
 
 Checkpoint::Use::~Use() {
   if (!checkpoint_) return;  // moved from
-  if (--checkpoint_->uses_ == 0 && checkpoint_->closed()) destroy_on_loop(std::move(checkpoint_->source_));
+  if (--checkpoint_->uses_ == 0 && checkpoint_->closed()) destroy_on_loop(checkpoint_->take_source());
 }
 
 Checkpoint::Checkpoint(Passkey, std::string path, OpenOptions options, std::unique_ptr<io::CheckpointSource> source)
@@ -56,7 +56,12 @@ Checkpoint::Checkpoint(Passkey, std::string path, OpenOptions options, std::uniq
       storage_(Runtime::get().storage()),
       source_(std::move(source)) {}
 
-Checkpoint::~Checkpoint() { destroy_on_loop(std::move(source_)); }
+Checkpoint::~Checkpoint() { destroy_on_loop(take_source()); }
+
+std::unique_ptr<io::CheckpointSource> Checkpoint::take_source() {
+  std::lock_guard lock(source_mutex_);
+  return std::move(source_);
+}
 
 std::shared_ptr<Operation> Checkpoint::open(std::string path, OpenOptions options) {
   auto op = Operation::create(fmt::format("opening {}", path));
@@ -127,14 +132,18 @@ std::shared_ptr<Operation> Checkpoint::read(std::vector<ReadSpec> specs) {
 
 py::dict Checkpoint::staging() {
   std::size_t budget = 0, in_use = 0, high_water = 0, waiting = 0;
-  Runtime::get().run_on_loop([&] {
-    if (!source_) return;
-    io::LeasePool& pool = source_->pool();
-    budget = pool.budget();
-    in_use = pool.in_use();
-    high_water = pool.high_water();
-    waiting = pool.waiting();
-  });
+  {
+    // Not on the loop: the pool's counters are thread-safe, and the loop may be held up.
+    py::gil_scoped_release nogil;
+    std::lock_guard lock(source_mutex_);
+    if (source_) {
+      io::LeasePool& pool = source_->pool();
+      budget = pool.budget();
+      in_use = pool.in_use();
+      high_water = pool.high_water();
+      waiting = pool.waiting();
+    }
+  }
   py::dict d;
   d["budget"] = budget;
   d["in_use"] = in_use;
@@ -144,10 +153,12 @@ py::dict Checkpoint::staging() {
 }
 
 void Checkpoint::close() {
-  if (closed_.exchange(true, std::memory_order_acq_rel)) return;
+  // On the loop thread, in order: an operation posted before close() (a read, a swap) still gets
+  // its use of the source; one posted after is refused.
   Runtime::get().run_on_loop([this] {
+    if (closed_.exchange(true, std::memory_order_acq_rel)) return;
     if (uses_ == 0) {
-      std::unique_ptr<io::CheckpointSource> source = std::move(source_);
+      std::unique_ptr<io::CheckpointSource> source = take_source();
       source.reset();
     }
   });

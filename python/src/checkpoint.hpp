@@ -14,6 +14,7 @@
 #include <pybind11/pybind11.h>
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -82,7 +83,8 @@ class Checkpoint : public std::enable_shared_from_this<Checkpoint> {
   /// The digests to verify (io::Checksums::discover: metadata and sidecar).
   io::Checksums checksums() const { return io::Checksums::discover(path_, catalog_); }
 
-  /// Closes: refuses new reads, and lets the source go once the reads in flight have ended.
+  /// Closes: refuses reads started after it, and lets the source go once those started before
+  /// it (in flight or queued) have ended.
   void close();
   /// True after close().
   bool closed() const noexcept { return closed_.load(std::memory_order_acquire); }
@@ -98,8 +100,14 @@ class Checkpoint : public std::enable_shared_from_this<Checkpoint> {
   std::unique_ptr<cpu::Executor> executor_;
   cpu::StoragePool storage_;
   std::atomic<bool> closed_{false};
-  int uses_ = 0;                                  // loop thread only
+  int uses_ = 0;  // loop thread only
+  // Guards source_ being let go against staging(), which reads the pool's thread-safe counters
+  // from the caller's thread: the loop may be busy (a test gate can block it inside the reader).
+  mutable std::mutex source_mutex_;
   std::unique_ptr<io::CheckpointSource> source_;  // last: destroyed before the executor it may feed
+
+  /// Moves the source out under source_mutex_.
+  std::unique_ptr<io::CheckpointSource> take_source();
 };
 
 /// Registers eredu._native.Checkpoint and eredu._native.open.
