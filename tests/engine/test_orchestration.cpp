@@ -278,7 +278,7 @@ TEST_CASE("orchestration – every failure leaves the module exactly as it was",
   }
   SECTION("the file is truncated after it was opened") {
     std::filesystem::resize_file(env.ckpt.path, env.source->catalog().at("big").offset + 100);
-    Error e = expect_failure<Error>([&] { env.load(model, WeightBindingPlan(good_bindings())); }, errc::unexpected_eof);
+    Error e = expect_failure<Error>([&] { env.load(model, WeightBindingPlan(good_bindings())); }, errc::file_changed);
     CHECK_THAT(e.what(), Catch::Contains(env.ckpt.path.string()));
   }
   SECTION("the file shrinks while a cast converts a resident tensor straight from its mapping") {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "eredu/core/error.hpp"
+#include "eredu/core/trace.hpp"
 #include "eredu/engine/engine_error.hpp"
 #include "eredu/engine/materialized_unit.hpp"
 #include "eredu/engine/parameter_error.hpp"
@@ -37,17 +38,20 @@ void validate_materialized_unit(const M& module, const typename MaterializedUnit
     explicit Validator(const Weights& w) : weights(w) {}
     void visit(const ParameterMetadata& metadata, const Parameter& parameter) override {
       if (error) return;
+      // Every field named: this body is compiled in the code that instantiates it, whose
+      // -Wextra would report the ones left out (-Wmissing-field-initializers).
+      auto context = [&] { return ErrorContext{.parameter = metadata.id.str()}; };
       auto it = weights.find(metadata.id);
       if (it == weights.end()) {
         error = std::make_exception_ptr(
-            OrchestrationError(errc::missing_binding, {.parameter = metadata.id.str()},
+            OrchestrationError(errc::missing_binding, context(),
                                fmt::format("the materialized unit has no value for this {} {} parameter",
                                            dtype_name(metadata.dtype), format_shape(metadata.shape))));
         return;
       }
       if (!visited.insert(metadata.id).second) {
-        error = std::make_exception_ptr(OrchestrationError(errc::duplicate_binding, {.parameter = metadata.id.str()},
-                                                           "the module visits this parameter twice"));
+        error = std::make_exception_ptr(
+            OrchestrationError(errc::duplicate_binding, context(), "the module visits this parameter twice"));
         return;
       }
       try {
@@ -83,6 +87,7 @@ void bind_materialized_unit(M& module, MaterializedUnit<B> unit) {
   using Weights = typename MaterializedUnit<B>::Weights;
   using Parameter = typename B::Parameter;
 
+  trace::Span span("bind", "engine");
   Weights weights = std::move(unit).release();
   validate_materialized_unit<B>(std::as_const(module), weights);
 

@@ -14,12 +14,19 @@ namespace eredu::engine {
 
 /// One unit of a pipeline: its name (for reports and errors) and the plan that loads it.
 struct PipelineUnit {
-  std::string name;        ///< e.g. "layers.3"; qualifies the parameters named in errors
+  std::string name{};      ///< e.g. "layers.3"; qualifies the parameters named in errors
   WeightBindingPlan plan;  ///< the unit's bindings, named as its module's slots
 };
 
 /// How far ahead a PrefetchPipeline loads, and within what memory.
 struct PrefetchOptions {
+  /// Largest accepted lookahead.
+  static constexpr std::size_t max_lookahead = 4096;
+  /// Largest accepted concurrent_loads.
+  static constexpr std::size_t max_concurrent_loads = 256;
+  /// Largest accepted timing_history.
+  static constexpr std::size_t max_timing_history = std::size_t{1} << 20;
+
   /// Units loaded ahead of the one the consumer holds (K). At least 1.
   std::size_t lookahead = 2;
   /// Bytes of units started and not yet released, at most (0: (K+1) × the largest unit).
@@ -34,6 +41,11 @@ struct PrefetchOptions {
   /// Per-unit timings kept in PipelineStats::units (the oldest are dropped beyond this).
   std::size_t timing_history = 4096;
 };
+
+/// Throws eredu::Error(invalid_argument) naming the first option of `options` out of range:
+/// lookahead 1..max_lookahead, concurrent_loads 1..max_concurrent_loads, timing_history at
+/// most max_timing_history. The PrefetchPipeline constructor calls it.
+void validate(const PrefetchOptions& options);
 
 /// Keep-on-host, the PrefetchPipeline constructor argument that turns it on: a released unit's
 /// weights stay in backend host buffers (TransferBackend::demote) and are promoted on the next
@@ -68,7 +80,7 @@ struct PipelineStats {
   double load_s = 0;                      ///< total of per-unit load times (they overlap)
   /// The most recent delivered units, in delivery order (at most
   /// PrefetchOptions::timing_history of them, so an endless stream stays bounded).
-  std::deque<UnitTiming> units;
+  std::deque<UnitTiming> units{};
 };
 
 }  // namespace eredu::engine

@@ -35,11 +35,18 @@ struct LeasePoolOptions {
   bool prefault = true;                         ///< touch every page at construction, on all cores
 };
 
+/// Throws eredu::Error(invalid_argument) naming `budget` when it is outside
+/// 1..LeasePool::max_budget bytes.
+void validate(const LeasePoolOptions& options);
+
 /// Bounded pool of staging memory handing out StagingBuffers.
 class LeasePool {
  public:
   /// Granularity and alignment of every block (O_DIRECT needs page alignment).
   static constexpr std::size_t alignment = 4096;
+  /// Largest accepted budget (1 TiB): staging needs a few GiB at most, and the bound stops a
+  /// typo (or a -1) before mmap or the page rounding of sizes near SIZE_MAX misbehave.
+  static constexpr std::size_t max_budget = std::size_t{1} << 40;
 
   /// Maps `options.budget` bytes. `executor` runs completions of handlers that have no
   /// associated executor. Throws eredu::Error(invalid_argument) for a zero budget and

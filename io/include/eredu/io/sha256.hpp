@@ -2,7 +2,8 @@
 /// \file
 /// eredu::io::Sha256: SHA-256 (FIPS 180-4) of tensor bytes, for checksums recorded in a
 /// checkpoint's metadata, a sidecar file or a manifest. Portable and single-threaded: about
-/// 200-400 MB/s per core, so verification is an option, not a default.
+/// 200-400 MB/s per core, so verification costs a pass over the bytes (`eredu swap`
+/// verifies by default, and `--verify off` skips it).
 
 #include <array>
 #include <cstddef>

@@ -38,6 +38,7 @@
 #include "eredu/core/completion.hpp"
 #include "eredu/core/detail/ignore_cancellation.hpp"
 #include "eredu/core/error.hpp"
+#include "eredu/core/trace.hpp"
 #include "eredu/engine/bind.hpp"
 #include "eredu/engine/detail/materialize_unit.hpp"
 #include "eredu/engine/detail/unit_parking.hpp"
@@ -111,12 +112,9 @@ struct PipelineState {
   static std::shared_ptr<PipelineState> create(io::CheckpointSource& source, std::vector<PipelineUnit> units,
                                                ModuleFactory make_module, typename B::MaterializationContext& context,
                                                PrefetchOptions options) {
+    validate(options);
     auto state = std::make_shared<PipelineState>(source, context, options, std::move(make_module));
     PipelineState& s = *state;
-    if (options.lookahead == 0)
-      throw Error(errc::invalid_argument, {}, "a prefetch pipeline needs a look-ahead of at least 1 unit");
-    if (options.concurrent_loads == 0)
-      throw Error(errc::invalid_argument, {}, "a prefetch pipeline needs at least 1 concurrent load");
     std::uint64_t largest = 0;
     for (PipelineUnit& unit : units) {
       std::uint64_t unit_bytes = 0;
@@ -461,6 +459,8 @@ struct PipelineState {
                             std::chrono::duration<double>(slot->finished - slot->started).count(),
                             std::chrono::duration<double>(slot->stall).count(),
                             slot->from_host};
+          trace::record("load unit", "pipeline", slot->started, slot->finished, s->names[slot->index]);
+          trace::record("stall", "pipeline", asked, asked + slot->stall, s->names[slot->index]);
           s->stats.stall_s += timing.stall_s;
           s->stats.load_s += timing.load_s;
           ++s->stats.delivered;
