@@ -15,6 +15,7 @@
 
 #include "eredu/core/completion.hpp"
 #include "eredu/core/error.hpp"
+#include "eredu/core/trace.hpp"
 #include "eredu/io/json_text.hpp"
 #include "eredu/io/lease.hpp"
 #include "eredu/io/sha256.hpp"
@@ -174,7 +175,8 @@ asio::awaitable<std::uint64_t> verify_checksums(CheckpointSource& source, Checks
       verified += chunk->bytes().size();
       auto done = std::make_shared<CompletionSource>();
       Completion hashed = done->completion();
-      asio::post(hasher, [&hash, bytes = chunk->bytes(), done] {
+      asio::post(hasher, [&hash, bytes = chunk->bytes(), done, &tensor] {
+        trace::Span span("hash", "verify", trace::enabled() ? fmt::format("{}: {} bytes", tensor, bytes.size()) : "");
         hash.update(bytes);
         done->complete();
       });

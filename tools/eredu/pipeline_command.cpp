@@ -33,6 +33,7 @@
 #include "eredu/io/checkpoint_source.hpp"
 #include "interrupt.hpp"
 #include "progress.hpp"
+#include "trace_option.hpp"
 
 namespace eredu::cli {
 namespace {
@@ -326,8 +327,12 @@ Command add_pipeline_command(CLI::App& app, CommonFlags& flags) {
              "matvec multiplies every 2-D BF16/F16/F32 weight by a vector while the next units load; none "
              "releases each unit at once (pure streaming)");
   add_bytes(*cmd, "--staging", o->staging, 4096, std::uint64_t{1} << 40, "staging memory of the lease pool");
+  auto trace_path = std::make_shared<std::string>();
+  add_trace_option(*cmd, *trace_path);
   add_common_flags(*cmd, flags, true);
-  return {cmd, [o](const CommonFlags& f) { return run_pipeline(*o, f); }};
+  return {cmd, [o, trace_path](const CommonFlags& f) {
+            return run_traced(*trace_path, [&] { return run_pipeline(*o, f); });
+          }};
 }
 
 }  // namespace eredu::cli

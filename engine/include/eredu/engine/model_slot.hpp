@@ -144,6 +144,7 @@ class ModelSlot {
     MaterializeOptions materialize{.progress = options.progress};
     co_await detail::load_unit<B>(next->model, source, plan, context, materialize);
     report.load_s = detail::seconds_since(t);
+    detail::trace_step("load", t);
     report.bytes = detail::plan_bytes(*plan, source.catalog());
     cancellation.check("after the load");
 
@@ -166,6 +167,7 @@ class ModelSlot {
     const detail::SwapClock::time_point before = detail::SwapClock::now();
     current_.publish(std::move(published));
     report.publish_pause = detail::SwapClock::now() - before;
+    detail::trace_step("publish", before);
     report.generation = serving + 1;
     // Retire the old version once no reader can still be copying its pointer (readers take
     // nanoseconds, unless a reader thread was preempted inside its load): polled, so neither
