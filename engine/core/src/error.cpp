@@ -128,6 +128,10 @@ class Category final : public std::error_category {
         return "a swap is already in progress";
       case errc::outside_root:
         return "checkpoint file outside the allowed root";
+      case errc::collective_error:
+        return "collective operation failed";
+      case errc::rank_failed:
+        return "a rank of the group failed";
     }
     return "unknown eredu error";
   }
@@ -203,6 +207,8 @@ const char* errc_name(errc e) noexcept {
     EREDU_ERRC_NAME(canary_failed)
     EREDU_ERRC_NAME(swap_in_progress)
     EREDU_ERRC_NAME(outside_root)
+    EREDU_ERRC_NAME(collective_error)
+    EREDU_ERRC_NAME(rank_failed)
 #undef EREDU_ERRC_NAME
   }
   return "unknown";
@@ -210,6 +216,7 @@ const char* errc_name(errc e) noexcept {
 
 error_family errc_family(errc e) noexcept {
   if (e == errc::checksum_mismatch) return error_family::store;
+  if (e == errc::collective_error || e == errc::rank_failed) return error_family::collective;
   if (e == errc::canary_failed || e == errc::swap_in_progress) return error_family::orchestration;
   if (e == errc::outside_root) return error_family::format;
   if (e <= errc::unknown_format) return error_family::format;
