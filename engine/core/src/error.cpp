@@ -128,6 +128,10 @@ class Category final : public std::error_category {
         return "a swap is already in progress";
       case errc::outside_root:
         return "checkpoint file outside the allowed root";
+      case errc::collective_error:
+        return "collective operation failed";
+      case errc::rank_failed:
+        return "a rank of the group failed";
       case errc::bad_magic:
         return "file does not start with the GGUF magic";
       case errc::unsupported_version:
@@ -227,6 +231,8 @@ const char* errc_name(errc e) noexcept {
     EREDU_ERRC_NAME(canary_failed)
     EREDU_ERRC_NAME(swap_in_progress)
     EREDU_ERRC_NAME(outside_root)
+    EREDU_ERRC_NAME(collective_error)
+    EREDU_ERRC_NAME(rank_failed)
     EREDU_ERRC_NAME(bad_magic)
     EREDU_ERRC_NAME(unsupported_version)
     EREDU_ERRC_NAME(invalid_count)
@@ -246,6 +252,7 @@ const char* errc_name(errc e) noexcept {
 
 error_family errc_family(errc e) noexcept {
   if (e == errc::checksum_mismatch) return error_family::store;
+  if (e == errc::collective_error || e == errc::rank_failed) return error_family::collective;
   if (e == errc::canary_failed || e == errc::swap_in_progress) return error_family::orchestration;
   if (e == errc::outside_root) return error_family::format;
   if (e == errc::recipe_cuts_block) return error_family::recipe;

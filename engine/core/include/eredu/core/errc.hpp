@@ -77,6 +77,8 @@ enum class errc {
   canary_failed,      ///< orchestration: a new version failed the caller's canary check
   swap_in_progress,   ///< orchestration: a slot is already swapping to another version
   outside_root,       ///< format: a checkpoint file resolves outside CatalogOptions::confine_to
+  collective_error,   ///< collective: a collective failed, timed out, or its group is unusable
+  rank_failed,        ///< collective: a rank of the group failed its part of a group decision (a vote)
   // --- later additions: GGUF and quantized blocks (families as noted) ---
   bad_magic,            ///< format: GGUF: the file does not start with the magic bytes "GGUF"
   unsupported_version,  ///< format: GGUF: a version other than 2 or 3 (v1 is refused, as ggml does)
@@ -101,6 +103,7 @@ enum class error_family {
   declaration,    ///< binding declarations (ResidencyDeclarationError)
   orchestration,  ///< materialize/bind orchestration (ParameterOrchestrationError)
   backend,        ///< backend-native failure (ParameterOrchestrationError::Backend)
+  collective,     ///< across ranks: collectives and group decisions (CollectiveError)
 };
 
 /// Family of a kind.
