@@ -235,6 +235,10 @@ CheckpointSource::Plan CheckpointSource::make_plan(const TensorReadRequest& requ
     throw Error(errc::invalid_selection, {.file = file, .tensor = t.name},
                 fmt::format("partial selections of {} (sub-byte elements) are not supported", dtype_name(t.dtype)));
   }
+  if (auto why = selection_block_error(t.shape, t.dtype, request.selection); !why.empty()) {
+    throw Error(errc::invalid_selection, {.file = file, .tensor = t.name},
+                fmt::format("selection {} of shape {}: {}", request.selection.to_string(), format_shape(t.shape), why));
+  }
   plan.runs = selection_runs(t.shape, t.dtype, request.selection);
   for (const auto& r : plan.runs) plan.total += r.length;
   plan.alignment = reader_->direct_alignment(t.file);

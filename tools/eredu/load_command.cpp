@@ -184,11 +184,17 @@ Command add_load_command(CLI::App& app, CommonFlags& flags) {
   CLI::App* cmd = add_command(
       app, "load", "load every tensor into CPU tensors through the engine",
       "Loads every tensor into CPU tensors through the engine (one slot per tensor, --dtype casting the float "
-      "ones) and prints bytes, seconds, GB/s, staging high-water and peak RSS. Bytes and rates count the "
+      "ones and dequantizing GGUF's quantized ones) and prints bytes, seconds, GB/s, staging high-water and peak RSS. "
+      "Bytes and rates count the "
       "checkpoint's bytes as stored, whatever --dtype converts to. --repeat N loads N times, each reusing the "
       "previous load's storage.");
-  add_path(*cmd, "PATH", o->path, "a .safetensors file, a sharded directory, or its model.safetensors.index.json");
-  add_choice(*cmd, "--dtype", o->dtype, {"keep", "bf16", "f16", "f32"}, "cast every float tensor to this dtype");
+  add_path(*cmd, "PATH", o->path,
+           "a .safetensors file, a sharded directory or its model.safetensors.index.json, a .gguf file, a split "
+           "GGUF's file (*-00001-of-0000N.gguf), or a directory holding one GGUF checkpoint");
+  add_choice(*cmd, "--dtype", o->dtype, {"keep", "bf16", "f16", "f32"},
+             "cast every float tensor to this dtype, and dequantize every quantized GGUF tensor to it (ggml's f32 "
+             "values, rounded once to bf16 or f16); keep delivers each tensor's bytes as stored, quantized blocks "
+             "too");
   add_integer(*cmd, "--threads", o->threads, 1u, 1024u, "TBB threads that populate and convert", "the number of CPUs");
   add_bytes(*cmd, "--budget", o->budget, 4096, std::uint64_t{1} << 40, "staging memory of the lease pool");
   add_integer(*cmd, "--repeat", o->repeat, 1u, 1000u, "load this many times, each reusing the previous load's storage");

@@ -13,10 +13,12 @@
 #include <asio/use_future.hpp>
 #include <chrono>
 #include <future>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -85,18 +87,21 @@ struct Grouping {
   std::uint64_t skipped_bytes = 0;
 };
 
-/// Splits "model.layers.12.mlp.up_proj.weight" into ("model.layers.", 12, "mlp.up_proj.weight").
+/// Splits "model.layers.12.mlp.up_proj.weight" into ("model.layers.", 12, "mlp.up_proj.weight"),
+/// and llama.cpp's GGUF names "blk.12.ffn_up.weight" into ("blk.", 12, "ffn_up.weight").
 bool split_layer_name(const std::string& name, std::string& prefix, std::uint64_t& layer, std::string& rest) {
-  for (std::size_t at = name.find("layers."); at != std::string::npos; at = name.find("layers.", at + 1)) {
-    if (at != 0 && name[at - 1] != '.') continue;
-    std::size_t i = at + 7, digits = 0;
-    layer = 0;
-    while (i < name.size() && name[i] >= '0' && name[i] <= '9' && digits < 9)
-      layer = layer * 10 + (name[i++] - '0'), ++digits;
-    if (digits == 0 || i >= name.size() || name[i] != '.' || i + 1 == name.size()) continue;
-    prefix = name.substr(0, at + 7);
-    rest = name.substr(i + 1);
-    return true;
+  for (const std::string_view marker : {std::string_view("layers."), std::string_view("blk.")}) {
+    for (std::size_t at = name.find(marker); at != std::string::npos; at = name.find(marker, at + 1)) {
+      if (at != 0 && name[at - 1] != '.') continue;
+      std::size_t i = at + marker.size(), digits = 0;
+      layer = 0;
+      while (i < name.size() && name[i] >= '0' && name[i] <= '9' && digits < 9)
+        layer = layer * 10 + (name[i++] - '0'), ++digits;
+      if (digits == 0 || i >= name.size() || name[i] != '.' || i + 1 == name.size()) continue;
+      prefix = name.substr(0, at + marker.size());
+      rest = name.substr(i + 1);
+      return true;
+    }
   }
   return false;
 }
@@ -232,9 +237,11 @@ int run_pipeline(const PipelineCommandOptions& o, const CommonFlags& flags) {
   interrupt.check();
   Grouping g = group_layers(source->catalog());
   if (g.units.empty())
-    throw Error(errc::invalid_argument, {.file = o.path},
-                fmt::format("none of its {} tensors is named like '<prefix>layers.<N>.<name>': nothing to stream",
-                            source->catalog().size()));
+    throw Error(
+        errc::invalid_argument, {.file = o.path},
+        fmt::format(
+            "none of its {} tensors is named like '<prefix>layers.<N>.<name>' or 'blk.<N>.<name>': nothing to stream",
+            source->catalog().size()));
   const std::size_t unit_count = g.units.size();
   const std::uint64_t largest = *std::max_element(g.bytes.begin(), g.bytes.end());
   std::uint64_t pass_bytes = 0;
@@ -312,11 +319,13 @@ Command add_pipeline_command(CLI::App& app, CommonFlags& flags) {
   auto o = std::make_shared<PipelineCommandOptions>();
   CLI::App* cmd = add_command(
       app, "pipeline", "stream the checkpoint's layers through a prefetch pipeline",
-      "Streams the checkpoint's layers (tensors named <prefix>layers.<N>.<rest>, one unit per layer; other "
-      "tensors are skipped) through engine::PrefetchPipeline: while unit i is used, units i+1..i+K are read "
+      "Streams the checkpoint's layers (tensors named <prefix>layers.<N>.<rest>, or blk.<N>.<rest> as in "
+      "GGUF, one unit per layer, each tensor in its stored dtype; other tensors are skipped) through "
+      "engine::PrefetchPipeline: while unit i is used, units i+1..i+K are read "
       "into CPU tensors, within --budget bytes of resident units. Prints GB/s, I/O, compute and stall time, "
       "the resident high-water against the budget (exit status 1 when over it) and peak RSS.");
-  add_path(*cmd, "PATH", o->path, "a .safetensors file, a sharded directory, or its model.safetensors.index.json");
+  add_path(*cmd, "PATH", o->path,
+           "a .safetensors file, a sharded directory or its model.safetensors.index.json, or a GGUF checkpoint");
   add_bytes(*cmd, "--budget", o->budget, 4096, std::uint64_t{1} << 40, "bytes of resident units", {},
             "(lookahead + 1) x the largest unit");
   add_integer(*cmd, "--lookahead", o->lookahead, 1u, 64u, "units loaded ahead of the one in use (K)");
