@@ -175,8 +175,10 @@ asio::awaitable<std::uint64_t> verify_checksums(CheckpointSource& source, Checks
       verified += chunk->bytes().size();
       auto done = std::make_shared<CompletionSource>();
       Completion hashed = done->completion();
-      asio::post(hasher, [&hash, bytes = chunk->bytes(), done, &tensor] {
-        trace::Span span("hash", "verify", trace::enabled() ? fmt::format("{}: {} bytes", tensor, bytes.size()) : "");
+      // A structured binding cannot be captured before C++20's P1091 (clang 14): name it.
+      const std::string* name = &tensor;
+      asio::post(hasher, [&hash, bytes = chunk->bytes(), done, name] {
+        trace::Span span("hash", "verify", trace::enabled() ? fmt::format("{}: {} bytes", *name, bytes.size()) : "");
         hash.update(bytes);
         done->complete();
       });
