@@ -8,7 +8,8 @@ preset="${1:-release}"
 shift || true
 
 packages=(cmake ninja-build g++ clang clang-format libclang-rt-14-dev pkg-config liburing-dev libtbb-dev libasio-dev
-          catch2 libfmt-dev libxxhash-dev python3 fio)
+          catch2 libfmt-dev libxxhash-dev libssl-dev python3 fio
+          linux-perf python3-matplotlib)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
