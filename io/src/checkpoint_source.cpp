@@ -103,8 +103,10 @@ std::unique_ptr<CheckpointSource> CheckpointSource::open(asio::any_io_executor e
   auto kind = options.reader.kind;
   if (kind != ReaderKind::pread) {
     try {
-      source->reader_ =
-          std::make_unique<UringReader>(executor, source->files_, source->pool_->memory(), options.reader);
+      auto uring = std::make_unique<UringReader>(executor, source->files_, source->pool_->memory(), options.reader);
+      // An idle pool returns its pages only after the ring has let go of them.
+      source->pool_->set_release_hook(uring->pool_release_hook());
+      source->reader_ = std::move(uring);
     } catch (const Error& e) {
       if (kind == ReaderKind::uring || e.kind() != errc::uring_unavailable) throw;
       log::info("io_uring unavailable ({}): using the pread reader", e.what());
