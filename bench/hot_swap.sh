@@ -51,7 +51,7 @@ for b in "$eredu" "$xbench"; do [ -x "$b" ] || { echo "hot_swap.sh: $b is missin
 for seed in 1 2; do
   f="$dir/swap-$size-$seed.safetensors"
   if [ ! -f "$f" ]; then
-    "$eredu" gen "$f.partial" --size "$size" --seed "$seed" --quiet && mv "$f.partial" "$f"
+    "$eredu" gen "$f" --size "$size" --seed "$seed" --quiet  # written under a temporary name, then renamed
   fi
 done
 a="$dir/swap-$size-1.safetensors"; b="$dir/swap-$size-2.safetensors"
@@ -73,31 +73,33 @@ import json, sys
 r = json.load(open(sys.argv[1])); s, x = r["swap"], r["exchange"]
 verdict = lambda ok: "met" if ok else "NOT met"
 ok_swaps = [w for w in s["swaps"] if w["ok"]]
-print(f"checkpoints: {s['bytes'] / 2**20:.1f} MiB each, {s['tensors']} tensors; {sys.argv[2]} CPUs; "
+print(f"checkpoints: {s['tensor_bytes'] / 2**20:.1f} MiB each, {s['tensor_count']} tensors; {sys.argv[2]} CPUs; "
       f"{s['concurrency']} clients, serve threads {s['serve_threads']} (0: on the loop), swap threads {s['swap_threads']}, "
-      f"staging {s['budget'] / 2**20:.0f} MiB")
-print(f"requests: y = {s['probe']['tensor']}[0:{s['probe']['rows']}, :]·x; {s['responses']} responses in {s['seconds']:.1f} s")
-loads = sorted(w["load_s"] for w in ok_swaps)
+      f"staging {s['budget_bytes'] / 2**20:.0f} MiB")
+print(f"requests: y = {s['probe']['tensor']}[0:{s['probe']['rows']}, :]·x; {s['response_count']} responses in {s['seconds']:.1f} s")
+loads = sorted(w["load_seconds"] for w in ok_swaps)
 if loads:
     print(f"swaps: {len(ok_swaps)} successful, load median {1e3 * loads[len(loads) // 2]:.1f} ms")
 print()
-p = s["publish_pause_ns"]
-print(f"publish pause p99 over {p['count']} swaps: {p['p99'] / 1e3:.2f} µs (p50 {p['p50']:.0f} ns, max {p['max'] / 1e3:.2f} µs; "
-      f"target ≤ 10 µs): {verdict(p['count'] > 0 and p['p99'] <= 10000)}")
+p = s["publish_pause"]
+print(f"publish pause p99 over {p['count']} swaps: {p['p99_seconds'] * 1e6:.2f} µs (p50 {p['p50_seconds'] * 1e9:.0f} ns, "
+      f"max {p['max_seconds'] * 1e6:.2f} µs; target ≤ 10 µs): {verdict(p['count'] > 0 and p['p99_seconds'] <= 10e-6)}")
 st, du = s["steady"], s["during_swap"]
-print(f"request p99 during swaps / steady: {s['p99_ratio']:.2f} ({du['p99_us']:.0f} / {st['p99_us']:.0f} µs; "
-      f"p50 {du['p50_us']:.0f} / {st['p50_us']:.0f} µs; {du['count']} / {st['count']} requests; target ≤ 1.5): "
+us = 1e6
+print(f"request p99 during swaps / steady: {s['p99_ratio']:.2f} ({du['p99_seconds'] * us:.0f} / {st['p99_seconds'] * us:.0f} µs; "
+      f"p50 {du['p50_seconds'] * us:.0f} / {st['p50_seconds'] * us:.0f} µs; {du['count']} / {st['count']} requests; target ≤ 1.5): "
       f"{verdict(s['p99_ratio'] <= 1.5)}")
 f = s["failed_swap"]
-print(f"failed swap: rejected with {f['error_kind'] or 'NOTHING'}; {f['responses']} responses during and after it, "
-      f"{f['changed']} changed (p99 during it {f['latency']['p99_us']:.0f} µs): "
-      f"{verdict(f['rejected'] and f['changed'] == 0)}")
-print(f"every response from exactly one version: {s['mismatches']} mismatches of {s['responses']}: {verdict(s['mismatches'] == 0)}")
+print(f"failed swap: rejected with {f['error_kind'] or 'NOTHING'}; {f['response_count']} responses during and after it, "
+      f"{f['changed_count']} changed (p99 during it {f['latency']['p99_seconds'] * us:.0f} µs): "
+      f"{verdict(f['rejected'] and f['changed_count'] == 0)}")
+print(f"every response from exactly one version: {s['mismatch_count']} mismatches of {s['response_count']}: "
+      f"{verdict(s['mismatch_count'] == 0)}")
 print(f"publish alone, {x['readers']} reader threads loading it: p50 {x['exchange']['p50_ns']} ns, "
       f"p99 {x['exchange']['p99_ns']} ns, max {x['exchange']['max_ns'] / 1e3:.1f} µs; reader load p99 {x['load']['p99_ns']} ns; "
       f"retiring the old pointer p99 {x['retire']['p99_ns'] / 1e3:.1f} µs (waits for readers preempted inside a load)")
-print(f"memory: staging high-water {s['staging_high_water'] / 2**20:.1f} MiB; storage live {s['storage']['live_bytes'] / 2**20:.1f} MiB, "
-      f"retained {s['storage']['retained_bytes'] / 2**20:.1f} MiB, {s['storage']['recycled_allocations']} recycled blocks; "
+print(f"memory: staging high-water {s['staging_high_water_bytes'] / 2**20:.1f} MiB; storage live {s['storage']['live_bytes'] / 2**20:.1f} MiB, "
+      f"retained {s['storage']['retained_bytes'] / 2**20:.1f} MiB, {s['storage']['recycled_allocation_count']} recycled blocks; "
       f"peak RSS {s['peak_rss_bytes'] / 2**20:.0f} MiB")
 sys.exit(0 if s["ok"] else 1)
 PY

@@ -79,8 +79,7 @@ file="$dir/model-$size.safetensors"
 if [ ! -f "$file" ]; then
   echo "load.sh: generating $file (bf16, 1 shard, seed 3)" >&2
   # Generated under another name so an interrupted run never leaves a truncated checkpoint.
-  "$eredu" gen "$file.partial" --size "$size" --seed 3 --quiet
-  mv "$file.partial" "$file"
+  "$eredu" gen "$file" --size "$size" --seed 3 --quiet  # written under a temporary name, then renamed
 fi
 file_bytes="$(stat -c %s "$file")"
 
@@ -210,7 +209,7 @@ if w1 and w2:
 
 conv, keep = stats("f32_t2", "seconds"), stats("recycled", "seconds")
 if conv and keep:
-    same = {r["source_bytes"] for r in by["f32_t2"]} == {r["source_bytes"] for r in by["recycled"]}
+    same = {r["tensor_bytes"] for r in by["f32_t2"]} == {r["tensor_bytes"] for r in by["recycled"]}
     r = conv[0] / keep[0]
     note = "" if same else " (WARNING: the source bytes differ)"
     print(f"f32 conversion (2 threads) / keep-dtype recycled time: {r:.2f} ({conv[0]:.3f} / {keep[0]:.3f} s; "
@@ -226,21 +225,21 @@ else:
 if by.get("first"):
     mib = 2**20
     worst = max(by["first"], key=lambda r: r["peak_rss_bytes"])
-    bound = worst["bytes"] + worst["budget"] + 64 * mib
+    bound = worst["output_bytes"] + worst["budget_bytes"] + 64 * mib
     print(f"peak RSS of the first-load process: {worst['peak_rss_bytes'] / mib:.0f} MiB (max over rounds; "
-          f"bound = {worst['bytes'] / mib:.0f} MiB model + {worst['budget'] / mib:.0f} MiB budget + 64 MiB "
+          f"bound = {worst['output_bytes'] / mib:.0f} MiB model + {worst['budget_bytes'] / mib:.0f} MiB budget + 64 MiB "
           f"= {bound / mib:.0f} MiB): {verdict(worst['peak_rss_bytes'] <= bound)}")
-    hw = max(r["staging_high_water"] for r in by["first"])
-    print(f"staging high-water: max {hw / mib:.1f} MiB of the {worst['budget'] / mib:.0f} MiB budget")
+    hw = max(r["staging_high_water_bytes"] for r in by["first"])
+    print(f"staging high-water: max {hw / mib:.1f} MiB of the {worst['budget_bytes'] / mib:.0f} MiB budget")
 else:
     print("peak RSS of the first-load process: not measured")
 if by.get("f32_t2"):
     # Conversions read mapped page-cache pages, which count in RSS: bounded by the windows.
     mib = 2**20
     worst = max(by["f32_t1"] + by["f32_t2"], key=lambda r: r["peak_rss_bytes"])
-    bound = worst["bytes"] + worst["budget"] + 64 * mib
+    bound = worst["output_bytes"] + worst["budget_bytes"] + 64 * mib
     print(f"peak RSS of the f32 load processes: {worst['peak_rss_bytes'] / mib:.0f} MiB (bound = "
-          f"{worst['bytes'] / mib:.0f} MiB f32 model + {worst['budget'] / mib:.0f} MiB budget + 64 MiB "
+          f"{worst['output_bytes'] / mib:.0f} MiB f32 model + {worst['budget_bytes'] / mib:.0f} MiB budget + 64 MiB "
           f"= {bound / mib:.0f} MiB): {verdict(worst['peak_rss_bytes'] <= bound)}")
 PY
 

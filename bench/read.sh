@@ -65,7 +65,7 @@ print(f"\nhot ratio eredu/pread (medians): {he[0]/hp[0]:.2f}  (target >= 0.90)")
 if "cold_eredu" in by and fio:
     best = max(fio.values()); ce = s("cold_eredu")
     print(f"cold ratio eredu/best fio O_DIRECT ({max(fio, key=fio.get)}): {ce[0]/best:.2f}  (target >= 0.90)")
-hw = [x["staging_high_water"] for x in by["hot_eredu"]]; rss = [x["peak_rss"] for x in by["hot_eredu"]]
-bud = by["hot_eredu"][0]["budget"]
+hw = [x["staging_high_water_bytes"] for x in by["hot_eredu"]]; rss = [x["peak_rss_bytes"] for x in by["hot_eredu"]]
+bud = by["hot_eredu"][0]["budget_bytes"]
 print(f"staging high-water max {max(hw)/2**20:.1f} MiB of {bud/2**20:.0f} MiB budget; peak RSS max {max(rss)/2**20:.0f} MiB")
 PY

@@ -51,21 +51,23 @@ echo "== 2. prefetch pipeline — eredu pipeline $a (3 layers resident at most, 
 
 echo
 echo "== 3. hot-swap — eredu swap $a $b --corrupt (requests served throughout; A -> B -> A, then a corrupt copy of B;"
-echo "   every tensor's SHA-256 verified before each publication)"
-"$eredu" swap "$a" "$b" --swaps 2 --requests 1000 --corrupt --json > "$json/swap.json"
+echo "   every tensor's SHA-256 verified before each publication: --verify require)"
+"$eredu" swap "$a" "$b" --swaps 2 --requests 1000 --corrupt --verify require --json > "$json/swap.json"
 python3 - "$json/swap.json" <<'EOF'
 import json, sys
 s = json.load(open(sys.argv[1]))
+us = 1e6
 print(f"  {'phase':<14}{'requests':>9}{'p50 µs':>10}{'p99 µs':>10}  generations")
 for ph in s["phases"]:
     lat = ph["latency"]
-    print(f"  {ph['name']:<14}{lat['count']:>9}{lat['p50_us']:>10.0f}{lat['p99_us']:>10.0f}  {ph['generations']}")
+    print(f"  {ph['name']:<14}{lat['count']:>9}{lat['p50_seconds'] * us:>10.0f}{lat['p99_seconds'] * us:>10.0f}  {ph['generations']}")
 for w in s["swaps"]:
     if w["ok"]:
-        print(f"  swap to {w['target']} -> generation {w['generation']}: load {w['load_s']:.2f} s, "
-              f"verify {w['verify_s']:.2f} s, canary {w['canary_s']:.2f} s, publish pause {w['publish_pause_ns']} ns")
+        print(f"  swap to {w['target']} -> generation {w['generation']}: load {w['load_seconds']:.2f} s, "
+              f"verify {w['verify_seconds']:.2f} s ({w['checksum_count']} digests), canary {w['canary_seconds']:.2f} s, "
+              f"publish pause {w['publish_pause_seconds'] * 1e9:.0f} ns")
     else:
-        print(f"  swap to {w['target']} rejected [{w['error_kind']}]: {w['error']}")
+        print(f"  swap to {w['target']} rejected [{w['error']['kind']}]: {w['error']['message']}")
 EOF
 
 elapsed=$(( $(date +%s) - start ))
@@ -80,16 +82,18 @@ def load(name):
 def gib(x): return x / 2**30
 def mib(x): return x / 2**20
 r, l, p, s = load("read.json"), load("load.json"), load("pipeline.json"), load("swap.json")
-print(f"  1. read      {gib(r['bytes']):.2f} GiB at {r['gb_per_s']:.2f} GB/s through a {mib(r['budget']):.0f} MiB staging pool "
-      f"(high-water {mib(r['staging_high_water']):.0f} MiB); {r['mismatches']} tensors differ from an independent pread")
+print(f"  1. read      {gib(r['bytes']):.2f} GiB at {r['gb_per_s']:.2f} GB/s through a {mib(r['budget_bytes']):.0f} MiB staging pool "
+      f"(high-water {mib(r['staging_high_water_bytes']):.0f} MiB); {r['mismatch_count']} tensors differ from an independent pread")
 print(f"     load      {gib(l['bytes']):.2f} GiB into CPU tensors at {l['loads'][0]['gb_per_s']:.2f} GB/s; "
       f"peak RSS {mib(l['peak_rss_bytes']):.0f} MiB")
-print(f"  2. pipeline  {p['units']} layers x {p['passes']} passes streamed at {p['gb_per_s']:.2f} GB/s; resident high-water "
-      f"{mib(p['resident_high_water']):.0f} of a {mib(p['budget']):.0f} MiB budget (the layers total "
-      f"{mib(p['bytes_per_pass']):.0f} MiB); consumer stalled {p['stall_s']:.3f} s")
+print(f"  2. pipeline  {p['unit_count']} layers x {p['pass_count']} passes streamed at {p['gb_per_s']:.2f} GB/s; resident high-water "
+      f"{mib(p['resident_high_water_bytes']):.0f} of a {mib(p['budget_bytes']):.0f} MiB budget (the layers total "
+      f"{mib(p['pass_bytes']):.0f} MiB); consumer stalled {p['stall_seconds']:.3f} s")
 f = s["failed_swap"]
-print(f"  3. hot-swap  {sum(1 for w in s['swaps'] if w['ok'])} swaps under {s['concurrency']} clients: publish pause p99 {s['publish_pause_ns']['p99']} ns, "
-      f"request p99 during swaps / steady {s['p99_ratio']:.2f}; corrupt copy rejected with {f['error_kind']}, "
-      f"{f['changed']} of {f['responses']} responses changed; {s['mismatches']} of {s['responses']} responses not from exactly one version")
-print("  all good" if r['mismatches'] == 0 and p['within_budget'] and s['ok'] else "  SOMETHING FAILED: see above")
+print(f"  3. hot-swap  {sum(1 for w in s['swaps'] if w['ok'])} swaps under {s['concurrency']} clients: publish pause p99 "
+      f"{s['publish_pause']['p99_seconds'] * 1e9:.0f} ns, request p99 during swaps / steady {s['p99_ratio']:.2f}; corrupt copy "
+      f"rejected with {f['error_kind']}, {f['changed_count']} of {f['response_count']} responses changed; "
+      f"{s['mismatch_count']} of {s['response_count']} responses not from exactly one version")
+ok = r['mismatch_count'] == 0 and p['within_budget'] and s['ok'] and not s['verified_nothing']
+print("  all good" if ok else "  SOMETHING FAILED: see above")
 EOF

@@ -41,7 +41,7 @@ fi
 stage "configure $build (EREDU_CUDA=ON, architectures $arch)"
 mkdir -p "$log_dir"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEREDU_WERROR=ON -DEREDU_CUDA=ON \
-  "-DCMAKE_CUDA_ARCHITECTURES=$arch" -DEREDU_BUILD_EXAMPLES=OFF >"$log_dir/configure.log" 2>&1 ||
+  "-DCMAKE_CUDA_ARCHITECTURES=$arch" -DEREDU_BUILD_EXAMPLES=OFF -DEREDU_BUILD_TOOLS=OFF >"$log_dir/configure.log" 2>&1 ||
   { cat "$log_dir/configure.log"; exit 1; }
 
 stage "build test_cuda and cuda_load (-j $jobs)"

@@ -8,7 +8,7 @@ preset="${1:-release}"
 shift || true
 
 packages=(cmake ninja-build g++ clang clang-format libclang-rt-14-dev pkg-config liburing-dev libtbb-dev libasio-dev
-          catch2 libfmt-dev libxxhash-dev libssl-dev python3 fio
+          catch2 libfmt-dev libxxhash-dev libssl-dev libcli11-dev help2man python3 fio
           linux-perf python3-matplotlib)
 missing=()
 for p in "${packages[@]}"; do

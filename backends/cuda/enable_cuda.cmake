@@ -48,6 +48,13 @@ if(NOT _eredu_cuda_mode STREQUAL "OFF")
     if(NOT CMAKE_CUDA_HOST_COMPILER AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
       set(CMAKE_CUDA_HOST_COMPILER "${CMAKE_CXX_COMPILER}")
     endif()
+    # Every target's CUDA dialect is C++17 unless it says otherwise: without this, a target
+    # that links CUDA objects but sets no CUDA_STANDARD (eredu_cuda, with the kernels'
+    # objects) inherits the project's CXX_STANDARD 20, which CMake 3.25 knows no nvcc flag
+    # for; the Makefile generators then refuse to generate ("requires the language dialect
+    # CUDA20"). Ninja happened not to ask.
+    set(CMAKE_CUDA_STANDARD 17)
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     enable_language(CUDA)
     set(EREDU_CUDA_ENABLED ON)
     message(STATUS "eredu: CUDA backend on (CUDA ${CUDAToolkit_VERSION}, nvcc ${CMAKE_CUDA_COMPILER}, "

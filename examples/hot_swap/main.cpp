@@ -174,9 +174,9 @@ asio::awaitable<void> serve(Server& s, std::uint64_t n) {
 
 /// One attempted swap.
 struct SwapResult {
-  std::string target;
-  std::optional<engine::SwapReport> report;  // empty: rejected
-  std::string error;
+  std::string target{};
+  std::optional<engine::SwapReport> report{};  // empty: rejected
+  std::string error{};
 };
 
 /// The user's code, in one place: swap the slot to `source`, checking `sums` and the canary.

@@ -14,7 +14,9 @@
 #include "eredu/io/open_catalog.hpp"
 #include "eredu/io/pread_reader.hpp"
 #include "eredu/io/read_fault.hpp"
+#include "eredu/io/regular_file.hpp"
 #include "eredu/io/uring_reader.hpp"
+#include "routing_reader.hpp"
 
 namespace eredu::io {
 
@@ -57,63 +59,169 @@ CheckpointSource::~CheckpointSource() {
   }
 }
 
+void validate(const SourceOptions& options) {
+  validate(options.pool);
+  validate(options.reader);
+  if (options.chunk_bytes < 1) {
+    throw Error(errc::invalid_argument, {},
+                fmt::format("SourceOptions::chunk_bytes is 0; it must be at least 1 (chunks are clamped to 4 KiB "
+                            "pages inside the budget)"));
+  }
+}
+
+namespace {
+
+std::int64_t nanoseconds(const struct timespec& t) {
+  return static_cast<std::int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
+}
+
+// Opens one catalog file for reading: the same file (device and inode) whose header was
+// parsed, at the same size, never blocking on a FIFO.
+OpenFile open_checkpoint_file(const CheckpointFile& file, DirectMode direct, std::string& no_direct_reason) {
+  OpenFile f;
+  f.path = file.path;
+  RegularFile opened = open_regular_file(file.path);
+  if (!opened) {
+    if (!opened.not_regular.empty()) {
+      throw Error(
+          errc::file_changed, {.file = file.path},
+          fmt::format("the file is now {}; it was a regular file when its header was parsed", opened.not_regular));
+    }
+    throw Error(errc::io_error, {.file = file.path, .os_error = opened.error}, "cannot open");
+  }
+  const struct stat& st = opened.status;
+  if (file.inode != 0 &&
+      (static_cast<std::uint64_t>(st.st_dev) != file.device || static_cast<std::uint64_t>(st.st_ino) != file.inode)) {
+    throw Error(errc::file_changed, {.file = file.path}, "the file was replaced after its header was parsed");
+  }
+  f.size = static_cast<std::uint64_t>(st.st_size);
+  if (f.size != file.size) {
+    throw Error(errc::file_changed, {.file = file.path},
+                fmt::format("file is {} bytes but was {} bytes when its header was parsed", f.size, file.size));
+  }
+  f.modified_ns = nanoseconds(st.st_mtim);
+  f.file_system = file_system_of(opened.fd.get(), file.path);
+  f.buffered = std::move(opened.fd);
+  // A FUSE server's short reply in page-cache mode leaves zeros in the page cache that a
+  // later buffered read or mapping delivers as the file's bytes: on a file system eredu does
+  // not trust, data is read O_DIRECT (any alignment) whatever `direct` says, where it can be.
+  const bool untrusted = !f.file_system.uring_trusted;
+  if (direct != DirectMode::off || untrusted) {
+    RegularFile d = open_regular_file(file.path, O_DIRECT);
+    if (d && (d.status.st_dev != st.st_dev || d.status.st_ino != st.st_ino)) {
+      throw Error(errc::file_changed, {.file = file.path}, "the file was replaced while it was being opened");
+    }
+    if (d) {
+      f.direct = std::move(d.fd);
+    } else {
+      const std::string why = d.error ? d.error.message() : std::string(d.not_regular);
+      if (direct == DirectMode::off) return f;  // only tried for an untrusted file system
+      if (direct == DirectMode::on) {
+        throw Error(errc::direct_io_unsupported, {.file = file.path, .os_error = d.error},
+                    "cannot open with O_DIRECT and --direct on was asked");
+      }
+      no_direct_reason = why;
+    }
+  }
+  return f;
+}
+
+}  // namespace
+
 std::unique_ptr<CheckpointSource> CheckpointSource::open(asio::any_io_executor executor,
                                                          const std::filesystem::path& path,
                                                          const SourceOptions& options) {
+  validate(options);
   // The constructor is private, out of std::make_unique's reach; the pointer is owned at once.
   std::unique_ptr<CheckpointSource> source(new CheckpointSource(executor, options));
-  source->catalog_ = open_catalog(path);
-  const auto direct = options.reader.direct;
+  source->catalog_ = open_catalog(path, {.confine_to = options.confine_to});
   std::size_t no_direct = 0;
   std::string no_direct_example;
   for (const auto& file : source->catalog_.files()) {
-    OpenFile f;
-    f.path = file.path;
-    f.buffered.reset(::open(file.path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!f.buffered) {
-      throw Error(errc::io_error, {.file = file.path, .os_error = sys_error(errno)}, "cannot open");
-    }
-    struct stat st {};
-    if (::fstat(f.buffered.get(), &st) != 0) {
-      throw Error(errc::io_error, {.file = file.path, .os_error = sys_error(errno)}, "cannot stat");
-    }
-    f.size = static_cast<std::uint64_t>(st.st_size);
-    if (f.size != file.size) {
-      throw Error(errc::file_changed, {.file = file.path},
-                  fmt::format("file is {} bytes but was {} bytes when its header was parsed", f.size, file.size));
-    }
-    if (direct != DirectMode::off) {
-      f.direct.reset(::open(file.path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT));
-      if (!f.direct) {
-        const int e = errno;
-        if (direct == DirectMode::on) {
-          throw Error(errc::direct_io_unsupported, {.file = file.path, .os_error = sys_error(e)},
-                      "cannot open with O_DIRECT and --direct on was asked");
-        }
-        if (no_direct++ == 0) no_direct_example = fmt::format("{} ({})", file.path, sys_error(e).message());
-      }
-    }
-    source->files_.push_back(std::move(f));
+    std::string reason;
+    source->files_.push_back(open_checkpoint_file(file, options.reader.direct, reason));
+    if (!reason.empty() && no_direct++ == 0) no_direct_example = fmt::format("{} ({})", file.path, reason);
   }
   if (no_direct) {
     log::info("O_DIRECT unavailable for {} of {} files, e.g. {}: reading them buffered", no_direct,
               source->files_.size(), no_direct_example);
   }
   source->pool_ = std::make_unique<LeasePool>(executor, options.pool);
-  auto kind = options.reader.kind;
-  if (kind != ReaderKind::pread) {
+  source->reader_ = make_reader(executor, source->files_, *source->pool_, options.reader);
+  return source;
+}
+
+std::unique_ptr<Reader> CheckpointSource::make_reader(const asio::any_io_executor& executor, std::span<OpenFile> files,
+                                                      LeasePool& pool, const ReaderOptions& options) {
+  const ReaderKind kind = options.kind;
+  // Which files io_uring may read: on a file system where it can report a failed read as
+  // complete (FUSE in direct_io mode does, measured in docs/reliability.md), pread.
+  std::size_t untrusted = 0;
+  for (auto& f : files) {
+    f.read_with_pread = kind == ReaderKind::pread ||
+                        (options.uring_policy == UringPolicy::by_file_system && !f.file_system.uring_trusted);
+    untrusted += f.read_with_pread;
+  }
+  std::unique_ptr<Reader> uring;
+  std::string uring_missing;
+  if (untrusted < files.size()) {
     try {
-      auto uring = std::make_unique<UringReader>(executor, source->files_, source->pool_->memory(), options.reader);
+      auto ring = std::make_unique<UringReader>(executor, files, pool.memory(), options);
       // An idle pool returns its pages only after the ring has let go of them.
-      source->pool_->set_release_hook(uring->pool_release_hook());
-      source->reader_ = std::move(uring);
+      pool.set_release_hook(ring->pool_release_hook());
+      uring = std::move(ring);
     } catch (const Error& e) {
       if (kind == ReaderKind::uring || e.kind() != errc::uring_unavailable) throw;
       log::info("io_uring unavailable ({}): using the pread reader", e.what());
+      uring_missing = e.what();
+      for (auto& f : files) f.read_with_pread = true;
+      untrusted = files.size();
     }
   }
-  if (!source->reader_) source->reader_ = std::make_unique<PreadReader>(source->files_, options.reader);
-  return source;
+  for (const auto& f : files) {
+    const std::string fs = f.file_system.describe();
+    if (kind == ReaderKind::pread) {
+      log::debug("{}: pread reader, as asked (on {})", f.path, fs);
+    } else if (!uring_missing.empty()) {
+      log::debug("{}: pread reader: io_uring is unavailable (on {})", f.path, fs);
+    } else if (f.read_with_pread) {
+      log::info(
+          "{}: pread reader, not io_uring: the file is on {}, where io_uring can report a failed or short read "
+          "as complete (ReaderOptions::uring_policy = every_file overrides)",
+          f.path, fs);
+    } else if (!f.file_system.uring_trusted) {
+      log::warn(
+          "{}: io_uring reader on {}, as asked (uring_policy = every_file), though io_uring can report a failed "
+          "read there as complete",
+          f.path, fs);
+    } else {
+      log::debug("{}: io_uring reader (on {}, a local file system)", f.path, fs);
+    }
+  }
+  if (untrusted == 0) return uring;
+  auto pread = std::make_unique<PreadReader>(files, options);
+  if (!uring) return pread;
+  std::vector<bool> use_pread;
+  for (const auto& f : files) use_pread.push_back(f.read_with_pread);
+  return std::make_unique<detail::RoutingReader>(std::move(uring), std::move(pread), std::move(use_pread));
+}
+
+void CheckpointSource::check_unchanged(const TensorInfo& tensor) const {
+  const OpenFile& f = files_[tensor.file];
+  struct stat st {};
+  if (::fstat(f.buffered.get(), &st) != 0) {
+    throw Error(errc::io_error, {.file = f.path, .tensor = tensor.name, .os_error = sys_error(errno)}, "cannot stat");
+  }
+  if (static_cast<std::uint64_t>(st.st_size) != f.size) {
+    throw Error(errc::file_changed, {.file = f.path, .tensor = tensor.name, .offset = tensor.offset},
+                fmt::format("the file is now {} bytes; it was {} bytes when opened, and the tensor's bytes may not "
+                            "be the ones read",
+                            st.st_size, f.size));
+  }
+  if (nanoseconds(st.st_mtim) != f.modified_ns) {
+    throw Error(errc::file_changed, {.file = f.path, .tensor = tensor.name, .offset = tensor.offset},
+                "the file was modified while it was read (its modification time changed)");
+  }
 }
 
 CheckpointSource::Plan CheckpointSource::make_plan(const TensorReadRequest& request) const {
@@ -185,11 +293,28 @@ asio::awaitable<Lease> CheckpointSource::read_chunk(const Plan& plan, std::uint6
           {t.file, t.offset + it->source_offset + (b - it->dest_offset), buffer.data() + (b - offset), e - b, e - b});
     }
   }
+  const bool windowed = view || buffer_bytes != length;
+  std::exception_ptr failure;
   try {
     co_await reader_->async_read(std::move(segments), executor_, asio::use_awaitable);
   } catch (const Error& e) {
-    throw with_tensor(e, t);
+    // A direct-read window also covers bytes of the neighbouring tensors: a failure may lie
+    // there, and must not be reported against this tensor. Read this tensor's bytes alone.
+    if (!windowed || e.kind() != errc::io_error) throw with_tensor(e, t);
+    log::debug("{}: read of the aligned window around tensor '{}' failed ({}): reading its bytes alone",
+               catalog_.file_of(t).path, t.name, e.what());
+    failure = std::current_exception();
   }
+  if (failure) {
+    const std::uint64_t file_off = t.offset + first->source_offset + (offset - first->dest_offset);
+    std::vector<ReadSegment> exact{{t.file, file_off, buffer.data() + view, length, length}};
+    try {
+      co_await reader_->async_read(std::move(exact), executor_, asio::use_awaitable);
+    } catch (const Error& e) {
+      throw with_tensor(e, t);
+    }
+  }
+  check_unchanged(t);
   co_return Lease(std::move(buffer), view, length, &t, offset, plan.total);
 }
 
@@ -223,6 +348,7 @@ asio::awaitable<void> CheckpointSource::read_into(std::unique_ptr<TensorReadRequ
   } catch (const Error& e) {
     throw with_tensor(e, t);
   }
+  check_unchanged(t);
 }
 
 std::optional<MappedView> CheckpointSource::map_resident(const TensorReadRequest& request) const {
@@ -233,6 +359,9 @@ std::optional<MappedView> CheckpointSource::map_resident(const TensorReadRequest
   }
   const TensorInfo& t = *plan.tensor;
   const OpenFile& file = files_[t.file];
+  // The page cache of an untrusted file system can hold zeros where the file has bytes
+  // (see open_checkpoint_file): its files are only read O_DIRECT, never mapped.
+  if (!file.file_system.uring_trusted) return std::nullopt;
   std::optional<MappedView> mapped;
   try {
     mapped.emplace(file.buffered.get(), t.offset + plan.runs.front().source_offset, plan.total, file.path, t.name,

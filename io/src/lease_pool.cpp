@@ -28,9 +28,14 @@ void prefault(std::span<std::byte> region) {
     std::size_t begin = t * per;
     if (begin >= region.size()) break;
     std::size_t end = std::min(region.size(), begin + per);
-    workers.emplace_back([p = region.data(), begin, end] {
+    auto touch = [p = region.data(), begin, end] {
       for (std::size_t i = begin; i < end; i += 4096) p[i] = std::byte{0};
-    });
+    };
+    try {
+      workers.emplace_back(touch);
+    } catch (const std::system_error&) {
+      touch();  // no thread to spare (a small ulimit -v): touch this part here
+    }
   }
   for (auto& w : workers) w.join();
 }
@@ -147,13 +152,24 @@ void StagingBuffer::reset() noexcept {
   }
 }
 
+void validate(const LeasePoolOptions& options) {
+  if (options.budget < 1 || options.budget > LeasePool::max_budget) {
+    throw Error(errc::invalid_argument, {},
+                fmt::format("LeasePoolOptions::budget is {} bytes; the lease pool budget must be 1..{} bytes",
+                            options.budget, LeasePool::max_budget));
+  }
+  if (options.release_after.count() < 0) {
+    throw Error(errc::invalid_argument, {},
+                fmt::format("LeasePoolOptions::release_after is {} ms; it must be 0 (never) or more",
+                            options.release_after.count()));
+  }
+}
+
 LeasePool::LeasePool(asio::any_io_executor executor, LeasePoolOptions options)
     : executor_(std::move(executor)),
       release_after_(options.release_after),
       idle_(std::make_shared<IdleTimer>(this, executor_)) {
-  if (options.budget == 0) {
-    throw Error(errc::invalid_argument, {}, "the lease pool budget must be at least one byte");
-  }
+  validate(options);
   const std::size_t size = block_size(options.budget);
   // Reserved, not populated: the pages appear as the first reads write into them.
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);

@@ -13,6 +13,7 @@
 
 #include "eredu/core/error.hpp"
 #include "eredu/io/checkpoint_format.hpp"
+#include "eredu/io/regular_file.hpp"
 #include "eredu/io/sharded_index.hpp"
 
 namespace eredu::io {
@@ -21,21 +22,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr std::string_view index_file_name = "model.safetensors.index.json";
-
-// Owns a file descriptor for the duration of a header parse.
-class FileDescriptor {
- public:
-  explicit FileDescriptor(int fd) noexcept : fd_(fd) {}
-  ~FileDescriptor() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  FileDescriptor(const FileDescriptor&) = delete;
-  FileDescriptor& operator=(const FileDescriptor&) = delete;
-  int get() const noexcept { return fd_; }
-
- private:
-  int fd_;
-};
 
 std::error_code last_os_error() noexcept { return {errno, std::system_category()}; }
 
@@ -53,28 +39,44 @@ const CheckpointFormat& pick_format(std::span<const std::byte> head, std::string
   return *formats.back();
 }
 
-// Parses the checkpoint file at `path`. `missing` is the error kind for a file that does
-// not exist (shard_missing for shards, io_error otherwise); `why` explains who named it.
-ParsedFile parse_file(const std::string& path, errc missing, const std::string& why) {
-  FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) {
-    const auto err = last_os_error();
-    const errc kind = err == std::errc::no_such_file_or_directory ? missing : errc::io_error;
-    throw Error(kind, {.file = path, .os_error = err},
-                why.empty() ? std::string("cannot open the checkpoint file") : why);
+// Who named a file, for messages: a shard names the index and how many tensors it holds.
+struct Naming {
+  errc missing = errc::io_error;  // kind for a file that does not exist
+  std::string role;               // "checkpoint file", "shard named by X for N tensors"
+};
+
+// Refuses a file whose real location (symbolic links resolved) is outside `root`.
+void check_confined(int fd, const std::string& path, const std::filesystem::path& root, const Naming& naming) {
+  if (root.empty()) return;
+  const std::filesystem::path real = real_path_of(fd, path);
+  if (!is_inside(real, root)) {
+    throw Error(errc::outside_root, {.file = path},
+                fmt::format("the {} resolves to {}, outside {} (CatalogOptions::confine_to)", naming.role,
+                            real.empty() ? std::string("an unknown place") : real.string(), root.string()));
   }
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) {
-    throw Error(errc::io_error, {.file = path, .os_error = last_os_error()}, "cannot stat the checkpoint file");
+}
+
+// Parses the checkpoint file at `path`.
+ParsedFile parse_file(const std::string& path, const Naming& naming, const CatalogOptions& options) {
+  RegularFile opened = open_regular_file(path);
+  if (!opened) {
+    if (!opened.not_regular.empty()) {
+      throw Error(
+          errc::unknown_format, {.file = path},
+          fmt::format("the {} is {}, not a regular file, so not a checkpoint", naming.role, opened.not_regular));
+    }
+    const bool missing = opened.error == std::errc::no_such_file_or_directory;
+    throw Error(missing ? naming.missing : errc::io_error, {.file = path, .os_error = opened.error},
+                fmt::format("the {} {}", naming.role, missing ? "does not exist" : "cannot be opened"));
   }
-  if (!S_ISREG(st.st_mode)) {
-    throw Error(errc::unknown_format, {.file = path}, "not a regular file, so not a checkpoint");
-  }
+  const int fd = opened.fd.get();
+  check_confined(fd, path, options.confine_to, naming);
+  const struct stat& st = opened.status;
   const auto size = static_cast<std::uint64_t>(st.st_size);
   std::array<std::byte, 64> head{};
   std::size_t got = 0;
   while (got < head.size() && got < size) {
-    const ssize_t r = ::pread(fd.get(), head.data() + got, head.size() - got, static_cast<off_t>(got));
+    const ssize_t r = ::pread(fd, head.data() + got, head.size() - got, static_cast<off_t>(got));
     if (r < 0) {
       if (errno == EINTR) continue;
       throw Error(errc::io_error, {.file = path, .offset = got, .os_error = last_os_error()},
@@ -84,13 +86,15 @@ ParsedFile parse_file(const std::string& path, errc missing, const std::string& 
     got += static_cast<std::size_t>(r);
   }
   const CheckpointFormat& format = pick_format(std::span(head.data(), got), path);
-  FileLayout layout = format.parse(fd.get(), size, path);
+  FileLayout layout = format.parse(fd, size, path);
   ParsedFile out;
   out.file.path = path;
   out.file.format = layout.format.empty() ? std::string(format.name()) : layout.format;
   out.file.size = size;
   out.file.data_offset = layout.data_offset;
   out.file.metadata = std::move(layout.metadata);
+  out.file.device = static_cast<std::uint64_t>(st.st_dev);
+  out.file.inode = static_cast<std::uint64_t>(st.st_ino);
   out.tensors = std::move(layout.tensors);
   return out;
 }
@@ -103,17 +107,17 @@ void add_to_catalog(Catalog& catalog, ParsedFile&& parsed) {
   }
 }
 
-Catalog open_single(const std::string& path) {
-  ParsedFile parsed = parse_file(path, errc::io_error, {});
+Catalog open_single(const std::string& path, const CatalogOptions& options) {
+  ParsedFile parsed = parse_file(path, {errc::io_error, "checkpoint file"}, options);
   Catalog catalog;
   catalog.set_metadata(parsed.file.metadata);
   add_to_catalog(catalog, std::move(parsed));
   return catalog;
 }
 
-Catalog open_sharded(const fs::path& index_path) {
+Catalog open_sharded(const fs::path& index_path, const CatalogOptions& options) {
   const std::string index_name = index_path.string();
-  const ShardedIndex index = read_sharded_index(index_name);
+  const ShardedIndex index = read_sharded_index(index_name, options.confine_to);
   const fs::path dir = index_path.parent_path();
 
   std::vector<ParsedFile> shards;
@@ -123,8 +127,9 @@ Catalog open_sharded(const fs::path& index_path) {
   for (const auto& name : names) {
     std::size_t listed = 0;
     for (const auto& entry : index.weight_map) listed += entry.second == name;
-    shards.push_back(parse_file((dir / name).string(), errc::shard_missing,
-                                fmt::format("shard named by {} for {} tensors does not exist", index_name, listed)));
+    const Naming naming{errc::shard_missing,
+                        fmt::format("shard named by {} for {} tensor{}", index_name, listed, listed == 1 ? "" : "s")};
+    shards.push_back(parse_file((dir / name).string(), naming, options));
     shard_of_name.emplace(name, shards.size() - 1);
   }
 
@@ -178,13 +183,13 @@ Catalog open_sharded(const fs::path& index_path) {
 
 }  // namespace
 
-Catalog open_catalog(const fs::path& path) {
+Catalog open_catalog(const fs::path& path, const CatalogOptions& options) {
   std::error_code ec;
   const fs::file_status status = fs::status(path, ec);
   if (ec) throw Error(errc::io_error, {.file = path.string(), .os_error = ec}, "cannot open the checkpoint");
   if (fs::is_directory(status)) {
     const fs::path index = path / index_file_name;
-    if (fs::exists(index, ec)) return open_sharded(index);
+    if (fs::exists(index, ec)) return open_sharded(index, options);
     std::vector<fs::path> candidates;
     for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
       const auto& p = it->path();
@@ -192,7 +197,7 @@ Catalog open_catalog(const fs::path& path) {
     }
     if (ec) throw Error(errc::io_error, {.file = path.string(), .os_error = ec}, "cannot list the directory");
     std::sort(candidates.begin(), candidates.end());
-    if (candidates.size() == 1) return open_single(candidates.front().string());
+    if (candidates.size() == 1) return open_single(candidates.front().string(), options);
     if (candidates.empty()) {
       throw Error(errc::unknown_format, {.file = path.string()},
                   fmt::format("the directory holds no checkpoint: no {} and no *.safetensors file", index_file_name));
@@ -204,8 +209,8 @@ Catalog open_catalog(const fs::path& path) {
                             index_file_name));
   }
   const std::string name = path.filename().string();
-  if (name.ends_with(".index.json")) return open_sharded(path);
-  return open_single(path.string());
+  if (name.ends_with(".index.json")) return open_sharded(path, options);
+  return open_single(path.string(), options);
 }
 
 }  // namespace eredu::io

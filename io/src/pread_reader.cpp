@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -9,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "eredu/core/error.hpp"
+#include "eredu/core/log.hpp"
 #include "reader_core.hpp"
 
 namespace eredu::io {
@@ -34,6 +36,7 @@ struct PreadReader::Impl {
       const std::uint64_t pos = p->offset + p->done;
       std::byte* dst = p->dest + p->done;
       const std::uint64_t len = p->length - p->done;
+      p->submitted = len;
       p->direct = core.want_direct(*p, pos, dst, len);
       const auto& f = core.files[p->file];
       const int fd = p->direct ? f.direct.get() : f.buffered.get();
@@ -51,7 +54,27 @@ struct PreadReader::Impl {
 
 PreadReader::PreadReader(std::span<OpenFile> files, const ReaderOptions& options)
     : impl_(std::make_unique<Impl>(files, options)) {
-  for (unsigned i = 0; i < options.depth; ++i) impl_->workers.emplace_back([this] { impl_->worker(); });
+  const unsigned wanted = std::min(options.depth, ReaderOptions::max_pread_threads);
+  impl_->workers.reserve(wanted);
+  std::error_code failure;
+  for (unsigned i = 0; i < wanted; ++i) {
+    try {
+      impl_->workers.emplace_back([this] { impl_->worker(); });
+    } catch (const std::system_error& e) {
+      // Out of threads or address space (a small `ulimit -v`, a container's pids limit):
+      // fewer workers read as correctly, only with less parallelism.
+      failure = e.code();
+      break;
+    }
+  }
+  if (impl_->workers.empty()) {
+    throw Error(errc::io_error, {.os_error = failure},
+                fmt::format("the pread reader cannot start any of its {} worker threads", wanted));
+  }
+  if (impl_->workers.size() < wanted) {
+    log::warn("the pread reader started {} of its {} worker threads ({}): reading with fewer", impl_->workers.size(),
+              wanted, failure.message());
+  }
 }
 
 PreadReader::~PreadReader() {
@@ -81,7 +104,7 @@ std::size_t PreadReader::direct_alignment(std::uint32_t file) const noexcept {
 }
 
 std::string PreadReader::describe() const {
-  return fmt::format("pread, {} threads, requests up to {} KiB", impl_->core.options.depth,
+  return fmt::format("pread, {} threads, requests up to {} KiB", impl_->workers.size(),
                      impl_->core.options.max_request >> 10);
 }
 

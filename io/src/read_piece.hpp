@@ -47,7 +47,12 @@ struct Piece {
   std::uint64_t submitted = 0;  ///< length of the read in flight
   bool direct = false;          ///< the read in flight was issued with O_DIRECT
   bool buffered_only = false;   ///< O_DIRECT failed or was cut short for this piece
+  unsigned requeues = 0;        ///< EAGAIN / EINTR results in a row
 };
+
+/// EAGAIN or EINTR results in a row after which a piece fails: a blocking read does not
+/// return EAGAIN for long, and a server that answers nothing else must not spin forever.
+inline constexpr unsigned max_requeues = 1000;
 
 /// Splits segments into pieces of at most `max_request` bytes. Pieces lying wholly in
 /// the optional tail of a direct window (past `required`) are dropped.
@@ -89,8 +94,14 @@ inline Next classify(Piece& p, long res, const std::string& path, ReadFailure& f
   const std::uint64_t at = p.offset + p.done;
   if (res == -EAGAIN || res == -EINTR) {
     ++stats.requeued;
-    return Next::requeue;
+    if (++p.requeues <= max_requeues) return Next::requeue;
+    failure = {make_error_code(errc::io_error), std::error_code(static_cast<int>(-res), std::system_category()), p.file,
+               at,
+               fmt::format("read of {} bytes at offset {} of {} failed {} times in a row with a transient error",
+                           p.length - p.done, at, path, max_requeues + 1)};
+    return Next::failed;
   }
+  p.requeues = 0;
   if (res == -EINVAL && p.direct) return Next::retry_buffered;
   if (res < 0) {
     failure = {make_error_code(errc::io_error), std::error_code(static_cast<int>(-res), std::system_category()), p.file,

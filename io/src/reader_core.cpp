@@ -11,12 +11,12 @@ bool aligned(std::uint64_t v) { return v % ReaderCore::direct_align == 0; }
 }  // namespace
 
 ReaderCore::ReaderCore(std::span<OpenFile> f, const ReaderOptions& o) : files(f), options(o) {
-  if (options.depth == 0 || options.max_request == 0 || options.max_request > (std::size_t{1} << 30)) {
-    throw Error(errc::invalid_argument, {},
-                fmt::format("depth {} and max request {} must be positive (max request <= 1 GiB)", options.depth,
-                            options.max_request));
-  }
+  validate(options);
   direct_enabled_.assign(files.size(), options.direct != DirectMode::off);
+  // Files on untrusted file systems are read O_DIRECT whatever the mode (see want_direct).
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    if (!files[i].file_system.uring_trusted && files[i].direct) direct_enabled_[i] = true;
+  }
   probes_.reserve(files.size());
   for (auto& file : files) {
     // Only `automatic` asks the page cache; the mapping costs address space, nothing else.
@@ -39,6 +39,10 @@ void ReaderCore::add(const std::vector<ReadSegment>& segments, ReadCallback done
 
 bool ReaderCore::want_direct(const Piece& p, std::uint64_t pos, const std::byte* dst, std::uint64_t len) {
   if (!files[p.file].direct || !direct_enabled_[p.file] || p.buffered_only) return false;
+  // On FUSE, NFS and the like, O_DIRECT goes to the server for any offset and length, and
+  // keeps the kernel's page cache out: a FUSE server's short reply in page-cache mode makes
+  // the kernel cache zeros after it, which a later read would deliver as the file's bytes.
+  if (!files[p.file].file_system.uring_trusted) return true;
   if (!aligned(pos) || !aligned(reinterpret_cast<std::uintptr_t>(dst)) || !aligned(len)) return false;
   if (options.direct == DirectMode::on) return true;
   return !probes_[p.file].mostly_resident(pos, len);
@@ -56,6 +60,23 @@ void ReaderCore::on_result(Piece& p, long res) {
   {
     std::lock_guard lock(stats_mutex_);
     next = classify(p, res, files[p.file].path, failure, stats_);
+  }
+  const bool untrusted = !files[p.file].file_system.uring_trusted;
+  if (untrusted && res > 0 && next == Next::retry_buffered) next = Next::resubmit;  // stay direct (see want_direct)
+  if (untrusted && res > 0 && next == Next::resubmit && !p.direct) {
+    // A short buffered read there means the server said the file ended (FUSE page-cache
+    // mode), and the kernel may now hold zeros for what follows: never read on into them.
+    fail(b, {make_error_code(errc::unexpected_eof),
+             {},
+             p.file,
+             p.offset + p.done,
+             fmt::format("{} returned {} bytes where {} were asked at offset {}, before the end of the file: on {} "
+                         "a short buffered read means the server ended the file there, and the page cache may hold "
+                         "zeros after it (read it with O_DIRECT: direct automatic or on)",
+                         files[p.file].path, res, p.submitted, p.offset + p.done - static_cast<std::uint64_t>(res),
+                         files[p.file].file_system.describe())});
+    finish_piece(p);
+    return;
   }
   switch (next) {
     case Next::finished:
@@ -142,7 +163,9 @@ std::exception_ptr ReaderCore::to_exception(const ReadFailure& f) const {
 }
 
 std::size_t ReaderCore::direct_alignment(std::uint32_t file) const noexcept {
-  if (options.direct == DirectMode::off || file >= files.size()) return 0;
+  // Direct reads of an untrusted file system need no alignment (want_direct), so no window.
+  if (file >= files.size() || !files[file].file_system.uring_trusted) return 0;
+  if (options.direct == DirectMode::off) return 0;
   return files[file].direct ? direct_align : 0;
 }
 
@@ -164,3 +187,28 @@ ReaderStats ReaderCore::stats() const {
 }
 
 }  // namespace eredu::io::detail
+
+namespace eredu::io {
+
+void validate(const ReaderOptions& o) {
+  auto bad = [](const std::string& what) { throw Error(errc::invalid_argument, {}, what); };
+  if (o.depth < 1 || o.depth > ReaderOptions::max_depth) {
+    bad(fmt::format("ReaderOptions::depth is {}; it must be 1..{}", o.depth, ReaderOptions::max_depth));
+  }
+  if (o.max_request < 1 || o.max_request > ReaderOptions::max_request_limit) {
+    bad(fmt::format("ReaderOptions::max_request is {} bytes; it must be 1..{}", o.max_request,
+                    ReaderOptions::max_request_limit));
+  }
+  if (o.kind != ReaderKind::automatic && o.kind != ReaderKind::uring && o.kind != ReaderKind::pread) {
+    bad(fmt::format("ReaderOptions::kind is {}; it must be automatic, uring or pread", static_cast<int>(o.kind)));
+  }
+  if (o.direct != DirectMode::automatic && o.direct != DirectMode::on && o.direct != DirectMode::off) {
+    bad(fmt::format("ReaderOptions::direct is {}; it must be automatic, on or off", static_cast<int>(o.direct)));
+  }
+  if (o.uring_policy != UringPolicy::by_file_system && o.uring_policy != UringPolicy::every_file) {
+    bad(fmt::format("ReaderOptions::uring_policy is {}; it must be by_file_system or every_file",
+                    static_cast<int>(o.uring_policy)));
+  }
+}
+
+}  // namespace eredu::io

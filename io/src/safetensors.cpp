@@ -287,6 +287,12 @@ bool is_lfs_pointer(std::span<const std::byte> bytes) noexcept {
   return bytes.size() >= magic.size() && std::memcmp(bytes.data(), magic.data(), magic.size()) == 0;
 }
 
+// "GGUF", the magic that starts every GGUF file (llama.cpp's format).
+bool is_gguf(std::span<const std::byte> bytes) noexcept {
+  constexpr std::string_view magic = "GGUF";
+  return bytes.size() >= magic.size() && std::memcmp(bytes.data(), magic.data(), magic.size()) == 0;
+}
+
 void pread_exact(int fd, std::byte* buf, std::size_t n, std::uint64_t offset, std::uint64_t file_size,
                  const std::string& path) {
   std::size_t done = 0;
@@ -329,6 +335,8 @@ FileLayout parse_file_prefix(std::span<const std::byte> bytes, std::uint64_t fil
     std::string detail = fmt::format("header length {} exceeds the {}-byte limit", n, max_header_size);
     if (is_lfs_pointer(bytes)) {
       detail += "; this is a Git LFS pointer, not the checkpoint: run git lfs pull";
+    } else if (is_gguf(bytes)) {
+      detail += "; the file starts with the GGUF magic: it looks like a GGUF file, not safetensors";
     }
     throw Error(errc::header_too_large, {.file = path, .offset = 0}, detail);
   }

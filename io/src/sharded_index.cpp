@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "eredu/core/error.hpp"
+#include "eredu/io/regular_file.hpp"
 #include "json.hpp"
 
 namespace eredu::io {
@@ -108,23 +109,29 @@ ShardedIndex parse_sharded_index(std::string_view text, const std::string& path)
   return index;
 }
 
-ShardedIndex read_sharded_index(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    throw Error(errc::io_error, {.file = path, .os_error = std::error_code(err, std::system_category())},
-                "cannot open the sharded-checkpoint index");
+ShardedIndex read_sharded_index(const std::string& path, const std::filesystem::path& confine_to) {
+  RegularFile opened = open_regular_file(path);
+  if (!opened) {
+    if (!opened.not_regular.empty()) {
+      throw Error(errc::unknown_format, {.file = path},
+                  fmt::format("the sharded-checkpoint index is {}, not a regular file", opened.not_regular));
+    }
+    throw Error(errc::io_error, {.file = path, .os_error = opened.error}, "cannot open the sharded-checkpoint index");
   }
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+  const int fd = opened.fd.get();
+  if (!confine_to.empty()) {
+    const std::filesystem::path real = real_path_of(fd, path);
+    if (!is_inside(real, confine_to)) {
+      throw Error(errc::outside_root, {.file = path},
+                  fmt::format("the sharded-checkpoint index resolves to {}, outside {} (CatalogOptions::confine_to)",
+                              real.empty() ? std::string("an unknown place") : real.string(), confine_to.string()));
+    }
+  }
   auto os_fail = [&](const char* what) {
     const int err = errno;
     throw Error(errc::io_error, {.file = path, .os_error = std::error_code(err, std::system_category())}, what);
   };
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) os_fail("cannot stat the sharded-checkpoint index");
+  const struct stat& st = opened.status;
   const auto size = static_cast<std::uint64_t>(st.st_size);
   if (size > max_index_size) {
     fail(path, std::nullopt, fmt::format("the index is {} bytes, more than the {}-byte limit", size, max_index_size));

@@ -11,6 +11,8 @@
 #include "eredu/cpu/layout.hpp"
 #include "eredu/engine/engine_error.hpp"
 
+#include <fmt/format.h>
+
 using namespace eredu;
 using namespace eredu::test;
 using engine::DerivedWeightRecipe;
@@ -406,4 +408,20 @@ TEST_CASE("bind – validate_bind refuses wrong dtype and shape, and bind publis
   }
   cpu::Backend::bind(right, cpu::Backend::share_materialized_weight(t));
   CHECK(right.value.shares_storage_with(t));
+}
+
+TEST_CASE("cpu executor – a concurrency out of range is invalid_argument, at once", "[cpu][options]") {
+  for (int bad : {0, -2, 100000, cpu::Executor::max_concurrency + 1}) {
+    try {
+      cpu::Executor executor(bad);
+      FAIL("accepted " << bad);
+    } catch (const Error& e) {
+      CHECK(e.kind() == errc::invalid_argument);
+      CHECK_THAT(e.what(), Catch::Contains(fmt::format("concurrency is {}; it must be", bad)));
+    }
+  }
+  cpu::Executor one(1);
+  CHECK(one.concurrency() == 1);
+  cpu::Executor all(cpu::Executor::automatic);
+  CHECK(all.concurrency() >= 1);
 }

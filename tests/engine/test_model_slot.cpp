@@ -179,7 +179,7 @@ TEST_CASE("model slot – every failed swap leaves the serving version untouched
   }
   SECTION("the checkpoint is truncated after it was opened") {
     std::filesystem::resize_file(env.b.path, env.source_b->catalog().at("n").offset + 10);
-    env.expect_rejected(*env.source_b, errc::unexpected_eof);
+    env.expect_rejected(*env.source_b, errc::file_changed);
   }
   SECTION("a tensor the plan needs is missing") {
     WeightBindingPlan missing({WeightBinding::tensor("w", "nope", Selection::all(), 64 * 48 * 4)});

@@ -290,7 +290,7 @@ TEST_CASE("orchestration – every failure leaves the module exactly as it was",
   }
   SECTION("the file is truncated after it was opened") {
     std::filesystem::resize_file(env.ckpt.path, env.source->catalog().at("big").offset + 100);
-    Error e = expect_failure<Error>([&] { env.load(model, WeightBindingPlan(good_bindings())); }, errc::unexpected_eof);
+    Error e = expect_failure<Error>([&] { env.load(model, WeightBindingPlan(good_bindings())); }, errc::file_changed);
     CHECK_THAT(e.what(), Catch::Contains(env.ckpt.path.string()));
   }
   SECTION("the file shrinks while a cast converts a resident tensor straight from its mapping") {
@@ -533,6 +533,14 @@ TEST_CASE("verification – a mismatch, a missing digest under require, and noth
         },
         errc::invalid_argument);
     CHECK_THAT(e.what(), Catch::Contains("'norm'") && Catch::Contains("no digest"));
+    CHECK(env.source->reader().stats().bytes == read_before);
+  }
+  SECTION("a mode that is no VerifyMode: invalid_argument naming the field, before any read") {
+    const auto read_before = env.source->reader().stats().bytes;
+    auto e = expect_failure<Error>(
+        [&] { env.load(model, WeightBindingPlan(good_bindings()), {.verify = {.mode = static_cast<VerifyMode>(5)}}); },
+        errc::invalid_argument);
+    CHECK_THAT(e.what(), Catch::Contains("VerifyOptions::mode is 5"));
     CHECK(env.source->reader().stats().bytes == read_before);
   }
   SECTION("require with a partial selection: its digest covers the whole tensor") {

@@ -414,3 +414,31 @@ TEST_CASE("pipeline – with verification on, every unit read is checked and a b
   CHECK(env.source->pool().in_use() == 0);
   CHECK(env.storage.stats().live_bytes == 0);
 }
+
+TEST_CASE("pipeline – options out of range are invalid_argument naming the option and its range",
+          "[engine][pipeline][options]") {
+  Env env;
+  struct Case {
+    engine::PrefetchOptions options;
+    const char* says;
+  };
+  const Case cases[] = {
+      {{.lookahead = 0}, "PrefetchOptions::lookahead is 0; it must be 1..4096"},
+      {{.lookahead = SIZE_MAX}, "PrefetchOptions::lookahead"},
+      {{.concurrent_loads = 0}, "PrefetchOptions::concurrent_loads is 0"},
+      {{.concurrent_loads = 100000}, "PrefetchOptions::concurrent_loads is 100000; it must be 1..256"},
+      {{.timing_history = SIZE_MAX}, "PrefetchOptions::timing_history"},
+      {{.verify = {.mode = static_cast<engine::VerifyMode>(7)}}, "VerifyOptions::mode is 7"},
+      {{.verify = {.preferred = static_cast<io::DigestKind>(9)}}, "VerifyOptions::preferred is 9"},
+  };
+  for (const Case& c : cases) {
+    try {
+      Pipeline pipeline(*env.source, units(), make_layer, env.mc, c.options);
+      FAIL("accepted");
+    } catch (const Error& e) {
+      CHECK(e.kind() == errc::invalid_argument);
+      CHECK_THAT(e.what(), Catch::Contains(c.says));
+    }
+  }
+  CHECK(env.source->pool().in_use() == 0);
+}

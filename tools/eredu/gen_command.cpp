@@ -1,9 +1,21 @@
+// `eredu gen OUT`: a deterministic synthetic Llama-shaped checkpoint.
+//
+// Where it goes, one rule: OUT ending in ".safetensors" is a single file; any other OUT is
+// a directory (created if missing) that gets "model.safetensors" (one shard) or N shards
+// "model-0000i-of-0000N.safetensors" and "model.safetensors.index.json". An existing
+// checkpoint at OUT (the file, or any *.safetensors, index or checksum sidecar in the
+// directory) is refused unless --force, which removes it first, so OUT never ends up
+// holding two checkpoints. A single file is written under a temporary name and renamed, so
+// an interrupted run leaves no partial file under OUT.
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <memory>
 #include <system_error>
 #include <vector>
 
@@ -16,16 +28,34 @@
 #include "eredu/io/open_catalog.hpp"
 #include "eredu/io/sha256.hpp"
 #include "eredu/synth/synthetic_checkpoint.hpp"
+#include "progress.hpp"
 
 namespace eredu::cli {
 namespace {
 
+namespace fs = std::filesystem;
+
+/// The options of `eredu gen`, with their defaults.
+struct GenOptions {
+  std::string out;
+  std::uint64_t size = std::uint64_t{512} << 20;
+  std::string dtype = "bf16";
+  std::uint32_t shards = 1;
+  std::uint64_t seed = 1;
+  std::uint32_t layers = 0;
+  bool tie_embeddings = false;
+  bool checksums = false;
+  bool force = false;
+};
+
 /// SHA-256 of every tensor of the checkpoint at `out`, written as its checksum sidecar
 /// (what a hot-swap verifies before it publishes).
-std::filesystem::path write_checksums(const std::filesystem::path& out) {
+fs::path write_checksums(const fs::path& out, Progress& progress) {
   const io::Catalog catalog = io::open_catalog(out);
   io::Checksums sums;
   std::vector<std::byte> buffer(std::size_t{4} << 20);
+  std::uint64_t hashed = 0;
+  progress.phase("hash", catalog.total_bytes());
   for (const io::TensorInfo& t : catalog.tensors()) {
     const std::string& path = catalog.file_of(t).path;
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -49,11 +79,13 @@ std::filesystem::path write_checksums(const std::filesystem::path& out) {
       }
       hash.update(std::span(buffer.data(), static_cast<std::size_t>(r)));
       done += static_cast<std::uint64_t>(r);
+      progress.update(hashed + done);
     }
+    hashed += t.nbytes;
     ::close(fd);
     sums.add(t.name, hash.hex_digest());
   }
-  const std::filesystem::path sidecar = io::Checksums::sidecar_path(out);
+  const fs::path sidecar = io::Checksums::sidecar_path(out);
   std::ofstream file(sidecar, std::ios::binary | std::ios::trunc);
   file << sums.to_json();
   file.close();
@@ -61,52 +93,134 @@ std::filesystem::path write_checksums(const std::filesystem::path& out) {
   return sidecar;
 }
 
-}  // namespace
+/// The files of a checkpoint already at `out` (see the file comment), which --force removes.
+std::vector<fs::path> existing_checkpoint(const fs::path& out, bool directory) {
+  std::vector<fs::path> found;
+  std::error_code ec;
+  if (!directory) {
+    for (const fs::path& p : {out, io::Checksums::sidecar_path(out)})
+      if (fs::exists(fs::symlink_status(p, ec))) found.push_back(p);
+    return found;
+  }
+  if (!fs::is_directory(out, ec)) return found;
+  for (const fs::directory_entry& e : fs::directory_iterator(out)) {
+    const std::string name = e.path().filename().string();
+    const bool ours = e.path().extension() == ".safetensors" || name == "model.safetensors.index.json" ||
+                      name.ends_with(".sha256.json");
+    if (ours && !e.is_directory(ec)) found.push_back(e.path());
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
 
-int run_gen(int argc, char** argv) {
-  Args args = parse_args(argc, argv, 2, {"size", "dtype", "shards", "seed", "layers"},
-                         {"tie-embeddings", "checksums", "quiet"});
-  if (args.positional.size() != 1) {
-    throw std::invalid_argument(
-        "usage: eredu gen OUT [--size 512M] [--dtype bf16|f16|f32] [--shards N] [--seed S] [--layers N] "
-        "[--tie-embeddings] [--checksums]");
-  }
-  synth::SyntheticOptions o;
-  o.target_bytes = parse_bytes(args.get("size", "512M"));
-  std::string dtype = args.get("dtype", "bf16");
-  if (dtype == "bf16")
-    o.dtype = DType::BF16;
-  else if (dtype == "f16")
-    o.dtype = DType::F16;
-  else if (dtype == "f32")
-    o.dtype = DType::F32;
-  else
-    throw std::invalid_argument("--dtype must be bf16, f16 or f32");
-  o.shards = static_cast<std::uint32_t>(std::stoul(args.get("shards", "1")));
-  o.seed = std::stoull(args.get("seed", "1"));
-  o.layers = static_cast<std::uint32_t>(std::stoul(args.get("layers", "0")));
-  o.tie_embeddings = args.has("tie-embeddings");
-  auto model = synth::plan_model(o);
-  const std::string out = args.positional[0];
-  if (!args.has("quiet")) {
+int run_gen(const GenOptions& o, const CommonFlags& flags) {
+  synth::SyntheticOptions s;
+  s.target_bytes = o.size;
+  s.dtype = o.dtype == "f16" ? DType::F16 : o.dtype == "f32" ? DType::F32 : DType::BF16;
+  s.shards = o.shards;
+  s.seed = o.seed;
+  s.layers = o.layers;
+  s.tie_embeddings = o.tie_embeddings;
+  const synth::SyntheticModel model = synth::plan_model(s);
+  if (o.shards > model.tensors.size())
+    throw UsageError(fmt::format("--shards: '{}' is more than the {} tensors of this model (1 to {})", o.shards,
+                                 model.tensors.size(), model.tensors.size()));
+
+  const fs::path out(o.out);
+  const bool single_file = out.extension() == ".safetensors";
+  if (single_file && o.shards > 1)
+    throw UsageError(
+        fmt::format("OUT '{}' names a single .safetensors file, but --shards {} writes a directory: "
+                    "give a directory name (no .safetensors extension)",
+                    o.out, o.shards));
+  std::error_code ec;
+  if (single_file && fs::is_directory(out, ec))
+    throw Error(errc::invalid_argument, {.file = o.out}, "is a directory: a single-file checkpoint cannot go there");
+  if (!single_file && fs::exists(out, ec) && !fs::is_directory(out, ec))
+    throw Error(errc::invalid_argument, {.file = o.out},
+                "exists and is not a directory (a single-file checkpoint's name ends in .safetensors)");
+  const std::vector<fs::path> existing = existing_checkpoint(out, !single_file);
+  if (!existing.empty() && !o.force)
+    throw Error(errc::invalid_argument, {.file = o.out},
+                fmt::format("already holds a checkpoint ({}{}); --force replaces it", existing.front().string(),
+                            existing.size() > 1 ? fmt::format(" and {} more files", existing.size() - 1) : ""));
+  for (const fs::path& p : existing) fs::remove(p);
+
+  // Where the data goes: the file itself, model.safetensors in the directory, or the shards.
+  const fs::path target = single_file ? out : (o.shards == 1 ? out / "model.safetensors" : out);
+  if (!single_file) fs::create_directories(out);
+  const fs::path partial = single_file ? fs::path(o.out + fmt::format(".partial-{}", ::getpid())) : target;
+
+  if (!flags.quiet && !flags.json)
     fmt::print(stderr, "generating {}: {} layers, hidden {}, intermediate {}, vocab {}, {} tensors, {}, {} shard{}\n",
-               out, model.layers, model.hidden, model.intermediate, model.vocab, model.tensors.size(),
+               o.out, model.layers, model.hidden, model.intermediate, model.vocab, model.tensors.size(),
                format_bytes(model.total_bytes), o.shards, o.shards == 1 ? "" : "s");
+  Progress progress(!flags.quiet);
+  progress.phase("write", model.total_bytes);
+  const double t0 = now_seconds();
+  try {
+    synth::write_synthetic(partial, s, [&](std::uint64_t done, std::uint64_t) { progress.update(done); });
+    if (partial != target) fs::rename(partial, target);
+  } catch (...) {
+    if (partial != target) fs::remove(partial, ec);
+    throw;
   }
-  Progress progress("gen ", model.total_bytes);
-  double t0 = now_seconds();
-  synth::write_synthetic(out, o, [&](std::uint64_t done, std::uint64_t) { progress.update(done); });
+  const double write_s = now_seconds() - t0;
+  fs::path sidecar;
+  double hash_s = 0;
+  if (o.checksums) {
+    const double th = now_seconds();
+    sidecar = write_checksums(out, progress);
+    hash_s = now_seconds() - th;
+  }
   progress.finish();
-  if (!args.has("quiet")) {
-    double s = now_seconds() - t0;
-    fmt::print(stderr, "wrote {} in {:.2f} s ({:.2f} GB/s)\n", format_bytes(model.total_bytes), s,
-               static_cast<double>(model.total_bytes) / s / 1e9);
-  }
-  if (args.has("checksums")) {
-    const std::filesystem::path sidecar = write_checksums(out);
-    if (!args.has("quiet")) fmt::print(stderr, "wrote the SHA-256 of every tensor to {}\n", sidecar.string());
+
+  if (flags.json) {
+    JsonWriter json;
+    begin_document(json, "gen");
+    json.field("path", o.out).field("dtype", o.dtype).field("seed", o.seed);
+    json.count("layer", model.layers).field("hidden", model.hidden).field("intermediate", model.intermediate);
+    json.field("vocab", model.vocab).count("tensor", model.tensors.size()).count("shard", o.shards);
+    json.bytes("", model.total_bytes).seconds("", write_s).rate("", gb_per_s(model.total_bytes, write_s));
+    if (o.checksums)
+      json.field("checksums", sidecar.string());
+    else
+      json.null_field("checksums");
+    json.seconds("hash", hash_s);
+    print_document(json);
+  } else if (!flags.quiet) {
+    fmt::print(stderr, "wrote {} in {:.2f} s ({:.2f} GB/s)\n", format_bytes(model.total_bytes), write_s,
+               gb_per_s(model.total_bytes, write_s));
+    if (o.checksums) fmt::print(stderr, "wrote the SHA-256 of every tensor to {}\n", sidecar.string());
   }
   return 0;
+}
+
+}  // namespace
+
+Command add_gen_command(CLI::App& app, CommonFlags& flags) {
+  auto o = std::make_shared<GenOptions>();
+  CLI::App* cmd = add_command(
+      app, "gen", "write a deterministic synthetic Llama-shaped checkpoint",
+      "Writes a synthetic checkpoint whose values depend only on the seed. OUT ending in .safetensors is one "
+      "file; any other OUT is a directory that gets model.safetensors, or with --shards N, N shards "
+      "model-0000i-of-0000N.safetensors and model.safetensors.index.json. An existing checkpoint at OUT is "
+      "refused unless --force, which replaces it whole.");
+  add_path(*cmd, "OUT", o->out, "the file (*.safetensors) or directory to write");
+  add_bytes(*cmd, "--size", o->size, std::uint64_t{64} << 10, std::uint64_t{4} << 40,
+            "approximate bytes of tensor data");
+  add_choice(*cmd, "--dtype", o->dtype, {"bf16", "f16", "f32"}, "element type of every tensor");
+  add_integer(*cmd, "--shards", o->shards, 1u, 99999u, "files to split the tensors into, at most one per tensor");
+  add_integer(*cmd, "--seed", o->seed, std::uint64_t{0}, std::numeric_limits<std::uint64_t>::max(),
+              "determines every value");
+  add_integer(*cmd, "--layers", o->layers, 0u, 4096u, "decoder layers; 0 chooses them from --size");
+  cmd->add_flag("--tie-embeddings", o->tie_embeddings, "write no lm_head.weight (it aliases the embedding)");
+  cmd->add_flag("--checksums", o->checksums,
+                "also write the SHA-256 of every tensor to the checksum sidecar a swap verifies "
+                "(<file>.sha256.json, or checksums.sha256.json inside a directory)");
+  cmd->add_flag("--force", o->force, "replace an existing checkpoint at OUT");
+  add_common_flags(*cmd, flags, true);
+  return {cmd, [o](const CommonFlags& f) { return run_gen(*o, f); }};
 }
 
 }  // namespace eredu::cli

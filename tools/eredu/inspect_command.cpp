@@ -1,43 +1,51 @@
+// `eredu inspect PATH`: the tensors of a checkpoint, as a table or one JSON document.
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <memory>
 #include <string>
 
 #include <fmt/format.h>
 
 #include "cli.hpp"
 #include "commands.hpp"
-#include "eredu/io/json_text.hpp"
 #include "eredu/io/open_catalog.hpp"
 
 namespace eredu::cli {
+namespace {
 
-int run_inspect(int argc, char** argv) {
-  Args args = parse_args(argc, argv, 2, {}, {"json"});
-  if (args.positional.size() != 1) throw std::invalid_argument("usage: eredu inspect PATH [--json]");
-  io::Catalog catalog = io::open_catalog(args.positional[0]);
-  auto files = catalog.files();
-  if (args.has("json")) {
-    std::string out = "{\"path\":" + io::json::quoted(args.positional[0]) + ",\"files\":[";
-    for (std::size_t i = 0; i < files.size(); ++i) {
-      out += fmt::format("{}{{\"path\":{},\"format\":{},\"size\":{},\"data_offset\":{}}}", i ? "," : "",
-                         io::json::quoted(files[i].path), io::json::quoted(files[i].format), files[i].size,
-                         files[i].data_offset);
+/// The options of `eredu inspect`.
+struct InspectOptions {
+  std::string path;
+};
+
+int run_inspect(const InspectOptions& o, const CommonFlags& flags) {
+  const io::Catalog catalog = io::open_catalog(o.path);
+  const auto files = catalog.files();
+  if (flags.json) {
+    JsonWriter json;
+    begin_document(json, "inspect");
+    json.field("path", o.path);
+    json.key("files").begin_array();
+    for (const auto& f : files) {
+      json.begin_object().field("path", f.path).field("format", f.format).bytes("size", f.size);
+      json.field("data_offset", f.data_offset).end_object();
     }
-    out += "],\"metadata\":{";
-    bool first = true;
-    for (const auto& [k, v] : catalog.metadata()) {
-      out += fmt::format("{}{}:{}", first ? "" : ",", io::json::quoted(k), io::json::quoted(v));
-      first = false;
-    }
-    out += "},\"tensors\":[";
-    first = true;
+    json.end_array();
+    json.key("metadata").begin_object();
+    for (const auto& [k, v] : catalog.metadata()) json.field(k, v);
+    json.end_object();
+    json.key("tensors").begin_array();
     for (const auto& t : catalog.tensors()) {
-      out += fmt::format("{}{{\"name\":{},\"dtype\":\"{}\",\"shape\":[{}],\"bytes\":{},\"file\":{},\"offset\":{}}}",
-                         first ? "" : ",", io::json::quoted(t.name), dtype_name(t.dtype), fmt::join(t.shape, ","),
-                         t.nbytes, io::json::quoted(files[t.file].path), t.offset);
-      first = false;
+      json.begin_object().field("name", t.name).field("dtype", dtype_name(t.dtype));
+      json.key("shape").begin_array();
+      for (const auto d : t.shape) json.value(d);
+      json.end_array();
+      json.bytes("", t.nbytes).field("file", files[t.file].path).field("offset", t.offset).end_object();
     }
-    out += fmt::format("],\"tensor_count\":{},\"total_bytes\":{}}}", catalog.size(), catalog.total_bytes());
-    std::puts(out.c_str());
+    json.end_array();
+    json.count("tensor", catalog.size()).count("file", files.size()).bytes("tensor", catalog.total_bytes());
+    print_document(json);
     return 0;
   }
   std::size_t name_w = 4;
@@ -57,6 +65,17 @@ int run_inspect(int argc, char** argv) {
   }
   fmt::print("\n");
   return 0;
+}
+
+}  // namespace
+
+Command add_inspect_command(CLI::App& app, CommonFlags& flags) {
+  auto o = std::make_shared<InspectOptions>();
+  CLI::App* cmd = add_command(app, "inspect", "list the tensors of a checkpoint",
+                              "Lists the tensors of a checkpoint: name, dtype, shape, bytes, file, and totals.");
+  add_path(*cmd, "PATH", o->path, "a .safetensors file, a sharded directory, or its model.safetensors.index.json");
+  add_common_flags(*cmd, flags, true);
+  return {cmd, [o](const CommonFlags& f) { return run_inspect(*o, f); }};
 }
 
 }  // namespace eredu::cli

@@ -1,11 +1,13 @@
-// `eredu load`: every tensor of a checkpoint into CPU tensors through the engine.
+// `eredu load PATH`: every tensor of a checkpoint into CPU tensors through the engine.
 #include <tbb/global_control.h>
 
+#include <asio/bind_cancellation_slot.hpp>
 #include <asio/io_context.hpp>
 #include <asio/steady_timer.hpp>
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -16,153 +18,212 @@
 #include "eredu/cpu/catalog_module.hpp"
 #include "eredu/cpu/convert.hpp"
 #include "eredu/engine/load.hpp"
-#include "eredu/io/json_text.hpp"
+#include "interrupt.hpp"
+#include "progress.hpp"
+#include "verify_flags.hpp"
 
 namespace eredu::cli {
 namespace {
 
-constexpr const char* load_usage =
-    "usage: eredu load PATH [--dtype keep|bf16|f16|f32] [--threads N] [--budget 256M] [--repeat N] "
-    "[--reader auto|uring|pread] [--depth 8] [--request 8M] [--kernels best|generic] [--chunk 64M] "
-    "[--copies arena|reader] [--json]";
+/// The options of `eredu load`, with their defaults.
+struct LoadOptions {
+  std::string path;
+  std::string dtype = "keep";
+  unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  std::uint64_t budget = std::uint64_t{256} << 20;
+  unsigned repeat = 1;
+  std::string reader = "auto";
+  std::string uring_files = "local";
+  // A load has every tensor in flight at once: deeper and larger requests keep both cores
+  // copying (recycled 4 GiB loads: 11-13.5 GB/s at depth 8 / 8 MiB, 10.6-11.6 at 4 / 4 MiB).
+  unsigned depth = 8;
+  std::uint64_t request = std::uint64_t{8} << 20;
+  std::string kernels = "best";
+  // Converted tensors are read in chunk leases of this size, each converted while the next is read.
+  std::uint64_t chunk = std::uint64_t{64} << 20;
+  std::string copies = "arena";
+  std::string verify = "off";
+  std::string checksums;  // --checksums FILE
+};
 
 /// One timed load.
 struct LoadRun {
   double seconds = 0;
   bool recycled = false;
+  std::uint64_t tensors_verified = 0;
+  std::uint64_t bytes_verified = 0;
+  std::uint64_t tensors_unverified = 0;
 };
 
-/// Redraws the progress bar from the engine's counters every 100 ms until `done`.
+/// Redraws the progress display from the engine's counters every 100 ms until `done`. The
+/// counters count the bytes the tensors occupy after any cast; the display counts the
+/// checkpoint's bytes, as the summary does, by scaling with `source_per_output`.
 void watch_progress(asio::steady_timer& timer, const engine::MaterializeProgress& counters, Progress& bar,
-                    const bool& done) {
+                    double source_per_output, const bool& done) {
   timer.expires_after(std::chrono::milliseconds(100));
-  timer.async_wait([&timer, &counters, &bar, &done](std::error_code ec) {
+  timer.async_wait([&timer, &counters, &bar, source_per_output, &done](std::error_code ec) {
     if (ec || done) return;
-    bar.update(counters.bytes_done.load(std::memory_order_relaxed));
-    watch_progress(timer, counters, bar, done);
+    const auto output_done = static_cast<double>(counters.bytes_done.load(std::memory_order_relaxed));
+    bar.update(static_cast<std::uint64_t>(output_done * source_per_output));
+    watch_progress(timer, counters, bar, source_per_output, done);
   });
 }
 
-std::optional<DType> parse_dtype(const std::string& text) {
-  if (text == "keep") return std::nullopt;
+std::optional<DType> cast_of(const std::string& text) {
   if (text == "bf16") return DType::BF16;
   if (text == "f16") return DType::F16;
   if (text == "f32") return DType::F32;
-  throw std::invalid_argument("--dtype must be keep, bf16, f16 or f32");
+  return std::nullopt;  // keep
 }
 
-}  // namespace
-
-int run_load(int argc, char** argv) {
-  Args args = parse_args(
-      argc, argv, 2,
-      {"dtype", "threads", "budget", "repeat", "reader", "depth", "request", "kernels", "chunk", "copies"}, {"json"});
-  if (args.positional.size() != 1) throw std::invalid_argument(load_usage);
-  const std::string dtype_text = args.get("dtype", "keep");
-  const std::optional<DType> cast_to = parse_dtype(dtype_text);
-  const int threads = std::stoi(args.get("threads", std::to_string(std::thread::hardware_concurrency())));
-  if (threads < 1) throw std::invalid_argument("--threads must be at least 1");
-  const int repeat = std::stoi(args.get("repeat", "1"));
-  if (repeat < 1) throw std::invalid_argument("--repeat must be at least 1");
+int run_load(const LoadOptions& o, const CommonFlags& flags) {
+  const std::optional<DType> cast_to = cast_of(o.dtype);
   io::SourceOptions opts;
-  opts.pool.budget = parse_bytes(args.get("budget", "256M"));
-  // A load has every tensor in flight at once: deeper and larger requests keep both cores
-  // copying (recycled 4 GiB loads: 11-13.5 GB/s at depth 8 / 8 MiB, 10.6-11.6 at 4 / 4 MiB).
-  opts.reader.depth = static_cast<unsigned>(std::stoul(args.get("depth", "8")));
-  opts.reader.max_request = parse_bytes(args.get("request", "8M"));
-  const std::string reader = args.get("reader", "auto");
-  if (reader == "uring")
-    opts.reader.kind = io::ReaderKind::uring;
-  else if (reader == "pread")
-    opts.reader.kind = io::ReaderKind::pread;
-  else if (reader != "auto")
-    throw std::invalid_argument("--reader must be auto, uring or pread");
-  // Converted tensors are read in chunk leases of this size, each converted while the next is read.
-  opts.chunk_bytes = parse_bytes(args.get("chunk", "64M"));
-  const bool json = args.has("json");
-  const std::string copies = args.get("copies", "arena");
-  if (copies != "arena" && copies != "reader") throw std::invalid_argument("--copies must be arena or reader");
-  const std::string kernels = args.get("kernels", "best");
-  if (kernels == "generic")
-    cpu::use_convert_isa(cpu::ConvertIsa::generic);
-  else if (kernels != "best")
-    throw std::invalid_argument("--kernels must be best or generic");
+  opts.pool.budget = o.budget;
+  opts.reader.depth = o.depth;
+  opts.reader.max_request = o.request;
+  opts.reader.kind = o.reader == "uring"   ? io::ReaderKind::uring
+                     : o.reader == "pread" ? io::ReaderKind::pread
+                                           : io::ReaderKind::automatic;
+  opts.reader.uring_policy = o.uring_files == "all" ? io::UringPolicy::every_file : io::UringPolicy::by_file_system;
+  opts.chunk_bytes = o.chunk;
+  if (o.kernels == "generic") cpu::use_convert_isa(cpu::ConvertIsa::generic);
 
   // The event loop thread only submits reads and resumes coroutines; populating memory and
-  // converting run on TBB workers, so there must be `threads` of them besides this thread.
-  tbb::global_control workers(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(threads) + 1);
-  cpu::Executor executor(threads);
+  // converting run on TBB workers, so there must be `threads` of them besides this thread
+  // (without this, TBB warns that the number of workers is limited and runs fewer).
+  tbb::global_control workers(tbb::global_control::max_allowed_parallelism, std::size_t{o.threads} + 1);
+  cpu::Executor executor(static_cast<int>(o.threads));
   cpu::StoragePool storage;
   // A load has the machine to itself: copying resident tensors on the arena beats the
   // kernel's copies (docs/performance.md).
-  cpu::MaterializationContext context{executor, storage, copies == "arena"};
+  cpu::MaterializationContext context{executor, storage, o.copies == "arena"};
 
+  Progress bar(!flags.quiet);
+  bar.phase("open");
   asio::io_context ctx(1);
-  auto source = io::CheckpointSource::open(ctx.get_executor(), args.positional[0], opts);
+  Interrupt interrupt(ctx);
+  interrupt.doing(fmt::format("opening {}", o.path));
+  auto source = io::CheckpointSource::open(ctx.get_executor(), o.path, opts);
+  interrupt.check();
   const auto& catalog = source->catalog();
   const cpu::CatalogModule blueprint = cpu::CatalogModule::mirror(catalog, cast_to);
   const std::uint64_t source_bytes = catalog.total_bytes();
+  const double source_per_output =
+      blueprint.bytes() ? static_cast<double>(source_bytes) / static_cast<double>(blueprint.bytes()) : 1.0;
+  bool converts = false;  // slots are in catalog order
+  for (std::size_t i = 0; i < blueprint.size(); ++i) converts |= blueprint.slot(i).dtype != catalog.tensors()[i].dtype;
+  // Under require, a tensor without a digest fails here, before anything is read.
+  const io::Checksums sums = checksums_for(o.path, catalog, o.verify, o.checksums);
+  const std::size_t digest_count = sums.size();
+  const engine::VerifyOptions verify = verify_options(o.verify, sums);
 
   std::vector<LoadRun> runs;
   std::optional<cpu::CatalogModule> model;
-  for (int r = 0; r < repeat; ++r) {
+  for (unsigned r = 0; r < o.repeat; ++r) {
     // Drop the previous model first: its storage returns to the pool and is reused.
     model.reset();
     const bool recycled = storage.stats().retained_bytes > 0;
     model.emplace(blueprint.unbound());
     engine::MaterializeProgress counters;
-    Progress bar(repeat > 1 ? fmt::format("load {}/{}", r + 1, repeat) : std::string("load"), blueprint.bytes());
+    bar.phase(converts ? "convert" : "read", source_bytes,
+              o.repeat > 1 ? fmt::format("load {}/{}", r + 1, o.repeat) : std::string("load"));
     bool done = false;
     asio::steady_timer timer(ctx);
-    watch_progress(timer, counters, bar, done);
+    watch_progress(timer, counters, bar, source_per_output, done);
     const double t0 = now_seconds();
     std::exception_ptr failure;
     double seconds = 0;
-    engine::async_load<cpu::Backend>(*model, *source, blueprint.plan(), context, {.progress = &counters},
-                                     [&](std::exception_ptr e) {
+    // The one asynchronous engine call of this command.
+    interrupt.doing(fmt::format("loading {} (load {} of {}); the module was left unbound", o.path, r + 1, o.repeat));
+    engine::async_load<cpu::Backend>(*model, *source, blueprint.plan(), context,
+                                     {.progress = &counters, .verify = verify},
+                                     asio::bind_cancellation_slot(interrupt.slot(), [&](std::exception_ptr e) {
                                        seconds = now_seconds() - t0;
                                        failure = e;
                                        done = true;
                                        timer.cancel();
-                                     });
+                                       interrupt.disarm();
+                                     }));
+    interrupt.arm();
     ctx.restart();
     ctx.run();  // returns once the load has completed and the progress timer is cancelled
-    bar.finish();
-    if (failure) std::rethrow_exception(failure);
-    runs.push_back({seconds, recycled});
+    interrupt.rethrow(failure);
+    runs.push_back({seconds, recycled, counters.tensors_verified.load(), counters.bytes_verified.load(),
+                    counters.tensors_unverified.load()});
   }
+  bar.finish();
 
   const std::uint64_t rss = peak_rss_bytes();
-  if (json) {
-    std::string loads;
-    for (const auto& run : runs)
-      loads += fmt::format("{}{{\"seconds\":{:.6f},\"gb_per_s\":{:.4f},\"recycled\":{}}}", loads.empty() ? "" : ",",
-                           run.seconds, static_cast<double>(source_bytes) / run.seconds / 1e9,
-                           run.recycled ? "true" : "false");
-    fmt::print(
-        "{{\"path\":{},\"reader\":{},\"tensors\":{},\"files\":{},\"source_bytes\":{},\"bytes\":{},\"dtype\":{},"
-        "\"threads\":{},\"kernels\":{},\"copies\":{},\"budget\":{},\"loads\":[{}],\"staging_high_water\":{},\"peak_rss_"
-        "bytes\":{},"
-        "\"storage_retained_bytes\":{}}}\n",
-        io::json::quoted(args.positional[0]), io::json::quoted(source->reader().name()), catalog.size(),
-        catalog.files().size(), source_bytes, blueprint.bytes(), io::json::quoted(dtype_text), threads,
-        io::json::quoted(cpu::convert_isa_name()), io::json::quoted(copies), source->pool().budget(), loads,
-        source->pool().high_water(), rss, storage.stats().retained_bytes);
+  if (flags.json) {
+    JsonWriter json;
+    begin_document(json, "load");
+    json.field("path", o.path).field("reader", source->reader().name());
+    json.count("tensor", catalog.size()).count("file", catalog.files().size());
+    json.bytes("tensor", source_bytes).bytes("", source_bytes).bytes("output", blueprint.bytes());
+    json.field("dtype", o.dtype).field("threads", o.threads).field("kernels", cpu::convert_isa_name());
+    json.field("copies", o.copies).bytes("budget", source->pool().budget());
+    json.field("verify", o.verify).count("checksum", digest_count);
+    json.key("loads").begin_array();
+    for (const LoadRun& run : runs) {
+      json.begin_object().seconds("", run.seconds).rate("", gb_per_s(source_bytes, run.seconds));
+      json.field("recycled", run.recycled).count("tensor_verified", run.tensors_verified);
+      json.bytes("verified", run.bytes_verified).count("tensor_unverified", run.tensors_unverified).end_object();
+    }
+    json.end_array();
+    json.bytes("staging_high_water", source->pool().high_water()).bytes("peak_rss", rss);
+    json.bytes("storage_retained", storage.stats().retained_bytes);
+    print_document(json);
   } else {
     for (std::size_t i = 0; i < runs.size(); ++i)
       fmt::print("load{} {} ({} tensors, {} file{}) into {} of CPU tensors ({}) in {:.3f} s: {:.2f} GB/s{}\n",
                  runs.size() > 1 ? fmt::format(" {}", i + 1) : std::string(), format_bytes(source_bytes),
                  catalog.size(), catalog.files().size(), catalog.files().size() == 1 ? "" : "s",
-                 format_bytes(blueprint.bytes()), dtype_text, runs[i].seconds,
-                 static_cast<double>(source_bytes) / runs[i].seconds / 1e9,
+                 format_bytes(blueprint.bytes()), o.dtype, runs[i].seconds, gb_per_s(source_bytes, runs[i].seconds),
                  runs[i].recycled ? " (recycled storage)" : " (fresh storage)");
-    fmt::print("  threads  {} (TBB arena), conversion kernels {}, reader {}\n", threads, cpu::convert_isa_name(),
+    fmt::print("  threads  {} (TBB arena), conversion kernels {}, reader {}\n", o.threads, cpu::convert_isa_name(),
                source->reader().describe());
     fmt::print("  staging  high-water {} of a {} budget\n", format_bytes(source->pool().high_water()),
                format_bytes(source->pool().budget()));
     fmt::print("  memory   peak RSS {}\n", format_bytes(rss));
+    const LoadRun& last = runs.back();
+    fmt::print("  verify   {}\n", verify_summary(o.verify, last.tensors_verified, last.bytes_verified,
+                                                 last.tensors_unverified, digest_count));
   }
   return 0;
+}
+
+}  // namespace
+
+Command add_load_command(CLI::App& app, CommonFlags& flags) {
+  auto o = std::make_shared<LoadOptions>();
+  CLI::App* cmd = add_command(
+      app, "load", "load every tensor into CPU tensors through the engine",
+      "Loads every tensor into CPU tensors through the engine (one slot per tensor, --dtype casting the float "
+      "ones) and prints bytes, seconds, GB/s, staging high-water and peak RSS. Bytes and rates count the "
+      "checkpoint's bytes as stored, whatever --dtype converts to. --repeat N loads N times, each reusing the "
+      "previous load's storage.");
+  add_path(*cmd, "PATH", o->path, "a .safetensors file, a sharded directory, or its model.safetensors.index.json");
+  add_choice(*cmd, "--dtype", o->dtype, {"keep", "bf16", "f16", "f32"}, "cast every float tensor to this dtype");
+  add_integer(*cmd, "--threads", o->threads, 1u, 1024u, "TBB threads that populate and convert", "the number of CPUs");
+  add_bytes(*cmd, "--budget", o->budget, 4096, std::uint64_t{1} << 40, "staging memory of the lease pool");
+  add_integer(*cmd, "--repeat", o->repeat, 1u, 1000u, "load this many times, each reusing the previous load's storage");
+  add_choice(*cmd, "--reader", o->reader, {"auto", "uring", "pread"},
+             "reader: io_uring, pread, or auto (io_uring where the kernel allows it)");
+  add_choice(*cmd, "--uring-files", o->uring_files, {"local", "all"},
+             "files io_uring may read: local (ext4, xfs, btrfs, tmpfs, overlayfs...; FUSE, NFS, SMB, 9p, ceph and "
+             "unknown file systems are read with pread, where io_uring can hide a failed read) or all");
+  add_integer(*cmd, "--depth", o->depth, 1u, 256u, "read requests in flight");
+  add_bytes(*cmd, "--request", o->request, 4096, std::uint64_t{1} << 30, "largest single read request");
+  add_choice(*cmd, "--kernels", o->kernels, {"best", "generic"},
+             "conversion kernels: best (AVX2/F16C where the CPU has them) or generic (portable C++)");
+  add_bytes(*cmd, "--chunk", o->chunk, 4096, std::uint64_t{1} << 40,
+            "lease size converted tensors are read and converted in");
+  add_choice(*cmd, "--copies", o->copies, {"arena", "reader"},
+             "who copies page-cache-resident tensors: the TBB arena, from a mapping, or the reader");
+  add_verify_flags(*cmd, o->verify, o->checksums, "of every tensor as it lands (each load)");
+  add_common_flags(*cmd, flags, true);
+  return {cmd, [o](const CommonFlags& f) { return run_load(*o, f); }};
 }
 
 }  // namespace eredu::cli

@@ -1,86 +1,114 @@
-// eredu: inspect, read, load and generate checkpoints from the command line.
+// eredu: inspect, read, load, stream, hot-swap and generate checkpoints from the command line.
+//
+// Exit status (docs/cli.md, options.hpp's exit_status_text): 0 success; 1 the command ran
+// and failed; 2 a usage error, reported before anything runs.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <stdexcept>
+#include <exception>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
+#include "cli.hpp"
 #include "commands.hpp"
 #include "eredu/core/error.hpp"
-#include "eredu/io/json_text.hpp"
+#include "eredu/core/log.hpp"
+#include "interrupt.hpp"
+#include "options.hpp"
+#include "version.hpp"
 
 namespace {
 
-constexpr const char* usage = R"(eredu — asynchronous checkpoint loading
+constexpr const char* description =
+    "eredu: asynchronous checkpoint loading (safetensors files and sharded directories)";
 
-usage:
-  eredu inspect PATH [--json]
-      the tensors of a checkpoint (file, sharded directory, or *.index.json): name, dtype,
-      shape, bytes, file, and totals
-  eredu read PATH [--reader auto|uring|pread] [--budget 256M] [--depth 4] [--request 4M]
-                  [--direct auto|on|off] [--concurrency 2] [--chunk 4M] [--verify on|off] [--json]
-      reads every tensor through the bounded lease pool (in --chunk sized leases; 0 for
-      one lease per tensor), verifies each against an
-      independent pread pass, and prints bytes, seconds, GB/s, staging high-water, peak RSS
-  eredu load PATH [--dtype keep|bf16|f16|f32] [--threads N] [--budget 256M] [--repeat N]
-                  [--reader auto|uring|pread] [--depth 8] [--request 8M] [--json]
-      loads every tensor into CPU tensors through the engine (one slot per tensor; --dtype
-      casts float tensors), with a progress bar, and prints bytes, seconds, GB/s, staging
-      high-water and peak RSS; --repeat N loads N times, reusing the previous load's storage
-  eredu pipeline PATH [--budget BYTES] [--lookahead 2] [--passes 1] [--threads N]
-                      [--compute none|matvec] [--staging 64M] [--json]
-      streams the checkpoint's layers (<prefix>layers.<N>.*, one unit per layer; other
-      tensors skipped) through a prefetch pipeline within --budget bytes of resident units
-      (default (K+1) x the largest unit), a matvec per weight meanwhile; prints progress,
-      GB/s, I/O, compute and stall time, resident high-water vs budget, peak RSS
-  eredu swap A B [--swaps 2] [--requests 2000] [--concurrency 8] [--serve-threads 0]
-                 [--swap-threads 1] [--budget 32M] [--work 256K] [--verify on|off] [--corrupt] [--json]
-      serves synthetic requests from A while hot-swapping (engine::ModelSlot) to B and back
-      --swaps times, then with --corrupt attempts a swap to a corrupted copy of B (rejected by
-      its checksum); prints request latency per phase, publish pauses, and checks that every
-      response came from exactly one version (exit 1 if not)
-  eredu gen OUT [--size 512M] [--dtype bf16|f16|f32] [--shards N] [--seed S] [--layers N]
-                [--tie-embeddings] [--checksums]
-      writes a deterministic synthetic Llama-shaped checkpoint (OUT is a directory when
-      --shards > 1); --checksums also writes the SHA-256 of every tensor to a sidecar that a
-      hot-swap verifies
-)";
+// The first argument naming a subcommand, for messages before (or without) a parse.
+std::string command_in(int argc, char** argv, const std::vector<eredu::cli::Command>& commands) {
+  for (int i = 1; i < argc; ++i)
+    for (const eredu::cli::Command& c : commands)
+      if (c.app->get_name() == argv[i]) return argv[i];
+  return {};
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
-    std::fputs(usage, argc < 2 ? stderr : stdout);
-    return argc < 2 ? 2 : 0;
-  }
-  const std::string command = argv[1];
+  using namespace eredu::cli;
+  CLI::App app(description, "eredu");
+  app.get_formatter()->column_width(34);
+  app.set_help_flag("-h,--help", "print this help and exit");
+  app.set_version_flag("--version", fmt::format("eredu {} (commit {})", version, commit),
+                       "print the version and the git commit it was built from, and exit");
+  app.set_help_all_flag("--help-all", "print the help of every command and exit");
+  bool completion = false;
+  app.add_flag("--completion-bash", completion, "print a bash completion script for eredu and exit");
+  app.require_subcommand(0, 1);
+  app.footer(std::string("Run 'eredu COMMAND --help' for a command's options; docs/cli.md has them all and the JSON "
+                         "schema.\n\n") +
+             exit_status_text);
+
+  CommonFlags flags;
+  const std::vector<Command> commands = {add_inspect_command(app, flags), add_read_command(app, flags),
+                                         add_load_command(app, flags),    add_pipeline_command(app, flags),
+                                         add_swap_command(app, flags),    add_gen_command(app, flags)};
+
+  const std::string name = command_in(argc, argv, commands);
+  const std::string who = name.empty() ? "eredu" : "eredu " + name;
+  // --json is known before parsing so that a usage error can be reported as JSON too.
   const bool json = [&] {
-    for (int i = 2; i < argc; ++i)
-      if (!std::strcmp(argv[i], "--json")) return true;
+    for (int i = 1; i < argc; ++i)
+      if (std::string_view(argv[i]) == "--")
+        break;
+      else if (std::string_view(argv[i]) == "--json")
+        return true;
     return false;
   }();
+  auto usage_error = [&](std::string_view message) {
+    if (json) std::puts(usage_error_document(name, message).c_str());
+    fmt::print(stderr, "{}: {}\nRun '{} --help' for usage.\n", who, message, who);
+    return 2;
+  };
+
   try {
-    if (command == "inspect") return eredu::cli::run_inspect(argc, argv);
-    if (command == "read") return eredu::cli::run_read(argc, argv);
-    if (command == "gen") return eredu::cli::run_gen(argc, argv);
-    if (command == "load") return eredu::cli::run_load(argc, argv);
-    if (command == "pipeline") return eredu::cli::run_pipeline(argc, argv);
-    if (command == "swap") return eredu::cli::run_swap(argc, argv);
-    fmt::print(stderr, "eredu: unknown command '{}'\n\n{}", command, usage);
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --help-all, --version
+    return usage_error(e.what());
+  }
+  if (completion) {
+    std::fputs(bash_completion(app).c_str(), stdout);
+    return 0;
+  }
+  const auto chosen = std::find_if(commands.begin(), commands.end(), [](const Command& c) { return c.app->parsed(); });
+  if (chosen == commands.end()) {
+    std::fputs(app.help().c_str(), stderr);
     return 2;
-  } catch (const eredu::Error& e) {
-    if (json) {
-      fmt::print("{{\"error\":\"{}\",\"message\":{}}}\n", eredu::errc_name(e.kind()),
-                 eredu::io::json::quoted(e.what()));
+  }
+
+  namespace log = eredu::log;
+  log::set_level(flags.verbose ? log::Level::debug : flags.quiet ? log::Level::warn : log::Level::info);
+  try {
+    return chosen->run(flags);
+  } catch (const UsageError& e) {
+    return usage_error(e.what());
+  } catch (const Interrupted& e) {
+    if (json) std::puts(interrupted_document(name, e.what()).c_str());
+    fmt::print(stderr, "{}: {}\n", who, e.what());
+    return e.exit_code();
+  } catch (...) {
+    const std::exception_ptr error = std::current_exception();
+    if (json) std::puts(error_document(name, error).c_str());
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "{}: {}\n", who, e.what());
+    } catch (...) {
+      fmt::print(stderr, "{}: an unknown exception\n", who);
     }
-    fmt::print(stderr, "eredu {}: {}\n", command, e.what());
-    return 1;
-  } catch (const std::invalid_argument& e) {
-    fmt::print(stderr, "eredu {}: {}\n", command, e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "eredu {}: {}\n", command, e.what());
     return 1;
   }
 }

@@ -6,12 +6,12 @@
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
+#include <asio/bind_cancellation_slot.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/use_future.hpp>
 #include <chrono>
-#include <cstring>
 #include <future>
 #include <map>
 #include <memory>
@@ -31,21 +31,25 @@
 #include "eredu/engine/parameter_id.hpp"
 #include "eredu/engine/prefetch_pipeline.hpp"
 #include "eredu/io/checkpoint_source.hpp"
-#include "eredu/io/json_text.hpp"
+#include "interrupt.hpp"
+#include "progress.hpp"
+#include "verify_flags.hpp"
 
 namespace eredu::cli {
 namespace {
 
-constexpr const char* pipeline_usage =
-    "usage: eredu pipeline PATH [--budget BYTES] [--lookahead 2] [--passes 1] [--threads N] "
-    "[--compute none|matvec] [--staging 64M] [--json]\n"
-    "  streams the checkpoint's layers (tensors named <prefix>layers.<N>.<rest>, one unit per\n"
-    "  layer; other tensors are skipped) through a prefetch pipeline: while unit i is used,\n"
-    "  units i+1..i+K are read into CPU tensors, within --budget bytes of resident units\n"
-    "  (default (K+1) x the largest unit). --compute matvec multiplies every 2-D BF16/F16/F32\n"
-    "  weight by a vector on --threads TBB threads while the next units load; none releases\n"
-    "  each unit at once (pure streaming). Prints per-unit progress and bytes, seconds, GB/s,\n"
-    "  I/O, compute and stall time, the resident high-water against the budget, peak RSS.";
+/// The options of `eredu pipeline`, with their defaults.
+struct PipelineCommandOptions {
+  std::string path;
+  std::uint64_t budget = 0;  // 0: (lookahead + 1) x the largest unit
+  unsigned lookahead = 2;
+  unsigned passes = 1;
+  unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  std::string compute = "matvec";
+  std::uint64_t staging = std::uint64_t{64} << 20;
+  std::string verify = "off";
+  std::string checksums;  // --checksums FILE
+};
 
 /// A generic unit: one slot per tensor of a layer, named by what follows "layers.<N>.".
 class UnitModule {
@@ -206,46 +210,31 @@ asio::awaitable<void> consume(Pipeline& pipeline, cpu::Executor& compute, bool m
   co_await pipeline.async_close(asio::use_awaitable);
 }
 
-}  // namespace
-
-int run_pipeline(int argc, char** argv) {
-  for (int i = 2; i < argc; ++i)
-    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
-      fmt::print("{}\n", pipeline_usage);
-      return 0;
-    }
-  Args args = parse_args(argc, argv, 2, {"budget", "lookahead", "passes", "threads", "compute", "staging"}, {"json"});
-  if (args.positional.size() != 1) throw std::invalid_argument(pipeline_usage);
-  const std::uint64_t budget = args.has("budget") ? parse_bytes(args.get("budget", "")) : 0;
-  if (args.has("budget") && budget == 0) throw std::invalid_argument("--budget must be more than 0 bytes");
-  const long lookahead = std::stol(args.get("lookahead", "2"));
-  if (lookahead < 1) throw std::invalid_argument("--lookahead must be at least 1");
-  const long passes = std::stol(args.get("passes", "1"));
-  if (passes < 1) throw std::invalid_argument("--passes must be at least 1");
-  const int threads = std::stoi(args.get("threads", std::to_string(std::max(1u, std::thread::hardware_concurrency()))));
-  if (threads < 1) throw std::invalid_argument("--threads must be at least 1");
-  const std::string compute_mode = args.get("compute", "matvec");
-  if (compute_mode != "none" && compute_mode != "matvec")
-    throw std::invalid_argument("--compute must be none or matvec");
-  const bool json = args.has("json");
+int run_pipeline(const PipelineCommandOptions& o, const CommonFlags& flags) {
   io::SourceOptions opts;
-  opts.pool.budget = parse_bytes(args.get("staging", "64M"));
+  opts.pool.budget = o.staging;
   // Units read straight into their tensors (no staging unless a tensor needs it), with many
   // requests in flight, as `eredu load`; a small pool keeps peak RSS near the budget.
   opts.reader.depth = 8;
   opts.reader.max_request = std::size_t{8} << 20;
 
   // The event loop thread only submits reads and resumes coroutines: `threads` TBB workers
-  // besides it run the populates and the matvecs.
-  tbb::global_control workers(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(threads) + 1);
-  cpu::Executor loads(threads), compute(threads);
+  // besides it run the populates and the matvecs (without this, TBB warns that the number of
+  // workers is limited and runs fewer).
+  tbb::global_control workers(tbb::global_control::max_allowed_parallelism, std::size_t{o.threads} + 1);
+  cpu::Executor loads(static_cast<int>(o.threads)), compute(static_cast<int>(o.threads));
   cpu::StoragePool storage;
   cpu::MaterializationContext context{loads, storage};
+  Progress bar(!flags.quiet);
+  bar.phase("open");
   asio::io_context ctx(1);
-  auto source = io::CheckpointSource::open(ctx.get_executor(), args.positional[0], opts);
+  Interrupt interrupt(ctx);
+  interrupt.doing(fmt::format("opening {}", o.path));
+  auto source = io::CheckpointSource::open(ctx.get_executor(), o.path, opts);
+  interrupt.check();
   Grouping g = group_layers(source->catalog());
   if (g.units.empty())
-    throw Error(errc::invalid_argument, {.file = args.positional[0]},
+    throw Error(errc::invalid_argument, {.file = o.path},
                 fmt::format("none of its {} tensors is named like '<prefix>layers.<N>.<name>': nothing to stream",
                             source->catalog().size()));
   const std::size_t unit_count = g.units.size();
@@ -253,67 +242,109 @@ int run_pipeline(int argc, char** argv) {
   std::uint64_t pass_bytes = 0;
   for (std::uint64_t b : g.bytes) pass_bytes += b;
 
+  // Under require, a tensor without a digest fails here, before anything is read.
+  const io::Checksums sums = checksums_for(o.path, source->catalog(), o.verify, o.checksums);
+  const std::size_t digest_count = sums.size();
   std::vector<UnitModule> modules = std::move(g.modules);
   Pipeline pipeline(*source, std::move(g.units), [&modules](std::size_t i) { return modules[i]; }, context,
-                    {.lookahead = static_cast<std::size_t>(lookahead),
-                     .resident_budget = budget,
-                     .passes = static_cast<std::size_t>(passes)});
-  Progress bar(passes > 1 ? fmt::format("pipeline ×{}", passes) : std::string("pipeline"),
-               pass_bytes * static_cast<std::uint64_t>(passes));
+                    {.lookahead = o.lookahead,
+                     .resident_budget = o.budget,
+                     .passes = o.passes,
+                     .verify = verify_options(o.verify, sums)});
+  const std::uint64_t total_bytes = pass_bytes * o.passes;
+  bar.phase("read", total_bytes, o.passes > 1 ? fmt::format("pipeline ×{}", o.passes) : std::string("pipeline"));
   Consumed consumed;
-  std::future<void> done = asio::co_spawn(
-      ctx, consume(pipeline, compute, compute_mode == "matvec", bar, g.bytes, consumed), asio::use_future);
+  interrupt.doing(fmt::format("streaming {} through the pipeline", o.path));
+  std::exception_ptr failure;  // a unit's load error, its parameter named after the unit
+  asio::co_spawn(ctx, consume(pipeline, compute, o.compute == "matvec", bar, g.bytes, consumed),
+                 asio::bind_cancellation_slot(interrupt.slot(), [&](std::exception_ptr e) {
+                   failure = e;
+                   interrupt.disarm();
+                 }));
+  interrupt.arm();
   ctx.run();
   bar.finish();
-  done.get();  // rethrows a unit's load error, its parameter named after the unit
+  interrupt.rethrow(failure);
 
   const engine::PipelineStats stats = pipeline.stats();
   double compute_total = 0;
   for (double c : consumed.compute_s) compute_total += c;
-  const std::uint64_t total_bytes = pass_bytes * static_cast<std::uint64_t>(passes);
-  const double gbps = static_cast<double>(total_bytes) / consumed.wall_s / 1e9;
+  const double rate = gb_per_s(total_bytes, consumed.wall_s);
   const std::uint64_t rss = peak_rss_bytes();
   const bool within = stats.resident_high_water <= stats.budget;
-  const std::string& path = args.positional[0];
-  if (json) {
-    std::string units;
+  if (flags.json) {
+    JsonWriter json;
+    begin_document(json, "pipeline");
+    json.field("path", o.path).field("reader", source->reader().name());
+    json.count("unit", unit_count).count("layer_tensor", g.layer_tensors).count("skipped_tensor", g.skipped_tensors);
+    json.bytes("skipped", g.skipped_bytes).count("pass", o.passes).field("lookahead", o.lookahead);
+    json.field("threads", o.threads).field("compute", o.compute).bytes("pass", pass_bytes).bytes("", total_bytes);
+    json.seconds("", consumed.wall_s).rate("", rate).seconds("io", stats.load_s).seconds("compute", compute_total);
+    json.seconds("stall", stats.stall_s).bytes("budget", stats.budget).bytes("largest_unit", largest);
+    json.bytes("resident_high_water", stats.resident_high_water).field("within_budget", within);
+    json.bytes("staging_budget", source->pool().budget()).bytes("staging_high_water", source->pool().high_water());
+    json.bytes("peak_rss", rss).field("checksum", consumed.checksum);
+    json.field("verify", o.verify).count("digest", digest_count).count("tensor_verified", stats.tensors_verified);
+    json.bytes("verified", stats.bytes_verified);
+    json.key("units").begin_array();
     for (std::size_t i = 0; i < stats.units.size(); ++i) {
       const engine::UnitTiming& u = stats.units[i];
-      units += fmt::format(
-          "{}{{\"index\":{},\"pass\":{},\"bytes\":{},\"load_s\":{:.6f},\"compute_s\":{:.6f},"
-          "\"stall_s\":{:.6f}}}",
-          i ? "," : "", u.index, u.pass, u.bytes, u.load_s, consumed.compute_s.at(i), u.stall_s);
+      json.begin_object().field("index", u.index).field("pass", u.pass).bytes("", u.bytes);
+      json.seconds("load", u.load_s).seconds("compute", consumed.compute_s.at(i)).seconds("stall", u.stall_s);
+      json.end_object();
     }
-    fmt::print(
-        "{{\"path\":{},\"reader\":{},\"units\":{},\"layer_tensors\":{},\"skipped_tensors\":{},"
-        "\"skipped_bytes\":{},\"passes\":{},\"lookahead\":{},\"threads\":{},\"compute\":{},"
-        "\"bytes_per_pass\":{},\"bytes\":{},\"seconds\":{:.6f},\"gb_per_s\":{:.4f},\"io_s\":{:.6f},"
-        "\"compute_s\":{:.6f},\"stall_s\":{:.6f},\"budget\":{},\"largest_unit\":{},\"resident_high_water\":{},"
-        "\"within_budget\":{},\"staging_budget\":{},\"staging_high_water\":{},\"peak_rss_bytes\":{},"
-        "\"checksum\":{:.6g},\"per_unit\":[{}]}}\n",
-        io::json::quoted(path), io::json::quoted(source->reader().name()), unit_count, g.layer_tensors,
-        g.skipped_tensors, g.skipped_bytes, passes, lookahead, threads, io::json::quoted(compute_mode), pass_bytes,
-        total_bytes, consumed.wall_s, gbps, stats.load_s, compute_total, stats.stall_s, stats.budget, largest,
-        stats.resident_high_water, within ? "true" : "false", source->pool().budget(), source->pool().high_water(), rss,
-        consumed.checksum, units);
+    json.end_array();
+    print_document(json);
   } else {
     fmt::print("pipeline {} units ({} layers × {} pass{}) of {}: {} in {:.3f} s: {:.2f} GB/s\n", stats.delivered,
-               unit_count, passes, passes == 1 ? "" : "es", path, format_bytes(total_bytes), consumed.wall_s, gbps);
+               unit_count, o.passes, o.passes == 1 ? "" : "es", o.path, format_bytes(total_bytes), consumed.wall_s,
+               rate);
     fmt::print("  units    {} tensors in layers, largest unit {}; {} tensors outside layers skipped ({})\n",
                g.layer_tensors, format_bytes(largest), g.skipped_tensors, format_bytes(g.skipped_bytes));
     fmt::print(
         "  time     I/O {:.3f} s (Σ per-unit load, overlapping), compute {:.3f} s ({}), stall {:.3f} s "
         "(first unit {:.3f} s)\n",
-        stats.load_s, compute_total, compute_mode, stats.stall_s,
-        stats.units.empty() ? 0.0 : stats.units.front().stall_s);
+        stats.load_s, compute_total, o.compute, stats.stall_s, stats.units.empty() ? 0.0 : stats.units.front().stall_s);
     fmt::print(
         "  memory   look-ahead {}, resident high-water {} of a {} budget{}; staging high-water {} of {}; "
         "peak RSS {}\n",
-        lookahead, format_bytes(stats.resident_high_water), format_bytes(stats.budget), within ? "" : " (OVER BUDGET)",
-        format_bytes(source->pool().high_water()), format_bytes(source->pool().budget()), format_bytes(rss));
-    fmt::print("  threads  {} (TBB arenas for loads and compute), reader {}\n", threads, source->reader().describe());
+        o.lookahead, format_bytes(stats.resident_high_water), format_bytes(stats.budget),
+        within ? "" : " (OVER BUDGET)", format_bytes(source->pool().high_water()),
+        format_bytes(source->pool().budget()), format_bytes(rss));
+    fmt::print("  threads  {} (TBB arenas for loads and compute), reader {}\n", o.threads, source->reader().describe());
+    // Every read tensor of a layer is checked each pass; those without a digest are the rest.
+    const std::uint64_t reads = static_cast<std::uint64_t>(g.layer_tensors) * o.passes;
+    fmt::print("  verify   {}\n",
+               verify_summary(o.verify, stats.tensors_verified, stats.bytes_verified,
+                              o.verify == "off" ? 0 : reads - std::min(reads, stats.tensors_verified), digest_count));
   }
   return within ? 0 : 1;
+}
+
+}  // namespace
+
+Command add_pipeline_command(CLI::App& app, CommonFlags& flags) {
+  auto o = std::make_shared<PipelineCommandOptions>();
+  CLI::App* cmd = add_command(
+      app, "pipeline", "stream the checkpoint's layers through a prefetch pipeline",
+      "Streams the checkpoint's layers (tensors named <prefix>layers.<N>.<rest>, one unit per layer; other "
+      "tensors are skipped) through engine::PrefetchPipeline: while unit i is used, units i+1..i+K are read "
+      "into CPU tensors, within --budget bytes of resident units. Prints GB/s, I/O, compute and stall time, "
+      "the resident high-water against the budget (exit status 1 when over it) and peak RSS.");
+  add_path(*cmd, "PATH", o->path, "a .safetensors file, a sharded directory, or its model.safetensors.index.json");
+  add_bytes(*cmd, "--budget", o->budget, 4096, std::uint64_t{1} << 40, "bytes of resident units", {},
+            "(lookahead + 1) x the largest unit");
+  add_integer(*cmd, "--lookahead", o->lookahead, 1u, 64u, "units loaded ahead of the one in use (K)");
+  add_integer(*cmd, "--passes", o->passes, 1u, 1000000u, "passes over the layers");
+  add_integer(*cmd, "--threads", o->threads, 1u, 1024u, "TBB threads of each arena (loads, compute)",
+              "the number of CPUs");
+  add_choice(*cmd, "--compute", o->compute, {"none", "matvec"},
+             "matvec multiplies every 2-D BF16/F16/F32 weight by a vector while the next units load; none "
+             "releases each unit at once (pure streaming)");
+  add_bytes(*cmd, "--staging", o->staging, 4096, std::uint64_t{1} << 40, "staging memory of the lease pool");
+  add_verify_flags(*cmd, o->verify, o->checksums, "of every unit as it is read (each pass)");
+  add_common_flags(*cmd, flags, true);
+  return {cmd, [o](const CommonFlags& f) { return run_pipeline(*o, f); }};
 }
 
 }  // namespace eredu::cli

@@ -1,11 +1,15 @@
+// `eredu read PATH`: every tensor through the bounded lease pool, each checked against an
+// independent pread pass.
 #include <fcntl.h>
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <asio/bind_cancellation_slot.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <asio/use_awaitable.hpp>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -15,10 +19,25 @@
 #include "commands.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/io/checkpoint_source.hpp"
-#include "eredu/io/json_text.hpp"
+#include "interrupt.hpp"
+#include "progress.hpp"
 
 namespace eredu::cli {
 namespace {
+
+/// The options of `eredu read`, with their defaults.
+struct ReadOptions {
+  std::string path;
+  std::string reader = "auto";
+  std::string uring_files = "local";
+  std::uint64_t budget = std::uint64_t{256} << 20;
+  unsigned depth = 4;
+  std::uint64_t request = std::uint64_t{4} << 20;
+  std::string direct = "auto";
+  unsigned concurrency = 2;
+  std::uint64_t chunk = std::uint64_t{4} << 20;
+  std::string verify = "on";
+};
 
 struct ReadState {
   io::CheckpointSource* source = nullptr;
@@ -60,12 +79,15 @@ asio::awaitable<void> read_worker(ReadState* st) {
   }
 }
 
-// The independent path: plain pread of each tensor's byte range into a 16 MiB buffer.
-std::vector<std::uint64_t> reference_hashes(const io::Catalog& catalog) {
+// The independent path: plain pread of each tensor's byte range into a 16 MiB buffer;
+// `progress` gets the bytes hashed so far.
+std::vector<std::uint64_t> reference_hashes(const io::Catalog& catalog,
+                                            const std::function<void(std::uint64_t)>& progress) {
   std::vector<std::uint64_t> out;
   std::vector<std::byte> buf(std::size_t{16} << 20);
   std::vector<int> fds;
   for (const auto& f : catalog.files()) fds.push_back(::open(f.path.c_str(), O_RDONLY | O_CLOEXEC));
+  std::uint64_t total = 0;
   for (const auto& t : catalog.tensors()) {
     XXH3_state_t* h = XXH3_createState();
     XXH3_64bits_reset(h);
@@ -76,7 +98,9 @@ std::vector<std::uint64_t> reference_hashes(const io::Catalog& catalog) {
       if (n <= 0) break;
       XXH3_64bits_update(h, buf.data(), static_cast<std::size_t>(n));
       done += static_cast<std::uint64_t>(n);
+      progress(total + done);
     }
+    total += t.nbytes;
     out.push_back(done == t.nbytes ? XXH3_64bits_digest(h) : ~XXH3_64bits_digest(h));
     XXH3_freeState(h);
   }
@@ -84,80 +108,65 @@ std::vector<std::uint64_t> reference_hashes(const io::Catalog& catalog) {
   return out;
 }
 
-}  // namespace
-
-int run_read(int argc, char** argv) {
-  Args args = parse_args(
-      argc, argv, 2, {"reader", "budget", "depth", "direct", "request", "concurrency", "verify", "chunk"}, {"json"});
-  if (args.positional.size() != 1) {
-    throw std::invalid_argument(
-        "usage: eredu read PATH [--reader auto|uring|pread] [--budget 256M] [--depth 4] [--request 4M] "
-        "[--direct auto|on|off] [--concurrency 2] [--chunk 4M|0] [--verify on|off] [--json]");
-  }
+int run_read(const ReadOptions& o, const CommonFlags& flags) {
   io::SourceOptions opts;
-  opts.pool.budget = parse_bytes(args.get("budget", "256M"));
-  opts.reader.depth = static_cast<unsigned>(std::stoul(args.get("depth", "4")));
-  opts.reader.max_request = parse_bytes(args.get("request", "4M"));
-  std::string reader = args.get("reader", "auto");
-  if (reader == "auto")
-    opts.reader.kind = io::ReaderKind::automatic;
-  else if (reader == "uring")
-    opts.reader.kind = io::ReaderKind::uring;
-  else if (reader == "pread")
-    opts.reader.kind = io::ReaderKind::pread;
-  else
-    throw std::invalid_argument("--reader must be auto, uring or pread");
-  std::string direct = args.get("direct", "auto");
-  if (direct == "auto")
-    opts.reader.direct = io::DirectMode::automatic;
-  else if (direct == "on")
-    opts.reader.direct = io::DirectMode::on;
-  else if (direct == "off")
-    opts.reader.direct = io::DirectMode::off;
-  else
-    throw std::invalid_argument("--direct must be auto, on or off");
-  const std::string verify = args.get("verify", "on");
-  if (verify != "on" && verify != "off") throw std::invalid_argument("--verify must be on or off");
-  const unsigned concurrency = static_cast<unsigned>(std::stoul(args.get("concurrency", "2")));
-  if (concurrency == 0) throw std::invalid_argument("--concurrency must be at least 1");
-  const bool json = args.has("json");
+  opts.pool.budget = o.budget;
+  opts.reader.depth = o.depth;
+  opts.reader.max_request = o.request;
+  opts.reader.kind = o.reader == "uring"   ? io::ReaderKind::uring
+                     : o.reader == "pread" ? io::ReaderKind::pread
+                                           : io::ReaderKind::automatic;
+  opts.reader.uring_policy = o.uring_files == "all" ? io::UringPolicy::every_file : io::UringPolicy::by_file_system;
+  opts.reader.direct = o.direct == "on"    ? io::DirectMode::on
+                       : o.direct == "off" ? io::DirectMode::off
+                                           : io::DirectMode::automatic;
   // Consuming a tensor in request-sized leases keeps the staging memory that is written
   // cache-warm and reused; whole-tensor leases (--chunk 0) are what a loader that needs the
   // tensor at once gets.
-  const std::uint64_t chunk = parse_bytes(args.get("chunk", "4M"));
-  if (chunk) opts.chunk_bytes = chunk;
+  if (o.chunk) opts.chunk_bytes = o.chunk;
+  const bool verify = o.verify == "on";
 
+  Progress progress(!flags.quiet);
   asio::io_context ctx(1);
+  Interrupt interrupt(ctx);
+  interrupt.doing(fmt::format("opening {}", o.path));
+  progress.phase("open");
   const double t_setup = now_seconds();
-  auto source = io::CheckpointSource::open(ctx.get_executor(), args.positional[0], opts);
+  auto source = io::CheckpointSource::open(ctx.get_executor(), o.path, opts);
+  interrupt.check();
   const double setup_s = now_seconds() - t_setup;
   const auto& catalog = source->catalog();
 
   ReadState st;
   st.source = source.get();
   st.tensors = catalog.tensors();
-  st.verify = verify == "on";
-  st.chunk = chunk;
+  st.verify = verify;
+  st.chunk = o.chunk;
   st.hashes.resize(st.tensors.size());
-  Progress progress("read", catalog.total_bytes());
   st.progress = &progress;
+  progress.phase("read", catalog.total_bytes());
   const double t0 = now_seconds();
-  for (unsigned w = 0; w < concurrency; ++w) {
-    asio::co_spawn(ctx, read_worker(&st), [&st](std::exception_ptr e) {
-      if (e && !st.failure) st.failure = e;
-    });
+  interrupt.doing(fmt::format("reading {}", o.path));
+  unsigned running = o.concurrency;
+  for (unsigned w = 0; w < o.concurrency; ++w) {
+    asio::co_spawn(ctx, read_worker(&st),
+                   asio::bind_cancellation_slot(interrupt.slot(), [&st, &running, &interrupt](std::exception_ptr e) {
+                     if (e && !st.failure) st.failure = e;
+                     if (--running == 0) interrupt.disarm();
+                   }));
   }
+  interrupt.arm();
   ctx.run();
   const double read_s = now_seconds() - t0;
-  progress.finish();
-  if (st.failure) std::rethrow_exception(st.failure);
+  interrupt.rethrow(st.failure);
 
   std::size_t mismatches = 0;
   double verify_s = 0;
   std::string first_mismatch;
-  if (st.verify) {
+  if (verify) {
+    progress.phase("verify", catalog.total_bytes());
     const double tv = now_seconds();
-    auto ref = reference_hashes(catalog);
+    auto ref = reference_hashes(catalog, [&progress](std::uint64_t done) { progress.update(done); });
     verify_s = now_seconds() - tv;
     for (std::size_t i = 0; i < ref.size(); ++i) {
       if (ref[i] != st.hashes[i]) {
@@ -165,30 +174,38 @@ int run_read(int argc, char** argv) {
       }
     }
   }
+  progress.finish();
   const auto stats = source->reader().stats();
-  const double gbps = static_cast<double>(st.bytes_done) / read_s / 1e9;
+  const double rate = gb_per_s(st.bytes_done, read_s);
   const std::uint64_t rss = peak_rss_bytes();
-  if (json) {
-    fmt::print(
-        "{{\"path\":{},\"reader\":{},\"tensors\":{},\"files\":{},\"bytes\":{},\"seconds\":{:.6f},\"gb_per_s\":{:.4f},"
-        "\"gib_per_s\":{:.4f},\"setup_seconds\":{:.6f},\"budget\":{},\"staging_high_water\":{},\"peak_rss\":{},"
-        "\"requests\":{},\"direct_requests\":{},\"fixed_buffer_requests\":{},\"short_reads\":{},\"syscalls\":{},"
-        "\"depth\":{},\"max_request\":{},\"chunk\":{},\"concurrency\":{},\"verify\":{},\"verify_seconds\":{:.6f},"
-        "\"mismatches\":{}}}\n",
-        io::json::quoted(args.positional[0]), io::json::quoted(source->reader().name()), st.tensors.size(),
-        catalog.files().size(), st.bytes_done, read_s, gbps, static_cast<double>(st.bytes_done) / read_s / (1u << 30),
-        setup_s, source->pool().budget(), source->pool().high_water(), rss, stats.requests, stats.direct_requests,
-        stats.fixed_buffer_requests, stats.short_reads, stats.syscalls, opts.reader.depth, opts.reader.max_request,
-        st.chunk, concurrency, st.verify ? "true" : "false", verify_s, mismatches);
+  if (flags.json) {
+    JsonWriter json;
+    begin_document(json, "read");
+    json.field("path", o.path).field("reader", source->reader().name());
+    json.count("tensor", st.tensors.size()).count("file", catalog.files().size());
+    json.bytes("tensor", catalog.total_bytes()).bytes("", st.bytes_done).seconds("", read_s).rate("", rate);
+    json.seconds("setup", setup_s).bytes("budget", source->pool().budget());
+    json.bytes("staging_high_water", source->pool().high_water()).bytes("peak_rss", rss);
+    json.count("request", stats.requests).count("direct_request", stats.direct_requests);
+    json.count("fixed_buffer_request", stats.fixed_buffer_requests).count("short_read", stats.short_reads);
+    json.count("syscall", stats.syscalls);
+    json.field("depth", o.depth).bytes("max_request", o.request).bytes("chunk", o.chunk);
+    json.field("concurrency", o.concurrency).field("verify", o.verify).field("verified", verify);
+    json.seconds("verify", verify_s).count("mismatch", mismatches);
+    if (mismatches)
+      json.field("first_mismatch", first_mismatch);
+    else
+      json.null_field("first_mismatch");
+    print_document(json);
   } else {
     fmt::print("read {} ({} tensors, {} file{}) in {:.3f} s: {:.2f} GB/s\n", format_bytes(st.bytes_done),
-               st.tensors.size(), catalog.files().size(), catalog.files().size() == 1 ? "" : "s", read_s, gbps);
+               st.tensors.size(), catalog.files().size(), catalog.files().size() == 1 ? "" : "s", read_s, rate);
     fmt::print("  reader   {}\n", source->reader().describe());
     fmt::print("  staging  high-water {} of a {} budget (setup {:.2f} s: files opened, pool mapped and registered)\n",
                format_bytes(source->pool().high_water()), format_bytes(source->pool().budget()), setup_s);
     fmt::print("  requests {} ({} O_DIRECT, {} into fixed buffers, {} short reads), {} system calls\n", stats.requests,
                stats.direct_requests, stats.fixed_buffer_requests, stats.short_reads, stats.syscalls);
-    if (st.verify) {
+    if (verify) {
       if (mismatches == 0) {
         fmt::print("  verify   all {} tensors match an independent pread + xxh3 pass ({:.2f} s)\n", st.tensors.size(),
                    verify_s);
@@ -197,11 +214,39 @@ int run_read(int argc, char** argv) {
                    first_mismatch);
       }
     } else {
-      fmt::print("  verify   off\n");
+      fmt::print("  verify   off: nothing was compared\n");
     }
     fmt::print("  memory   peak RSS {}\n", format_bytes(rss));
   }
   return mismatches == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+Command add_read_command(CLI::App& app, CommonFlags& flags) {
+  auto o = std::make_shared<ReadOptions>();
+  CLI::App* cmd =
+      add_command(app, "read", "read every tensor through the bounded lease pool and verify it",
+                  "Reads every tensor through the bounded lease pool (in --chunk sized leases), checks each against an "
+                  "independent pread pass, and prints bytes, seconds, GB/s, staging high-water and peak RSS.");
+  add_path(*cmd, "PATH", o->path, "a .safetensors file, a sharded directory, or its model.safetensors.index.json");
+  add_choice(*cmd, "--reader", o->reader, {"auto", "uring", "pread"},
+             "reader: io_uring, pread, or auto (io_uring where the kernel allows it)");
+  add_choice(*cmd, "--uring-files", o->uring_files, {"local", "all"},
+             "files io_uring may read: local (ext4, xfs, btrfs, tmpfs, overlayfs...; FUSE, NFS, SMB, 9p, ceph and "
+             "unknown file systems are read with pread, where io_uring can hide a failed read) or all");
+  add_bytes(*cmd, "--budget", o->budget, 4096, std::uint64_t{1} << 40, "staging memory of the lease pool");
+  add_integer(*cmd, "--depth", o->depth, 1u, 256u, "read requests in flight");
+  add_bytes(*cmd, "--request", o->request, 4096, std::uint64_t{1} << 30, "largest single read request");
+  add_choice(*cmd, "--direct", o->direct, {"auto", "on", "off"},
+             "O_DIRECT: auto (for data not in the page cache), on, off");
+  add_integer(*cmd, "--concurrency", o->concurrency, 1u, 64u, "tensors read at once");
+  add_bytes(*cmd, "--chunk", o->chunk, 4096, std::uint64_t{1} << 40, "lease size tensors are consumed in",
+            "one lease per tensor where it fits the budget");
+  add_choice(*cmd, "--verify", o->verify, {"on", "off"},
+             "compare every tensor with an independent pread + xxh3 pass (exit status 1 on a difference)");
+  add_common_flags(*cmd, flags, true);
+  return {cmd, [o](const CommonFlags& f) { return run_read(*o, f); }};
 }
 
 }  // namespace eredu::cli

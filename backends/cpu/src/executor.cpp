@@ -4,6 +4,10 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
+#include "eredu/core/error.hpp"
+
 #if defined(__SANITIZE_THREAD__)
 #define EREDU_TSAN 1
 #elif defined(__has_feature)
@@ -69,10 +73,20 @@ void prune_finished(std::vector<Completion>& completions) {
   std::erase_if(completions, [](const Completion& c) { return c.ready(); });
 }
 
+int checked_concurrency(int concurrency) {
+  if (concurrency == Executor::automatic) return tbb::this_task_arena::max_concurrency();
+  if (concurrency < 1 || concurrency > Executor::max_concurrency) {
+    throw Error(errc::invalid_argument, {},
+                fmt::format("cpu::Executor concurrency is {}; it must be Executor::automatic (-1) or 1..{}",
+                            concurrency, Executor::max_concurrency));
+  }
+  return concurrency;
+}
+
 }  // namespace
 
 Executor::Executor(int concurrency)
-    : concurrency_(concurrency == automatic ? tbb::this_task_arena::max_concurrency() : std::max(1, concurrency)),
+    : concurrency_(checked_concurrency(concurrency)),
       // No slot reserved for an application thread: work arrives by enqueue from the event
       // loop, which never joins the arena, so every slot must be open to TBB's workers.
       arena_(std::make_unique<tbb::task_arena>(concurrency_, 0)) {}

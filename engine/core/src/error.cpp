@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "eredu/core/printable.hpp"
+
 namespace eredu {
 namespace {
 
@@ -124,6 +126,8 @@ class Category final : public std::error_category {
         return "canary check failed";
       case errc::swap_in_progress:
         return "a swap is already in progress";
+      case errc::outside_root:
+        return "checkpoint file outside the allowed root";
     }
     return "unknown eredu error";
   }
@@ -198,6 +202,7 @@ const char* errc_name(errc e) noexcept {
     EREDU_ERRC_NAME(checksum_mismatch)
     EREDU_ERRC_NAME(canary_failed)
     EREDU_ERRC_NAME(swap_in_progress)
+    EREDU_ERRC_NAME(outside_root)
 #undef EREDU_ERRC_NAME
   }
   return "unknown";
@@ -206,6 +211,7 @@ const char* errc_name(errc e) noexcept {
 error_family errc_family(errc e) noexcept {
   if (e == errc::checksum_mismatch) return error_family::store;
   if (e == errc::canary_failed || e == errc::swap_in_progress) return error_family::orchestration;
+  if (e == errc::outside_root) return error_family::format;
   if (e <= errc::unknown_format) return error_family::format;
   if (e <= errc::invalid_argument) return error_family::store;
   if (e <= errc::recipe_sub_byte_layout) return error_family::recipe;
@@ -242,6 +248,7 @@ Error::Error(errc kind, ErrorContext context, const std::string& detail)
     : std::system_error(make_error_code(kind)),
       context_(std::move(context)),
       detail_(detail),
-      message_(compose(context_, kind, detail_)) {}
+      // Names come from files: what() must print as one safe line (see printable.hpp).
+      message_(printable(compose(context_, kind, detail_))) {}
 
 }  // namespace eredu

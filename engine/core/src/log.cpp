@@ -3,6 +3,9 @@
 #include <atomic>
 #include <cstdio>
 #include <mutex>
+#include <string>
+
+#include "eredu/core/printable.hpp"
 
 namespace eredu::log {
 namespace {
@@ -27,8 +30,10 @@ void set_level(Level level) noexcept { min_level.store(level, std::memory_order_
 
 void write(Level level, std::string_view line) {
   if (level < min_level.load(std::memory_order_relaxed)) return;
+  // File and tensor names in a line must not act on the terminal (see printable.hpp).
+  const std::string safe = printable(line);
   std::lock_guard lock(sink_mutex);
-  if (current()) current()(level, line);
+  if (current()) current()(level, safe);
 }
 
 }  // namespace eredu::log

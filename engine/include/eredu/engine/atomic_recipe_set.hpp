@@ -27,8 +27,8 @@ class AtomicRecipeSet {
 
   /// Outputs and aliases, each in insertion order.
   struct Parts {
-    std::vector<std::pair<std::string, DerivedWeightRecipe>> outputs;  ///< (name, recipe)
-    std::vector<std::pair<std::string, std::string>> aliases;          ///< (alias, owner)
+    std::vector<std::pair<std::string, DerivedWeightRecipe>> outputs{};  ///< (name, recipe)
+    std::vector<std::pair<std::string, std::string>> aliases{};          ///< (alias, owner)
   };
   /// Moves everything out; the set is left empty (size() == 0).
   Parts into_parts() &&;

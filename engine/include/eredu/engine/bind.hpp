@@ -37,17 +37,20 @@ void validate_materialized_unit(const M& module, const typename MaterializedUnit
     explicit Validator(const Weights& w) : weights(w) {}
     void visit(const ParameterMetadata& metadata, const Parameter& parameter) override {
       if (error) return;
+      // Every field named: this body is compiled in the code that instantiates it, whose
+      // -Wextra would report the ones left out (-Wmissing-field-initializers).
+      auto context = [&] { return ErrorContext{.parameter = metadata.id.str()}; };
       auto it = weights.find(metadata.id);
       if (it == weights.end()) {
         error = std::make_exception_ptr(
-            OrchestrationError(errc::missing_binding, {.parameter = metadata.id.str()},
+            OrchestrationError(errc::missing_binding, context(),
                                fmt::format("the materialized unit has no value for this {} {} parameter",
                                            dtype_name(metadata.dtype), format_shape(metadata.shape))));
         return;
       }
       if (!visited.insert(metadata.id).second) {
-        error = std::make_exception_ptr(OrchestrationError(errc::duplicate_binding, {.parameter = metadata.id.str()},
-                                                           "the module visits this parameter twice"));
+        error = std::make_exception_ptr(
+            OrchestrationError(errc::duplicate_binding, context(), "the module visits this parameter twice"));
         return;
       }
       try {

@@ -29,7 +29,7 @@ struct MaterializeOptions {
   /// Updated as owners complete, if set; must outlive the operation.
   MaterializeProgress* progress = nullptr;
   /// Digest verification of the bytes read (off by default; see verify_options.hpp).
-  VerifyOptions verify;
+  VerifyOptions verify{};
 };
 
 }  // namespace eredu::engine

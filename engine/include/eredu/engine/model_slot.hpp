@@ -66,9 +66,9 @@ namespace eredu::engine {
 /// What one published version is: the bound model and where it came from.
 template <class Model>
 struct ModelVersion {
-  Model model;                   ///< every parameter bound
+  Model model{};                 ///< every parameter bound
   std::uint64_t generation = 0;  ///< 1 for the first version, +1 per successful swap
-  std::string origin;            ///< what the caller said it was loaded from
+  std::string origin{};          ///< what the caller said it was loaded from
 };
 
 /// The serving version of a model (see file comment). Thread-safe: current() from any

@@ -12,7 +12,7 @@ namespace eredu::engine {
 struct ParameterMetadata {
   ParameterId id;  ///< full dotted identity (prefix included)
   DType dtype{};   ///< element type the slot expects
-  Shape shape;     ///< shape the slot expects
+  Shape shape{};   ///< shape the slot expects
   friend bool operator==(const ParameterMetadata&, const ParameterMetadata&) = default;
 };
 

@@ -15,12 +15,19 @@ namespace eredu::engine {
 
 /// One unit of a pipeline: its name (for reports and errors) and the plan that loads it.
 struct PipelineUnit {
-  std::string name;        ///< e.g. "layers.3"; qualifies the parameters named in errors
+  std::string name{};      ///< e.g. "layers.3"; qualifies the parameters named in errors
   WeightBindingPlan plan;  ///< the unit's bindings, named as its module's slots
 };
 
 /// How far ahead a PrefetchPipeline loads, and within what memory.
 struct PrefetchOptions {
+  /// Largest accepted lookahead.
+  static constexpr std::size_t max_lookahead = 4096;
+  /// Largest accepted concurrent_loads.
+  static constexpr std::size_t max_concurrent_loads = 256;
+  /// Largest accepted timing_history.
+  static constexpr std::size_t max_timing_history = std::size_t{1} << 20;
+
   /// Units loaded ahead of the one the consumer holds (K). At least 1.
   std::size_t lookahead = 2;
   /// Bytes of units started and not yet released, at most (0: (K+1) × the largest unit).
@@ -37,8 +44,14 @@ struct PrefetchOptions {
   /// Digest verification of every unit read (not of units promoted from host copies, which
   /// were verified when read); a mismatch fails that unit like a read error. Under require,
   /// the constructor refuses a pipeline with a tensor that cannot be verified.
-  VerifyOptions verify;
+  VerifyOptions verify{};
 };
+
+/// Throws eredu::Error(invalid_argument) naming the first option of `options` out of range:
+/// lookahead 1..max_lookahead, concurrent_loads 1..max_concurrent_loads, timing_history at
+/// most max_timing_history, and verify (validate(const VerifyOptions&)). The PrefetchPipeline
+/// constructor calls it.
+void validate(const PrefetchOptions& options);
 
 /// Keep-on-host, the PrefetchPipeline constructor argument that turns it on: a released unit's
 /// weights stay in backend host buffers (TransferBackend::demote) and are promoted on the next
@@ -75,7 +88,7 @@ struct PipelineStats {
   std::uint64_t bytes_verified = 0;       ///< their stored bytes
   /// The most recent delivered units, in delivery order (at most
   /// PrefetchOptions::timing_history of them, so an endless stream stays bounded).
-  std::deque<UnitTiming> units;
+  std::deque<UnitTiming> units{};
 };
 
 }  // namespace eredu::engine

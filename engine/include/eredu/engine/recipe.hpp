@@ -26,7 +26,7 @@ namespace eredu::engine {
 /// dtype, shape and byte size a recipe produces, inferred without reading data.
 struct InferredWeight {
   DType dtype{};            ///< element type of the result
-  Shape shape;              ///< shape of the result
+  Shape shape{};            ///< shape of the result
   std::uint64_t bytes = 0;  ///< byte size of the result (checked against u64 overflow)
   friend bool operator==(const InferredWeight&, const InferredWeight&) = default;
 };

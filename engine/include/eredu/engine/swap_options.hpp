@@ -18,12 +18,12 @@ namespace eredu::engine {
 template <class Model>
 struct SwapOptions {
   /// Label recorded in the version (a path, a revision).
-  std::string origin;
+  std::string origin{};
   /// Digests to verify before publishing (empty: none). They are checked inside the load,
   /// each tensor as it lands (engine::VerifyOptions); a mismatch fails the swap.
-  io::Checksums checksums;
+  io::Checksums checksums{};
   /// Checks the new model before it is published; throwing rejects it (canary_failed).
-  std::function<asio::awaitable<void>(const Model&)> canary;
+  std::function<asio::awaitable<void>(const Model&)> canary{};
   /// Load progress counters, if set; must outlive the swap.
   MaterializeProgress* progress = nullptr;
 };

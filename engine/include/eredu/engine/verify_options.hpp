@@ -31,10 +31,15 @@ struct VerifyOptions {
   VerifyMode mode = VerifyMode::off;  ///< off, on or require
   /// The digests; when empty, those the checkpoint's metadata records ("sha256:<tensor>",
   /// "xxh3-128:<tensor>"). A sidecar is the caller's to find: io::Checksums::discover.
-  io::Checksums checksums;
+  io::Checksums checksums{};
   /// The digest checked where a tensor has both (SHA-256 by default; XXH3-128 is ~10x
   /// cheaper to compute and not cryptographic).
   io::DigestKind preferred = io::DigestKind::sha256;
 };
+
+/// Throws eredu::Error(invalid_argument) naming the field when `options.mode` or
+/// `options.preferred` is not one of its enumerators (a value cast from an integer). Every
+/// load that takes VerifyOptions calls it before reading anything.
+void validate(const VerifyOptions& options);
 
 }  // namespace eredu::engine

@@ -55,8 +55,8 @@ class WeightBinding {
 
  private:
   struct TensorSource {
-    std::string key;
-    Selection selection;
+    std::string key{};
+    Selection selection{};
   };
   using Source = std::variant<TensorSource, DerivedWeightRecipe, ParameterId>;  // ParameterId: alias owner
 

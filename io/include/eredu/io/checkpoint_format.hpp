@@ -19,10 +19,10 @@ namespace eredu::io {
 /// What a format parser found in one file: its metadata and its tensors, in offset order,
 /// with absolute offsets (TensorInfo::file is left 0; the catalog assigns it).
 struct FileLayout {
-  std::string format;               ///< format name, as CheckpointFormat::name()
-  std::uint64_t data_offset = 0;    ///< absolute offset of the data region
-  Metadata metadata;                ///< file-level metadata
-  std::vector<TensorInfo> tensors;  ///< in ascending offset order
+  std::string format{};               ///< format name, as CheckpointFormat::name()
+  std::uint64_t data_offset = 0;      ///< absolute offset of the data region
+  Metadata metadata{};                ///< file-level metadata
+  std::vector<TensorInfo> tensors{};  ///< in ascending offset order
 };
 
 /// One checkpoint file format.

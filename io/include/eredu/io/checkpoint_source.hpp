@@ -47,15 +47,22 @@ namespace eredu::io {
 
 /// Everything configurable about a CheckpointSource.
 struct SourceOptions {
-  LeasePoolOptions pool;  ///< staging budget (default 256 MiB)
-  ReaderOptions reader;   ///< reader kind, depth, request size, O_DIRECT policy
+  LeasePoolOptions pool{};  ///< staging budget (default 256 MiB)
+  ReaderOptions reader{};   ///< reader kind, depth, request size, O_DIRECT policy
   /// Largest chunk of a chunked read (clamped so a chunk's window fits the budget).
   std::size_t chunk_bytes = std::size_t{64} << 20;
   /// Let map_resident() hand out mappings of page-cache-resident tensors, which a backend
   /// converts with no staging copy. While reader.faults is set it does so only if the
   /// injector allows it, so tests that inject read errors keep exercising the readers.
   bool map_resident = true;
+  /// When not empty, every checkpoint file must resolve (symbolic links followed) inside
+  /// this directory (CatalogOptions::confine_to); else errc::outside_root.
+  std::filesystem::path confine_to{};
 };
+
+/// Throws eredu::Error(invalid_argument) naming the first option of `options` out of its
+/// accepted range (the pool's, the reader's, chunk_bytes >= 1). CheckpointSource::open calls it.
+void validate(const SourceOptions& options);
 
 class ChunkStream;
 
@@ -63,8 +70,12 @@ class ChunkStream;
 class CheckpointSource {
  public:
   /// Opens the checkpoint at `path` (file, directory or index) and its files, creates the
-  /// pool and the reader (io_uring, or pread where io_uring is unavailable, with a log
-  /// line). Blocking; throws eredu::Error. Prefer async_open_checkpoint on an event loop.
+  /// pool and the reader: io_uring for files on local file systems, pread for files on
+  /// FUSE, NFS, SMB and other file systems where io_uring can hide a failed read
+  /// (ReaderOptions::uring_policy), pread everywhere when io_uring is unavailable; one log
+  /// line per file says which reader it got and why. Blocking; throws eredu::Error
+  /// (invalid_argument for options out of range, see validate()). Prefer
+  /// async_open_checkpoint on an event loop.
   static std::unique_ptr<CheckpointSource> open(asio::any_io_executor executor, const std::filesystem::path& path,
                                                 const SourceOptions& options = {});
   ~CheckpointSource();
@@ -145,6 +156,13 @@ class CheckpointSource {
   asio::awaitable<Lease> read_lease(std::unique_ptr<TensorReadRequest> request);
   asio::awaitable<void> read_into(std::unique_ptr<TensorReadRequest> request, std::span<std::byte> destination);
   asio::awaitable<Lease> read_chunk(const Plan& plan, std::uint64_t offset, std::uint64_t length);
+  // The reader for `files` under `options` (marks each file's read_with_pread), logging
+  // one line per file. An io_uring reader registers `pool`'s memory and hooks its release.
+  static std::unique_ptr<Reader> make_reader(const asio::any_io_executor& executor, std::span<OpenFile> files,
+                                             LeasePool& pool, const ReaderOptions& options);
+  // Fails with file_changed when the tensor's file changed size or modification time since
+  // open: bytes just read may then not be the file's.
+  void check_unchanged(const TensorInfo& tensor) const;
 
   asio::any_io_executor executor_;
   SourceOptions options_;

@@ -43,8 +43,8 @@ namespace eredu::io {
 
 /// The digests recorded for one tensor (either may be missing).
 struct TensorDigests {
-  std::string sha256;    ///< 64 lowercase hex digits, or empty
-  std::string xxh3_128;  ///< 32 lowercase hex digits, or empty
+  std::string sha256{};    ///< 64 lowercase hex digits, or empty
+  std::string xxh3_128{};  ///< 32 lowercase hex digits, or empty
   /// The digest of `kind`, or nullptr when none is recorded.
   const std::string* get(DigestKind kind) const noexcept;
   /// Both digests equal.
@@ -54,9 +54,9 @@ struct TensorDigests {
 /// One tensor's expected digest and what an error about it names.
 struct DigestCheck {
   DigestKind kind = DigestKind::sha256;  ///< the digest to compute
-  std::string expected;                  ///< lowercase hex
-  std::string file;                      ///< the tensor's file, for messages
-  std::string tensor;                    ///< the tensor's name
+  std::string expected{};                ///< lowercase hex
+  std::string file{};                    ///< the tensor's file, for messages
+  std::string tensor{};                  ///< the tensor's name
   std::uint64_t offset = 0;              ///< absolute file offset of its bytes
   std::uint64_t bytes = 0;               ///< its stored size
   /// Throws Error(checksum_mismatch) naming file, tensor, offset, both digests and the

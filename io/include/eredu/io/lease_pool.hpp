@@ -50,11 +50,18 @@ struct LeasePoolOptions {
   std::chrono::milliseconds release_after{1000};
 };
 
+/// Throws eredu::Error(invalid_argument) naming `budget` when it is outside
+/// 1..LeasePool::max_budget bytes, or `release_after` when it is negative.
+void validate(const LeasePoolOptions& options);
+
 /// Bounded pool of staging memory handing out StagingBuffers.
 class LeasePool {
  public:
   /// Granularity and alignment of every block (O_DIRECT needs page alignment).
   static constexpr std::size_t alignment = 4096;
+  /// Largest accepted budget (1 TiB): staging needs a few GiB at most, and the bound stops a
+  /// typo (or a -1) before mmap or the page rounding of sizes near SIZE_MAX misbehave.
+  static constexpr std::size_t max_budget = std::size_t{1} << 40;
 
   /// Reserves `options.budget` bytes (populated on first use). `executor` runs completions
   /// of handlers that have no associated executor, and the idle timer. Throws eredu::Error(invalid_argument) for a zero

@@ -1,7 +1,9 @@
 #pragma once
 /// \file
 /// eredu::io::PreadReader: the portable Reader, for kernels where io_uring is missing or
-/// disabled. `depth` worker threads each issue one pread at a time; completions are
+/// disabled, and for files on file systems where io_uring's results cannot be trusted
+/// (file_system.hpp). min(depth, ReaderOptions::max_pread_threads) worker threads each issue
+/// one pread at a time; completions are
 /// delivered to the awaiting handler's executor exactly as UringReader delivers them.
 
 #include <memory>
@@ -15,7 +17,10 @@ namespace eredu::io {
 /// pread-based reader (see file comment).
 class PreadReader final : public Reader {
  public:
-  /// Starts `options.depth` worker threads reading `files` (which must outlive the reader).
+  /// Starts min(`options.depth`, ReaderOptions::max_pread_threads) worker threads reading
+  /// `files` (which must outlive the reader); fewer, with a log line, when the system
+  /// refuses more threads. Throws eredu::Error: invalid_argument for options out of range
+  /// (validate()), io_error when not one thread can be started.
   PreadReader(std::span<OpenFile> files, const ReaderOptions& options);
   /// Lets the workers finish the read each is doing, then completes every unfinished batch
   /// with errc::cancelled.

@@ -56,13 +56,33 @@ enum class DirectMode {
   off,        ///< buffered reads only
 };
 
-/// Options shared by both readers.
+/// Which files the io_uring reader may read; CheckpointSource reads the others with pread.
+enum class UringPolicy {
+  /// Files on local file systems (ext4, xfs, btrfs, tmpfs, overlayfs, ...; see
+  /// file_system.hpp). Files on FUSE (and virtiofs), NFS, SMB, 9p, ceph and unknown file
+  /// systems go to the pread reader: io_uring can report a failed read there as complete.
+  by_file_system,
+  /// Every file: the caller vouches for its file systems (a log line warns for each file on
+  /// one eredu does not trust).
+  every_file,
+};
+
+/// Options shared by both readers. CheckpointSource::open validates them
+/// (eredu::Error(invalid_argument) naming the option and its accepted range).
 struct ReaderOptions {
-  ReaderKind kind = ReaderKind::automatic;         ///< implementation
-  unsigned depth = 4;                              ///< requests in flight
-  std::size_t max_request = std::size_t{4} << 20;  ///< largest single request, bytes
-  DirectMode direct = DirectMode::automatic;       ///< O_DIRECT policy
-  bool register_buffers = true;                    ///< register the lease pool with io_uring (fixed buffers)
+  /// Largest accepted `depth`.
+  static constexpr unsigned max_depth = 4096;
+  /// Most worker threads a PreadReader starts (it starts min(depth, this)).
+  static constexpr unsigned max_pread_threads = 64;
+  /// Largest accepted `max_request` (io_uring's limit for one read).
+  static constexpr std::size_t max_request_limit = std::size_t{1} << 30;
+
+  ReaderKind kind = ReaderKind::automatic;                 ///< implementation
+  UringPolicy uring_policy = UringPolicy::by_file_system;  ///< which files io_uring may read
+  unsigned depth = 4;                                      ///< requests in flight, 1..max_depth
+  std::size_t max_request = std::size_t{4} << 20;          ///< largest single request, 1..max_request_limit bytes
+  DirectMode direct = DirectMode::automatic;               ///< O_DIRECT policy
+  bool register_buffers = true;                            ///< register the lease pool with io_uring (fixed buffers)
   /// Cap on registered bytes (0 = the whole pool); the fallback for small memlock limits
   /// also lands here.
   std::size_t max_registered_bytes = 0;
@@ -72,6 +92,11 @@ struct ReaderOptions {
   bool parallel_buffered_copies = true;
   FaultInjector* faults = nullptr;  ///< test hook; must outlive the reader
 };
+
+/// Throws eredu::Error(invalid_argument) naming the first field of `options` out of its range
+/// (depth 1..ReaderOptions::max_depth, max_request 1..ReaderOptions::max_request_limit, an
+/// enumerator that is not one of its values).
+void validate(const ReaderOptions& options);
 
 /// Called exactly once per batch, on the reader's own context, when every request of the
 /// batch has completed (so no kernel write into its memory is still pending): with null, or

@@ -16,18 +16,20 @@ using Metadata = std::map<std::string, std::string>;
 
 /// One file of a checkpoint (a single file, or one shard).
 struct CheckpointFile {
-  std::string path;               ///< path as opened (used in every message)
-  std::string format;             ///< "safetensors", ...
+  std::string path{};             ///< path as opened (used in every message)
+  std::string format{};           ///< "safetensors", ...
   std::uint64_t size = 0;         ///< file size in bytes when the header was parsed
   std::uint64_t data_offset = 0;  ///< absolute offset of the data region
-  Metadata metadata;              ///< the file's own metadata
+  Metadata metadata{};            ///< the file's own metadata
+  std::uint64_t device = 0;       ///< st_dev when the header was parsed (to spot a replaced file)
+  std::uint64_t inode = 0;        ///< st_ino when the header was parsed
 };
 
 /// Where one tensor's bytes are and how to interpret them.
 struct TensorInfo {
-  std::string name;          ///< checkpoint key
+  std::string name{};        ///< checkpoint key
   DType dtype{};             ///< element type
-  Shape shape;               ///< row-major dimensions
+  Shape shape{};             ///< row-major dimensions
   std::uint32_t file = 0;    ///< index into Catalog::files()
   std::uint64_t offset = 0;  ///< absolute byte offset of the first byte in the file
   std::uint64_t nbytes = 0;  ///< stored byte length

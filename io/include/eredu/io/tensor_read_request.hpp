@@ -16,7 +16,7 @@ enum class ReadPolicy {
 
 /// A request for (part of) one tensor's bytes.
 struct TensorReadRequest {
-  std::string key;                                  ///< checkpoint tensor name
+  std::string key{};                                ///< checkpoint tensor name
   Selection selection = Selection::all();           ///< which elements; whole tensor by default
   ReadPolicy policy = ReadPolicy::require_bounded;  ///< memory policy
 };

@@ -42,8 +42,8 @@ class CatalogModule {
 
  private:
   struct Slot {
-    std::string name;
-    Parameter parameter;
+    std::string name{};
+    Parameter parameter{};
   };
   CatalogModule(std::vector<Slot> slots, engine::WeightBindingPlan plan, std::uint64_t bytes)
       : slots_(std::move(slots)), plan_(std::move(plan)), bytes_(bytes) {}

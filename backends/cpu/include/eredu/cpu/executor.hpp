@@ -33,8 +33,12 @@ class Executor {
  public:
   /// Value of `concurrency` that means "every hardware thread".
   static constexpr int automatic = -1;
+  /// Largest accepted concurrency: far above any core count TBB schedules well, and low
+  /// enough that a typo (100000) is refused at once instead of building a huge arena.
+  static constexpr int max_concurrency = 1024;
 
-  /// An arena of `concurrency` threads (including the thread that submits, as TBB counts).
+  /// An arena of `concurrency` threads (including the thread that submits, as TBB counts):
+  /// `automatic` or 1..max_concurrency, else eredu::Error(invalid_argument) naming the range.
   explicit Executor(int concurrency = automatic);
   ~Executor();
   Executor(const Executor&) = delete;

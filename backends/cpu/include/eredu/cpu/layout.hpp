@@ -28,8 +28,8 @@ void copy_slice(std::span<const std::byte> in, const Shape& in_shape, std::size_
 
 /// One input of concat(): a row-major tensor's bytes and its shape.
 struct ConcatInput {
-  std::span<const std::byte> bytes;  ///< row-major elements, exactly shape's element count x elem bytes
-  Shape shape;                       ///< dimensions; all inputs share rank and every dimension but the concat one
+  std::span<const std::byte> bytes{};  ///< row-major elements, exactly shape's element count x elem bytes
+  Shape shape{};                       ///< dimensions; all inputs share rank and every dimension but the concat one
 };
 
 /// Concatenates `inputs`, in order, along dimension `dim` into `out` (the shape of the inputs

@@ -10,8 +10,8 @@ namespace eredu::cpu {
 
 /// An in-flight realization. Read `weight` only once `done` has completed successfully.
 struct Materialization {
-  Tensor weight;    ///< the destination, allocated up front
-  Completion done;  ///< completes when every byte of `weight` is written and every lease released
+  Tensor weight{};    ///< the destination, allocated up front
+  Completion done{};  ///< completes when every byte of `weight` is written and every lease released
 };
 
 }  // namespace eredu::cpu

@@ -13,9 +13,9 @@ namespace eredu::cpu {
 
 /// A slot declared with the dtype and shape it accepts; `value` is empty until bound.
 struct Parameter {
-  DType dtype{};  ///< the dtype a bound tensor must have
-  Shape shape;    ///< the shape a bound tensor must have
-  Tensor value;   ///< the bound tensor (empty before the first bind)
+  DType dtype{};   ///< the dtype a bound tensor must have
+  Shape shape{};   ///< the shape a bound tensor must have
+  Tensor value{};  ///< the bound tensor (empty before the first bind)
 
   /// A slot for a `dtype` tensor of `shape`.
   Parameter(DType d, Shape s) : dtype(d), shape(std::move(s)) {}

@@ -12,8 +12,8 @@ namespace eredu::cuda {
 /// `done` fires, every copy and kernel writing `weight` has finished on the device and every
 /// lease it read has been returned to its pool.
 struct Materialization {
-  Tensor weight;    ///< the destination, allocated up front on the executor's stream
-  Completion done;  ///< completes when every byte of `weight` is written and every lease released
+  Tensor weight{};    ///< the destination, allocated up front on the executor's stream
+  Completion done{};  ///< completes when every byte of `weight` is written and every lease released
 };
 
 }  // namespace eredu::cuda

@@ -76,6 +76,7 @@ enum class errc {
   checksum_mismatch,  ///< store: a tensor's bytes differ from their recorded checksum
   canary_failed,      ///< orchestration: a new version failed the caller's canary check
   swap_in_progress,   ///< orchestration: a slot is already swapping to another version
+  outside_root,       ///< format: a checkpoint file resolves outside CatalogOptions::confine_to
 };
 
 /// The layer a kind belongs to: which of the seed's error types it realises.

@@ -14,12 +14,16 @@
 namespace eredu {
 
 /// Where an error happened: every field that is known is named in the message.
+///
+/// Every field has a default member initializer, so `{.tensor = name}` leaves the others empty
+/// without a -Wmissing-field-initializers warning in a user's -Wextra build (g++ warns on
+/// omitted designated fields only where the field has no initializer of its own).
 struct ErrorContext {
-  std::string file;                     ///< path of the file concerned, if any
-  std::string parameter;                ///< runtime parameter identity concerned, if any
-  std::string tensor;                   ///< tensor name concerned, if any
-  std::optional<std::uint64_t> offset;  ///< absolute byte offset in the file, if any
-  std::error_code os_error;             ///< errno-based cause for I/O errors, if any
+  std::string file{};                     ///< path of the file concerned, if any
+  std::string parameter{};                ///< runtime parameter identity concerned, if any
+  std::string tensor{};                   ///< tensor name concerned, if any
+  std::optional<std::uint64_t> offset{};  ///< absolute byte offset in the file, if any
+  std::error_code os_error{};             ///< errno-based cause for I/O errors, if any
 };
 
 /// Exception thrown (or carried in std::exception_ptr by async operations) for every

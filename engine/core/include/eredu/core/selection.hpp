@@ -22,7 +22,7 @@ struct Range {
 /// Which part of a tensor to read: empty means the whole tensor, otherwise exactly one
 /// range per dimension. The selected elements are delivered contiguous, row-major.
 struct Selection {
-  std::vector<Range> ranges;  ///< one per dimension, or none for the whole tensor
+  std::vector<Range> ranges{};  ///< one per dimension, or none for the whole tensor
 
   /// The whole tensor.
   static Selection all() { return {}; }

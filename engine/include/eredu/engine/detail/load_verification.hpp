@@ -34,12 +34,13 @@ struct LoadVerification {
 };
 
 /// Decides what the load of `owners` verifies (see verify_options.hpp). Throws
-/// Error(invalid_argument) under VerifyMode::require when a tensor read is not verifiable,
-/// and the digests' own errors (tensor_not_found...). Logs one line under `on` when nothing
-/// or not everything will be verified, unless `quiet`.
+/// Error(invalid_argument) for options out of range (validate), under VerifyMode::require when a tensor read is not
+/// verifiable, and the digests' own errors (tensor_not_found...). Logs one line under `on` when nothing or not
+/// everything will be verified, unless `quiet`.
 template <class B>
 LoadVerification plan_verification(const VerifyOptions& options, const io::Catalog& catalog,
                                    const std::vector<const WeightBinding*>& owners, bool quiet = false) {
+  validate(options);
   LoadVerification out;
   out.in_place.resize(owners.size());
   if (options.mode == VerifyMode::off) return out;

@@ -113,12 +113,9 @@ struct PipelineState {
   static std::shared_ptr<PipelineState> create(io::CheckpointSource& source, std::vector<PipelineUnit> units,
                                                ModuleFactory make_module, typename B::MaterializationContext& context,
                                                PrefetchOptions options) {
+    validate(options);
     auto state = std::make_shared<PipelineState>(source, context, options, std::move(make_module));
     PipelineState& s = *state;
-    if (options.lookahead == 0)
-      throw Error(errc::invalid_argument, {}, "a prefetch pipeline needs a look-ahead of at least 1 unit");
-    if (options.concurrent_loads == 0)
-      throw Error(errc::invalid_argument, {}, "a prefetch pipeline needs at least 1 concurrent load");
     std::uint64_t largest = 0;
     for (PipelineUnit& unit : units) {
       std::uint64_t unit_bytes = 0;

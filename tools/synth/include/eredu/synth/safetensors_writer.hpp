@@ -31,9 +31,9 @@ namespace eredu::synth {
 
 /// What the writer needs to know of one tensor: its name, element type and shape.
 struct TensorSpec {
-  std::string name;  ///< checkpoint key (any string; escaped as JSON)
-  DType dtype{};     ///< element type
-  Shape shape;       ///< row-major dimensions
+  std::string name{};  ///< checkpoint key (any string; escaped as JSON)
+  DType dtype{};       ///< element type
+  Shape shape{};       ///< row-major dimensions
   friend bool operator==(const TensorSpec&, const TensorSpec&) = default;
 };
 

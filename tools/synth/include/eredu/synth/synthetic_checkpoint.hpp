@@ -31,14 +31,14 @@ struct SyntheticOptions {
 
 /// The planned model: its dimensions and its tensors in file order.
 struct SyntheticModel {
-  std::uint32_t hidden = 0;         ///< hidden size
-  std::uint32_t intermediate = 0;   ///< MLP inner size
-  std::uint32_t heads = 0;          ///< attention heads
-  std::uint32_t kv_heads = 0;       ///< key/value heads (grouped-query attention when < heads)
-  std::uint32_t layers = 0;         ///< decoder layers
-  std::uint32_t vocab = 0;          ///< vocabulary size
-  std::vector<TensorSpec> tensors;  ///< every tensor, in file order
-  std::uint64_t total_bytes = 0;    ///< sum of the tensors' bytes
+  std::uint32_t hidden = 0;           ///< hidden size
+  std::uint32_t intermediate = 0;     ///< MLP inner size
+  std::uint32_t heads = 0;            ///< attention heads
+  std::uint32_t kv_heads = 0;         ///< key/value heads (grouped-query attention when < heads)
+  std::uint32_t layers = 0;           ///< decoder layers
+  std::uint32_t vocab = 0;            ///< vocabulary size
+  std::vector<TensorSpec> tensors{};  ///< every tensor, in file order
+  std::uint64_t total_bytes = 0;      ///< sum of the tensors' bytes
 };
 
 /// Called after each large write with the data bytes written so far and the total.

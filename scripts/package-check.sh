@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The installed package as a user gets it: installs a build into a fresh prefix, then
+#   1. checks what the CMake package exports: no build flags (-Werror, sanitizers), no
+#      internal targets (eredu_build_flags, eredu_asio), no libxxhash;
+#   2. builds tests/package/consumer (an external project) with CMake, with the CUDA toolkit
+#      hidden (CMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON), and runs it; where the install
+#      has the CUDA backend, also builds it with COMPONENTS cuda;
+#   3. builds and runs the same program with pkg-config alone (eredu, eredu-synth);
+#   4. compiles every installed header alone with -Wall -Wextra -Werror and plain -I;
+#   5. checks the man page and the bash completion are installed and well-formed.
+# usage: scripts/package-check.sh [build dir, default build/release]   (the build must exist)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build="${1:-build/release}"
+work="$build/package-check"
+prefix="$PWD/$work/prefix"
+jobs="${EREDU_JOBS:-$(nproc)}"
+start=$(date +%s)
+step() { echo "package-check: $* ($(( $(date +%s) - start )) s)"; }
+[ -f "$build/CMakeCache.txt" ] || { echo "package-check: $build is not a configured build" >&2; exit 1; }
+
+rm -rf "$work"
+mkdir -p "$work"
+step "installing $build into $prefix"
+cmake --build "$build" -j "$jobs" >"$work/build.log" 2>&1 || { tail -n 40 "$work/build.log"; exit 1; }
+cmake --install "$build" --prefix "$prefix" >"$work/install.log"
+
+step "1. what the CMake package exports"
+targets="$prefix/lib/cmake/eredu/eredu-targets.cmake"
+for bad in eredu_build_flags eredu_asio -Werror -fsanitize xxhash XXHASH; do
+  if grep -q -- "$bad" "$prefix"/lib/cmake/eredu/*.cmake; then
+    echo "package-check: the installed CMake package mentions '$bad':" >&2
+    grep -n -- "$bad" "$prefix"/lib/cmake/eredu/*.cmake >&2
+    exit 1
+  fi
+done
+grep -q "eredu::synth" "$targets" || { echo "package-check: eredu::synth is not exported" >&2; exit 1; }
+
+step "2. an external CMake project (CUDA toolkit hidden)"
+cmake -S tests/package/consumer -B "$work/cmake" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON >"$work/cmake.log" 2>&1 ||
+  { cat "$work/cmake.log"; exit 1; }
+cmake --build "$work/cmake" -j "$jobs" >>"$work/cmake.log" 2>&1 || { tail -n 40 "$work/cmake.log"; exit 1; }
+"$work/cmake/consumer"
+if [ -f "$prefix/lib/cmake/eredu/eredu-cuda-targets.cmake" ]; then
+  step "2b. the same with find_package(eredu COMPONENTS cuda)"
+  cmake -S tests/package/consumer -B "$work/cmake-cuda" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$prefix" -DCONSUMER_WITH_CUDA=ON >"$work/cmake-cuda.log" 2>&1 ||
+    { cat "$work/cmake-cuda.log"; exit 1; }
+  cmake --build "$work/cmake-cuda" -j "$jobs" >>"$work/cmake-cuda.log" 2>&1 ||
+    { tail -n 40 "$work/cmake-cuda.log"; exit 1; }
+  "$work/cmake-cuda/consumer_cuda"
+  # Asking for the component without the toolkit fails with a message, not a CMake error.
+  if cmake -S tests/package/consumer -B "$work/cmake-nocuda" -DCMAKE_PREFIX_PATH="$prefix" -DCONSUMER_WITH_CUDA=ON \
+       -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON >"$work/cmake-nocuda.log" 2>&1; then
+    echo "package-check: COMPONENTS cuda was found without the CUDA toolkit" >&2; exit 1
+  fi
+  grep -q "needs the CUDA toolkit" "$work/cmake-nocuda.log" ||
+    { echo "package-check: COMPONENTS cuda without the toolkit did not say why:" >&2; cat "$work/cmake-nocuda.log"; exit 1; }
+fi
+
+step "3. the same program with pkg-config"
+export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
+cxx="${CXX:-c++}"
+# shellcheck disable=SC2046  # pkg-config's output is a list of flags
+"$cxx" -std=c++20 -O1 -Wall -Wextra -Werror tests/package/consumer/main.cpp -o "$work/consumer-pc" \
+  $(pkg-config --cflags --libs eredu-synth eredu)
+"$work/consumer-pc"
+
+step "4. every installed header alone (-Wall -Wextra -Werror, plain -I)"
+cflags="$(pkg-config --cflags eredu)"
+if [ -f "$prefix/lib/pkgconfig/eredu-cuda.pc" ]; then cflags="$(pkg-config --cflags eredu-cuda)"; fi
+export cxx cflags prefix
+(cd "$prefix/include" && find eredu -name '*.hpp' | sort) >"$work/headers.txt"
+# shellcheck disable=SC2016  # expanded by the inner shell
+if ! xargs -P "$jobs" -I{} sh -c 'echo "#include \"{}\"" | $cxx -std=c++20 -Wall -Wextra -Werror -fsyntax-only \
+       -I"$prefix/include" $cflags -x c++ - 2>&1 | sed "s|^|{}: |"' <"$work/headers.txt" >"$work/headers.log"; then
+  true
+fi
+if [ -s "$work/headers.log" ]; then
+  echo "package-check: installed headers that do not compile alone without warnings:" >&2
+  head -n 40 "$work/headers.log" >&2
+  exit 1
+fi
+echo "package-check: $(wc -l <"$work/headers.txt") headers compile alone"
+
+step "5. man page and bash completion"
+man="$prefix/share/man/man1/eredu.1"
+completion="$prefix/share/bash-completion/completions/eredu"
+[ -s "$man" ] && grep -q '^\.TH EREDU' "$man" || { echo "package-check: no man page at $man" >&2; exit 1; }
+[ -s "$completion" ] && bash -n "$completion" || { echo "package-check: no valid completion at $completion" >&2; exit 1; }
+"$prefix/bin/eredu" --version
+step "ok"

@@ -1,0 +1,437 @@
+#!/usr/bin/env python3
+"""The `eredu` command as a user meets it: usage errors, help, JSON output and its
+vocabulary, `eredu gen`'s rule for OUT, swap verification modes, the progress display, and
+docs/cli.md against every command's --help. ctest runs each case as its own test:
+
+    cli_test.py ERDU_BINARY SOURCE_DIR CASE
+"""
+import fcntl
+import json
+import os
+import pty
+import re
+import select
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import termios
+
+EREDU, SOURCE, CASE = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2]), sys.argv[3]
+COMMANDS = ["inspect", "read", "load", "pipeline", "swap", "gen"]
+failures = []
+
+
+def run(*args, expect=None, env=None):
+    """Runs eredu with args; returns (exit status, stdout, stderr)."""
+    p = subprocess.run([EREDU, *args], capture_output=True, text=True, env=env, timeout=300)
+    if expect is not None and p.returncode != expect:
+        fail(f"eredu {' '.join(args)}: exit {p.returncode}, expected {expect}\nstdout: {p.stdout[-2000:]}\n"
+             f"stderr: {p.stderr[-2000:]}")
+    return p.returncode, p.stdout, p.stderr
+
+
+def fail(message):
+    failures.append(message)
+    print("FAIL:", message, file=sys.stderr)
+
+
+def check(condition, message):
+    if not condition:
+        fail(message)
+
+
+def document(stdout, command):
+    """The one JSON line of a --json run, checked for schema and command."""
+    lines = [l for l in stdout.splitlines() if l.strip()]
+    check(len(lines) == 1, f"{command} --json printed {len(lines)} lines, not one")
+    doc = json.loads(lines[-1])
+    check(doc.get("schema") == 1, f"{command}: schema is {doc.get('schema')!r}, not 1")
+    check(doc.get("command") == command, f"{command}: command is {doc.get('command')!r}")
+    return doc
+
+
+# The unitless numbers docs/cli.md lists (settings, identifiers, dimensions); every other
+# number must carry its unit in its name.
+UNITLESS = {"schema", "depth", "threads", "concurrency", "lookahead", "serve_threads", "swap_threads", "seed",
+            "index", "pass", "generation", "rows", "cols", "hidden", "intermediate", "vocab", "checksum",
+            "p99_ratio"}
+UNIT_SUFFIXES = ("_bytes", "_seconds", "_gb_per_s", "_count", "_offset")
+BARE_UNITS = {"bytes", "seconds", "gb_per_s", "count", "offset"}
+LISTS = {"shape"}  # a list whose name is not a plural
+
+
+def check_vocabulary(value, where):
+    """Every key snake_case; numbers named by unit; lists plural (docs/cli.md, "Vocabulary")."""
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            check_vocabulary(v, f"{where}[{i}]")
+        return
+    if not isinstance(value, dict):
+        return
+    for key, v in value.items():
+        here = f"{where}.{key}"
+        check(re.fullmatch(r"[a-z][a-z0-9_]*", key) is not None, f"{here}: not a snake_case name")
+        if key == "metadata":  # the checkpoint's own strings
+            continue
+        if isinstance(v, bool) or v is None or isinstance(v, str):
+            continue
+        if isinstance(v, (int, float)):
+            check(key in BARE_UNITS or key.endswith(UNIT_SUFFIXES) or key in UNITLESS,
+                  f"{here}: a number whose name has no unit (_bytes, _seconds, _gb_per_s, _count, _offset)")
+        elif isinstance(v, list):
+            check(key.endswith("s") or key in LISTS, f"{here}: a list whose name is not a plural")
+        check_vocabulary(v, here)
+
+
+def gen(path, *extra):
+    run("gen", path, "--size", "1M", "-q", *extra, expect=0)
+
+
+# ---------------------------------------------------------------------------------------
+
+def case_usage(tmp):
+    """The reproduced bugs: each is now a usage error (exit 2) that names the option and range."""
+    ck = os.path.join(tmp, "ck.safetensors")
+    gen(ck)
+    cases = [
+        (["load", ck, "--threads", "abc"], "--threads", "1 to 1024"),
+        (["load", ck, "--threads", "100000"], "--threads", "1 to 1024"),
+        (["gen", os.path.join(tmp, "x"), "--seed", "abc"], "--seed", "0 to 18446744073709551615"),
+        (["gen", os.path.join(tmp, "x"), "--seed", "-1"], "--seed", "0 to 18446744073709551615"),
+        (["pipeline", ck, "--lookahead", "abc"], "--lookahead", "1 to 64"),
+        (["load", ck, "--repeat", "2x"], "--repeat", "1 to 1000"),
+        (["gen", os.path.join(tmp, "x"), "--shards", "-1"], "--shards", "1 to 99999"),
+        (["read", ck, "--budget", "1e30"], "--budget", "4K to 1T"),
+        (["load", ck, "--depth", "-1"], "--depth", "1 to 256"),
+        (["read", ck, "--reader", "pread", "--depth", "100000"], "--depth", "1 to 256"),
+        (["read", ck, "--reader", "io_uring"], "--reader", "auto, uring, pread"),
+        (["swap", ck, ck, "--verify", "maybe"], "--verify", "on, off, require"),
+        (["read", ck, "--bogus"], "--bogus", ""),
+        (["read"], "PATH", ""),
+        (["frobnicate"], "frobnicate", ""),
+    ]
+    for args, option, accepted in cases:
+        code, out, err = run(*args)
+        check(code == 2, f"eredu {' '.join(args)}: exit {code}, expected 2 (stderr: {err.strip()})")
+        check(option in err and accepted in err,
+              f"eredu {' '.join(args)}: the message does not name {option} and '{accepted}': {err.strip()}")
+        check("stoi" not in err and "stoull" not in err and "stol" not in err, f"{args}: {err}")
+    # --shards above the model's tensor count is caught before anything is written.
+    code, _, err = run("gen", os.path.join(tmp, "many"), "--size", "1M", "--shards", "5000")
+    check(code == 2 and "--shards" in err, f"gen --shards 5000: exit {code}: {err}")
+    check(not os.path.exists(os.path.join(tmp, "many")), "gen --shards 5000 created its OUT")
+    # `eredu gen -h` prints help, and writes nothing named -h.
+    cwd = os.getcwd()
+    os.chdir(tmp)
+    try:
+        code, out, _ = run("gen", "-h")
+        check(code == 0 and "--shards" in out, f"gen -h: exit {code}")
+        check(not os.path.exists(os.path.join(tmp, "-h")), "gen -h wrote a checkpoint named -h")
+    finally:
+        os.chdir(cwd)
+    # Under --json a usage error is a JSON error object too.
+    code, out, _ = run("read", ck, "--depth", "0", "--json")
+    doc = json.loads(out.strip().splitlines()[-1])
+    check(code == 2 and doc["error"]["kind"] == "usage" and "--depth" in doc["error"]["message"],
+          f"read --depth 0 --json: exit {code}, {out}")
+
+
+def case_help(tmp):
+    """Every subcommand takes -h and --help; --version names the version and the commit."""
+    code, out, _ = run("--help", expect=0)
+    for c in COMMANDS:
+        check(c in out, f"eredu --help does not list {c}")
+    for c in COMMANDS:
+        for flag in ("-h", "--help"):
+            code, out, _ = run(c, flag)
+            check(code == 0 and f"Usage: eredu {c}" in out, f"eredu {c} {flag}: exit {code}: {out[:200]!r}")
+            check("--quiet" in out and "--verbose" in out, f"eredu {c} {flag} lacks -q/-v")
+    code, out, _ = run("--version", expect=0)
+    check(re.fullmatch(r"eredu \d+\.\d+\.\d+ \(commit ([0-9a-f]{7,40}|unknown)\)\n", out) is not None,
+          f"eredu --version printed {out!r}")
+    code, _, err = run()
+    check(code == 2 and "Usage" in err, f"eredu with no command: exit {code}")
+
+
+def case_json(tmp):
+    """Every --json document: one line, schema 1, the vocabulary, the same names everywhere."""
+    ck = os.path.join(tmp, "ck")
+    b = os.path.join(tmp, "b")
+    gen(ck, "--shards", "2", "--checksums")
+    gen(b, "--shards", "2", "--seed", "2", "--checksums")
+    docs = {}
+    for command, args in [("inspect", [ck]), ("read", [ck]), ("load", [ck, "--dtype", "f32", "--repeat", "2"]),
+                          ("pipeline", [ck, "--passes", "2", "--threads", "1"]),
+                          ("swap", [ck, b, "--swaps", "1", "--requests", "50", "--corrupt"]),
+                          ("gen", [os.path.join(tmp, "g.safetensors"), "--size", "1M"])]:
+        code, out, err = run(command, *args, "--json", expect=0)
+        if code != 0:
+            continue
+        docs[command] = doc = document(out, command)
+        check_vocabulary(doc, command)
+    if len(docs) != 6:
+        return
+    check(isinstance(docs["inspect"]["tensors"], list), "inspect: tensors is not a list")
+    for c in ("inspect", "read", "load", "swap", "gen"):
+        check(isinstance(docs[c].get("tensor_count"), int), f"{c}: no tensor_count")
+    for c in ("inspect", "read", "load", "swap"):
+        check(docs[c].get("tensor_bytes") == docs["inspect"]["tensor_bytes"], f"{c}: tensor_bytes differs")
+    for c in ("read", "load", "pipeline", "swap"):
+        check(isinstance(docs[c].get("peak_rss_bytes"), int), f"{c}: no peak_rss_bytes")
+    for c in ("read", "load", "pipeline"):
+        check(isinstance(docs[c].get("staging_high_water_bytes"), int), f"{c}: no staging_high_water_bytes")
+    # A load that converts counts the checkpoint's bytes, like its summary.
+    load = docs["load"]
+    check(load["bytes"] == load["tensor_bytes"] and load["output_bytes"] == 2 * load["tensor_bytes"],
+          f"load --dtype f32: bytes {load['bytes']}, output_bytes {load['output_bytes']}")
+    swap = docs["swap"]
+    check(swap["ok"] and swap["failed_swap"]["rejected"] and swap["failed_swap"]["error_kind"] == "checksum_mismatch",
+          f"swap --corrupt: {swap['failed_swap']}")
+    check(all(w["verified"] for w in swap["swaps"]), "swap with sidecars: a swap verified nothing")
+
+
+def case_errors(tmp):
+    """A failure under --json is a JSON error object (kind, message, file, tensor, offset); exit 1."""
+    missing = os.path.join(tmp, "missing.safetensors")
+    for command in ("inspect", "read", "load", "pipeline"):
+        code, out, err = run(command, missing, "--json")
+        check(code == 1, f"{command} on a missing file: exit {code}")
+        doc = document(out, command)
+        e = doc.get("error", {})
+        check(set(e) == {"kind", "message", "file", "parameter", "tensor", "offset", "os_error"},
+              f"{command}: error fields {sorted(e)}")
+        check(e.get("kind") not in (None, "failure", "usage"), f"{command}: error kind {e.get('kind')}")
+        check(missing in err, f"{command}: stderr does not name the file: {err}")
+    # A truncated file: the error names the file, and the kind is the format's.
+    ck = os.path.join(tmp, "ck.safetensors")
+    gen(ck)
+    with open(ck, "r+b") as f:
+        f.truncate(os.path.getsize(ck) - 100)
+    code, out, _ = run("read", ck, "--json")
+    e = json.loads(out.strip().splitlines()[-1])["error"]
+    check(code == 1 and e["file"] == ck and e["kind"] == "incomplete_data", f"truncated read: {code} {e}")
+
+
+def case_gen(tmp):
+    """One rule for OUT: *.safetensors is a file, anything else a directory; no silent overwrite."""
+    f = os.path.join(tmp, "one.safetensors")
+    gen(f)
+    check(os.path.isfile(f), "gen one.safetensors wrote no file")
+    check(os.listdir(tmp) == ["one.safetensors"], f"gen left {os.listdir(tmp)}")
+    code, _, err = run("gen", f, "--size", "1M", "-q")
+    check(code == 1 and "--force" in err, f"gen over an existing file: exit {code}: {err}")
+    gen(f, "--force", "--seed", "3")
+    # No extension: a directory with model.safetensors.
+    d = os.path.join(tmp, "plain")
+    gen(d)
+    check(sorted(os.listdir(d)) == ["model.safetensors"], f"gen plain: {os.listdir(d) if os.path.isdir(d) else d}")
+    # Sharded: a directory; a second gen into it is refused; --force replaces it whole.
+    s = os.path.join(tmp, "sharded")
+    gen(s, "--shards", "3", "--checksums")
+    before = sorted(os.listdir(s))
+    check(len(before) == 5 and "model.safetensors.index.json" in before and "checksums.sha256.json" in before,
+          f"gen --shards 3: {before}")
+    code, _, err = run("gen", s, "--size", "1M", "-q")
+    check(code == 1 and "--force" in err and sorted(os.listdir(s)) == before,
+          f"gen into a sharded directory: exit {code}, files {os.listdir(s)}: {err}")
+    gen(s, "--force")
+    check(sorted(os.listdir(s)) == ["model.safetensors"], f"gen --force over shards left {os.listdir(s)}")
+    code, out, _ = run("inspect", s, "--json", expect=0)
+    check(document(out, "inspect")["file_count"] == 1, "the replaced directory does not open as one file")
+    # A file name cannot take several shards.
+    code, _, err = run("gen", os.path.join(tmp, "x.safetensors"), "--shards", "2", "-q")
+    check(code == 2 and "--shards" in err, f"gen x.safetensors --shards 2: exit {code}: {err}")
+    check(not os.path.exists(os.path.join(tmp, "x.safetensors")), "gen x.safetensors --shards 2 wrote something")
+
+
+def case_swap_verify(tmp):
+    """--verify on says when nothing was verified; --verify require fails without checksums."""
+    a, b = os.path.join(tmp, "a.safetensors"), os.path.join(tmp, "b.safetensors")
+    gen(a)
+    gen(b, "--seed", "2")
+    code, out, err = run("swap", a, b, "--swaps", "1", "--requests", "20", "--json", expect=0)
+    doc = document(out, "swap") if code == 0 else {}
+    check("verify nothing" in err, f"swap --verify on without checksums: no warning: {err}")
+    check(doc.get("verified_nothing") is True and not doc["swaps"][0]["verified"], "swap: verified_nothing not set")
+    code, out, err = run("swap", a, b, "--swaps", "1", "--requests", "20")
+    check("nothing was verified" in out, f"swap text report does not say nothing was verified:\n{out}")
+    code, out, err = run("swap", a, b, "--swaps", "1", "--requests", "20", "--verify", "require", "--json")
+    check(code == 1, f"swap --verify require without checksums: exit {code}")
+    e = json.loads(out.strip().splitlines()[-1]).get("error", {}) if out.strip() else {}
+    check(e.get("kind") == "invalid_argument" and "--verify require" in e.get("message", ""),
+          f"swap --verify require: {e}")
+    gen(a, "--force", "--checksums")
+    gen(b, "--force", "--seed", "2", "--checksums")
+    code, out, _ = run("swap", a, b, "--swaps", "2", "--requests", "20", "--verify", "require", "--corrupt", "--json",
+                       expect=0)
+    if code == 0:
+        doc = document(out, "swap")
+        check(doc["ok"] and not doc["verified_nothing"] and doc["failed_swap"]["error_kind"] == "checksum_mismatch",
+              f"swap --verify require --corrupt: {doc['failed_swap']}")
+
+
+def case_load_verify(tmp):
+    """load and pipeline --verify: on says when nothing was verified, require fails without digests and
+    verifies every tensor with them, a wrong digest (--checksums FILE) fails with checksum_mismatch."""
+    a = os.path.join(tmp, "a.safetensors")
+    gen(a, "--layers", "2")
+    code, out, err = run("load", a, "--verify", "on", "--json", expect=0)
+    if code == 0:
+        doc = document(out, "load")
+        check(doc["verify"] == "on" and doc["loads"][0]["tensor_verified_count"] == 0,
+              f"load --verify on without digests: {doc['loads']}")
+        check("nothing is verified" in err, f"load --verify on without digests: no line says so: {err}")
+    code, out, _ = run("load", a, "--verify", "on")
+    check("nothing was verified" in out, f"load text report does not say nothing was verified:\n{out}")
+    for command in ("load", "pipeline"):
+        code, out, _ = run(command, a, "--verify", "require", "--json")
+        e = json.loads(out.strip().splitlines()[-1]).get("error", {}) if out.strip() else {}
+        check(code == 1 and e.get("kind") == "invalid_argument" and "--verify require" in e.get("message", ""),
+              f"{command} --verify require without digests: exit {code}: {e}")
+    gen(a, "--layers", "2", "--force", "--checksums")
+    code, out, _ = run("load", a, "--verify", "require", "--repeat", "2", "--json", expect=0)
+    if code == 0:
+        doc = document(out, "load")
+        for load in doc["loads"]:
+            check(load["tensor_verified_count"] == doc["tensor_count"] and load["verified_bytes"] == doc["bytes"],
+                  f"load --verify require: {load} of {doc['tensor_count']} tensors")
+    code, out, _ = run("load", a, "--verify", "require", "--dtype", "f32", "--json", expect=0)
+    if code == 0:
+        doc = document(out, "load")
+        check(doc["loads"][0]["tensor_verified_count"] == doc["tensor_count"], f"load --dtype f32 --verify: {doc}")
+    code, out, _ = run("pipeline", a, "--verify", "require", "--passes", "2", "--compute", "none", "--json",
+                       expect=0)
+    if code == 0:
+        doc = document(out, "pipeline")
+        check(doc["tensor_verified_count"] == 2 * doc["layer_tensor_count"], f"pipeline --verify require: {doc}")
+    sums = json.load(open(a + ".sha256.json"))
+    victim = next(n for n in sorted(sums) if "layers." in n)  # one the pipeline reads too
+    sums[victim] = ("0" if sums[victim][0] != "0" else "1") + sums[victim][1:]
+    wrong = os.path.join(tmp, "wrong.json")
+    with open(wrong, "w") as f:
+        json.dump(sums, f)
+    for command in ("load", "pipeline"):
+        code, out, _ = run(command, a, "--verify", "on", "--checksums", wrong, "--json")
+        e = json.loads(out.strip().splitlines()[-1]).get("error", {}) if out.strip() else {}
+        check(code == 1 and e.get("kind") == "checksum_mismatch",
+              f"{command} --checksums with a wrong digest: exit {code}: {e}")
+    code, _, err = run("load", a, "--checksums", os.path.join(tmp, "missing.json"))
+    check(code == 2 and "--checksums" in err, f"load --checksums missing.json: exit {code}: {err}")
+
+
+def case_progress(tmp):
+    """Drawn only on a terminal, named by phase, cleared to the end of line, within the width."""
+    ck = os.path.join(tmp, "ck.safetensors")
+    gen(ck)
+    _, _, err = run("read", ck)
+    check("\r" not in err and "\x1b" not in err, f"progress drawn to a pipe: {err!r}")
+    for args, phases in ((["read", ck], ["open", "read", "verify"]), (["load", ck, "--dtype", "f32"],
+                                                                       ["open", "convert"]),
+                         (["gen", os.path.join(tmp, "p.safetensors"), "--size", "2M", "--checksums"],
+                          ["write", "hash"])):
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 40, 0, 0))
+        p = subprocess.Popen([EREDU, *args], stdout=subprocess.DEVNULL, stderr=slave, close_fds=True)
+        os.close(slave)
+        data = b""
+        while True:
+            ready, _, _ = select.select([master], [], [], 60)
+            if not ready:
+                break
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            data += chunk
+        p.wait(timeout=60)
+        os.close(master)
+        text = data.decode("utf-8", "replace")
+        check("\x1b[K" in text, f"{args[0]}: the progress line is not cleared to its end: {text!r}")
+        for phase in phases:
+            check(re.search(rf"(^|[\r ·]){phase}\b", text) is not None, f"{args[0]}: no '{phase}' phase in {text!r}")
+        for line in text.replace("\n", "\r").split("\r"):
+            if line.endswith("\x1b[K"):  # a drawn progress line: "\r<text>\x1b[K"
+                shown = line[:-3]
+                check(len(shown) < 40, f"{args[0]}: a progress line is wider than the 40-column terminal: {shown!r}")
+
+
+def case_quiet(tmp):
+    """-q drops informational lines (warnings stay); -v is accepted everywhere."""
+    ck = os.path.join(tmp, "ck.safetensors")
+    gen(ck)
+    _, _, err = run("gen", os.path.join(tmp, "loud.safetensors"), "--size", "1M", expect=0)
+    check("generating" in err, "gen without -q says nothing")
+    _, _, err = run("gen", os.path.join(tmp, "quiet.safetensors"), "--size", "1M", "-q", expect=0)
+    check(err == "", f"gen -q printed: {err!r}")
+    # The library's informational lines (e.g. "O_DIRECT unavailable ..." on tmpfs) go with -q.
+    _, _, loud = run("read", ck, expect=0)
+    _, _, quiet = run("read", ck, "-q", expect=0)
+    info = [l for l in loud.splitlines() if l.startswith("eredu: ")]
+    check(not any(l in quiet for l in info), f"read -q still logged {quiet!r}")
+    for c in ("inspect", "read", "load"):
+        run(c, ck, "-v", expect=0)
+
+
+def case_docs(tmp):
+    """Every option each command's --help shows is in docs/cli.md's section of it, and back."""
+    text = open(os.path.join(SOURCE, "docs", "cli.md"), encoding="utf-8").read()
+    sections = re.split(r"^## ", text, flags=re.M)
+    for c in COMMANDS:
+        _, out, _ = run(c, "--help", expect=0)
+        shown = set(re.findall(r"^\s+(?:-\w,)?(--[a-z][a-z0-9-]*)", out, flags=re.M))
+        shown |= set(re.findall(r"^\s+(-\w),--", out, flags=re.M))
+        section = next((s for s in sections if s.startswith(f"`eredu {c}")), None)
+        if section is None:
+            fail(f"docs/cli.md has no section '## `eredu {c} ...`'")
+            continue
+        documented = set(re.findall(r"^\|\s*`(--?[a-z][a-z0-9-]*)", section, flags=re.M))
+        documented |= set(re.findall(r"^\|\s*`-\w`, `(--[a-z][a-z0-9-]*)", section, flags=re.M))
+        documented |= set(re.findall(r"^\|\s*`(-\w)`, `--", section, flags=re.M))
+        check(shown - documented == set(), f"docs/cli.md lacks options of eredu {c}: {sorted(shown - documented)}")
+        check(documented - shown == set(),
+              f"docs/cli.md documents options eredu {c} does not have: {sorted(documented - shown)}")
+    # The README's command-line summary names only options that exist.
+    readme = open(os.path.join(SOURCE, "README.md"), encoding="utf-8").read()
+    block = re.search(r"## Command line\n\n```sh\n(.*?)```", readme, flags=re.S)
+    check(block is not None, "README.md has no ```sh block under '## Command line'")
+    if block:
+        for line in block.group(1).splitlines():
+            m = re.match(r"eredu (\w+)", line)
+            if not m or m.group(1) not in COMMANDS:
+                continue
+            _, out, _ = run(m.group(1), "--help")
+            for opt in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", line.split("#")[0]):
+                check(opt in out, f"README.md shows {opt} for eredu {m.group(1)}, which has no such option")
+    # Every field name the unitless list allows is documented.
+    for name in UNITLESS:
+        check(f"`{name}`" in text, f"docs/cli.md does not document the unitless field {name}")
+
+
+def case_completion(tmp):
+    """--completion-bash prints a script bash accepts, offering every command."""
+    code, out, _ = run("--completion-bash", expect=0)
+    for c in COMMANDS:
+        check(f"{c})" in out, f"the completion has no case for {c}")
+    bash = shutil.which("bash")
+    if bash:
+        p = subprocess.run([bash, "-n"], input=out, text=True, capture_output=True)
+        check(p.returncode == 0, f"bash -n rejects the completion: {p.stderr}")
+        script = out + '\nCOMP_WORDS=(eredu read --reader ""); COMP_CWORD=3; _eredu; echo "${COMPREPLY[*]}"\n'
+        p = subprocess.run([bash], input=script, text=True, capture_output=True)
+        check(p.stdout.strip() == "auto uring pread", f"completing --reader offered {p.stdout.strip()!r}")
+
+
+if __name__ == "__main__":
+    tmp = tempfile.mkdtemp(prefix="eredu-cli-test-")
+    try:
+        globals()[f"case_{CASE}"](tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if failures:
+        print(f"{len(failures)} failure(s) in case {CASE}", file=sys.stderr)
+        sys.exit(1)
+    print(f"case {CASE}: ok")
