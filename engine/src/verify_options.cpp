@@ -13,9 +13,9 @@ void validate(const VerifyOptions& o) {
                 fmt::format("VerifyOptions::mode is {}; it must be off, on or require", mode));
   }
   if (o.preferred != io::DigestKind::sha256 && o.preferred != io::DigestKind::xxh3_128) {
-    throw Error(errc::invalid_argument, {},
-                fmt::format("VerifyOptions::preferred is {}; it must be sha256 or xxh3_128",
-                            static_cast<int>(o.preferred)));
+    throw Error(
+        errc::invalid_argument, {},
+        fmt::format("VerifyOptions::preferred is {}; it must be sha256 or xxh3_128", static_cast<int>(o.preferred)));
   }
 }
 

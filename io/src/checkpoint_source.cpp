@@ -11,6 +11,7 @@
 
 #include "eredu/core/error.hpp"
 #include "eredu/core/log.hpp"
+#include "eredu/core/trace.hpp"
 #include "eredu/io/open_catalog.hpp"
 #include "eredu/io/pread_reader.hpp"
 #include "eredu/io/read_fault.hpp"
@@ -271,8 +272,13 @@ asio::awaitable<Lease> CheckpointSource::read_chunk(const Plan& plan, std::uint6
     }
   }
   StagingBuffer buffer;
+  const std::uint64_t waited_from = trace::enabled() ? trace::now_ns() : 0;
   try {
     buffer = co_await pool_->async_acquire(buffer_bytes, asio::use_awaitable);
+    if (waited_from) {
+      trace::record("wait for staging", "io", waited_from, trace::now_ns(),
+                    fmt::format("{}: {} bytes", t.name, buffer_bytes));
+    }
   } catch (const Error& e) {
     const auto& file = catalog_.file_of(t).path;
     if (e.kind() == errc::exceeds_budget) {
@@ -294,6 +300,7 @@ asio::awaitable<Lease> CheckpointSource::read_chunk(const Plan& plan, std::uint6
     }
   }
   const bool windowed = view || buffer_bytes != length;
+  const std::uint64_t read_from = trace::enabled() ? trace::now_ns() : 0;
   std::exception_ptr failure;
   try {
     co_await reader_->async_read(std::move(segments), executor_, asio::use_awaitable);
@@ -315,6 +322,10 @@ asio::awaitable<Lease> CheckpointSource::read_chunk(const Plan& plan, std::uint6
     }
   }
   check_unchanged(t);
+  if (read_from) {
+    trace::record("read tensor", "io", read_from, trace::now_ns(),
+                  fmt::format("{}: bytes {}..{} of {}", t.name, offset, offset + length, plan.total));
+  }
   co_return Lease(std::move(buffer), view, length, &t, offset, plan.total);
 }
 

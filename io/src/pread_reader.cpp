@@ -11,6 +11,7 @@
 
 #include "eredu/core/error.hpp"
 #include "eredu/core/log.hpp"
+#include "eredu/core/trace.hpp"
 #include "reader_core.hpp"
 
 namespace eredu::io {
@@ -40,7 +41,7 @@ struct PreadReader::Impl {
       p->direct = core.want_direct(*p, pos, dst, len);
       const auto& f = core.files[p->file];
       const int fd = p->direct ? f.direct.get() : f.buffered.get();
-      core.count_request(p->direct, false);
+      core.count_request(*p, false);
       core.count_syscall();
       lock.unlock();
       ssize_t n = ::pread(fd, dst, len, static_cast<off_t>(pos));
@@ -59,7 +60,10 @@ PreadReader::PreadReader(std::span<OpenFile> files, const ReaderOptions& options
   std::error_code failure;
   for (unsigned i = 0; i < wanted; ++i) {
     try {
-      impl_->workers.emplace_back([this] { impl_->worker(); });
+      impl_->workers.emplace_back([this, i] {
+        trace::name_this_thread(fmt::format("pread worker {}", i));
+        impl_->worker();
+      });
     } catch (const std::system_error& e) {
       // Out of threads or address space (a small `ulimit -v`, a container's pids limit):
       // fewer workers read as correctly, only with less parallelism.

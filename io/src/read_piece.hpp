@@ -48,6 +48,7 @@ struct Piece {
   bool direct = false;          ///< the read in flight was issued with O_DIRECT
   bool buffered_only = false;   ///< O_DIRECT failed or was cut short for this piece
   unsigned requeues = 0;        ///< EAGAIN / EINTR results in a row
+  std::uint64_t issued_ns = 0;  ///< when the read in flight was issued, while tracing (trace::now_ns)
 };
 
 /// EAGAIN or EINTR results in a row after which a piece fails: a blocking read does not

@@ -4,6 +4,7 @@
 
 #include "eredu/core/error.hpp"
 #include "eredu/core/log.hpp"
+#include "eredu/core/trace.hpp"
 
 namespace eredu::io::detail {
 namespace {
@@ -55,6 +56,12 @@ void ReaderCore::on_result(Piece& p, long res) {
     return;
   }
   res = apply_fault(options.faults, p, res);
+  if (p.issued_ns) {
+    trace::record("read", "io", p.issued_ns, trace::now_ns(),
+                  fmt::format("{} offset {} asked {} got {}{}", files[p.file].path, p.offset + p.done, p.submitted, res,
+                              p.direct ? " O_DIRECT" : ""));
+    p.issued_ns = 0;
+  }
   ReadFailure failure;
   Next next;
   {
@@ -169,10 +176,11 @@ std::size_t ReaderCore::direct_alignment(std::uint32_t file) const noexcept {
   return files[file].direct ? direct_align : 0;
 }
 
-void ReaderCore::count_request(bool direct, bool fixed_buffer) {
+void ReaderCore::count_request(Piece& p, bool fixed_buffer) {
+  p.issued_ns = trace::enabled() ? trace::now_ns() : 0;
   std::lock_guard lock(stats_mutex_);
   ++stats_.requests;
-  stats_.direct_requests += direct;
+  stats_.direct_requests += p.direct;
   stats_.fixed_buffer_requests += fixed_buffer;
 }
 

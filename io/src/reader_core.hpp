@@ -53,8 +53,9 @@ class ReaderCore {
   /// Direct-read alignment of `file`, 0 when it is read buffered only.
   std::size_t direct_alignment(std::uint32_t file) const noexcept;
 
-  /// Counts one request issued.
-  void count_request(bool direct, bool fixed_buffer);
+  /// Counts one request issued for `p` (its `direct` already decided) and, while tracing,
+  /// stamps its issue time.
+  void count_request(Piece& p, bool fixed_buffer);
   /// Counts one system call.
   void count_syscall();
   /// A copy of the counters.

@@ -187,7 +187,7 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
       io_uring_sqe_set_data(sqe, p);
       ++in_flight;
       ++queued;
-      core.count_request(p->direct, fixed_buf);
+      core.count_request(*p, fixed_buf);
     }
     if (queued == 0 && io_uring_sq_ready(&ring) == 0) return false;
     int r = io_uring_submit(&ring);

@@ -411,6 +411,53 @@ def case_docs(tmp):
         check(f"`{name}`" in text, f"docs/cli.md does not document the unitless field {name}")
 
 
+def trace_events(path, command):
+    """The complete events of a --trace file, after checking the file is trace-event JSON."""
+    try:
+        doc = json.load(open(path))
+    except (OSError, ValueError) as e:
+        fail(f"{command} --trace: {path} is not a JSON file: {e}")
+        return [], {}
+    events = doc.get("traceEvents")
+    check(isinstance(events, list) and events, f"{command} --trace: no traceEvents list")
+    tracks = {e["tid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    complete = [e for e in events if e.get("ph") == "X"]
+    for e in complete:
+        check(isinstance(e.get("ts"), (int, float)) and e["ts"] >= 0, f"{command} --trace: bad ts in {e}")
+        check(isinstance(e.get("dur"), (int, float)) and e["dur"] >= 0, f"{command} --trace: bad dur in {e}")
+        check(e.get("tid") in tracks, f"{command} --trace: event on a thread with no named track: {e}")
+        check(e.get("pid") == 1 and isinstance(e.get("cat"), str), f"{command} --trace: bad pid or cat in {e}")
+    return complete, tracks
+
+
+def case_trace(tmp):
+    """--trace FILE on load, read, pipeline and swap writes a trace-event timeline of the run."""
+    ck = os.path.join(tmp, "ck.safetensors")
+    gen(ck)
+    runs = [
+        ("load", [ck, "--copies", "reader"], {("read", "io"), ("bind", "engine")}),
+        ("load", [ck, "--dtype", "f32"], {("bind", "engine")}),
+        ("read", [ck, "--reader", "pread"], {("read", "io"), ("read tensor", "io")}),
+        ("pipeline", [ck, "--passes", "1"], {("load unit", "pipeline"), ("stall", "pipeline"), ("bind", "engine")}),
+        ("swap", [ck, ck, "--swaps", "1", "--requests", "10"],
+         {("load", "swap"), ("publish", "swap"), ("bind", "engine")}),
+    ]
+    for command, args, expected in runs:
+        path = os.path.join(tmp, f"{command}.trace.json")
+        run(command, *args, "--trace", path, "-q", expect=0)
+        events, tracks = trace_events(path, command)
+        names = {(e["name"], e["cat"]) for e in events}
+        check(expected <= names, f"{command} {' '.join(args[1:])} --trace: missing {expected - names} in {names}")
+        check("main" in tracks.values(), f"{command} --trace: no 'main' track in {tracks}")
+    # A conversion is traced as one: --dtype f32 of bf16 tensors converts every float tensor.
+    events, _ = trace_events(os.path.join(tmp, "load.trace.json"), "load")
+    check(any(e["name"].startswith("convert") for e in events), "load --dtype f32 --trace: no conversion event")
+    # A path that cannot be written fails at once, naming it, before any work.
+    bad = os.path.join(tmp, "no-such-dir", "t.json")
+    code, out, err = run("read", ck, "--trace", bad)
+    check(code == 1 and bad in err and "io_error" in err, f"read --trace {bad}: exit {code}, stderr {err!r}")
+
+
 def case_completion(tmp):
     """--completion-bash prints a script bash accepts, offering every command."""
     code, out, _ = run("--completion-bash", expect=0)

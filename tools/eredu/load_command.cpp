@@ -20,6 +20,7 @@
 #include "eredu/engine/load.hpp"
 #include "interrupt.hpp"
 #include "progress.hpp"
+#include "trace_option.hpp"
 #include "verify_flags.hpp"
 
 namespace eredu::cli {
@@ -222,8 +223,11 @@ Command add_load_command(CLI::App& app, CommonFlags& flags) {
   add_choice(*cmd, "--copies", o->copies, {"arena", "reader"},
              "who copies page-cache-resident tensors: the TBB arena, from a mapping, or the reader");
   add_verify_flags(*cmd, o->verify, o->checksums, "of every tensor as it lands (each load)");
+  auto trace_path = std::make_shared<std::string>();
+  add_trace_option(*cmd, *trace_path);
   add_common_flags(*cmd, flags, true);
-  return {cmd, [o](const CommonFlags& f) { return run_load(*o, f); }};
+  return {cmd,
+          [o, trace_path](const CommonFlags& f) { return run_traced(*trace_path, [&] { return run_load(*o, f); }); }};
 }
 
 }  // namespace eredu::cli

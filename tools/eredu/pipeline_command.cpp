@@ -33,6 +33,7 @@
 #include "eredu/io/checkpoint_source.hpp"
 #include "interrupt.hpp"
 #include "progress.hpp"
+#include "trace_option.hpp"
 #include "verify_flags.hpp"
 
 namespace eredu::cli {
@@ -343,8 +344,12 @@ Command add_pipeline_command(CLI::App& app, CommonFlags& flags) {
              "releases each unit at once (pure streaming)");
   add_bytes(*cmd, "--staging", o->staging, 4096, std::uint64_t{1} << 40, "staging memory of the lease pool");
   add_verify_flags(*cmd, o->verify, o->checksums, "of every unit as it is read (each pass)");
+  auto trace_path = std::make_shared<std::string>();
+  add_trace_option(*cmd, *trace_path);
   add_common_flags(*cmd, flags, true);
-  return {cmd, [o](const CommonFlags& f) { return run_pipeline(*o, f); }};
+  return {cmd, [o, trace_path](const CommonFlags& f) {
+            return run_traced(*trace_path, [&] { return run_pipeline(*o, f); });
+          }};
 }
 
 }  // namespace eredu::cli

@@ -21,6 +21,7 @@
 #include "eredu/io/checkpoint_source.hpp"
 #include "interrupt.hpp"
 #include "progress.hpp"
+#include "trace_option.hpp"
 
 namespace eredu::cli {
 namespace {
@@ -245,8 +246,11 @@ Command add_read_command(CLI::App& app, CommonFlags& flags) {
             "one lease per tensor where it fits the budget");
   add_choice(*cmd, "--verify", o->verify, {"on", "off"},
              "compare every tensor with an independent pread + xxh3 pass (exit status 1 on a difference)");
+  auto trace_path = std::make_shared<std::string>();
+  add_trace_option(*cmd, *trace_path);
   add_common_flags(*cmd, flags, true);
-  return {cmd, [o](const CommonFlags& f) { return run_read(*o, f); }};
+  return {cmd,
+          [o, trace_path](const CommonFlags& f) { return run_traced(*trace_path, [&] { return run_read(*o, f); }); }};
 }
 
 }  // namespace eredu::cli

@@ -6,6 +6,7 @@
 #include "progress.hpp"
 #include "swap_report.hpp"
 #include "swap_scenario.hpp"
+#include "trace_option.hpp"
 
 namespace eredu::cli {
 namespace {
@@ -50,8 +51,11 @@ Command add_swap_command(CLI::App& app, CommonFlags& flags) {
              "what is recorded and warns when nothing is; require fails (exit status 1) unless every tensor of A "
              "and B has a digest; off verifies nothing");
   cmd->add_flag("--corrupt", o->corrupt, "end with a swap to a corrupted copy of B, which must be rejected");
+  auto trace_path = std::make_shared<std::string>();
+  add_trace_option(*cmd, *trace_path);
   add_common_flags(*cmd, flags, true);
-  return {cmd, [o](const CommonFlags& f) { return run_swap(*o, f); }};
+  return {cmd,
+          [o, trace_path](const CommonFlags& f) { return run_traced(*trace_path, [&] { return run_swap(*o, f); }); }};
 }
 
 }  // namespace eredu::cli

@@ -50,9 +50,10 @@ void add_verify_flags(CLI::App& command, std::string& mode, std::string& sidecar
                          "verifies what is recorded and says so when nothing is; require fails (exit status 1) unless "
                          "every tensor has a digest; off verifies nothing",
                          what));
-  command.add_option("--checksums", sidecar,
-                     "a sidecar JSON file of digests to verify against instead of the checkpoint's own (default: "
-                     "none)")
+  command
+      .add_option("--checksums", sidecar,
+                  "a sidecar JSON file of digests to verify against instead of the checkpoint's own (default: "
+                  "none)")
       ->type_name("FILE")
       ->check(CLI::ExistingFile);
 }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "eredu/core/error.hpp"
+#include "eredu/core/trace.hpp"
 #include "eredu/cpu/convert.hpp"
 #include "eredu/cpu/copy_bytes.hpp"
 #include "eredu/cpu/layout.hpp"
@@ -95,6 +96,8 @@ asio::awaitable<void> convert_mapped(const Job& job, io::MappedView view, const 
         // Blocks by index, so each starts on an element whatever ranges TBB splits off.
         const std::size_t blocks = (end - begin + block - 1) / block;
         tbb::parallel_for(tbb::blocked_range<std::size_t>(0, blocks), [&](const tbb::blocked_range<std::size_t>& r) {
+          trace::Span span(from == to ? "copy from mapping" : "convert from mapping", "cpu",
+                           trace::enabled() ? fmt::format("{}: {} blocks", key, r.size()) : "");
           for (std::size_t b = r.begin(); b != r.end() && !fault.load(std::memory_order_relaxed); ++b) {
             const std::size_t at = begin + b * block, n = std::min(block, end - at);
             const std::span<const std::byte> src = in.subspan(at, n);

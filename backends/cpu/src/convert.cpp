@@ -12,6 +12,7 @@
 
 #include "eredu/core/error.hpp"
 #include "eredu/core/float_formats.hpp"
+#include "eredu/core/trace.hpp"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -362,6 +363,9 @@ void convert(DType from, DType to, std::span<const std::byte> in, std::span<std:
   const Plan plan = validate(from, to, in, out);
   const std::size_t per_block = std::max<std::size_t>(1, convert_block_bytes / plan.out_elem);
   if (plan.count <= per_block) {
+    trace::Span span(
+        "convert", "cpu",
+        trace::enabled() ? fmt::format("{} to {}: {} elements", dtype_name(from), dtype_name(to), plan.count) : "");
     plan.kernel(in.data(), out.data(), plan.count);
     return;
   }
@@ -369,6 +373,9 @@ void convert(DType from, DType to, std::span<const std::byte> in, std::span<std:
   // Blocks are fixed by index (not by the partitioner's splits) so each covers whole
   // elements and about one block of output, however TBB groups them.
   tbb::parallel_for(tbb::blocked_range<std::size_t>(0, blocks), [&](const tbb::blocked_range<std::size_t>& r) {
+    trace::Span span(
+        "convert", "cpu",
+        trace::enabled() ? fmt::format("{} to {}: {} blocks", dtype_name(from), dtype_name(to), r.size()) : "");
     for (std::size_t b = r.begin(); b != r.end(); ++b) {
       const std::size_t first = b * per_block;
       const std::size_t n = std::min(per_block, plan.count - first);

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "eredu/core/error.hpp"
+#include "eredu/core/trace.hpp"
 
 namespace eredu::cpu {
 
@@ -20,6 +21,7 @@ void copy_bytes(std::span<const std::byte> in, std::span<std::byte> out) {
   }
   const std::size_t blocks = (in.size() + block - 1) / block;
   tbb::parallel_for(tbb::blocked_range<std::size_t>(0, blocks), [&](const tbb::blocked_range<std::size_t>& r) {
+    trace::Span span("copy", "cpu", trace::enabled() ? fmt::format("{} MiB blocks", r.size()) : "");
     for (std::size_t b = r.begin(); b < r.end(); ++b) {
       std::size_t off = b * block, n = std::min(block, in.size() - off);
       std::memcpy(out.data() + off, in.data() + off, n);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "eredu/core/error.hpp"
+#include "eredu/core/trace.hpp"
 
 namespace eredu::cpu {
 namespace {
@@ -165,6 +166,7 @@ void StoragePool::populate(StorageBlock& block) {
   std::size_t capacity = block.capacity_;
   std::size_t chunks = (capacity + huge - 1) / huge;
   tbb::parallel_for(tbb::blocked_range<std::size_t>(0, chunks, 1), [&](const tbb::blocked_range<std::size_t>& r) {
+    trace::Span span("populate", "cpu", trace::enabled() ? fmt::format("{} x 2 MiB", r.size()) : "");
     for (std::size_t c = r.begin(); c < r.end(); ++c) {
       std::byte* p = block.data_ + c * huge;
       std::size_t n = std::min(huge, capacity - c * huge);

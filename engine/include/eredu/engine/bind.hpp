@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "eredu/core/error.hpp"
+#include "eredu/core/trace.hpp"
 #include "eredu/engine/engine_error.hpp"
 #include "eredu/engine/materialized_unit.hpp"
 #include "eredu/engine/parameter_error.hpp"
@@ -86,6 +87,7 @@ void bind_materialized_unit(M& module, MaterializedUnit<B> unit) {
   using Weights = typename MaterializedUnit<B>::Weights;
   using Parameter = typename B::Parameter;
 
+  trace::Span span("bind", "engine");
   Weights weights = std::move(unit).release();
   validate_materialized_unit<B>(std::as_const(module), weights);
 

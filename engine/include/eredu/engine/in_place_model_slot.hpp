@@ -214,6 +214,7 @@ class InPlaceModelSlot {
     MaterializedUnit<B> unit = co_await detail::materialize_unit<B>(source, plan, context, materialize, true);
     report.load_s = detail::seconds_since(t);
     report.verified_bytes = materialize.progress->bytes_verified.load() - verified_before;
+    detail::trace_step("load", t);
     report.bytes = detail::plan_bytes(*plan, source.catalog());
 
     // 2. Validate against the serving model's declarations (which never change).
@@ -235,6 +236,7 @@ class InPlaceModelSlot {
     const detail::SwapClock::time_point closed = detail::SwapClock::now();
     co_await Gate::close_and_drain(gate_);
     report.readers_drained = detail::SwapClock::now() - closed;
+    detail::trace_step("drain readers", closed);
 
     std::exception_ptr copy_error;
     if (serving == 0) {
@@ -256,6 +258,7 @@ class InPlaceModelSlot {
                       "the new one; reads fail until a swap succeeds",
                       serving)));
     report.publish_pause = detail::SwapClock::now() - closed;
+    detail::trace_step("publish in place", closed);
     report.generation = serving + 1;
     Gate::open(gate_, std::move(torn));
     if (copy_error) std::rethrow_exception(copy_error);

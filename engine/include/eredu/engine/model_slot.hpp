@@ -149,6 +149,7 @@ class ModelSlot {
     co_await detail::load_unit<B>(next->model, source, plan, context, materialize, true);
     report.load_s = detail::seconds_since(t);
     report.verified_bytes = materialize.progress->bytes_verified.load() - verified_before;
+    detail::trace_step("load", t);
     report.bytes = detail::plan_bytes(*plan, source.catalog());
     cancellation.check("after the load");
 
@@ -165,6 +166,7 @@ class ModelSlot {
     const detail::SwapClock::time_point before = detail::SwapClock::now();
     current_.publish(std::move(published));
     report.publish_pause = detail::SwapClock::now() - before;
+    detail::trace_step("publish", before);
     report.generation = serving + 1;
     // Retire the old version once no reader can still be copying its pointer (readers take
     // nanoseconds, unless a reader thread was preempted inside its load): polled, so neither

@@ -38,6 +38,7 @@
 #include "eredu/core/completion.hpp"
 #include "eredu/core/detail/ignore_cancellation.hpp"
 #include "eredu/core/error.hpp"
+#include "eredu/core/trace.hpp"
 #include "eredu/engine/bind.hpp"
 #include "eredu/engine/detail/materialize_unit.hpp"
 #include "eredu/engine/detail/unit_parking.hpp"
@@ -493,6 +494,8 @@ struct PipelineState {
                             std::chrono::duration<double>(slot->finished - slot->started).count(),
                             std::chrono::duration<double>(slot->stall).count(),
                             slot->from_host};
+          trace::record("load unit", "pipeline", slot->started, slot->finished, s->names[slot->index]);
+          trace::record("stall", "pipeline", asked, asked + slot->stall, s->names[slot->index]);
           s->stats.stall_s += timing.stall_s;
           s->stats.load_s += timing.load_s;
           ++s->stats.delivered;

@@ -21,6 +21,7 @@
 #include <fmt/format.h>
 
 #include "eredu/core/error.hpp"
+#include "eredu/core/trace.hpp"
 #include "eredu/engine/engine_error.hpp"
 #include "eredu/engine/materialize_options.hpp"
 #include "eredu/engine/swap_options.hpp"
@@ -37,6 +38,9 @@ using SwapClock = std::chrono::steady_clock;
 inline double seconds_since(SwapClock::time_point t) {
   return std::chrono::duration<double>(SwapClock::now() - t).count();
 }
+
+/// Records a swap step that ran from `t` to now on the trace timeline (when tracing).
+inline void trace_step(const char* step, SwapClock::time_point t) { trace::record(step, "swap", t, SwapClock::now()); }
 
 /// Holds a slot's swap flag for the lifetime of one swap: one swap of a slot at a time.
 class SwapClaim {
@@ -118,6 +122,7 @@ asio::awaitable<void> canary_step(const std::function<asio::awaitable<void>(cons
   }
   if (rejected) std::rethrow_exception(rejected);
   report.canary_s = seconds_since(t);
+  trace_step("canary", t);
 }
 
 }  // namespace eredu::engine::detail
