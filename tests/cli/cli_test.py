@@ -272,6 +272,55 @@ def case_swap_verify(tmp):
               f"swap --verify require --corrupt: {doc['failed_swap']}")
 
 
+def case_load_verify(tmp):
+    """load and pipeline --verify: on says when nothing was verified, require fails without digests and
+    verifies every tensor with them, a wrong digest (--checksums FILE) fails with checksum_mismatch."""
+    a = os.path.join(tmp, "a.safetensors")
+    gen(a, "--layers", "2")
+    code, out, err = run("load", a, "--verify", "on", "--json", expect=0)
+    if code == 0:
+        doc = document(out, "load")
+        check(doc["verify"] == "on" and doc["loads"][0]["tensor_verified_count"] == 0,
+              f"load --verify on without digests: {doc['loads']}")
+        check("nothing is verified" in err, f"load --verify on without digests: no line says so: {err}")
+    code, out, _ = run("load", a, "--verify", "on")
+    check("nothing was verified" in out, f"load text report does not say nothing was verified:\n{out}")
+    for command in ("load", "pipeline"):
+        code, out, _ = run(command, a, "--verify", "require", "--json")
+        e = json.loads(out.strip().splitlines()[-1]).get("error", {}) if out.strip() else {}
+        check(code == 1 and e.get("kind") == "invalid_argument" and "--verify require" in e.get("message", ""),
+              f"{command} --verify require without digests: exit {code}: {e}")
+    gen(a, "--layers", "2", "--force", "--checksums")
+    code, out, _ = run("load", a, "--verify", "require", "--repeat", "2", "--json", expect=0)
+    if code == 0:
+        doc = document(out, "load")
+        for load in doc["loads"]:
+            check(load["tensor_verified_count"] == doc["tensor_count"] and load["verified_bytes"] == doc["bytes"],
+                  f"load --verify require: {load} of {doc['tensor_count']} tensors")
+    code, out, _ = run("load", a, "--verify", "require", "--dtype", "f32", "--json", expect=0)
+    if code == 0:
+        doc = document(out, "load")
+        check(doc["loads"][0]["tensor_verified_count"] == doc["tensor_count"], f"load --dtype f32 --verify: {doc}")
+    code, out, _ = run("pipeline", a, "--verify", "require", "--passes", "2", "--compute", "none", "--json",
+                       expect=0)
+    if code == 0:
+        doc = document(out, "pipeline")
+        check(doc["tensor_verified_count"] == 2 * doc["layer_tensor_count"], f"pipeline --verify require: {doc}")
+    sums = json.load(open(a + ".sha256.json"))
+    victim = next(n for n in sorted(sums) if "layers." in n)  # one the pipeline reads too
+    sums[victim] = ("0" if sums[victim][0] != "0" else "1") + sums[victim][1:]
+    wrong = os.path.join(tmp, "wrong.json")
+    with open(wrong, "w") as f:
+        json.dump(sums, f)
+    for command in ("load", "pipeline"):
+        code, out, _ = run(command, a, "--verify", "on", "--checksums", wrong, "--json")
+        e = json.loads(out.strip().splitlines()[-1]).get("error", {}) if out.strip() else {}
+        check(code == 1 and e.get("kind") == "checksum_mismatch",
+              f"{command} --checksums with a wrong digest: exit {code}: {e}")
+    code, _, err = run("load", a, "--checksums", os.path.join(tmp, "missing.json"))
+    check(code == 2 and "--checksums" in err, f"load --checksums missing.json: exit {code}: {err}")
+
+
 def case_progress(tmp):
     """Drawn only on a terminal, named by phase, cleared to the end of line, within the width."""
     ck = os.path.join(tmp, "ck.safetensors")

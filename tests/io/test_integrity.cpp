@@ -16,6 +16,7 @@
 #include <asio/io_context.hpp>
 #include <asio/use_awaitable.hpp>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <csetjmp>
 #include <csignal>
 #include <cstring>
@@ -310,6 +311,8 @@ TEST_CASE("options – out-of-range values are invalid_argument naming the optio
        "ReaderOptions::uring_policy"},
       {"budget 0", [](SourceOptions& o) { o.pool.budget = 0; }, "LeasePoolOptions::budget is 0 bytes"},
       {"budget SIZE_MAX", [](SourceOptions& o) { o.pool.budget = SIZE_MAX; }, "LeasePoolOptions::budget"},
+      {"release_after -1 ms", [](SourceOptions& o) { o.pool.release_after = std::chrono::milliseconds(-1); },
+       "LeasePoolOptions::release_after is -1 ms"},
       {"chunk_bytes 0", [](SourceOptions& o) { o.chunk_bytes = 0; }, "SourceOptions::chunk_bytes"},
   };
   for (const Case& c : cases) {

@@ -36,6 +36,7 @@
 #include "interrupt.hpp"
 #include "progress.hpp"
 #include "trace_option.hpp"
+#include "verify_flags.hpp"
 
 namespace eredu::cli {
 namespace {
@@ -49,6 +50,8 @@ struct PipelineCommandOptions {
   unsigned threads = std::max(1u, std::thread::hardware_concurrency());
   std::string compute = "matvec";
   std::uint64_t staging = std::uint64_t{64} << 20;
+  std::string verify = "off";
+  std::string checksums;  // --checksums FILE
 };
 
 /// A generic unit: one slot per tensor of a layer, named by what follows "layers.<N>.".
@@ -247,9 +250,15 @@ int run_pipeline(const PipelineCommandOptions& o, const CommonFlags& flags) {
   std::uint64_t pass_bytes = 0;
   for (std::uint64_t b : g.bytes) pass_bytes += b;
 
+  // Under require, a tensor without a digest fails here, before anything is read.
+  const io::Checksums sums = checksums_for(o.path, source->catalog(), o.verify, o.checksums);
+  const std::size_t digest_count = sums.size();
   std::vector<UnitModule> modules = std::move(g.modules);
   Pipeline pipeline(*source, std::move(g.units), [&modules](std::size_t i) { return modules[i]; }, context,
-                    {.lookahead = o.lookahead, .resident_budget = o.budget, .passes = o.passes});
+                    {.lookahead = o.lookahead,
+                     .resident_budget = o.budget,
+                     .passes = o.passes,
+                     .verify = verify_options(o.verify, sums)});
   const std::uint64_t total_bytes = pass_bytes * o.passes;
   bar.phase("read", total_bytes, o.passes > 1 ? fmt::format("pipeline ×{}", o.passes) : std::string("pipeline"));
   Consumed consumed;
@@ -283,6 +292,8 @@ int run_pipeline(const PipelineCommandOptions& o, const CommonFlags& flags) {
     json.bytes("resident_high_water", stats.resident_high_water).field("within_budget", within);
     json.bytes("staging_budget", source->pool().budget()).bytes("staging_high_water", source->pool().high_water());
     json.bytes("peak_rss", rss).field("checksum", consumed.checksum);
+    json.field("verify", o.verify).count("digest", digest_count).count("tensor_verified", stats.tensors_verified);
+    json.bytes("verified", stats.bytes_verified);
     json.key("units").begin_array();
     for (std::size_t i = 0; i < stats.units.size(); ++i) {
       const engine::UnitTiming& u = stats.units[i];
@@ -309,6 +320,11 @@ int run_pipeline(const PipelineCommandOptions& o, const CommonFlags& flags) {
         within ? "" : " (OVER BUDGET)", format_bytes(source->pool().high_water()),
         format_bytes(source->pool().budget()), format_bytes(rss));
     fmt::print("  threads  {} (TBB arenas for loads and compute), reader {}\n", o.threads, source->reader().describe());
+    // Every read tensor of a layer is checked each pass; those without a digest are the rest.
+    const std::uint64_t reads = static_cast<std::uint64_t>(g.layer_tensors) * o.passes;
+    fmt::print("  verify   {}\n",
+               verify_summary(o.verify, stats.tensors_verified, stats.bytes_verified,
+                              o.verify == "off" ? 0 : reads - std::min(reads, stats.tensors_verified), digest_count));
   }
   return within ? 0 : 1;
 }
@@ -336,6 +352,7 @@ Command add_pipeline_command(CLI::App& app, CommonFlags& flags) {
              "matvec multiplies every 2-D BF16/F16/F32 weight by a vector while the next units load; none "
              "releases each unit at once (pure streaming)");
   add_bytes(*cmd, "--staging", o->staging, 4096, std::uint64_t{1} << 40, "staging memory of the lease pool");
+  add_verify_flags(*cmd, o->verify, o->checksums, "of every unit as it is read (each pass)");
   auto trace_path = std::make_shared<std::string>();
   add_trace_option(*cmd, *trace_path);
   add_common_flags(*cmd, flags, true);

@@ -361,6 +361,10 @@ void Backend::validate_bind(const Parameter& parameter, const Tensor& weight) {
                                    format_shape(parameter.shape), format_shape(weight.shape())));
 }
 
+Completion Backend::verify_weight(MaterializationContext& context, const Tensor& weight, io::DigestCheck check) {
+  return context.executor.submit([weight, check = std::move(check)] { check.verify(weight.bytes()); });
+}
+
 Completion Backend::overwrite(Executor& executor, Parameter& slot, const Tensor& weight) {
   if (!slot.value)
     throw BackendError(errc::backend_failure, {}, "an in-place overwrite needs a parameter that is already bound");
