@@ -9,6 +9,11 @@
 //                         on N threads. What a first load into fresh storage cannot beat.
 //   malloc-pread FILE     (c) a naive loader: malloc(size) and one sequential pread loop, one
 //                         thread; the page faults happen inside the kernel's copy.
+//   blocks FILE           (e) the strongest simple scheme seen (Run:ai Model Streamer's): one
+//                         fresh malloc buffer of the file's size, the file cut into one
+//                         contiguous range per thread, each thread read()ing its range in
+//                         2 MiB blocks on its own descriptor; the kernel faults each page of
+//                         the buffer as it copies into it. --block B changes the block size.
 //   mapped-widen FILE     (d) the conversion limit: the file's bytes, read through a mapping of
 //                         the page cache as bf16, widened to f32 into a populated buffer twice
 //                         the size (untimed populate), 4 MiB pieces over N threads, AVX2 with
@@ -19,11 +24,15 @@
 // "First touch" writes one byte per 4 KiB page rather than memsetting every byte: the page
 // fault (the kernel zeroing a page, and on these VMs the host backing it again) is the cost a
 // loader cannot avoid, while filling the bytes is the copy it does anyway and is measured by (a).
-// With THP in "madvise" mode a plain mapping gets 4 KiB pages; --hugepages asks for 2 MiB ones.
+// With THP in "madvise" mode a plain mapping gets 4 KiB pages; --hugepages asks for 2 MiB ones
+// (populate: MADV_HUGEPAGE, then MADV_POPULATE_WRITE per 2 MiB, as eredu's storage pool did).
+// --cold (file modes) drops the page cache first (as root: sync, then echo 3 into
+// /proc/sys/vm/drop_caches), untimed; the JSON line then says "cold":true.
 //
 // usage: load_baseline populated-pread FILE [--threads N] [--hugepages]
 //        load_baseline populate BYTES [--threads N] [--hugepages]     (BYTES: 512M, 4G, 4294967296)
-//        load_baseline malloc-pread FILE
+//        load_baseline malloc-pread FILE [--cold]
+//        load_baseline blocks FILE [--threads N] [--block B] [--cold]
 //        load_baseline mapped-widen FILE [--threads N] [--hugepages]
 #include <fcntl.h>
 #if defined(__x86_64__)
@@ -78,7 +87,8 @@ constexpr std::size_t max_pread_bytes = std::size_t{1} << 30;  // a naive loop's
   std::fputs(
       "usage: load_baseline populated-pread FILE [--threads N] [--hugepages]\n"
       "       load_baseline populate BYTES [--threads N] [--hugepages]\n"
-      "       load_baseline malloc-pread FILE\n"
+      "       load_baseline malloc-pread FILE [--cold]\n"
+      "       load_baseline blocks FILE [--threads N] [--block B] [--cold]\n"
       "       load_baseline mapped-widen FILE [--threads N] [--hugepages]\n",
       stderr);
   std::exit(2);
@@ -142,13 +152,25 @@ std::string json_quoted(std::string_view s) {
 
 /// Prints the one JSON line of a mode's result.
 void print_result(std::string_view mode, const std::optional<std::string>& path, std::uint64_t bytes, double seconds,
-                  unsigned threads, bool hugepages) {
+                  unsigned threads, bool hugepages, bool cold = false) {
   std::string path_field = path ? fmt::format("\"path\":{},", json_quoted(*path)) : std::string();
   fmt::print(
       "{{\"mode\":\"{}\",{}\"bytes\":{},\"seconds\":{:.6f},\"gb_per_s\":{:.4f},\"threads\":{},"
-      "\"hugepages\":{},\"peak_rss_bytes\":{}}}\n",
+      "\"hugepages\":{},\"cold\":{},\"peak_rss_bytes\":{}}}\n",
       mode, path_field, bytes, seconds, static_cast<double>(bytes) / seconds / 1e9, threads,
-      hugepages ? "true" : "false", peak_rss_bytes());
+      hugepages ? "true" : "false", cold ? "true" : "false", peak_rss_bytes());
+}
+
+/// Empties the page cache (untimed) so the next read comes from the disk: sync, then
+/// "3" into /proc/sys/vm/drop_caches, which needs root.
+void drop_caches() {
+  ::sync();
+  const int fd = ::open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);
+  if (fd < 0) fail("--cold needs root: cannot open /proc/sys/vm/drop_caches", errno);
+  const bool ok = ::write(fd, "3", 1) == 1;
+  const int err = errno;
+  ::close(fd);
+  if (!ok) fail("writing /proc/sys/vm/drop_caches", err);
 }
 
 /// A private anonymous mapping, unmapped when it goes out of scope.
@@ -319,6 +341,9 @@ struct Options {
   std::string target;  // FILE or BYTES
   unsigned threads = 0;
   bool hugepages = false;
+  bool cold = false;                         // drop the page cache first (file modes)
+  std::size_t block = std::size_t{2} << 20;  // blocks: bytes per read() call
+  bool threads_given = false;
 };
 
 /// Parses argv into Options; exits with the usage on anything unexpected.
@@ -333,8 +358,16 @@ Options parse_options(int argc, char** argv) {
       unsigned long n = std::strtoul(argv[++i], &end, 10);
       if (*end != '\0' || n == 0 || n > 4096) fail(fmt::format("--threads wants a count, not '{}'", argv[i]), 0);
       o.threads = static_cast<unsigned>(n);
+      o.threads_given = true;
     } else if (a == "--hugepages") {
       o.hugepages = true;
+    } else if (a == "--cold") {
+      o.cold = true;
+    } else if (a == "--block" && i + 1 < argc) {
+      const std::uint64_t b = parse_bytes(argv[++i]);
+      if (b == 0 || b > (std::uint64_t{1} << 30))
+        fail(fmt::format("--block wants 1 byte to 1 GiB, not '{}'", argv[i]), 0);
+      o.block = static_cast<std::size_t>(b);
     } else {
       fmt::print(stderr, "load_baseline: unexpected argument '{}'\n", a);
       usage();
@@ -365,13 +398,32 @@ int run_populated_pread(const Options& o) {
   return 0;
 }
 
-/// (b) Times the first touch of BYTES of fresh anonymous memory on the threads.
+/// Faults `mem` in 2 MiB at a time with MADV_POPULATE_WRITE on the pool's threads (a write per
+/// page where the kernel lacks it): how eredu's storage pool populated huge-page blocks.
+void populate_write(Pool& pool, const AnonMapping& mem) {
+  const std::size_t chunks = (mem.size() + huge_page_bytes - 1) / huge_page_bytes;
+  pool.each(chunks, [&](std::size_t c) {
+    char* p = mem.data() + c * huge_page_bytes;
+    const std::size_t n = std::min(huge_page_bytes, mem.size() - c * huge_page_bytes);
+#ifdef MADV_POPULATE_WRITE
+    if (::madvise(p, n, MADV_POPULATE_WRITE) == 0) return;
+#endif
+    volatile char* v = p;
+    for (std::size_t off = 0; off < n; off += page_bytes) v[off] = 1;
+  });
+}
+
+/// (b) Times the first touch of BYTES of fresh anonymous memory on the threads: a write per
+/// 4 KiB page, or with --hugepages MADV_POPULATE_WRITE per 2 MiB of a MADV_HUGEPAGE region.
 int run_populate(const Options& o) {
   const std::uint64_t bytes = parse_bytes(o.target);
   Pool pool(o.threads);
   AnonMapping mem(static_cast<std::size_t>(bytes), o.hugepages);
   double t0 = now_seconds();
-  touch_pages(pool, mem);
+  if (o.hugepages)
+    populate_write(pool, mem);
+  else
+    touch_pages(pool, mem);
   double seconds = now_seconds() - t0;
   print_result("populate", std::nullopt, bytes, seconds, pool.threads(), o.hugepages);
   return 0;
@@ -386,6 +438,7 @@ struct FreeDeleter {
 /// (c) Times malloc of the file's size plus one sequential pread loop into it, on one thread.
 int run_malloc_pread(const Options& o) {
   ReadOnlyFile file(o.target);
+  if (o.cold) drop_caches();
   double t0 = now_seconds();
   std::unique_ptr<char, FreeDeleter> buffer(static_cast<char*>(std::malloc(file.size())));
   if (!buffer) fail(fmt::format("malloc of {} bytes for {}", file.size(), file.path()), ENOMEM);
@@ -395,7 +448,65 @@ int run_malloc_pread(const Options& o) {
     offset += n;
   }
   double seconds = now_seconds() - t0;
-  print_result("malloc-pread", file.path(), file.size(), seconds, 1, false);
+  print_result("malloc-pread", file.path(), file.size(), seconds, 1, false, o.cold);
+  return 0;
+}
+
+/// (e) The Run:ai Model Streamer scheme: times malloc of the file's size, then N threads, each
+/// with its own descriptor, read() their contiguous 1/N of the file in `block`-byte calls
+/// straight into the buffer (the kernel faults its fresh pages as it copies). Threads are
+/// started before the clock.
+int run_blocks(const Options& o) {
+  ReadOnlyFile file(o.target);
+  const unsigned threads = o.threads;
+  std::vector<int> fds;
+  for (unsigned t = 0; t < threads; ++t) {
+    const int fd = ::open(file.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) fail(fmt::format("open {}", file.path()), errno);
+    fds.push_back(fd);
+  }
+  if (o.cold) drop_caches();
+  // Ranges cut on block boundaries, so every read() but the last of a range is a whole block.
+  const std::size_t blocks = (file.size() + o.block - 1) / o.block;
+  const std::size_t per = (blocks + threads - 1) / threads;
+  std::atomic<unsigned> ready{0};
+  std::atomic<bool> go{false};
+  std::unique_ptr<char, FreeDeleter> buffer;
+  FirstError error;
+  std::vector<std::thread> workers;
+  for (unsigned t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      ready.fetch_add(1);
+      while (!go.load(std::memory_order_acquire)) {}
+      const std::uint64_t begin = std::min<std::uint64_t>(file.size(), std::uint64_t{t} * per * o.block);
+      const std::uint64_t end = std::min<std::uint64_t>(file.size(), std::uint64_t{t + 1} * per * o.block);
+      if (begin >= end) return;
+      if (::lseek(fds[t], static_cast<off_t>(begin), SEEK_SET) < 0) {
+        error.record(errno, begin);
+        return;
+      }
+      for (std::uint64_t at = begin; at < end && !error.failed.load(std::memory_order_relaxed);) {
+        const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(o.block, end - at));
+        const ssize_t got = ::read(fds[t], buffer.get() + at, want);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) {
+          error.record(got < 0 ? errno : -1, at);
+          return;
+        }
+        at += static_cast<std::uint64_t>(got);
+      }
+    });
+  }
+  while (ready.load() != threads) {}
+  const double t0 = now_seconds();
+  buffer.reset(static_cast<char*>(std::malloc(file.size())));
+  if (!buffer) fail(fmt::format("malloc of {} bytes for {}", file.size(), file.path()), ENOMEM);
+  go.store(true, std::memory_order_release);
+  for (auto& w : workers) w.join();
+  const double seconds = now_seconds() - t0;
+  for (int fd : fds) ::close(fd);
+  if (error.failed.load(std::memory_order_acquire)) file.fail_read(error.err, error.offset);
+  print_result("blocks", file.path(), file.size(), seconds, threads, false, o.cold);
   return 0;
 }
 
@@ -479,9 +590,10 @@ int main(int argc, char** argv) {
   if (o.mode == "populated-pread") return run_populated_pread(o);
   if (o.mode == "populate") return run_populate(o);
   if (o.mode == "mapped-widen") return run_mapped_widen(o);
+  if (o.mode == "blocks") return run_blocks(o);
   if (o.mode == "malloc-pread") {
     // It models a naive loader, so it has nothing to tune.
-    if (argc > 3) fail("malloc-pread runs on one thread with plain malloc and takes no options", 0);
+    if (o.threads_given || o.hugepages) fail("malloc-pread runs on one thread with plain malloc (only --cold)", 0);
     return run_malloc_pread(o);
   }
   fmt::print(stderr, "load_baseline: unknown mode '{}'\n", o.mode);

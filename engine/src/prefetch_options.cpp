@@ -16,6 +16,7 @@ void validate(const PrefetchOptions& o) {
   check("lookahead", o.lookahead, 1, PrefetchOptions::max_lookahead);
   check("concurrent_loads", o.concurrent_loads, 1, PrefetchOptions::max_concurrent_loads);
   check("timing_history", o.timing_history, 0, PrefetchOptions::max_timing_history);
+  validate(o.verify);
 }
 
 }  // namespace eredu::engine

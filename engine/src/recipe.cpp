@@ -96,7 +96,13 @@ std::uint64_t byte_size(const Shape& shape, DType dtype, const Inferred& origin,
     fail(errc::recipe_shape_mismatch, origin, path,
          fmt::format("shape {} has more than 2^64 elements", format_shape(shape)));
   }
+  if (auto why = block_shape_error(shape, dtype); !why.empty()) fail(errc::recipe_cuts_block, origin, path, why);
   auto bytes = checked_byte_size(*elements, dtype);
+  if (!bytes && dtype_is_quantized(dtype)) {
+    fail(errc::recipe_shape_mismatch, origin, path,
+         fmt::format("{} elements of {} (shape {}) overflow 64-bit size arithmetic", *elements, dtype_name(dtype),
+                     format_shape(shape)));
+  }
   if (!bytes) {
     std::uint64_t bits = 0;
     const bool overflow = __builtin_mul_overflow(*elements, std::uint64_t{dtype_bits(dtype)}, &bits);
@@ -108,9 +114,13 @@ std::uint64_t byte_size(const Shape& shape, DType dtype, const Inferred& origin,
   return *bytes;
 }
 
+// Sub-byte floats have no whole-byte unit to move; quantized dtypes move whole blocks, and
+// each layout node checks that it cuts none.
+bool sub_byte(DType t) { return !dtype_is_quantized(t) && dtype_bits(t) < 8; }
+
 void require_whole_bytes(const Inferred& in, const std::string& path, std::string_view op) {
   const DType t = in.weight.dtype;
-  if (dtype_bits(t) < 8) {
+  if (sub_byte(t)) {
     fail(errc::recipe_sub_byte_layout, in, path,
          fmt::format("{} of a {} input ({}-bit elements, shape {}): layout recipes need whole-byte elements", op,
                      dtype_name(t), dtype_bits(t), format_shape(in.weight.shape)));
@@ -140,7 +150,12 @@ Inferred infer_source(const DerivedWeightRecipe& r, const io::Catalog& catalog, 
          fmt::format("selection {} does not fit the tensor's shape {}: {}", sel.to_string(), format_shape(t->shape),
                      why));
   }
-  if (!sel.is_all() && dtype_bits(t->dtype) < 8) {
+  if (auto why = selection_block_error(t->shape, t->dtype, sel); !why.empty()) {
+    fail(errc::recipe_cuts_block, out, path,
+         fmt::format("selection {} of a {} tensor of shape {}: {}", sel.to_string(), dtype_name(t->dtype),
+                     format_shape(t->shape), why));
+  }
+  if (!sel.is_all() && sub_byte(t->dtype)) {
     fail(errc::recipe_sub_byte_layout, out, path,
          fmt::format("selection {} of a {} tensor of shape {}: {}-bit elements are only read whole", sel.to_string(),
                      dtype_name(t->dtype), format_shape(t->shape), dtype_bits(t->dtype)));
@@ -164,6 +179,16 @@ Inferred infer_slice(const DerivedWeightRecipe& r, Inferred in, const std::strin
     fail(errc::recipe_bad_dim, in, path,
          fmt::format("range {}:{} does not fit dim {} of size {} (input shape {})", range.start, range.stop, dim,
                      shape[dim], format_shape(shape)));
+  }
+  if (dtype_is_quantized(in.weight.dtype) && dim + 1 == shape.size()) {
+    const std::uint32_t per_block = dtype_block(in.weight.dtype).elements;
+    if (range.start % per_block != 0 || range.stop % per_block != 0) {
+      fail(
+          errc::recipe_cuts_block, in, path,
+          fmt::format("range {}:{} of the last dim (input shape {}) cuts {} blocks of {} values: it must start and "
+                      "stop on a multiple of {}",
+                      range.start, range.stop, format_shape(shape), dtype_name(in.weight.dtype), per_block, per_block));
+    }
   }
   shape[dim] = range.size();
   in.weight.bytes = byte_size(shape, in.weight.dtype, in, path);
@@ -244,6 +269,13 @@ Inferred infer_permute(const DerivedWeightRecipe& r, Inferred in, const std::str
     }
     seen[d] = true;
   }
+  if (dtype_is_quantized(in.weight.dtype) && rank > 0 && order.back() != rank - 1) {
+    fail(errc::recipe_cuts_block, in, path,
+         fmt::format("order [{}] moves the last dim of a {} input (shape {}): its values are stored in blocks of {} "
+                     "along that dim, so only the other dims may be reordered",
+                     fmt::join(order, ", "), dtype_name(in.weight.dtype), format_shape(shape),
+                     dtype_block(in.weight.dtype).elements));
+  }
   Shape out(rank);
   for (std::size_t i = 0; i < rank; ++i) out[i] = shape[order[i]];
   in.weight.shape = std::move(out);
@@ -263,6 +295,11 @@ Inferred infer_reshape(const DerivedWeightRecipe& r, Inferred in, const std::str
     fail(errc::recipe_shape_mismatch, in, path,
          fmt::format("cannot reshape {} ({} elements) to {} ({} elements)", format_shape(in.weight.shape), count,
                      format_shape(target), *target_count));
+  }
+  if (auto why = block_shape_error(target, in.weight.dtype); !why.empty()) {
+    fail(errc::recipe_cuts_block, in, path,
+         fmt::format("cannot reshape {} of {} to {}: {}", format_shape(in.weight.shape), dtype_name(in.weight.dtype),
+                     format_shape(target), why));
   }
   in.weight.shape = target;
   return in;

@@ -1,15 +1,17 @@
 #include <array>
 
 #include "eredu/io/checkpoint_format.hpp"
+#include "eredu/io/gguf.hpp"
 #include "eredu/io/safetensors.hpp"
 
 namespace eredu::io {
 
 std::span<const CheckpointFormat* const> checkpoint_formats() {
   // Formats with a magic number go first; safetensors has none, so it stays last as the
-  // fallback (a GGUF entry would be inserted before it).
+  // fallback.
+  static const gguf::GgufFormat gguf_format;
   static const safetensors::SafetensorsFormat safetensors_format;
-  static const std::array<const CheckpointFormat*, 1> formats = {&safetensors_format};
+  static const std::array<const CheckpointFormat*, 2> formats = {&gguf_format, &safetensors_format};
   return formats;
 }
 

@@ -152,12 +152,12 @@ std::unique_ptr<CheckpointSource> CheckpointSource::open(asio::any_io_executor e
               source->files_.size(), no_direct_example);
   }
   source->pool_ = std::make_unique<LeasePool>(executor, options.pool);
-  source->reader_ = make_reader(executor, source->files_, source->pool_->memory(), options.reader);
+  source->reader_ = make_reader(executor, source->files_, *source->pool_, options.reader);
   return source;
 }
 
 std::unique_ptr<Reader> CheckpointSource::make_reader(const asio::any_io_executor& executor, std::span<OpenFile> files,
-                                                      std::span<std::byte> pool_memory, const ReaderOptions& options) {
+                                                      LeasePool& pool, const ReaderOptions& options) {
   const ReaderKind kind = options.kind;
   // Which files io_uring may read: on a file system where it can report a failed read as
   // complete (FUSE in direct_io mode does, measured in docs/reliability.md), pread.
@@ -171,7 +171,10 @@ std::unique_ptr<Reader> CheckpointSource::make_reader(const asio::any_io_executo
   std::string uring_missing;
   if (untrusted < files.size()) {
     try {
-      uring = std::make_unique<UringReader>(executor, files, pool_memory, options);
+      auto ring = std::make_unique<UringReader>(executor, files, pool.memory(), options);
+      // An idle pool returns its pages only after the ring has let go of them.
+      pool.set_release_hook(ring->pool_release_hook());
+      uring = std::move(ring);
     } catch (const Error& e) {
       if (kind == ReaderKind::uring || e.kind() != errc::uring_unavailable) throw;
       log::info("io_uring unavailable ({}): using the pread reader", e.what());
@@ -238,6 +241,10 @@ CheckpointSource::Plan CheckpointSource::make_plan(const TensorReadRequest& requ
   if (!request.selection.is_all() && dtype_bits(t.dtype) % 8 != 0) {
     throw Error(errc::invalid_selection, {.file = file, .tensor = t.name},
                 fmt::format("partial selections of {} (sub-byte elements) are not supported", dtype_name(t.dtype)));
+  }
+  if (auto why = selection_block_error(t.shape, t.dtype, request.selection); !why.empty()) {
+    throw Error(errc::invalid_selection, {.file = file, .tensor = t.name},
+                fmt::format("selection {} of shape {}: {}", request.selection.to_string(), format_shape(t.shape), why));
   }
   plan.runs = selection_runs(t.shape, t.dtype, request.selection);
   for (const auto& r : plan.runs) plan.total += r.length;

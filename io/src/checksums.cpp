@@ -1,6 +1,8 @@
 #include "eredu/io/checksums.hpp"
 
 #include <algorithm>
+#include <asio/cancellation_state.hpp>
+#include <asio/co_spawn.hpp>
 #include <asio/post.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/thread_pool.hpp>
@@ -10,45 +12,89 @@
 #include <iterator>
 #include <optional>
 #include <sstream>
+#include <thread>
+#include <tuple>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "eredu/core/completion.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/core/trace.hpp"
+#include "eredu/core/unique_function.hpp"
+#include "eredu/io/guarded_read.hpp"
 #include "eredu/io/json_text.hpp"
 #include "eredu/io/lease.hpp"
-#include "eredu/io/sha256.hpp"
 #include "json.hpp"
 
 namespace eredu::io {
 namespace {
 
-constexpr std::string_view metadata_prefix = "sha256:";
 // A sidecar lists one digest per tensor: far below this even for huge checkpoints.
 constexpr std::uintmax_t max_sidecar_bytes = 64u << 20;
-
-bool is_digest(std::string_view d) noexcept {
-  return d.size() == 64 &&
-         std::all_of(d.begin(), d.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)); });
-}
+constexpr DigestKind kinds[] = {DigestKind::sha256, DigestKind::xxh3_128};
+// Bytes hashed from a mapping per task: small enough that cancellation is checked often and
+// the mapped pages (which count in RSS until released) stay few, large enough that posting a
+// task costs nothing next to hashing it (4 ms at 2 GB/s).
+constexpr std::size_t mapped_window_bytes = std::size_t{8} << 20;
 
 std::string lowered(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
 }
 
+std::string& slot(TensorDigests& d, DigestKind kind) { return kind == DigestKind::sha256 ? d.sha256 : d.xxh3_128; }
+const std::string& slot(const TensorDigests& d, DigestKind kind) {
+  return kind == DigestKind::sha256 ? d.sha256 : d.xxh3_128;
+}
+
+/// Merges `from` into `into`; a digest present in both must agree.
+void merge(std::map<std::string, TensorDigests>& into, const std::map<std::string, TensorDigests>& from,
+           const std::string& sidecar) {
+  for (const auto& [tensor, digests] : from) {
+    TensorDigests& mine = into[tensor];
+    for (DigestKind kind : kinds) {
+      const std::string& theirs = slot(digests, kind);
+      std::string& ours = slot(mine, kind);
+      if (theirs.empty()) continue;
+      if (!ours.empty() && ours != theirs)
+        throw Error(errc::invalid_metadata, {.file = sidecar, .tensor = tensor},
+                    fmt::format("the sidecar's {} {} disagrees with the checkpoint metadata's {}", digest_name(kind),
+                                theirs, ours));
+      ours = theirs;
+    }
+  }
+}
+
 }  // namespace
+
+const std::string* TensorDigests::get(DigestKind kind) const noexcept {
+  const std::string& d = kind == DigestKind::sha256 ? sha256 : xxh3_128;
+  return d.empty() ? nullptr : &d;
+}
+
+void DigestCheck::compare(const std::string& actual, std::uint64_t hashed) const {
+  if (actual == expected) return;
+  throw Error(errc::checksum_mismatch, {.file = file, .tensor = tensor, .offset = offset},
+              fmt::format("the tensor's {} bytes hash to {} {}, but {} was recorded", hashed, digest_name(kind), actual,
+                          expected));
+}
+
+void DigestCheck::verify(std::span<const std::byte> data) const { compare(digest_hex(kind, data), data.size()); }
 
 Checksums Checksums::from_metadata(const Catalog& catalog) {
   Checksums out;
   for (const auto& [key, value] : catalog.metadata()) {
-    if (!key.starts_with(metadata_prefix)) continue;
-    std::string tensor = key.substr(metadata_prefix.size());
-    if (!is_digest(value))
-      throw Error(errc::invalid_metadata, {.tensor = tensor},
-                  fmt::format("metadata key \"{}\" holds \"{}\", not a 64-hex-digit SHA-256", key, value));
-    out.digests_[tensor] = lowered(value);
+    for (DigestKind kind : kinds) {
+      const std::string prefix = fmt::format("{}:", digest_name(kind));
+      if (!key.starts_with(prefix)) continue;
+      std::string tensor = key.substr(prefix.size());
+      if (!is_digest_hex(kind, value))
+        throw Error(errc::invalid_metadata, {.tensor = tensor},
+                    fmt::format("metadata key \"{}\" holds \"{}\", not a {}-hex-digit {}", key, value,
+                                digest_hex_digits(kind), digest_name(kind)));
+      slot(out.digests_[tensor], kind) = lowered(value);
+    }
   }
   return out;
 }
@@ -71,14 +117,40 @@ Checksums Checksums::from_sidecar(const std::filesystem::path& path) {
     const json::Value root = doc.root();
     if (root.kind() != json::Kind::object)
       throw Error(errc::invalid_metadata, {.file = path.string()},
-                  fmt::format("the checksum sidecar is a JSON {}, not an object of tensor → SHA-256",
+                  fmt::format("the checksum sidecar is a JSON {}, not an object of tensor → digest",
                               json::kind_name(root.kind())));
     for (const json::Member& m : root.members()) {
       const std::string tensor(m.key.as_string());
-      if (m.value.kind() != json::Kind::string || !is_digest(m.value.as_string()))
+      TensorDigests digests;
+      if (m.value.kind() == json::Kind::string) {
+        if (!is_digest_hex(DigestKind::sha256, m.value.as_string()))
+          throw Error(errc::invalid_metadata, {.file = path.string(), .tensor = tensor, .offset = m.value.offset()},
+                      "the digest is not a string of 64 hex digits (SHA-256)");
+        digests.sha256 = lowered(std::string(m.value.as_string()));
+      } else if (m.value.kind() == json::Kind::object) {
+        for (const json::Member& d : m.value.members()) {
+          const std::optional<DigestKind> kind = digest_kind_named(d.key.as_string());
+          if (!kind)
+            throw Error(errc::invalid_metadata, {.file = path.string(), .tensor = tensor, .offset = d.key.offset()},
+                        fmt::format("unknown digest \"{}\" (sha256 and xxh3-128 are known)", d.key.as_string()));
+          if (d.value.kind() != json::Kind::string || !is_digest_hex(*kind, d.value.as_string()))
+            throw Error(errc::invalid_metadata, {.file = path.string(), .tensor = tensor, .offset = d.value.offset()},
+                        fmt::format("the {} digest is not a string of {} hex digits", digest_name(*kind),
+                                    digest_hex_digits(*kind)));
+          std::string& into = slot(digests, *kind);
+          if (!into.empty())
+            throw Error(errc::invalid_metadata, {.file = path.string(), .tensor = tensor, .offset = d.key.offset()},
+                        fmt::format("the {} digest is listed twice", digest_name(*kind)));
+          into = lowered(std::string(d.value.as_string()));
+        }
+        if (digests.sha256.empty() && digests.xxh3_128.empty())
+          throw Error(errc::invalid_metadata, {.file = path.string(), .tensor = tensor, .offset = m.value.offset()},
+                      "the tensor lists no digest");
+      } else {
         throw Error(errc::invalid_metadata, {.file = path.string(), .tensor = tensor, .offset = m.value.offset()},
-                    "the digest is not a string of 64 hex digits");
-      if (!out.digests_.emplace(tensor, lowered(std::string(m.value.as_string()))).second)
+                    "the digest is neither a string of 64 hex digits nor an object of digests");
+      }
+      if (!out.digests_.emplace(tensor, std::move(digests)).second)
         throw Error(errc::invalid_metadata, {.file = path.string(), .tensor = tensor, .offset = m.key.offset()},
                     "the tensor is listed twice");
     }
@@ -104,92 +176,207 @@ Checksums Checksums::discover(const std::filesystem::path& checkpoint, const Cat
   const std::filesystem::path sidecar = sidecar_path(checkpoint);
   std::error_code ec;
   if (!std::filesystem::exists(sidecar, ec)) return out;
-  for (const auto& [tensor, digest] : from_sidecar(sidecar).digests_) {
-    auto [it, added] = out.digests_.emplace(tensor, digest);
-    if (!added && it->second != digest)
-      throw Error(
-          errc::invalid_metadata, {.file = sidecar.string(), .tensor = tensor},
-          fmt::format("the sidecar's digest {} disagrees with the checkpoint metadata's {}", digest, it->second));
-  }
+  merge(out.digests_, from_sidecar(sidecar).digests_, sidecar.string());
   return out;
 }
 
 void Checksums::add(const std::string& tensor, std::string digest) {
-  if (!is_digest(digest))
-    throw Error(errc::invalid_argument, {.tensor = tensor},
-                fmt::format("\"{}\" is not a 64-hex-digit SHA-256", digest));
-  digests_[tensor] = lowered(std::move(digest));
+  add(tensor, DigestKind::sha256, std::move(digest));
 }
 
-const std::string* Checksums::find(const std::string& tensor) const {
+void Checksums::add(const std::string& tensor, DigestKind kind, std::string digest) {
+  if (!is_digest_hex(kind, digest))
+    throw Error(errc::invalid_argument, {.tensor = tensor},
+                fmt::format("\"{}\" is not a {}-hex-digit {}", digest, digest_hex_digits(kind), digest_name(kind)));
+  slot(digests_[tensor], kind) = lowered(std::move(digest));
+}
+
+const std::string* Checksums::find(const std::string& tensor) const { return find(tensor, DigestKind::sha256); }
+
+const std::string* Checksums::find(const std::string& tensor, DigestKind kind) const {
   auto it = digests_.find(tensor);
-  return it == digests_.end() ? nullptr : &it->second;
+  return it == digests_.end() ? nullptr : it->second.get(kind);
+}
+
+std::optional<DigestCheck> Checksums::check(const Catalog& catalog, const std::string& tensor,
+                                            DigestKind preferred) const {
+  const TensorInfo* info = catalog.find(tensor);
+  if (info == nullptr)
+    throw Error(errc::tensor_not_found, {.tensor = tensor}, "a checksum names a tensor the checkpoint does not have");
+  auto it = digests_.find(tensor);
+  if (it == digests_.end()) return std::nullopt;
+  const DigestKind other = preferred == DigestKind::sha256 ? DigestKind::xxh3_128 : DigestKind::sha256;
+  const DigestKind kind = it->second.get(preferred) ? preferred : other;
+  const std::string* expected = it->second.get(kind);
+  if (expected == nullptr) return std::nullopt;
+  return DigestCheck{kind, *expected, catalog.file_of(*info).path, tensor, info->offset, info->nbytes};
 }
 
 std::string Checksums::to_json() const {
+  const bool plain =
+      std::all_of(digests_.begin(), digests_.end(), [](const auto& entry) { return entry.second.xxh3_128.empty(); });
   std::string out = "{";
   bool first = true;
-  for (const auto& [tensor, digest] : digests_) {
-    out += fmt::format("{}\n  {}: \"{}\"", first ? "" : ",", json::quoted(tensor), digest);
+  for (const auto& [tensor, d] : digests_) {
+    out += fmt::format("{}\n  {}: ", first ? "" : ",", json::quoted(tensor));
     first = false;
+    if (plain) {
+      out += fmt::format("\"{}\"", d.sha256);
+      continue;
+    }
+    std::string fields;
+    for (DigestKind kind : kinds)
+      if (const std::string* v = d.get(kind))
+        fields += fmt::format("{}\"{}\": \"{}\"", fields.empty() ? "" : ", ", digest_name(kind), *v);
+    out += "{" + fields + "}";
   }
   out += "\n}\n";
   return out;
 }
 
 namespace detail {
+namespace {
+
+/// What the tensors being verified at once share; touched only on the source's executor
+/// (hash tasks see their own hasher and bytes only).
+struct VerifyState {
+  std::vector<DigestCheck> checks;  // in file order
+  std::size_t next = 0;
+  std::vector<std::exception_ptr> errors;
+  std::uint64_t verified = 0;
+  bool stop = false;  // a tensor failed: the others stop at their next step
+};
+
+/// Runs `work` on `hasher` and waits for it; its exception becomes this coroutine's.
+asio::awaitable<void> on_hasher(const asio::any_io_executor& hasher, UniqueFunction<void()> work) {
+  auto done = std::make_shared<CompletionSource>();
+  Completion finished = done->completion();
+  asio::post(hasher, [work = std::move(work), done]() mutable {
+    try {
+      work();
+      done->complete();
+    } catch (...) {
+      done->fail(std::current_exception());
+    }
+  });
+  co_await finished.async_wait(asio::use_awaitable);
+}
+
+/// Hashes one tensor: from a guarded mapping of the page cache when it is resident, else in
+/// chunk leases. Returns the digest; throws read errors, Error(cancelled) when stopped.
+asio::awaitable<std::string> hash_tensor(CheckpointSource& source, const DigestCheck& check,
+                                         const asio::any_io_executor& hasher, asio::cancellation_state cancel,
+                                         std::shared_ptr<VerifyState> state) {
+  auto stopped = [&] { return state->stop || cancel.cancelled() != asio::cancellation_type::none; };
+  auto hash = std::make_shared<Hasher>(check.kind);
+  const TensorReadRequest request{check.tensor, Selection::all()};
+  if (std::optional<MappedView> view = source.map_resident(request)) {
+    auto mapped = std::make_shared<MappedView>(std::move(*view));
+    const std::span<const std::byte> all = mapped->bytes();
+    for (std::size_t at = 0; at < all.size(); at += mapped_window_bytes) {
+      if (stopped()) throw Error(errc::cancelled, {.tensor = check.tensor}, "checksum verification was cancelled");
+      const std::span<const std::byte> part = all.subspan(at, std::min(mapped_window_bytes, all.size() - at));
+      // Named, not a temporary in the co_await expression (g++ 12; docs/io.md).
+      UniqueFunction<void()> window = [mapped, hash, part, name = &check.tensor] {
+        trace::Span span("hash", "verify",
+                         trace::enabled() ? fmt::format("{}: {} bytes mapped", *name, part.size()) : "");
+        mapped->populate(part);
+        auto work = [&] { hash->update(part); };
+        // A fault abandons the update mid-way; the hash state is then never used again.
+        if (std::optional<MappingFault> fault = guarded_read(mapped->region(), work)) throw mapped->fault_error(*fault);
+        mapped->release_pages(part);
+      };
+      co_await on_hasher(hasher, std::move(window));
+    }
+  } else {
+    ChunkStream chunks = source.stream(request);
+    // Each chunk is hashed and released before the next one is read: holding it while
+    // reading the next could need two chunk windows of staging, and a chunk may take the
+    // whole pool (a wait that would never end).
+    for (;;) {
+      if (stopped()) throw Error(errc::cancelled, {.tensor = check.tensor}, "checksum verification was cancelled");
+      std::optional<Lease> chunk = co_await chunks.async_next(asio::use_awaitable);
+      if (!chunk) break;
+      UniqueFunction<void()> update = [held = std::make_shared<Lease>(std::move(*chunk)), hash, name = &check.tensor] {
+        trace::Span span("hash", "verify",
+                         trace::enabled() ? fmt::format("{}: {} bytes", *name, held->bytes().size()) : "");
+        hash->update(held->bytes());
+      };
+      co_await on_hasher(hasher, std::move(update));
+    }
+  }
+  std::string digest;
+  UniqueFunction<void()> finish = [&digest, hash] { digest = hash->hex_digest(); };
+  co_await on_hasher(hasher, std::move(finish));
+  co_return digest;
+}
+
+/// One of the verification lanes: takes the next tensor until none is left or one failed.
+asio::awaitable<void> verify_lane(CheckpointSource& source, std::shared_ptr<VerifyState> state,
+                                  asio::any_io_executor hasher, asio::cancellation_state cancel) {
+  while (!state->stop && state->next < state->checks.size()) {
+    const std::size_t i = state->next++;
+    const DigestCheck& check = state->checks[i];
+    try {
+      const std::string digest = co_await hash_tensor(source, check, hasher, cancel, state);
+      check.compare(digest, check.bytes);
+      state->verified += check.bytes;
+    } catch (...) {
+      state->errors[i] = std::current_exception();
+      state->stop = true;
+    }
+  }
+}
+
+}  // namespace
 
 asio::awaitable<std::uint64_t> verify_checksums(CheckpointSource& source, Checksums checksums,
-                                                asio::any_io_executor hasher) {
-  // Without a hashing executor, one thread of our own: hashing on the source's executor
-  // would stall everything else that loop runs.
-  std::optional<asio::thread_pool> own_thread;
-  if (!hasher) hasher = own_thread.emplace(1).get_executor();
+                                                asio::any_io_executor hasher, VerifyChecksumsOptions options) {
+  const unsigned lanes = options.concurrency ? options.concurrency : std::max(1u, std::thread::hardware_concurrency());
+  // Without a hashing executor, threads of our own: hashing on the source's executor would
+  // stall everything else that loop runs.
+  std::optional<asio::thread_pool> own_threads;
+  if (!hasher) hasher = own_threads.emplace(lanes).get_executor();
   struct JoinOnExit {
     std::optional<asio::thread_pool>& pool;
     ~JoinOnExit() {
       if (pool) pool->join();
     }
-  } join_on_exit{own_thread};
+  } join_on_exit{own_threads};
 
-  // Cancellation is checked between chunks, never while a hash task may still use the
-  // frame's hash state.
+  // Every named tensor must exist before anything is read: a bad list costs no I/O.
+  auto state = std::make_shared<VerifyState>();
+  for (const auto& [tensor, digests] : checksums.digests())
+    if (std::optional<DigestCheck> c = checksums.check(source.catalog(), tensor, options.preferred))
+      state->checks.push_back(std::move(*c));
+  // File order: a cold checkpoint is then read front to back.
+  std::sort(state->checks.begin(), state->checks.end(), [&](const DigestCheck& a, const DigestCheck& b) {
+    return std::tie(a.file, a.offset) < std::tie(b.file, b.offset);
+  });
+  state->errors.resize(state->checks.size());
+
+  // Cancellation is checked between chunks, never while a hash task may still use a lane's
+  // hash state.
   co_await asio::this_coro::throw_if_cancelled(false);
   asio::cancellation_state cancel_state = co_await asio::this_coro::cancellation_state;
-
-  std::uint64_t verified = 0;
-  for (const auto& [tensor, expected] : checksums.digests()) {
-    const TensorInfo* info = source.catalog().find(tensor);
-    if (info == nullptr)
-      throw Error(errc::tensor_not_found, {.tensor = tensor}, "a checksum names a tensor the checkpoint does not have");
-    Sha256 hash;
-    ChunkStream chunks = source.stream(TensorReadRequest{tensor, Selection::all()});
-    // Each chunk is hashed on the hasher and released before the next one is read: holding
-    // it while reading the next could need two chunk windows of staging, and a chunk may
-    // take the whole pool (a wait that would never end).
-    for (;;) {
-      if (cancel_state.cancelled() != asio::cancellation_type::none)
-        throw Error(errc::cancelled, {.tensor = tensor}, "checksum verification was cancelled");
-      std::optional<Lease> chunk = co_await chunks.async_next(asio::use_awaitable);
-      if (!chunk) break;
-      verified += chunk->bytes().size();
-      auto done = std::make_shared<CompletionSource>();
-      Completion hashed = done->completion();
-      asio::post(hasher, [&hash, bytes = chunk->bytes(), done, &tensor] {
-        trace::Span span("hash", "verify", trace::enabled() ? fmt::format("{}: {} bytes", tensor, bytes.size()) : "");
-        hash.update(bytes);
-        done->complete();
-      });
-      co_await hashed.async_wait(asio::use_awaitable);  // a hash task never fails
-    }
-    const std::string actual = hash.hex_digest();
-    if (actual != expected)
-      throw Error(
-          errc::checksum_mismatch,
-          {.file = source.catalog().file_of(*info).path, .tensor = tensor, .offset = info->offset},
-          fmt::format("the tensor's {} bytes hash to SHA-256 {}, but {} was recorded", info->nbytes, actual, expected));
+  const asio::any_io_executor loop = co_await asio::this_coro::executor;
+  std::vector<Completion> finished;
+  for (unsigned lane = 0; lane < std::min<std::size_t>(lanes, state->checks.size()); ++lane) {
+    CompletionSource done;
+    finished.push_back(done.completion());
+    asio::co_spawn(loop, verify_lane(source, state, hasher, cancel_state),
+                   [done = std::move(done)](std::exception_ptr e) mutable { done.finish(std::move(e)); });
   }
-  co_return verified;
+  co_await when_all(finished).async_wait(asio::use_awaitable);
+  // The root cause in file order: a cancellation it provoked in another lane comes second.
+  std::exception_ptr cancelled;
+  for (const std::exception_ptr& e : state->errors) {
+    if (!e) continue;
+    if (!is_cancellation(e)) std::rethrow_exception(e);
+    if (!cancelled) cancelled = e;
+  }
+  if (cancelled) std::rethrow_exception(cancelled);
+  co_return state->verified;
 }
 
 }  // namespace detail

@@ -3,6 +3,9 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <asio/post.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/strand.hpp>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -15,8 +18,8 @@
 namespace eredu::io {
 namespace {
 
-// First touch of fresh memory is the slow part of a load on a VM (the host hands the
-// pages over lazily); doing it once, on every core, keeps it out of the reads.
+// Touches every page on all cores: what the pool did at open before it populated lazily
+// (LeasePoolOptions::prefault).
 void prefault(std::span<std::byte> region) {
   const std::size_t threads = std::max(1u, std::min(8u, std::thread::hardware_concurrency()));
   const std::size_t per = (region.size() / threads + 4095) / 4096 * 4096;
@@ -39,6 +42,108 @@ void prefault(std::span<std::byte> region) {
 
 }  // namespace
 
+/// The idle timer, shared with its pending handler so that the handler can outlive the pool
+/// (it then finds `pool` null). Timer operations run on `strand` only.
+struct LeasePool::IdleTimer {
+  IdleTimer(LeasePool* p, const asio::any_io_executor& ex) : strand(asio::make_strand(ex)), timer(strand), pool(p) {}
+  asio::strand<asio::any_io_executor> strand;
+  asio::steady_timer timer;
+  std::mutex mutex;    // guards pool, armed and hook (taken before LeasePool::mutex_)
+  LeasePool* pool;     // null once the pool is destroyed
+  bool armed = false;  // a wait is pending or about to be
+  ReleaseHook hook;    // set_release_hook
+};
+
+void LeasePool::KeepResident::reset() noexcept {
+  if (!pool_) return;
+  bool idle = false;
+  {
+    std::lock_guard lock(pool_->mutex_);  // noexcept in practice: a std::mutex lock fails only on misuse
+    --pool_->keep_resident_;
+    idle = pool_->keep_resident_ == 0 && pool_->in_use() == 0 && pool_->populated_;
+    if (idle) pool_->idle_since_ = std::chrono::steady_clock::now();
+  }
+  LeasePool* pool = std::exchange(pool_, nullptr);
+  if (!idle) return;
+  try {
+    pool->schedule_release();
+  } catch (...) {
+    // No memory for the timer's handler: the pages just stay until the next idle.
+  }
+}
+
+LeasePool::KeepResident LeasePool::keep_resident() {
+  std::lock_guard lock(mutex_);
+  ++keep_resident_;
+  return KeepResident(this);
+}
+
+bool LeasePool::populated() const {
+  std::lock_guard lock(mutex_);
+  return populated_;
+}
+
+std::uint64_t LeasePool::releases() const {
+  std::lock_guard lock(mutex_);
+  return releases_;
+}
+
+void LeasePool::set_release_hook(ReleaseHook hook) {
+  std::lock_guard lock(idle_->mutex);
+  idle_->hook = std::move(hook);
+}
+
+bool LeasePool::release_if_idle() {
+  std::lock_guard lock(mutex_);
+  if (in_use() != 0 || keep_resident_ != 0 || !populated_) return false;
+  // MADV_DONTNEED frees the pages at once (MADV_FREE would leave them counted until memory
+  // pressure): the point is to give the memory back. The next first touch zero-fills.
+  if (::madvise(memory_.data(), memory_.size(), MADV_DONTNEED) != 0) return false;
+  populated_ = false;
+  ++releases_;
+  return true;
+}
+
+void LeasePool::schedule_release() {
+  if (release_after_.count() <= 0) return;
+  std::lock_guard lock(idle_->mutex);
+  if (idle_->armed || !idle_->pool) return;
+  idle_->armed = true;
+  asio::post(idle_->strand, [idle = idle_, after = release_after_] { wait_idle(idle, after); });
+}
+
+void LeasePool::wait_idle(const std::shared_ptr<IdleTimer>& idle, std::chrono::steady_clock::duration after) {
+  idle->timer.expires_after(after);
+  idle->timer.async_wait([idle](std::error_code ec) {
+    std::unique_lock lock(idle->mutex);  // while held, the pool cannot be destroyed
+    idle->armed = false;
+    if (ec || !idle->pool) return;
+    LeasePool& pool = *idle->pool;
+    std::chrono::steady_clock::duration remaining{};
+    {
+      std::lock_guard pool_lock(pool.mutex_);
+      if (pool.in_use() != 0 || pool.keep_resident_ != 0 || !pool.populated_) return;  // the next idle re-arms
+      remaining = pool.idle_since_ + pool.release_after_ - std::chrono::steady_clock::now();
+    }
+    if (remaining > std::chrono::steady_clock::duration::zero()) {
+      idle->armed = true;
+      wait_idle(idle, remaining);  // this handler already runs on the strand
+      return;
+    }
+    if (!idle->hook) {
+      pool.release_if_idle();
+      return;
+    }
+    lock.unlock();
+    // The hook may call `release` inline: it takes the mutex itself, and finds the pool gone
+    // if it was destroyed in between.
+    idle->hook([idle] {
+      std::lock_guard again(idle->mutex);
+      return idle->pool != nullptr && idle->pool->release_if_idle();
+    });
+  });
+}
+
 void StagingBuffer::reset() noexcept {
   if (pool_) {
     std::exchange(pool_, nullptr)->release(data_, size_);
@@ -53,23 +158,44 @@ void validate(const LeasePoolOptions& options) {
                 fmt::format("LeasePoolOptions::budget is {} bytes; the lease pool budget must be 1..{} bytes",
                             options.budget, LeasePool::max_budget));
   }
+  if (options.release_after.count() < 0) {
+    throw Error(errc::invalid_argument, {},
+                fmt::format("LeasePoolOptions::release_after is {} ms; it must be 0 (never) or more",
+                            options.release_after.count()));
+  }
 }
 
-LeasePool::LeasePool(asio::any_io_executor executor, LeasePoolOptions options) : executor_(std::move(executor)) {
+LeasePool::LeasePool(asio::any_io_executor executor, LeasePoolOptions options)
+    : executor_(std::move(executor)),
+      release_after_(options.release_after),
+      idle_(std::make_shared<IdleTimer>(this, executor_)) {
   validate(options);
   const std::size_t size = block_size(options.budget);
-  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  // Reserved, not populated: the pages appear as the first reads write into them.
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) {
     throw Error(errc::io_error, {.os_error = std::error_code(errno, std::system_category())},
                 fmt::format("cannot map a staging pool of {} bytes", size));
   }
   memory_ = {static_cast<std::byte*>(p), size};
   if (options.huge_pages) ::madvise(p, size, MADV_HUGEPAGE);  // advisory: failure is harmless
-  if (options.prefault) prefault(memory_);
+  if (options.prefault) {
+    prefault(memory_);
+    populated_ = true;
+  }
   free_.emplace(0, size);
 }
 
 LeasePool::~LeasePool() {
+  {
+    std::lock_guard lock(idle_->mutex);  // waits for a timer handler that is using the pool
+    idle_->pool = nullptr;
+  }
+  try {
+    asio::post(idle_->strand, [idle = idle_] { idle->timer.cancel(); });
+  } catch (...) {
+    // No memory for the handler: a pending wait then just finds the pool gone.
+  }
   std::list<Waiter> waiters;
   {
     std::lock_guard lock(mutex_);
@@ -97,6 +223,7 @@ std::byte* LeasePool::allocate_locked(std::size_t block) {
     std::size_t rest = it->second - block;
     free_.erase(it);
     if (rest) free_.emplace(offset + block, rest);
+    populated_ = true;  // what the reader writes into it now populates its pages
     std::size_t now = in_use_.fetch_add(block, std::memory_order_relaxed) + block;
     std::size_t hw = high_water_.load(std::memory_order_relaxed);
     while (now > hw && !high_water_.compare_exchange_weak(hw, now, std::memory_order_relaxed)) {}
@@ -152,6 +279,7 @@ void LeasePool::cancel_waiter(std::uint64_t id) {
 
 void LeasePool::release(std::byte* data, std::size_t size) noexcept {
   std::vector<std::pair<AcquireHandler, StagingBuffer>> ready;
+  bool idle = false;
   {
     std::lock_guard lock(mutex_);
     if (data) {
@@ -179,8 +307,19 @@ void LeasePool::release(std::byte* data, std::size_t size) noexcept {
       ready.emplace_back(std::move(waiters_.front().done), StagingBuffer(this, p, waiters_.front().bytes));
       waiters_.pop_front();
     }
+    if (data && in_use() == 0 && keep_resident_ == 0) {
+      idle_since_ = std::chrono::steady_clock::now();
+      idle = true;
+    }
   }
   for (auto& [done, buffer] : ready) done(nullptr, std::move(buffer));
+  if (idle) {
+    try {
+      schedule_release();
+    } catch (...) {
+      // No memory for the timer's handler: the pages just stay until the next idle.
+    }
+  }
 }
 
 }  // namespace eredu::io

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <optional>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 
@@ -15,6 +17,7 @@
 #include "eredu/io/checkpoint_format.hpp"
 #include "eredu/io/regular_file.hpp"
 #include "eredu/io/sharded_index.hpp"
+#include "eredu/io/split_gguf.hpp"
 
 namespace eredu::io {
 namespace {
@@ -181,6 +184,76 @@ Catalog open_sharded(const fs::path& index_path, const CatalogOptions& options) 
   return catalog;
 }
 
+// A split-file key as an integer, or nullopt when absent or not an integer.
+std::optional<std::uint64_t> metadata_integer(const ParsedFile& f, std::string_view key) {
+  auto it = f.file.metadata.find(std::string(key));
+  if (it == f.file.metadata.end() || it->second.empty()) return std::nullopt;
+  std::uint64_t v = 0;
+  for (char c : it->second) {
+    if (c < '0' || c > '9' || __builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, c - '0', &v))
+      return std::nullopt;
+  }
+  return v;
+}
+
+// A split GGUF checkpoint: every file of the set `any` names, cross-checked (split_gguf.hpp).
+Catalog open_split_gguf(const fs::path& any, const gguf::SplitName& split, const CatalogOptions& options) {
+  const fs::path dir = any.parent_path();
+  std::vector<ParsedFile> files;
+  files.reserve(split.count);
+  for (std::uint32_t i = 1; i <= split.count; ++i) {
+    const fs::path p = dir / gguf::split_file_name(split.prefix, i, split.count);
+    const Naming naming{errc::shard_missing,
+                        fmt::format("split file {} of {} of {}", i, split.count, any.filename().string())};
+    files.push_back(parse_file(p.string(), naming, options));
+    const ParsedFile& f = files.back();
+    if (f.file.format != "gguf") {
+      throw Error(errc::split_mismatch, {.file = f.file.path},
+                  fmt::format("a split GGUF file is {}, not GGUF", f.file.format));
+    }
+    const auto no = metadata_integer(f, gguf::split_no_key);
+    const auto count = metadata_integer(f, gguf::split_count_key);
+    if (split.count == 1 && !no && !count) continue;  // a single file that merely looks split
+    if (!no || !count || *no != i - 1 || *count != split.count) {
+      throw Error(errc::split_mismatch, {.file = f.file.path},
+                  fmt::format("the file name says split {} of {}, but the file's {} is {} and its {} is {} (expected "
+                              "{} and {})",
+                              i, split.count, gguf::split_no_key, no ? std::to_string(*no) : "missing",
+                              gguf::split_count_key, count ? std::to_string(*count) : "missing", i - 1, split.count));
+    }
+  }
+  std::unordered_map<std::string_view, std::size_t> where;
+  std::uint64_t total = 0;
+  for (std::size_t s = 0; s < files.size(); ++s) {
+    for (const auto& t : files[s].tensors) {
+      auto [it, inserted] = where.try_emplace(t.name, s);
+      if (!inserted) {
+        throw Error(errc::tensor_in_two_shards, {.file = files[s].file.path, .tensor = t.name, .offset = t.offset},
+                    fmt::format("the tensor is also in {}", files[it->second].file.path));
+      }
+      ++total;
+    }
+  }
+  if (auto declared = metadata_integer(files.front(), gguf::split_tensors_count_key); declared && *declared != total) {
+    throw Error(errc::split_mismatch, {.file = files.front().file.path},
+                fmt::format("{} is {} but the {} files hold {} tensors", gguf::split_tensors_count_key, *declared,
+                            files.size(), total));
+  } else if (!declared && split.count > 1) {
+    throw Error(errc::split_mismatch, {.file = files.front().file.path},
+                fmt::format("the first split file lacks {}", gguf::split_tensors_count_key));
+  }
+  Catalog catalog;
+  catalog.set_metadata(files.front().file.metadata);
+  for (auto& f : files) add_to_catalog(catalog, std::move(f));
+  return catalog;
+}
+
+// A file path: split GGUF by name, otherwise one file.
+Catalog open_file(const fs::path& path, const CatalogOptions& options) {
+  if (auto split = gguf::parse_split_name(path.filename().string())) return open_split_gguf(path, *split, options);
+  return open_single(path.string(), options);
+}
+
 }  // namespace
 
 Catalog open_catalog(const fs::path& path, const CatalogOptions& options) {
@@ -190,17 +263,34 @@ Catalog open_catalog(const fs::path& path, const CatalogOptions& options) {
   if (fs::is_directory(status)) {
     const fs::path index = path / index_file_name;
     if (fs::exists(index, ec)) return open_sharded(index, options);
-    std::vector<fs::path> candidates;
+    std::vector<fs::path> candidates, ggufs;
     for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
       const auto& p = it->path();
       if (p.extension() == ".safetensors" && it->is_regular_file(ec)) candidates.push_back(p);
+      if (p.extension() == ".gguf" && it->is_regular_file(ec)) ggufs.push_back(p);
     }
     if (ec) throw Error(errc::io_error, {.file = path.string(), .os_error = ec}, "cannot list the directory");
     std::sort(candidates.begin(), candidates.end());
+    std::sort(ggufs.begin(), ggufs.end());
     if (candidates.size() == 1) return open_single(candidates.front().string(), options);
+    if (candidates.empty() && !ggufs.empty()) {
+      // One GGUF file, or the files of one split set.
+      const auto first = gguf::parse_split_name(ggufs.front().filename().string());
+      const bool one_set = first && std::all_of(ggufs.begin(), ggufs.end(), [&](const fs::path& p) {
+                             const auto s = gguf::parse_split_name(p.filename().string());
+                             return s && s->prefix == first->prefix && s->count == first->count;
+                           });
+      if (one_set) return open_split_gguf(ggufs.front(), *first, options);
+      if (ggufs.size() == 1) return open_single(ggufs.front().string(), options);
+      throw Error(errc::unknown_format, {.file = path.string()},
+                  fmt::format("the directory holds {} *.gguf files ({}, {}, ...) that are not one split set; open one "
+                              "file",
+                              ggufs.size(), ggufs[0].filename().string(), ggufs[1].filename().string()));
+    }
     if (candidates.empty()) {
       throw Error(errc::unknown_format, {.file = path.string()},
-                  fmt::format("the directory holds no checkpoint: no {} and no *.safetensors file", index_file_name));
+                  fmt::format("the directory holds no checkpoint: no {}, no *.safetensors and no *.gguf file",
+                              index_file_name));
     }
     throw Error(errc::unknown_format, {.file = path.string()},
                 fmt::format("the directory holds {} *.safetensors files ({}, {}, ...) and no {}; open "
@@ -210,7 +300,7 @@ Catalog open_catalog(const fs::path& path, const CatalogOptions& options) {
   }
   const std::string name = path.filename().string();
   if (name.ends_with(".index.json")) return open_sharded(path, options);
-  return open_single(path.string(), options);
+  return open_file(path, options);
 }
 
 }  // namespace eredu::io

@@ -7,6 +7,7 @@
 #include <asio/posix/stream_descriptor.hpp>
 #include <asio/post.hpp>
 #include <asio/strand.hpp>
+#include <atomic>
 #include <cstdlib>
 
 #include <fmt/format.h>
@@ -35,8 +36,10 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
   UniqueFd event_fd;
   asio::posix::stream_descriptor event_desc;
   bool files_registered = false;
+  std::span<std::byte> pool_memory;  // registered lazily, on the first read into it
+  bool registration_tried = false;   // since setup or the last release (strand only)
   std::byte* reg_base = nullptr;
-  std::size_t reg_bytes = 0;
+  std::atomic<std::size_t> reg_bytes{0};  // read by registered_bytes() on any thread
   unsigned in_flight = 0;
   std::uint64_t in_flight_bytes = 0;
   unsigned submit_failures = 0;
@@ -50,7 +53,7 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
     if (ring_ready) io_uring_queue_exit(&ring);
   }
 
-  void setup(std::span<std::byte> pool_memory) {
+  void setup(std::span<std::byte> staging) {
     if (const char* off = std::getenv("EREDU_DISABLE_URING"); off && *off && *off != '0') {
       throw Error(errc::uring_unavailable, {}, "io_uring disabled by EREDU_DISABLE_URING");
     }
@@ -68,7 +71,9 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
     }
     event_desc.assign(::dup(efd));
     register_files();
-    if (core.options.register_buffers) register_buffers(pool_memory);
+    // The pool's memory is registered when the first read into it is submitted, not here:
+    // registering pins (and so populates) every page, and most loads never stage anything.
+    pool_memory = staging;
   }
 
   void register_files() {
@@ -98,18 +103,19 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
       int r = io_uring_register_buffers(&ring, iov.data(), static_cast<unsigned>(iov.size()));
       if (r == 0) {
         reg_base = memory.data();
-        reg_bytes = want;
+        reg_bytes.store(want, std::memory_order_relaxed);
         break;
       }
       last_error = -r;
       if (want <= (std::size_t{1} << 20)) break;
       want = want / 2 / direct_align * direct_align;
     }
-    if (reg_bytes < memory.size()) {
+    if (reg_bytes.load(std::memory_order_relaxed) < memory.size()) {
       log::info(
           "registered {:.1f} of {:.1f} MiB of staging memory as io_uring fixed buffers{}; the rest is "
           "read into unregistered memory (raise `ulimit -l` to register all)",
-          static_cast<double>(reg_bytes) / (1 << 20), static_cast<double>(memory.size()) / (1 << 20),
+          static_cast<double>(reg_bytes.load(std::memory_order_relaxed)) / (1 << 20),
+          static_cast<double>(memory.size()) / (1 << 20),
           last_error ? fmt::format(" ({})", sys_error(last_error).message()) : std::string{});
     }
   }
@@ -161,7 +167,13 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
       const auto& f = core.files[p->file];
       int fd = p->direct ? f.direct.get() : f.buffered.get();
       if (files_registered) fd = static_cast<int>(2 * p->file + (p->direct ? 1 : 0));
-      const bool fixed_buf = dst >= reg_base && dst + len <= reg_base + reg_bytes &&
+      if (!registration_tried && core.options.register_buffers && !pool_memory.empty() && dst >= pool_memory.data() &&
+          dst < pool_memory.data() + pool_memory.size()) {
+        registration_tried = true;
+        register_buffers(pool_memory);
+      }
+      const std::size_t registered = reg_bytes.load(std::memory_order_relaxed);
+      const bool fixed_buf = registered > 0 && dst >= reg_base && dst + len <= reg_base + registered &&
                              (dst - reg_base) / max_iovec == (dst + len - 1 - reg_base) / max_iovec;
       if (fixed_buf) {
         io_uring_prep_read_fixed(sqe, fd, dst, len, pos, static_cast<int>((dst - reg_base) / max_iovec));
@@ -234,6 +246,22 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
                           }));
   }
 
+  // Drops the fixed-buffer registration (so the pool may return its pages), then calls
+  // `release`. On the strand: no submission runs meanwhile, and the next read into the pool
+  // registers it again.
+  void release_registration(UniqueFunction<bool()> release) {
+    if (reg_bytes.load(std::memory_order_relaxed) > 0 && ring_ready) {
+      if (int r = io_uring_unregister_buffers(&ring); r < 0) {
+        log::debug("io_uring_unregister_buffers failed ({}): keeping the staging pages", sys_error(-r).message());
+        return;
+      }
+      reg_base = nullptr;
+      reg_bytes.store(0, std::memory_order_relaxed);
+    }
+    registration_tried = false;
+    release();
+  }
+
   void shutdown() {
     closed = true;
     if (in_flight > 0) io_uring_submit(&ring);
@@ -276,14 +304,28 @@ std::size_t UringReader::direct_alignment(std::uint32_t file) const noexcept {
   return impl_->core.direct_alignment(file);
 }
 
-std::size_t UringReader::registered_bytes() const noexcept { return impl_->reg_bytes; }
+std::size_t UringReader::registered_bytes() const noexcept { return impl_->reg_bytes.load(std::memory_order_relaxed); }
+
+LeasePool::ReleaseHook UringReader::pool_release_hook() {
+  return [weak = std::weak_ptr<Impl>(impl_)](UniqueFunction<bool()> release) {
+    std::shared_ptr<Impl> self = weak.lock();
+    if (!self) return;  // the reader is gone: nothing of it is registered any more
+    asio::post(self->strand, [self, release = std::move(release)]() mutable {
+      if (self->closed) {
+        release();  // shut down: no more submissions, nothing in flight
+        return;
+      }
+      self->release_registration(std::move(release));
+    });
+  };
+}
 
 std::string UringReader::describe() const {
   std::size_t direct_files = 0;
   const auto& options = impl_->core.options;
   for (auto& f : impl_->core.files) direct_files += f.direct ? 1 : 0;
   return fmt::format("io_uring, depth {}, requests up to {} KiB, {} MiB fixed buffers, O_DIRECT {} ({} of {} files)",
-                     options.depth, options.max_request >> 10, impl_->reg_bytes >> 20,
+                     options.depth, options.max_request >> 10, registered_bytes() >> 20,
                      options.direct == DirectMode::off  ? "off"
                      : options.direct == DirectMode::on ? "on"
                                                         : "auto",

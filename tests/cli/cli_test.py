@@ -56,7 +56,7 @@ def document(stdout, command):
 # number must carry its unit in its name.
 UNITLESS = {"schema", "depth", "threads", "concurrency", "lookahead", "serve_threads", "swap_threads", "seed",
             "index", "pass", "generation", "rows", "cols", "hidden", "intermediate", "vocab", "checksum",
-            "p99_ratio"}
+            "p99_ratio", "gguf_version", "file_type"}
 UNIT_SUFFIXES = ("_bytes", "_seconds", "_gb_per_s", "_count", "_offset")
 BARE_UNITS = {"bytes", "seconds", "gb_per_s", "count", "offset"}
 LISTS = {"shape"}  # a list whose name is not a plural
@@ -272,6 +272,55 @@ def case_swap_verify(tmp):
               f"swap --verify require --corrupt: {doc['failed_swap']}")
 
 
+def case_load_verify(tmp):
+    """load and pipeline --verify: on says when nothing was verified, require fails without digests and
+    verifies every tensor with them, a wrong digest (--checksums FILE) fails with checksum_mismatch."""
+    a = os.path.join(tmp, "a.safetensors")
+    gen(a, "--layers", "2")
+    code, out, err = run("load", a, "--verify", "on", "--json", expect=0)
+    if code == 0:
+        doc = document(out, "load")
+        check(doc["verify"] == "on" and doc["loads"][0]["tensor_verified_count"] == 0,
+              f"load --verify on without digests: {doc['loads']}")
+        check("nothing is verified" in err, f"load --verify on without digests: no line says so: {err}")
+    code, out, _ = run("load", a, "--verify", "on")
+    check("nothing was verified" in out, f"load text report does not say nothing was verified:\n{out}")
+    for command in ("load", "pipeline"):
+        code, out, _ = run(command, a, "--verify", "require", "--json")
+        e = json.loads(out.strip().splitlines()[-1]).get("error", {}) if out.strip() else {}
+        check(code == 1 and e.get("kind") == "invalid_argument" and "--verify require" in e.get("message", ""),
+              f"{command} --verify require without digests: exit {code}: {e}")
+    gen(a, "--layers", "2", "--force", "--checksums")
+    code, out, _ = run("load", a, "--verify", "require", "--repeat", "2", "--json", expect=0)
+    if code == 0:
+        doc = document(out, "load")
+        for load in doc["loads"]:
+            check(load["tensor_verified_count"] == doc["tensor_count"] and load["verified_bytes"] == doc["bytes"],
+                  f"load --verify require: {load} of {doc['tensor_count']} tensors")
+    code, out, _ = run("load", a, "--verify", "require", "--dtype", "f32", "--json", expect=0)
+    if code == 0:
+        doc = document(out, "load")
+        check(doc["loads"][0]["tensor_verified_count"] == doc["tensor_count"], f"load --dtype f32 --verify: {doc}")
+    code, out, _ = run("pipeline", a, "--verify", "require", "--passes", "2", "--compute", "none", "--json",
+                       expect=0)
+    if code == 0:
+        doc = document(out, "pipeline")
+        check(doc["tensor_verified_count"] == 2 * doc["layer_tensor_count"], f"pipeline --verify require: {doc}")
+    sums = json.load(open(a + ".sha256.json"))
+    victim = next(n for n in sorted(sums) if "layers." in n)  # one the pipeline reads too
+    sums[victim] = ("0" if sums[victim][0] != "0" else "1") + sums[victim][1:]
+    wrong = os.path.join(tmp, "wrong.json")
+    with open(wrong, "w") as f:
+        json.dump(sums, f)
+    for command in ("load", "pipeline"):
+        code, out, _ = run(command, a, "--verify", "on", "--checksums", wrong, "--json")
+        e = json.loads(out.strip().splitlines()[-1]).get("error", {}) if out.strip() else {}
+        check(code == 1 and e.get("kind") == "checksum_mismatch",
+              f"{command} --checksums with a wrong digest: exit {code}: {e}")
+    code, _, err = run("load", a, "--checksums", os.path.join(tmp, "missing.json"))
+    check(code == 2 and "--checksums" in err, f"load --checksums missing.json: exit {code}: {err}")
+
+
 def case_progress(tmp):
     """Drawn only on a terminal, named by phase, cleared to the end of line, within the width."""
     ck = os.path.join(tmp, "ck.safetensors")
@@ -421,6 +470,96 @@ def case_completion(tmp):
         script = out + '\nCOMP_WORDS=(eredu read --reader ""); COMP_CWORD=3; _eredu; echo "${COMPREPLY[*]}"\n'
         p = subprocess.run([bash], input=script, text=True, capture_output=True)
         check(p.stdout.strip() == "auto uring pread", f"completing --reader offered {p.stdout.strip()!r}")
+
+
+def case_gguf(tmp):
+    """GGUF: gen --format gguf (one file, a split set), inspect's key metadata and every KV, load
+    with the blocks kept and dequantized, pipeline over blk.N units, typed errors."""
+    m = os.path.join(tmp, "m.gguf")
+    code, out, _ = run("gen", m, "--format", "gguf", "--dtype", "q4_k", "--size", "1M", "-q", "--json", expect=0)
+    if code != 0:
+        return
+    g = document(out, "gen")
+    check_vocabulary(g, "gen")
+    check(g["format"] == "gguf" and os.listdir(tmp) == ["m.gguf"], f"gen m.gguf: {g}, {os.listdir(tmp)}")
+    with open(m, "rb") as f:
+        check(f.read(4) == b"GGUF", "gen --format gguf did not write the GGUF magic")
+    # The text report: the key metadata and the tensors per type.
+    _, out, _ = run("inspect", m, expect=0)
+    check(re.search(rf"architecture llama, {g['layer_count']} blocks, file type 15 \(MOSTLY_Q4_K_M\)", out)
+          is not None, f"inspect m.gguf: no key metadata line:\n{out[-600:]}")
+    check(re.search(r"types:.* Q4_K x\d+", out) is not None and "blk.0.attn_q.weight" in out,
+          f"inspect m.gguf: no Q4_K tensors:\n{out[-600:]}")
+    # --json: every KV with its type and whole value; shapes row-major.
+    _, out, _ = run("inspect", m, "--json", expect=0)
+    doc = document(out, "inspect")
+    check_vocabulary(doc, "inspect")
+    f0 = doc["files"][0]
+    check(f0["format"] == "gguf" and f0["gguf_version"] == 3 and f0["alignment_bytes"] == 32, f"files[0]: {f0}")
+    kv = f0["metadata"]
+    check(kv.get("general.architecture") == {"type": "STRING", "value": "llama"}, f"general.architecture: {kv}")
+    check(kv.get("llama.block_count", {}).get("value") == g["layer_count"], f"llama.block_count: {kv}")
+    check(f0["key_value_count"] == len(kv) and len(kv) >= 5, f"key_value_count {f0['key_value_count']}, {len(kv)}")
+    check(doc["gguf"] == {"architecture": "llama", "block_count": g["layer_count"], "file_type": 15,
+                          "file_type_name": "MOSTLY_Q4_K_M"}, f"gguf: {doc['gguf']}")
+    tensors = {t["name"]: t for t in doc["tensors"]}
+    quantized = [t for t in doc["tensors"] if t["dtype"] == "Q4_K"]
+    check(len(quantized) > 0, "no Q4_K tensor")
+    for t in quantized:
+        check(len(t["shape"]) == 2 and t["shape"][1] % 256 == 0 and
+              t["bytes"] == t["shape"][0] * t["shape"][1] // 256 * 144, f"{t['name']}: {t}")
+    check(tensors.get("blk.0.attn_norm.weight", {}).get("dtype") == "F32", "norms are not F32")
+    check(sum(d["tensor_count"] for d in doc["dtypes"]) == doc["tensor_count"], f"dtypes: {doc['dtypes']}")
+    elements = 0
+    for t in doc["tensors"]:
+        n = 1
+        for d in t["shape"]:
+            n *= d
+        elements += n
+    # load: blocks kept byte for byte in size; dequantized to f32 / bf16.
+    for dtype, per_element in (("keep", None), ("f32", 4), ("bf16", 2)):
+        code, out, _ = run("load", m, "--dtype", dtype, "--json", expect=0)
+        if code != 0:
+            continue
+        load = document(out, "load")
+        want = doc["tensor_bytes"] if per_element is None else elements * per_element
+        check(load["bytes"] == doc["tensor_bytes"] and load["output_bytes"] == want,
+              f"load --dtype {dtype}: output_bytes {load['output_bytes']}, expected {want}")
+    run("read", m, "-q", expect=0)  # every byte through the lease pool equals pread's
+    # A split set: any of its files opens all of it.
+    d = os.path.join(tmp, "split")
+    code, out, _ = run("gen", d, "--format", "gguf", "--dtype", "q8_0", "--size", "1M", "--shards", "3", "-q",
+                       "--json", expect=0)
+    if code == 0:
+        gs = document(out, "gen")
+        names = [f"model-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+        check(sorted(os.listdir(d)) == names, f"gen --shards 3 --format gguf: {os.listdir(d)}")
+        for target in (d, os.path.join(d, names[1])):
+            _, out, _ = run("inspect", target, "--json", expect=0)
+            sd = document(out, "inspect")
+            check(sd["file_count"] == 3 and sd["tensor_count"] == gs["tensor_count"],
+                  f"inspect {target}: {sd['file_count']} files, {sd['tensor_count']} tensors")
+            check(sd["files"][1]["metadata"]["split.no"]["value"] == 1, f"split.no of file 2: {sd['files'][1]}")
+        code, out, _ = run("pipeline", d, "--compute", "none", "--threads", "1", "--json", expect=0)
+        if code == 0:
+            pd = document(out, "pipeline")
+            check(pd["unit_count"] == gs["layer_count"] and pd["skipped_tensor_count"] == 3,
+                  f"pipeline over blk.N: {pd['unit_count']} units, {pd['skipped_tensor_count']} skipped")
+        gen(d, "--format", "gguf", "--force")
+        check(sorted(os.listdir(d)) == ["model.gguf"], f"gen --force over a split set left {os.listdir(d)}")
+    # Usage errors: a .gguf OUT or a quantized dtype without --format gguf.
+    for args, option in ((["gen", os.path.join(tmp, "x.gguf"), "--size", "1M"], "--format"),
+                         (["gen", os.path.join(tmp, "x"), "--dtype", "q4_k", "--size", "1M"], "--dtype")):
+        code, _, err = run(*args)
+        check(code == 2 and option in err, f"eredu {' '.join(args)}: exit {code}: {err}")
+        check(not os.path.exists(args[1]), f"eredu {' '.join(args)} wrote something")
+    # A GGUF file of version 1: a typed error naming the file.
+    bad = os.path.join(tmp, "v1.gguf")
+    with open(bad, "wb") as f:
+        f.write(struct.pack("<4sIqq", b"GGUF", 1, 0, 0))
+    code, out, _ = run("inspect", bad, "--json")
+    e = json.loads(out.strip().splitlines()[-1]).get("error", {}) if out.strip() else {}
+    check(code == 1 and e.get("kind") == "unsupported_version" and e.get("file") == bad, f"inspect v1.gguf: {e}")
 
 
 if __name__ == "__main__":

@@ -58,9 +58,8 @@ TEST_CASE("trace – spans land on the track of the thread that ends them, in or
 
   const auto tracks = recorder.tracks();
   REQUIRE(tracks.size() == 2);
-  auto main_track = std::find_if(tracks.begin(), tracks.end(), [](const trace::Track& t) {
-    return t.thread == trace::thread_index();
-  });
+  auto main_track = std::find_if(tracks.begin(), tracks.end(),
+                                 [](const trace::Track& t) { return t.thread == trace::thread_index(); });
   REQUIRE(main_track != tracks.end());
   CHECK(main_track->name == "test main");
 }

@@ -389,13 +389,18 @@ TEST_CASE("convert – the supported casts are exactly the documented set", "[cp
       const bool expected =
           from == to ||
           (in_set(from, {DType::F16, DType::BF16, DType::F32}) && in_set(to, {DType::F16, DType::BF16, DType::F32})) ||
-          (in_set(from, {DType::F8_E4M3, DType::F8_E5M2, DType::F8_E8M0}) && in_set(to, {DType::BF16, DType::F32}));
+          (in_set(from, {DType::F8_E4M3, DType::F8_E5M2, DType::F8_E8M0}) && in_set(to, {DType::BF16, DType::F32})) ||
+          (dtype_is_quantized(from) && from != DType::Q8_1 && in_set(to, {DType::F16, DType::BF16, DType::F32}));
       INFO(dtype_name(from) << " -> " << dtype_name(to));
       CHECK(convert_supported(from, to) == expected);
       // The one definition recipe inference checks casts against is this same set.
       CHECK(is_supported_cast(from, to) == expected);
-      // Eight elements in whole bytes for every dtype (F4: 4 bytes, F6: 6 bytes).
-      std::vector<std::byte> in(dtype_bits(from)), out(dtype_bits(to), std::byte{0x5A});
+      // Eight elements in whole bytes for every dtype (F4: 4 bytes, F6: 6 bytes), or two
+      // blocks of a quantized dtype (zero scales: zeros).
+      const ConvertUnits units = convert_units(from, to);
+      const bool blocks = dtype_is_quantized(from) && from != to;
+      std::vector<std::byte> in(blocks ? 2 * units.in_bytes : dtype_bits(from)),
+          out(blocks ? 2 * units.out_bytes : dtype_bits(to), std::byte{0x5A});
       if (expected) {
         CHECK_NOTHROW(convert_serial(from, to, in, out));
         CHECK_NOTHROW(convert(from, to, in, out));

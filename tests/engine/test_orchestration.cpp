@@ -9,15 +9,20 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <mutex>
 
 #include "cpu/cpu_fixture.hpp"
 #include "eredu/core/error.hpp"
+#include "eredu/core/log.hpp"
 #include "eredu/cpu/convert.hpp"
 #include "eredu/engine/bindings_from_recipe_set.hpp"
 #include "eredu/engine/engine_error.hpp"
 #include "eredu/engine/load.hpp"
 #include "eredu/engine/parameter_backend.hpp"
 #include "eredu/engine/transfer_backend.hpp"
+#include "eredu/engine/verifying_backend.hpp"
+#include "eredu/io/digest.hpp"
+#include "eredu/io/sha256.hpp"
 
 using namespace eredu;
 using namespace eredu::test;
@@ -32,6 +37,7 @@ using R = DerivedWeightRecipe;
 static_assert(engine::ParameterBackend<cpu::Backend>);
 static_assert(engine::SubmissionBackend<cpu::Backend>);
 static_assert(engine::TransferBackend<cpu::Backend>);
+static_assert(engine::VerifyingBackend<cpu::Backend>);
 
 namespace {
 
@@ -170,9 +176,15 @@ struct Env {
     source = io::CheckpointSource::open(ctx.get_executor(), ckpt.path, options);
   }
   /// Runs async_load to completion; rethrows its failure.
-  void load(Model& model, const WeightBindingPlan& plan) {
-    auto done = engine::async_load<cpu::Backend>(model, *source, plan, mc, asio::use_future);
+  void load(Model& model, const WeightBindingPlan& plan, engine::MaterializeOptions options = {}) {
+    auto done = engine::async_load<cpu::Backend>(model, *source, plan, mc, std::move(options), asio::use_future);
     run_until_ready(ctx, done);
+  }
+  /// Digests of `kind` of every tensor of the checkpoint.
+  io::Checksums all_digests(io::DigestKind kind = io::DigestKind::sha256) const {
+    io::Checksums sums;
+    for (const auto& s : ckpt.specs) sums.add(s.name, kind, io::digest_hex(kind, ckpt.bytes(s.name)));
+    return sums;
   }
 };
 
@@ -397,4 +409,186 @@ TEST_CASE("orchestration – cancelling a load through its Asio cancellation slo
   CHECK(snapshot(model) == before);
   CHECK(env.source->pool().in_use() == 0);
   CHECK(env.storage.stats().live_bytes == live_before);
+}
+
+namespace {
+
+// Captures log lines for the duration of a test.
+struct LogCapture {
+  std::mutex mutex;
+  std::vector<std::string> lines;
+  log::Sink previous;
+  LogCapture() {
+    previous = log::set_sink([this](log::Level, std::string_view l) {
+      std::lock_guard lock(mutex);
+      lines.emplace_back(l);
+    });
+  }
+  ~LogCapture() { log::set_sink(std::move(previous)); }
+  bool contains(std::string_view needle) {
+    std::lock_guard lock(mutex);
+    for (auto& l : lines)
+      if (l.find(needle) != std::string::npos) return true;
+    return false;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("verification – every tensor a load reads is checked: in place when read whole, by re-reading otherwise",
+          "[engine][verify]") {
+  Env env;
+  Model model;
+  engine::MaterializeProgress progress;
+  const io::DigestKind kind = GENERATE(io::DigestKind::sha256, io::DigestKind::xxh3_128);
+  engine::MaterializeOptions options{
+      .progress = &progress,
+      .verify = {.mode = engine::VerifyMode::require, .checksums = env.all_digests(kind), .preferred = kind}};
+  env.load(model, WeightBindingPlan(good_bindings()), options);
+  // embed, norm (in place); q, k, v, gate, up, big (sources of recipes, re-read).
+  CHECK(progress.tensors_verified == 8);
+  std::uint64_t bytes = 0;
+  for (const char* t : {"embed", "norm", "q", "k", "v", "gate", "up", "big"}) bytes += env.ckpt.bytes(t).size();
+  CHECK(progress.bytes_verified == bytes);
+  CHECK(progress.tensors_unverified == 0);
+  CHECK(to_vector(model.embed.value.bytes()) == env.ckpt.bytes("embed"));
+  CHECK(env.source->pool().in_use() == 0);
+}
+
+TEST_CASE("verification – tensors read whole are hashed where they landed, without a second read", "[engine][verify]") {
+  Env env;
+  Model unverified_model, verified_model;
+  std::vector<WeightBinding> plain = {
+      WeightBinding::tensor("embed.weight", "embed", Selection::all(), 256),
+      WeightBinding::tensor("layers.0.attn.qkv.weight", "q", Selection::all(), 256),
+  };
+  struct Small {
+    cpu::Parameter embed{DType::BF16, {8, 16}};
+    cpu::Parameter q{DType::BF16, {8, 16}};
+    void visit_parameters(engine::ParameterVisitor<cpu::Parameter>& v, const std::string& prefix) const {
+      v.visit({engine::ParameterId(engine::join_name(prefix, "embed.weight")), embed.dtype, embed.shape}, embed);
+      v.visit({engine::ParameterId(engine::join_name(prefix, "layers.0.attn.qkv.weight")), q.dtype, q.shape}, q);
+    }
+    void visit_parameters_mut(engine::ParameterVisitorMut<cpu::Parameter>& v, const std::string& prefix) {
+      v.visit_mut({engine::ParameterId(engine::join_name(prefix, "embed.weight")), embed.dtype, embed.shape}, embed);
+      v.visit_mut({engine::ParameterId(engine::join_name(prefix, "layers.0.attn.qkv.weight")), q.dtype, q.shape}, q);
+    }
+  };
+  auto load = [&](Small& m, engine::MaterializeOptions o) {
+    auto done = engine::async_load<cpu::Backend>(m, *env.source, WeightBindingPlan(plain), env.mc, std::move(o),
+                                                 asio::use_future);
+    run_until_ready(env.ctx, done);
+  };
+  Small a, b;
+  const auto r0 = env.source->reader().stats().bytes;
+  load(a, {});
+  const auto r1 = env.source->reader().stats().bytes;
+  engine::MaterializeProgress progress;
+  load(b, {.progress = &progress, .verify = {.mode = engine::VerifyMode::on, .checksums = env.all_digests()}});
+  const auto r2 = env.source->reader().stats().bytes;
+  CHECK(r2 - r1 == r1 - r0);  // the verified load read exactly what the plain one did
+  CHECK(progress.tensors_verified == 2);
+
+  // A digest that does not match the delivered bytes fails the load, naming the parameter.
+  io::Checksums wrong = env.all_digests();
+  wrong.add("q", io::digest_hex(io::DigestKind::sha256, env.ckpt.bytes("k")));
+  Small c;
+  auto e = expect_failure<Error>([&] { load(c, {.verify = {.mode = engine::VerifyMode::on, .checksums = wrong}}); },
+                                 errc::checksum_mismatch);
+  CHECK_THAT(e.what(), Catch::Contains("'q'") && Catch::Contains("layers.0.attn.qkv.weight") &&
+                           Catch::Contains(env.ckpt.path.string()));
+  CHECK_FALSE(c.q.value);
+  CHECK_FALSE(c.embed.value);
+  CHECK(env.source->pool().in_use() == 0);
+}
+
+TEST_CASE("verification – a mismatch, a missing digest under require, and nothing to verify under on",
+          "[engine][verify]") {
+  Env env;
+  Model model;
+  env.load(model, WeightBindingPlan(good_bindings()));
+  const Snapshot before = snapshot(model);
+  const auto live_before = env.storage.stats().live_bytes;
+  using engine::VerifyMode;
+
+  SECTION("a source of a recipe whose bytes differ from its digest (checked by re-reading)") {
+    io::Checksums sums = env.all_digests();
+    sums.add("v", io::digest_hex(io::DigestKind::sha256, env.ckpt.bytes("q")));
+    auto e = expect_failure<Error>(
+        [&] {
+          env.load(model, WeightBindingPlan(good_bindings()), {.verify = {.mode = VerifyMode::on, .checksums = sums}});
+        },
+        errc::checksum_mismatch);
+    CHECK_THAT(e.what(), Catch::Contains("'v'"));
+  }
+  SECTION("require with a tensor that has no digest: refused before any read") {
+    io::Checksums sums;
+    for (const char* t : {"embed", "q", "k", "v", "gate", "up", "big"})
+      sums.add(t, io::digest_hex(io::DigestKind::sha256, env.ckpt.bytes(t)));
+    const auto read_before = env.source->reader().stats().bytes;
+    auto e = expect_failure<Error>(
+        [&] {
+          env.load(model, WeightBindingPlan(good_bindings()),
+                   {.verify = {.mode = VerifyMode::require, .checksums = sums}});
+        },
+        errc::invalid_argument);
+    CHECK_THAT(e.what(), Catch::Contains("'norm'") && Catch::Contains("no digest"));
+    CHECK(env.source->reader().stats().bytes == read_before);
+  }
+  SECTION("a mode that is no VerifyMode: invalid_argument naming the field, before any read") {
+    const auto read_before = env.source->reader().stats().bytes;
+    auto e = expect_failure<Error>(
+        [&] { env.load(model, WeightBindingPlan(good_bindings()), {.verify = {.mode = static_cast<VerifyMode>(5)}}); },
+        errc::invalid_argument);
+    CHECK_THAT(e.what(), Catch::Contains("VerifyOptions::mode is 5"));
+    CHECK(env.source->reader().stats().bytes == read_before);
+  }
+  SECTION("require with a partial selection: its digest covers the whole tensor") {
+    auto b = good_bindings();
+    b[0] = WeightBinding::tensor("embed.weight", "embed", Selection{{{0, 4}, {0, 16}}}, 128);
+    b[5] = WeightBinding::alias("lm_head.weight", "embed.weight", 128);
+    auto e = expect_failure<Error>(
+        [&] {
+          env.load(model, WeightBindingPlan(b),
+                   {.verify = {.mode = VerifyMode::require, .checksums = env.all_digests()}});
+        },
+        errc::invalid_argument);
+    CHECK_THAT(e.what(), Catch::Contains("'embed'") && Catch::Contains("partially"));
+  }
+  SECTION("on with no digest anywhere: the load succeeds and one line says nothing was verified") {
+    LogCapture log;
+    engine::MaterializeProgress progress;
+    Model other;
+    env.load(other, WeightBindingPlan(good_bindings()), {.progress = &progress, .verify = {.mode = VerifyMode::on}});
+    CHECK(log.contains("nothing is verified"));
+    CHECK(progress.tensors_verified == 0);
+    CHECK(progress.tensors_unverified == 8);
+  }
+  CHECK(snapshot(model) == before);
+  CHECK(env.source->pool().in_use() == 0);
+  CHECK(env.storage.stats().live_bytes == live_before);
+}
+
+TEST_CASE("verification – digests recorded in the checkpoint's metadata are used when none are given",
+          "[engine][verify]") {
+  std::vector<synth::TensorSpec> tensors = {{"embed", DType::BF16, {8, 16}}, {"q", DType::BF16, {8, 16}}};
+  const auto data = random_tensor_bytes(tensors, 5);
+  TempDir dir;
+  const auto path = dir / "m.safetensors";
+  io::Metadata metadata{{"sha256:embed", io::sha256_hex(data[0])},
+                        {"xxh3-128:q", io::digest_hex(io::DigestKind::xxh3_128, data[1])}};
+  synth::write_safetensors(path, tensors, spans_of(data), metadata);
+  asio::io_context ctx;
+  auto source = io::CheckpointSource::open(ctx.get_executor(), path);
+  cpu::Executor executor{2};
+  cpu::StoragePool storage;
+  cpu::MaterializationContext mc{executor, storage};
+  WeightBindingPlan plan({WeightBinding::tensor("e", "embed", Selection::all(), 256),
+                          WeightBinding::tensor("q", "q", Selection::all(), 256)});
+  engine::MaterializeProgress progress;
+  auto done = engine::async_materialize<cpu::Backend>(
+      *source, plan, mc, {.progress = &progress, .verify = {.mode = engine::VerifyMode::require}}, asio::use_future);
+  auto unit = run_until_ready(ctx, done);
+  CHECK(progress.tensors_verified == 2);
+  CHECK(progress.bytes_verified == 512);
 }

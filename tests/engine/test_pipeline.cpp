@@ -19,6 +19,7 @@
 #include "eredu/core/error.hpp"
 #include "eredu/cpu/convert.hpp"
 #include "eredu/engine/prefetch_pipeline.hpp"
+#include "eredu/io/sha256.hpp"
 
 using namespace eredu;
 using namespace eredu::test;
@@ -361,6 +362,59 @@ TEST_CASE("pipeline – one consumer: a second concurrent async_next is refused,
   CHECK(stats.units.back().pass == 1);
 }
 
+TEST_CASE("pipeline – with verification on, every unit read is checked and a bad digest fails its unit",
+          "[engine][pipeline][verify]") {
+  Env env;
+  io::Checksums sums;
+  for (const auto& s : env.ckpt.specs) sums.add(s.name, io::sha256_hex(env.ckpt.bytes(s.name)));
+  SECTION("every digest right: all units delivered, all tensors counted, each pass") {
+    Pipeline pipeline(
+        *env.source, units(), make_layer, env.mc,
+        {.lookahead = 2, .passes = 2, .verify = {.mode = engine::VerifyMode::require, .checksums = sums}});
+    std::uint64_t max_live = 0;
+    auto done =
+        asio::co_spawn(env.ctx, consume(pipeline, env, std::chrono::microseconds(0), &max_live), asio::use_future);
+    CHECK(env.get(done).size() == 2 * kUnits);
+    const engine::PipelineStats stats = pipeline.stats();
+    CHECK(stats.tensors_verified == 2 * 2 * kUnits);  // a and b of every unit, each pass
+    CHECK(stats.bytes_verified == 2 * env.source->catalog().total_bytes());
+  }
+  SECTION("unit 3's kept tensor has a wrong digest: units 0-2 arrive, then checksum_mismatch") {
+    sums.add("layers.3.a", io::sha256_hex(env.ckpt.bytes("layers.2.a")));
+    Pipeline pipeline(*env.source, units(), make_layer, env.mc,
+                      {.lookahead = 2, .verify = {.mode = engine::VerifyMode::on, .checksums = sums}});
+    std::vector<std::size_t> delivered;
+    std::exception_ptr failure;
+    auto consumer = [&]() -> asio::awaitable<void> {
+      try {
+        while (auto unit = co_await pipeline.async_next(asio::use_awaitable)) delivered.push_back(unit.index());
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      co_await pipeline.async_close(asio::use_awaitable);
+    };
+    auto done = asio::co_spawn(env.ctx, consumer(), asio::use_future);
+    env.get(done);
+    CHECK(delivered == std::vector<std::size_t>{0, 1, 2});
+    REQUIRE(failure);
+    try {
+      std::rethrow_exception(failure);
+    } catch (const Error& e) {
+      CHECK(e.kind() == errc::checksum_mismatch);
+      CHECK(e.context().tensor == "layers.3.a");
+    }
+  }
+  SECTION("require with a tensor that has no digest: refused by the constructor") {
+    io::Checksums partial;
+    partial.add("layers.0.a", io::sha256_hex(env.ckpt.bytes("layers.0.a")));
+    CHECK_THROWS_AS(Pipeline(*env.source, units(), make_layer, env.mc,
+                             {.verify = {.mode = engine::VerifyMode::require, .checksums = partial}}),
+                    Error);
+  }
+  CHECK(env.source->pool().in_use() == 0);
+  CHECK(env.storage.stats().live_bytes == 0);
+}
+
 TEST_CASE("pipeline – options out of range are invalid_argument naming the option and its range",
           "[engine][pipeline][options]") {
   Env env;
@@ -374,6 +428,8 @@ TEST_CASE("pipeline – options out of range are invalid_argument naming the opt
       {{.concurrent_loads = 0}, "PrefetchOptions::concurrent_loads is 0"},
       {{.concurrent_loads = 100000}, "PrefetchOptions::concurrent_loads is 100000; it must be 1..256"},
       {{.timing_history = SIZE_MAX}, "PrefetchOptions::timing_history"},
+      {{.verify = {.mode = static_cast<engine::VerifyMode>(7)}}, "VerifyOptions::mode is 7"},
+      {{.verify = {.preferred = static_cast<io::DigestKind>(9)}}, "VerifyOptions::preferred is 9"},
   };
   for (const Case& c : cases) {
     try {

@@ -375,12 +375,15 @@ TEST_CASE("uring reader – a small registration limit falls back with a log lin
   auto opts = options_for(ReaderKind::uring, DirectMode::off, 8 * MiB);
   opts.reader.max_registered_bytes = 2 * MiB;
   auto source = CheckpointSource::open(ctx.get_executor(), ck.path, opts);
-  CHECK(logs.contains("fixed buffers"));
-  CHECK(static_cast<UringReader&>(source->reader()).registered_bytes() == 2 * MiB);
+  // Nothing is registered (or populated) until something is staged.
+  CHECK(static_cast<UringReader&>(source->reader()).registered_bytes() == 0);
+  CHECK_FALSE(source->pool().populated());
   for (const auto& t : source->catalog().tensors()) {
     Lease l = run_on(ctx, source->async_read({t.name}, asio::use_awaitable));
     CHECK(copy_of(l) == ck.bytes(t.name));
   }
+  CHECK(logs.contains("fixed buffers"));
+  CHECK(static_cast<UringReader&>(source->reader()).registered_bytes() == 2 * MiB);
   CHECK(source->reader().stats().fixed_buffer_requests > 0);
 }
 
@@ -479,4 +482,39 @@ TEST_CASE(
   CHECK(tiny == ck.bytes("tiny"));
   CHECK(moved.remaining() == 0);
   CHECK(source->pool().in_use() == 0);
+}
+
+TEST_CASE("checkpoint source – staging is registered when first used and let go with the pages when idle",
+          "[io][read][uring][pool]") {
+  Checkpoint ck;
+  asio::io_context ctx;
+  auto opts = options_for(ReaderKind::uring, DirectMode::off, 8 * MiB);
+  opts.pool.release_after = std::chrono::milliseconds(20);
+  auto source = CheckpointSource::open(ctx.get_executor(), ck.path, opts);
+  auto& uring = static_cast<UringReader&>(source->reader());
+  for (int round = 0; round < 2; ++round) {
+    for (const auto& t : source->catalog().tensors()) {
+      Lease l = run_on(ctx, source->async_read({t.name}, asio::use_awaitable));
+      CHECK(copy_of(l) == ck.bytes(t.name));
+    }
+    CHECK(uring.registered_bytes() == 8 * MiB);
+    CHECK(source->pool().populated());
+    // Idle: the timer fires, the reader drops the registration on its strand, the pages go.
+    // (On a slow machine a release may already have come between two reads.)
+    const std::uint64_t before = source->pool().releases();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (source->pool().releases() == before && std::chrono::steady_clock::now() < deadline) {
+      ctx.restart();
+      ctx.run_one_for(std::chrono::milliseconds(5));
+    }
+    CHECK(source->pool().releases() == before + 1);
+    CHECK_FALSE(source->pool().populated());
+    CHECK(uring.registered_bytes() == 0);
+  }
+  // Reads straight into caller memory never touch the pool.
+  std::vector<std::byte> out(ck.bytes("embed").size());
+  run_on(ctx, source->async_read_into({"embed"}, out, asio::use_awaitable));
+  CHECK(out == ck.bytes("embed"));
+  CHECK_FALSE(source->pool().populated());
+  CHECK(uring.registered_bytes() == 0);
 }

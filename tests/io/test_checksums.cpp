@@ -2,6 +2,7 @@
 // through a source catching a tensor whose bytes changed.
 #include "eredu/io/checksums.hpp"
 
+#include <xxhash.h>
 #include <asio/thread_pool.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/use_future.hpp>
@@ -10,7 +11,10 @@
 #include <chrono>
 #include <future>
 
+#include <fmt/format.h>
+
 #include "eredu/core/error.hpp"
+#include "eredu/io/digest.hpp"
 #include "eredu/io/open_catalog.hpp"
 #include "eredu/io/sha256.hpp"
 #include "eredu/synth/safetensors_writer.hpp"
@@ -88,6 +92,8 @@ TEST_CASE("checksums – verification reads through the source and names a chang
   Fixture f;
   asio::io_context ctx;
   SourceOptions options;
+  // Both ways of reading: hashing a mapping of the page cache, and chunk leases.
+  options.map_resident = GENERATE(true, false);
   options.pool.budget = 64 << 10;
   options.chunk_bytes = 8 << 10;  // "a" spans several chunks
   auto source = CheckpointSource::open(ctx.get_executor(), f.path, options);
@@ -123,6 +129,7 @@ TEST_CASE("checksums – a tensor larger than the whole staging pool is verified
   SourceOptions options;
   options.pool.budget = 8 << 10;  // "a" is 20 400 bytes: more than the pool
   options.chunk_bytes = 8 << 10;  // a chunk may take the whole pool
+  options.map_resident = false;   // chunk leases, not a mapping
   auto source = CheckpointSource::open(ctx.get_executor(), f.path, options);
   Checksums sums;
   sums.add("a", f.digest(0));
@@ -164,5 +171,117 @@ TEST_CASE("checksums – a read error while a chunk is being hashed is reported,
     co_return co_await async_verify_checksums(s, std::move(c), h, asio::use_awaitable);
   };
   CHECK(kind_of([&] { test::run_on(ctx, op(*source, sums, hashers.get_executor())); }) == errc::io_error);
+  CHECK(source->pool().in_use() == 0);
+}
+
+TEST_CASE("digests – SHA-256 and XXH3-128, whole and piecewise, match their references", "[io][checksums]") {
+  // XXH3-128 of nothing, in the canonical (big-endian) form xxhsum -H2 prints.
+  CHECK(digest_hex(DigestKind::xxh3_128, {}) == "99aa06d3014798d86001c324468d497f");
+  CHECK(digest_hex(DigestKind::sha256, {}) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  std::vector<std::byte> data(1000003);
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<std::byte>((i * 2654435761u) >> 13);
+  XXH128_canonical_t canonical;
+  XXH128_canonicalFromHash(&canonical, XXH3_128bits(data.data(), data.size()));
+  std::string reference;
+  for (unsigned char b : canonical.digest) reference += fmt::format("{:02x}", b);
+  for (DigestKind kind : {DigestKind::sha256, DigestKind::xxh3_128}) {
+    const std::string whole = digest_hex(kind, data);
+    CHECK(whole.size() == digest_hex_digits(kind));
+    CHECK(is_digest_hex(kind, whole));
+    if (kind == DigestKind::xxh3_128) CHECK(whole == reference);
+    if (kind == DigestKind::sha256) CHECK(whole == sha256_hex(data));
+    Hasher h(kind);
+    for (std::size_t at = 0; at < data.size(); at += 4099)
+      h.update(std::span(data).subspan(at, std::min<std::size_t>(4099, data.size() - at)));
+    CHECK(h.hex_digest() == whole);
+    CHECK(digest_kind_named(digest_name(kind)) == kind);
+  }
+  CHECK_FALSE(digest_kind_named("md5"));
+  CHECK_FALSE(is_digest_hex(DigestKind::xxh3_128, std::string(64, 'a')));
+}
+
+TEST_CASE("checksums – XXH3-128 digests in metadata and sidecar objects; the preferred one is checked",
+          "[io][checksums]") {
+  Fixture plain;
+  const std::string xa = digest_hex(DigestKind::xxh3_128, plain.data[0]);
+  Metadata metadata{{"xxh3-128:a", xa}, {"sha256:b", plain.digest(1)}};
+  Fixture f(metadata);
+  const Catalog catalog = open_catalog(f.path);
+  const Checksums meta = Checksums::from_metadata(catalog);
+  CHECK(*meta.find("a", DigestKind::xxh3_128) == xa);
+  CHECK(meta.find("a") == nullptr);
+  // "a" has only XXH3: checked with it even though SHA-256 is preferred.
+  const std::optional<DigestCheck> a = meta.check(catalog, "a");
+  REQUIRE(a);
+  CHECK(a->kind == DigestKind::xxh3_128);
+  CHECK(a->offset == catalog.at("a").offset);
+  CHECK_NOTHROW(a->verify(f.data[0]));
+  CHECK_THROWS_AS(a->verify(f.data[1]), Error);
+  CHECK(kind_of([&] { a->verify(f.data[1]); }) == errc::checksum_mismatch);
+  CHECK(kind_of([&] { meta.check(catalog, "zzz"); }) == errc::tensor_not_found);
+
+  // Both kinds in one sidecar: written as objects, read back equal; merged with metadata.
+  Checksums both;
+  both.add("a", f.digest(0));
+  both.add("a", DigestKind::xxh3_128, xa);
+  both.add("b", DigestKind::xxh3_128, digest_hex(DigestKind::xxh3_128, f.data[1]));
+  const std::string text = both.to_json();
+  CHECK_THAT(text, Catch::Contains("\"xxh3-128\""));
+  synth::write_text_file(Checksums::sidecar_path(f.path), text);
+  const Checksums read_back = Checksums::from_sidecar(Checksums::sidecar_path(f.path));
+  CHECK(read_back.digests() == both.digests());
+  const Checksums found = Checksums::discover(f.path, catalog);
+  CHECK(*found.find("b") == f.digest(1));  // from the metadata
+  CHECK(found.check(catalog, "a", DigestKind::xxh3_128)->kind == DigestKind::xxh3_128);
+  CHECK(found.check(catalog, "a", DigestKind::sha256)->kind == DigestKind::sha256);
+
+  // Malformed objects are refused with the offending tensor named.
+  auto sidecar = f.dir / "bad.json";
+  for (const char* bad : {R"({"a": {"md5": "00"}})", R"({"a": {"xxh3-128": "abc"}})", R"({"a": {}})", R"({"a": 3})",
+                          R"({"a": {"sha256": 3}})"}) {
+    synth::write_text_file(sidecar, bad);
+    CHECK(kind_of([&] { Checksums::from_sidecar(sidecar); }) == errc::invalid_metadata);
+  }
+  CHECK(kind_of([&] { both.add("a", DigestKind::xxh3_128, f.digest(0)); }) == errc::invalid_argument);
+  // A plain SHA-256 set keeps the flat form older readers know.
+  Checksums sha_only;
+  sha_only.add("a", f.digest(0));
+  CHECK_THAT(sha_only.to_json(), !Catch::Contains("{\"sha256\""));
+}
+
+TEST_CASE("checksums – many tensors verified in parallel lanes; a bad one is named, the rest stop", "[io][checksums]") {
+  test::TempDir dir;
+  const auto path = dir / "many.safetensors";
+  std::vector<synth::TensorSpec> specs;
+  for (std::uint64_t i = 0; i < 24; ++i) specs.push_back({fmt::format("t{:02}", i), DType::BF16, {64, 33 + i}});
+  const auto data = test::random_tensor_bytes(specs, 7);
+  synth::write_safetensors(path, specs, test::spans_of(data));
+  asio::io_context ctx;
+  SourceOptions options;
+  options.map_resident = GENERATE(true, false);
+  auto source = CheckpointSource::open(ctx.get_executor(), path, options);
+  const DigestKind kind = GENERATE(DigestKind::sha256, DigestKind::xxh3_128);
+  Checksums sums;
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    sums.add(specs[i].name, kind, digest_hex(kind, data[i]));
+    total += data[i].size();
+  }
+  asio::thread_pool hashers(3);
+  auto op = [](CheckpointSource& s, Checksums c, asio::any_io_executor h) -> asio::awaitable<std::uint64_t> {
+    co_return co_await async_verify_checksums(s, std::move(c), h, VerifyChecksumsOptions{.concurrency = 4},
+                                              asio::use_awaitable);
+  };
+  CHECK(test::run_on(ctx, op(*source, sums, hashers.get_executor())) == total);
+  Checksums bad = sums;
+  bad.add("t13", kind, digest_hex(kind, data[12]));
+  try {
+    test::run_on(ctx, op(*source, bad, hashers.get_executor()));
+    FAIL("a wrong digest passed");
+  } catch (const Error& e) {
+    CHECK(e.kind() == errc::checksum_mismatch);
+    CHECK(e.context().tensor == "t13");
+    CHECK_THAT(e.what(), Catch::Contains(std::string(digest_name(kind))));
+  }
   CHECK(source->pool().in_use() == 0);
 }

@@ -16,6 +16,7 @@
 #include <asio/io_context.hpp>
 #include <asio/use_awaitable.hpp>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <csetjmp>
 #include <csignal>
 #include <cstring>
@@ -32,6 +33,7 @@
 #include "eredu/io/guarded_read.hpp"
 #include "eredu/io/open_catalog.hpp"
 #include "eredu/io/regular_file.hpp"
+#include "eredu/io/safetensors.hpp"
 #include "io/read_fixture.hpp"
 #include "support/st_bytes.hpp"
 
@@ -266,7 +268,12 @@ TEST_CASE("messages – a GGUF file given to the safetensors parser says it look
   std::vector<std::byte> bytes = test::raw_bytes(std::string("GGUF\x03\0\0\0", 8));
   bytes.resize(4096, std::byte{0});
   test::write_bytes(dir / "model.gguf", bytes);
-  Error e = error_of([&] { open_catalog(dir / "model.gguf"); });
+  // The catalog recognises GGUF (an empty v3 file: no tensors, no KV pairs) ...
+  const Catalog catalog = open_catalog(dir / "model.gguf");
+  CHECK(catalog.size() == 0);
+  CHECK(catalog.files().front().format == "gguf");
+  // ... and the safetensors parser, given it anyway, says what it looks like.
+  Error e = error_of([&] { safetensors::parse_file_prefix(bytes, bytes.size(), (dir / "model.gguf").string()); });
   CHECK(e.kind() == errc::header_too_large);
   CHECK_THAT(e.what(), Catch::Contains("14064895815") && Catch::Contains("GGUF"));
 }
@@ -304,6 +311,8 @@ TEST_CASE("options – out-of-range values are invalid_argument naming the optio
        "ReaderOptions::uring_policy"},
       {"budget 0", [](SourceOptions& o) { o.pool.budget = 0; }, "LeasePoolOptions::budget is 0 bytes"},
       {"budget SIZE_MAX", [](SourceOptions& o) { o.pool.budget = SIZE_MAX; }, "LeasePoolOptions::budget"},
+      {"release_after -1 ms", [](SourceOptions& o) { o.pool.release_after = std::chrono::milliseconds(-1); },
+       "LeasePoolOptions::release_after is -1 ms"},
       {"chunk_bytes 0", [](SourceOptions& o) { o.chunk_bytes = 0; }, "SourceOptions::chunk_bytes"},
   };
   for (const Case& c : cases) {

@@ -1,21 +1,26 @@
-// `eredu gen OUT`: a deterministic synthetic Llama-shaped checkpoint.
+// `eredu gen OUT`: a deterministic synthetic Llama-shaped checkpoint, safetensors or GGUF.
 //
-// Where it goes, one rule: OUT ending in ".safetensors" is a single file; any other OUT is
-// a directory (created if missing) that gets "model.safetensors" (one shard) or N shards
-// "model-0000i-of-0000N.safetensors" and "model.safetensors.index.json". An existing
-// checkpoint at OUT (the file, or any *.safetensors, index or checksum sidecar in the
-// directory) is refused unless --force, which removes it first, so OUT never ends up
-// holding two checkpoints. A single file is written under a temporary name and renamed, so
-// an interrupted run leaves no partial file under OUT.
+// Where it goes, one rule: OUT ending in ".safetensors" (".gguf" with --format gguf) is a
+// single file; any other OUT is a directory (created if missing) that gets
+// "model.safetensors" (one shard) or N shards "model-0000i-of-0000N.safetensors" and
+// "model.safetensors.index.json"; with --format gguf "model.gguf" or a split set
+// "model-0000i-of-0000N.gguf". An existing checkpoint at OUT (the file, or any
+// *.safetensors, *.gguf, index or checksum sidecar in the directory) is refused unless
+// --force, which removes it first, so OUT never ends up holding two checkpoints. A single
+// file is written under a temporary name and renamed, so an interrupted run leaves no
+// partial file under OUT.
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
+#include <string>
 #include <system_error>
 #include <vector>
 
@@ -25,9 +30,11 @@
 #include "commands.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/io/checksums.hpp"
+#include "eredu/io/gguf.hpp"
 #include "eredu/io/open_catalog.hpp"
 #include "eredu/io/sha256.hpp"
 #include "eredu/synth/synthetic_checkpoint.hpp"
+#include "eredu/synth/synthetic_gguf.hpp"
 #include "progress.hpp"
 
 namespace eredu::cli {
@@ -40,6 +47,7 @@ struct GenOptions {
   std::string out;
   std::uint64_t size = std::uint64_t{512} << 20;
   std::string dtype = "bf16";
+  std::string format = "safetensors";
   std::uint32_t shards = 1;
   std::uint64_t seed = 1;
   std::uint32_t layers = 0;
@@ -105,8 +113,8 @@ std::vector<fs::path> existing_checkpoint(const fs::path& out, bool directory) {
   if (!fs::is_directory(out, ec)) return found;
   for (const fs::directory_entry& e : fs::directory_iterator(out)) {
     const std::string name = e.path().filename().string();
-    const bool ours = e.path().extension() == ".safetensors" || name == "model.safetensors.index.json" ||
-                      name.ends_with(".sha256.json");
+    const bool ours = e.path().extension() == ".safetensors" || e.path().extension() == ".gguf" ||
+                      name == "model.safetensors.index.json" || name.ends_with(".sha256.json");
     if (ours && !e.is_directory(ec)) found.push_back(e.path());
   }
   std::sort(found.begin(), found.end());
@@ -114,31 +122,39 @@ std::vector<fs::path> existing_checkpoint(const fs::path& out, bool directory) {
 }
 
 int run_gen(const GenOptions& o, const CommonFlags& flags) {
+  const bool gguf = o.format == "gguf";
+  const std::string extension = gguf ? ".gguf" : ".safetensors";
   synth::SyntheticOptions s;
   s.target_bytes = o.size;
-  s.dtype = o.dtype == "f16" ? DType::F16 : o.dtype == "f32" ? DType::F32 : DType::BF16;
+  const std::optional<DType> dtype = dtype_from_any_name(o.dtype);
+  if (!dtype || (!gguf && dtype_is_quantized(*dtype)))
+    throw UsageError(
+        fmt::format("--dtype: '{}' is a GGUF quantized type: give --format gguf, or bf16, f16 or f32", o.dtype));
+  s.dtype = *dtype;
   s.shards = o.shards;
   s.seed = o.seed;
   s.layers = o.layers;
   s.tie_embeddings = o.tie_embeddings;
-  const synth::SyntheticModel model = synth::plan_model(s);
+  const synth::SyntheticModel model = gguf ? synth::plan_gguf_model(s) : synth::plan_model(s);
   if (o.shards > model.tensors.size())
     throw UsageError(fmt::format("--shards: '{}' is more than the {} tensors of this model (1 to {})", o.shards,
                                  model.tensors.size(), model.tensors.size()));
 
   const fs::path out(o.out);
-  const bool single_file = out.extension() == ".safetensors";
+  if (!gguf && out.extension() == ".gguf")
+    throw UsageError(fmt::format("OUT '{}' names a .gguf file: give --format gguf", o.out));
+  const bool single_file = out.extension() == extension;
   if (single_file && o.shards > 1)
     throw UsageError(
-        fmt::format("OUT '{}' names a single .safetensors file, but --shards {} writes a directory: "
-                    "give a directory name (no .safetensors extension)",
-                    o.out, o.shards));
+        fmt::format("OUT '{}' names a single {} file, but --shards {} writes a directory: "
+                    "give a directory name (no {} extension)",
+                    o.out, extension, o.shards, extension));
   std::error_code ec;
   if (single_file && fs::is_directory(out, ec))
     throw Error(errc::invalid_argument, {.file = o.out}, "is a directory: a single-file checkpoint cannot go there");
   if (!single_file && fs::exists(out, ec) && !fs::is_directory(out, ec))
     throw Error(errc::invalid_argument, {.file = o.out},
-                "exists and is not a directory (a single-file checkpoint's name ends in .safetensors)");
+                fmt::format("exists and is not a directory (a single-file checkpoint's name ends in {})", extension));
   const std::vector<fs::path> existing = existing_checkpoint(out, !single_file);
   if (!existing.empty() && !o.force)
     throw Error(errc::invalid_argument, {.file = o.out},
@@ -147,7 +163,7 @@ int run_gen(const GenOptions& o, const CommonFlags& flags) {
   for (const fs::path& p : existing) fs::remove(p);
 
   // Where the data goes: the file itself, model.safetensors in the directory, or the shards.
-  const fs::path target = single_file ? out : (o.shards == 1 ? out / "model.safetensors" : out);
+  const fs::path target = single_file ? out : (o.shards == 1 ? out / ("model" + extension) : out);
   if (!single_file) fs::create_directories(out);
   const fs::path partial = single_file ? fs::path(o.out + fmt::format(".partial-{}", ::getpid())) : target;
 
@@ -159,7 +175,11 @@ int run_gen(const GenOptions& o, const CommonFlags& flags) {
   progress.phase("write", model.total_bytes);
   const double t0 = now_seconds();
   try {
-    synth::write_synthetic(partial, s, [&](std::uint64_t done, std::uint64_t) { progress.update(done); });
+    const auto on_progress = [&](std::uint64_t done, std::uint64_t) { progress.update(done); };
+    if (gguf)
+      synth::write_synthetic_gguf(partial, s, on_progress);
+    else
+      synth::write_synthetic(partial, s, on_progress);
     if (partial != target) fs::rename(partial, target);
   } catch (...) {
     if (partial != target) fs::remove(partial, ec);
@@ -178,7 +198,7 @@ int run_gen(const GenOptions& o, const CommonFlags& flags) {
   if (flags.json) {
     JsonWriter json;
     begin_document(json, "gen");
-    json.field("path", o.out).field("dtype", o.dtype).field("seed", o.seed);
+    json.field("path", o.out).field("format", o.format).field("dtype", o.dtype).field("seed", o.seed);
     json.count("layer", model.layers).field("hidden", model.hidden).field("intermediate", model.intermediate);
     json.field("vocab", model.vocab).count("tensor", model.tensors.size()).count("shard", o.shards);
     json.bytes("", model.total_bytes).seconds("", write_s).rate("", gb_per_s(model.total_bytes, write_s));
@@ -196,6 +216,20 @@ int run_gen(const GenOptions& o, const CommonFlags& flags) {
   return 0;
 }
 
+// What --dtype accepts: the safetensors float types, then every GGUF quantized type ggml
+// stores in files (ggml's own activation types Q8_1 and Q8_K are not), lower case.
+std::vector<std::string> gen_dtypes() {
+  std::vector<std::string> names{"bf16", "f16", "f32"};
+  for (std::size_t i = safetensors_dtype_count; i < dtype_count; ++i) {
+    const auto t = static_cast<DType>(i);
+    if (t == DType::Q8_1 || t == DType::Q8_K || !io::gguf::ggml_type_of(t)) continue;
+    std::string name(dtype_name(t));
+    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+    names.push_back(std::move(name));
+  }
+  return names;
+}
+
 }  // namespace
 
 Command add_gen_command(CLI::App& app, CommonFlags& flags) {
@@ -204,12 +238,17 @@ Command add_gen_command(CLI::App& app, CommonFlags& flags) {
       app, "gen", "write a deterministic synthetic Llama-shaped checkpoint",
       "Writes a synthetic checkpoint whose values depend only on the seed. OUT ending in .safetensors is one "
       "file; any other OUT is a directory that gets model.safetensors, or with --shards N, N shards "
-      "model-0000i-of-0000N.safetensors and model.safetensors.index.json. An existing checkpoint at OUT is "
-      "refused unless --force, which replaces it whole.");
-  add_path(*cmd, "OUT", o->out, "the file (*.safetensors) or directory to write");
+      "model-0000i-of-0000N.safetensors and model.safetensors.index.json. With --format gguf: OUT ending in "
+      ".gguf is one file, any other OUT a directory with model.gguf or a split set model-0000i-of-0000N.gguf "
+      "(llama.cpp's tensor names and metadata; quantized --dtype values are random blocks, valid GGUF, not a "
+      "quantization of real weights). An existing checkpoint at OUT is refused unless --force, which replaces "
+      "it whole.");
+  add_path(*cmd, "OUT", o->out, "the file (*.safetensors, or *.gguf with --format gguf) or directory to write");
   add_bytes(*cmd, "--size", o->size, std::uint64_t{64} << 10, std::uint64_t{4} << 40,
             "approximate bytes of tensor data");
-  add_choice(*cmd, "--dtype", o->dtype, {"bf16", "f16", "f32"}, "element type of every tensor");
+  add_choice(*cmd, "--format", o->format, {"safetensors", "gguf"}, "checkpoint format");
+  add_choice(*cmd, "--dtype", o->dtype, gen_dtypes(),
+             "element type of every tensor (GGUF: of every matrix, norms are f32; the quantized types are GGUF's)");
   add_integer(*cmd, "--shards", o->shards, 1u, 99999u, "files to split the tensors into, at most one per tensor");
   add_integer(*cmd, "--seed", o->seed, std::uint64_t{0}, std::numeric_limits<std::uint64_t>::max(),
               "determines every value");

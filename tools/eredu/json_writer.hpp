@@ -79,6 +79,8 @@ class JsonWriter {
   JsonWriter& rate(std::string_view name, double gb_per_s);
   /// A number of things: member "<name>_count", or "count".
   JsonWriter& count(std::string_view name, std::uint64_t n);
+  /// `json`, which must already be one valid JSON value (e.g. a GGUF value's to_json()), as is.
+  JsonWriter& json_value(std::string_view json) { return raw_value(json); }
 
   /// The text written since the last take(); the writer keeps its nesting state, so
   /// writing may go on (streaming).

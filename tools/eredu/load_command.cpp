@@ -21,6 +21,7 @@
 #include "interrupt.hpp"
 #include "progress.hpp"
 #include "trace_option.hpp"
+#include "verify_flags.hpp"
 
 namespace eredu::cli {
 namespace {
@@ -42,12 +43,17 @@ struct LoadOptions {
   // Converted tensors are read in chunk leases of this size, each converted while the next is read.
   std::uint64_t chunk = std::uint64_t{64} << 20;
   std::string copies = "arena";
+  std::string verify = "off";
+  std::string checksums;  // --checksums FILE
 };
 
 /// One timed load.
 struct LoadRun {
   double seconds = 0;
   bool recycled = false;
+  std::uint64_t tensors_verified = 0;
+  std::uint64_t bytes_verified = 0;
+  std::uint64_t tensors_unverified = 0;
 };
 
 /// Redraws the progress display from the engine's counters every 100 ms until `done`. The
@@ -108,6 +114,10 @@ int run_load(const LoadOptions& o, const CommonFlags& flags) {
       blueprint.bytes() ? static_cast<double>(source_bytes) / static_cast<double>(blueprint.bytes()) : 1.0;
   bool converts = false;  // slots are in catalog order
   for (std::size_t i = 0; i < blueprint.size(); ++i) converts |= blueprint.slot(i).dtype != catalog.tensors()[i].dtype;
+  // Under require, a tensor without a digest fails here, before anything is read.
+  const io::Checksums sums = checksums_for(o.path, catalog, o.verify, o.checksums);
+  const std::size_t digest_count = sums.size();
+  const engine::VerifyOptions verify = verify_options(o.verify, sums);
 
   std::vector<LoadRun> runs;
   std::optional<cpu::CatalogModule> model;
@@ -127,7 +137,8 @@ int run_load(const LoadOptions& o, const CommonFlags& flags) {
     double seconds = 0;
     // The one asynchronous engine call of this command.
     interrupt.doing(fmt::format("loading {} (load {} of {}); the module was left unbound", o.path, r + 1, o.repeat));
-    engine::async_load<cpu::Backend>(*model, *source, blueprint.plan(), context, {.progress = &counters},
+    engine::async_load<cpu::Backend>(*model, *source, blueprint.plan(), context,
+                                     {.progress = &counters, .verify = verify},
                                      asio::bind_cancellation_slot(interrupt.slot(), [&](std::exception_ptr e) {
                                        seconds = now_seconds() - t0;
                                        failure = e;
@@ -139,7 +150,8 @@ int run_load(const LoadOptions& o, const CommonFlags& flags) {
     ctx.restart();
     ctx.run();  // returns once the load has completed and the progress timer is cancelled
     interrupt.rethrow(failure);
-    runs.push_back({seconds, recycled});
+    runs.push_back({seconds, recycled, counters.tensors_verified.load(), counters.bytes_verified.load(),
+                    counters.tensors_unverified.load()});
   }
   bar.finish();
 
@@ -152,10 +164,12 @@ int run_load(const LoadOptions& o, const CommonFlags& flags) {
     json.bytes("tensor", source_bytes).bytes("", source_bytes).bytes("output", blueprint.bytes());
     json.field("dtype", o.dtype).field("threads", o.threads).field("kernels", cpu::convert_isa_name());
     json.field("copies", o.copies).bytes("budget", source->pool().budget());
+    json.field("verify", o.verify).count("checksum", digest_count);
     json.key("loads").begin_array();
     for (const LoadRun& run : runs) {
       json.begin_object().seconds("", run.seconds).rate("", gb_per_s(source_bytes, run.seconds));
-      json.field("recycled", run.recycled).end_object();
+      json.field("recycled", run.recycled).count("tensor_verified", run.tensors_verified);
+      json.bytes("verified", run.bytes_verified).count("tensor_unverified", run.tensors_unverified).end_object();
     }
     json.end_array();
     json.bytes("staging_high_water", source->pool().high_water()).bytes("peak_rss", rss);
@@ -173,6 +187,9 @@ int run_load(const LoadOptions& o, const CommonFlags& flags) {
     fmt::print("  staging  high-water {} of a {} budget\n", format_bytes(source->pool().high_water()),
                format_bytes(source->pool().budget()));
     fmt::print("  memory   peak RSS {}\n", format_bytes(rss));
+    const LoadRun& last = runs.back();
+    fmt::print("  verify   {}\n", verify_summary(o.verify, last.tensors_verified, last.bytes_verified,
+                                                 last.tensors_unverified, digest_count));
   }
   return 0;
 }
@@ -184,11 +201,17 @@ Command add_load_command(CLI::App& app, CommonFlags& flags) {
   CLI::App* cmd = add_command(
       app, "load", "load every tensor into CPU tensors through the engine",
       "Loads every tensor into CPU tensors through the engine (one slot per tensor, --dtype casting the float "
-      "ones) and prints bytes, seconds, GB/s, staging high-water and peak RSS. Bytes and rates count the "
+      "ones and dequantizing GGUF's quantized ones) and prints bytes, seconds, GB/s, staging high-water and peak RSS. "
+      "Bytes and rates count the "
       "checkpoint's bytes as stored, whatever --dtype converts to. --repeat N loads N times, each reusing the "
       "previous load's storage.");
-  add_path(*cmd, "PATH", o->path, "a .safetensors file, a sharded directory, or its model.safetensors.index.json");
-  add_choice(*cmd, "--dtype", o->dtype, {"keep", "bf16", "f16", "f32"}, "cast every float tensor to this dtype");
+  add_path(*cmd, "PATH", o->path,
+           "a .safetensors file, a sharded directory or its model.safetensors.index.json, a .gguf file, a split "
+           "GGUF's file (*-00001-of-0000N.gguf), or a directory holding one GGUF checkpoint");
+  add_choice(*cmd, "--dtype", o->dtype, {"keep", "bf16", "f16", "f32"},
+             "cast every float tensor to this dtype, and dequantize every quantized GGUF tensor to it (ggml's f32 "
+             "values, rounded once to bf16 or f16); keep delivers each tensor's bytes as stored, quantized blocks "
+             "too");
   add_integer(*cmd, "--threads", o->threads, 1u, 1024u, "TBB threads that populate and convert", "the number of CPUs");
   add_bytes(*cmd, "--budget", o->budget, 4096, std::uint64_t{1} << 40, "staging memory of the lease pool");
   add_integer(*cmd, "--repeat", o->repeat, 1u, 1000u, "load this many times, each reusing the previous load's storage");
@@ -205,6 +228,7 @@ Command add_load_command(CLI::App& app, CommonFlags& flags) {
             "lease size converted tensors are read and converted in");
   add_choice(*cmd, "--copies", o->copies, {"arena", "reader"},
              "who copies page-cache-resident tensors: the TBB arena, from a mapping, or the reader");
+  add_verify_flags(*cmd, o->verify, o->checksums, "of every tensor as it lands (each load)");
   auto trace_path = std::make_shared<std::string>();
   add_trace_option(*cmd, *trace_path);
   add_common_flags(*cmd, flags, true);

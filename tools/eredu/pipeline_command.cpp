@@ -13,10 +13,12 @@
 #include <asio/use_future.hpp>
 #include <chrono>
 #include <future>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -34,6 +36,7 @@
 #include "interrupt.hpp"
 #include "progress.hpp"
 #include "trace_option.hpp"
+#include "verify_flags.hpp"
 
 namespace eredu::cli {
 namespace {
@@ -47,6 +50,8 @@ struct PipelineCommandOptions {
   unsigned threads = std::max(1u, std::thread::hardware_concurrency());
   std::string compute = "matvec";
   std::uint64_t staging = std::uint64_t{64} << 20;
+  std::string verify = "off";
+  std::string checksums;  // --checksums FILE
 };
 
 /// A generic unit: one slot per tensor of a layer, named by what follows "layers.<N>.".
@@ -85,18 +90,21 @@ struct Grouping {
   std::uint64_t skipped_bytes = 0;
 };
 
-/// Splits "model.layers.12.mlp.up_proj.weight" into ("model.layers.", 12, "mlp.up_proj.weight").
+/// Splits "model.layers.12.mlp.up_proj.weight" into ("model.layers.", 12, "mlp.up_proj.weight"),
+/// and llama.cpp's GGUF names "blk.12.ffn_up.weight" into ("blk.", 12, "ffn_up.weight").
 bool split_layer_name(const std::string& name, std::string& prefix, std::uint64_t& layer, std::string& rest) {
-  for (std::size_t at = name.find("layers."); at != std::string::npos; at = name.find("layers.", at + 1)) {
-    if (at != 0 && name[at - 1] != '.') continue;
-    std::size_t i = at + 7, digits = 0;
-    layer = 0;
-    while (i < name.size() && name[i] >= '0' && name[i] <= '9' && digits < 9)
-      layer = layer * 10 + (name[i++] - '0'), ++digits;
-    if (digits == 0 || i >= name.size() || name[i] != '.' || i + 1 == name.size()) continue;
-    prefix = name.substr(0, at + 7);
-    rest = name.substr(i + 1);
-    return true;
+  for (const std::string_view marker : {std::string_view("layers."), std::string_view("blk.")}) {
+    for (std::size_t at = name.find(marker); at != std::string::npos; at = name.find(marker, at + 1)) {
+      if (at != 0 && name[at - 1] != '.') continue;
+      std::size_t i = at + marker.size(), digits = 0;
+      layer = 0;
+      while (i < name.size() && name[i] >= '0' && name[i] <= '9' && digits < 9)
+        layer = layer * 10 + (name[i++] - '0'), ++digits;
+      if (digits == 0 || i >= name.size() || name[i] != '.' || i + 1 == name.size()) continue;
+      prefix = name.substr(0, at + marker.size());
+      rest = name.substr(i + 1);
+      return true;
+    }
   }
   return false;
 }
@@ -232,17 +240,25 @@ int run_pipeline(const PipelineCommandOptions& o, const CommonFlags& flags) {
   interrupt.check();
   Grouping g = group_layers(source->catalog());
   if (g.units.empty())
-    throw Error(errc::invalid_argument, {.file = o.path},
-                fmt::format("none of its {} tensors is named like '<prefix>layers.<N>.<name>': nothing to stream",
-                            source->catalog().size()));
+    throw Error(
+        errc::invalid_argument, {.file = o.path},
+        fmt::format(
+            "none of its {} tensors is named like '<prefix>layers.<N>.<name>' or 'blk.<N>.<name>': nothing to stream",
+            source->catalog().size()));
   const std::size_t unit_count = g.units.size();
   const std::uint64_t largest = *std::max_element(g.bytes.begin(), g.bytes.end());
   std::uint64_t pass_bytes = 0;
   for (std::uint64_t b : g.bytes) pass_bytes += b;
 
+  // Under require, a tensor without a digest fails here, before anything is read.
+  const io::Checksums sums = checksums_for(o.path, source->catalog(), o.verify, o.checksums);
+  const std::size_t digest_count = sums.size();
   std::vector<UnitModule> modules = std::move(g.modules);
   Pipeline pipeline(*source, std::move(g.units), [&modules](std::size_t i) { return modules[i]; }, context,
-                    {.lookahead = o.lookahead, .resident_budget = o.budget, .passes = o.passes});
+                    {.lookahead = o.lookahead,
+                     .resident_budget = o.budget,
+                     .passes = o.passes,
+                     .verify = verify_options(o.verify, sums)});
   const std::uint64_t total_bytes = pass_bytes * o.passes;
   bar.phase("read", total_bytes, o.passes > 1 ? fmt::format("pipeline ×{}", o.passes) : std::string("pipeline"));
   Consumed consumed;
@@ -276,6 +292,8 @@ int run_pipeline(const PipelineCommandOptions& o, const CommonFlags& flags) {
     json.bytes("resident_high_water", stats.resident_high_water).field("within_budget", within);
     json.bytes("staging_budget", source->pool().budget()).bytes("staging_high_water", source->pool().high_water());
     json.bytes("peak_rss", rss).field("checksum", consumed.checksum);
+    json.field("verify", o.verify).count("digest", digest_count).count("tensor_verified", stats.tensors_verified);
+    json.bytes("verified", stats.bytes_verified);
     json.key("units").begin_array();
     for (std::size_t i = 0; i < stats.units.size(); ++i) {
       const engine::UnitTiming& u = stats.units[i];
@@ -302,6 +320,11 @@ int run_pipeline(const PipelineCommandOptions& o, const CommonFlags& flags) {
         within ? "" : " (OVER BUDGET)", format_bytes(source->pool().high_water()),
         format_bytes(source->pool().budget()), format_bytes(rss));
     fmt::print("  threads  {} (TBB arenas for loads and compute), reader {}\n", o.threads, source->reader().describe());
+    // Every read tensor of a layer is checked each pass; those without a digest are the rest.
+    const std::uint64_t reads = static_cast<std::uint64_t>(g.layer_tensors) * o.passes;
+    fmt::print("  verify   {}\n",
+               verify_summary(o.verify, stats.tensors_verified, stats.bytes_verified,
+                              o.verify == "off" ? 0 : reads - std::min(reads, stats.tensors_verified), digest_count));
   }
   return within ? 0 : 1;
 }
@@ -312,11 +335,13 @@ Command add_pipeline_command(CLI::App& app, CommonFlags& flags) {
   auto o = std::make_shared<PipelineCommandOptions>();
   CLI::App* cmd = add_command(
       app, "pipeline", "stream the checkpoint's layers through a prefetch pipeline",
-      "Streams the checkpoint's layers (tensors named <prefix>layers.<N>.<rest>, one unit per layer; other "
-      "tensors are skipped) through engine::PrefetchPipeline: while unit i is used, units i+1..i+K are read "
+      "Streams the checkpoint's layers (tensors named <prefix>layers.<N>.<rest>, or blk.<N>.<rest> as in "
+      "GGUF, one unit per layer, each tensor in its stored dtype; other tensors are skipped) through "
+      "engine::PrefetchPipeline: while unit i is used, units i+1..i+K are read "
       "into CPU tensors, within --budget bytes of resident units. Prints GB/s, I/O, compute and stall time, "
       "the resident high-water against the budget (exit status 1 when over it) and peak RSS.");
-  add_path(*cmd, "PATH", o->path, "a .safetensors file, a sharded directory, or its model.safetensors.index.json");
+  add_path(*cmd, "PATH", o->path,
+           "a .safetensors file, a sharded directory or its model.safetensors.index.json, or a GGUF checkpoint");
   add_bytes(*cmd, "--budget", o->budget, 4096, std::uint64_t{1} << 40, "bytes of resident units", {},
             "(lookahead + 1) x the largest unit");
   add_integer(*cmd, "--lookahead", o->lookahead, 1u, 64u, "units loaded ahead of the one in use (K)");
@@ -327,6 +352,7 @@ Command add_pipeline_command(CLI::App& app, CommonFlags& flags) {
              "matvec multiplies every 2-D BF16/F16/F32 weight by a vector while the next units load; none "
              "releases each unit at once (pure streaming)");
   add_bytes(*cmd, "--staging", o->staging, 4096, std::uint64_t{1} << 40, "staging memory of the lease pool");
+  add_verify_flags(*cmd, o->verify, o->checksums, "of every unit as it is read (each pass)");
   auto trace_path = std::make_shared<std::string>();
   add_trace_option(*cmd, *trace_path);
   add_common_flags(*cmd, flags, true);

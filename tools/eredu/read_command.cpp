@@ -230,7 +230,8 @@ Command add_read_command(CLI::App& app, CommonFlags& flags) {
       add_command(app, "read", "read every tensor through the bounded lease pool and verify it",
                   "Reads every tensor through the bounded lease pool (in --chunk sized leases), checks each against an "
                   "independent pread pass, and prints bytes, seconds, GB/s, staging high-water and peak RSS.");
-  add_path(*cmd, "PATH", o->path, "a .safetensors file, a sharded directory, or its model.safetensors.index.json");
+  add_path(*cmd, "PATH", o->path,
+           "a .safetensors file, a sharded directory or its model.safetensors.index.json, or a GGUF checkpoint");
   add_choice(*cmd, "--reader", o->reader, {"auto", "uring", "pread"},
              "reader: io_uring, pread, or auto (io_uring where the kernel allows it)");
   add_choice(*cmd, "--uring-files", o->uring_files, {"local", "all"},

@@ -39,6 +39,7 @@
 #include "eredu/io/checksums.hpp"
 #include "eredu/io/sha256.hpp"
 #include "interrupt.hpp"
+#include "verify_flags.hpp"
 
 namespace eredu::cli {
 namespace {
@@ -415,30 +416,6 @@ asio::awaitable<std::vector<SwapAttempt>> drive(Server& s, const Plan& plan) {
   co_return records;
 }
 
-/// The digests of `path` for --verify `mode`: none for off; under on, a warning when there
-/// are none; under require, an error unless every tensor has one.
-io::Checksums checksums_for(const std::string& path, const io::Catalog& catalog, const std::string& mode) {
-  if (mode == "off") return {};
-  io::Checksums sums = io::Checksums::discover(path, catalog);
-  const std::filesystem::path sidecar = io::Checksums::sidecar_path(path);
-  if (mode == "require") {
-    for (const io::TensorInfo& t : catalog.tensors())
-      if (!sums.find(t.name))
-        throw Error(errc::invalid_argument, {.file = path, .tensor = t.name},
-                    fmt::format("--verify require: no SHA-256 recorded for this tensor ({} of {} tensors have one; "
-                                "digests come from \"sha256:<tensor>\" metadata or the sidecar {}, which `eredu gen "
-                                "--checksums` writes)",
-                                sums.size(), catalog.size(), sidecar.string()));
-  } else if (sums.empty()) {
-    log::warn("{}: no checksums (no \"sha256:<tensor>\" metadata, no sidecar {}): swaps to it verify nothing", path,
-              sidecar.string());
-  } else if (sums.size() < catalog.size()) {
-    log::warn("{}: checksums for {} of its {} tensors: swaps to it verify only those", path, sums.size(),
-              catalog.size());
-  }
-  return sums;
-}
-
 }  // namespace
 
 SwapScenarioResult run_swap_scenario(const SwapScenarioOptions& o, Progress& progress) {
@@ -470,7 +447,8 @@ SwapScenarioResult run_swap_scenario(const SwapScenarioOptions& o, Progress& pro
   const Module blueprint = Module::mirror(a);
   const Probe probe = make_probe(a, o.work);
   std::vector<io::Checksums> checksums;
-  for (std::size_t i = 0; i < 2; ++i) checksums.push_back(checksums_for(paths[i], sources[i]->catalog(), o.verify));
+  for (std::size_t i = 0; i < 2; ++i)
+    checksums.push_back(checksums_for(paths[i], sources[i]->catalog(), o.verify, {}, "swaps to it verify"));
 
   // --corrupt: a copy of B with bytes flipped in the middle of the probe tensor. Unless
   // verification is off, the copy carries the digest of B's true bytes of that tensor, so

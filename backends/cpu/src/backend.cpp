@@ -29,9 +29,17 @@ namespace {
 using engine::DerivedWeightRecipe;
 using engine::InferredWeight;
 
-/// Bytes per element of a whole-byte dtype (recipes that reach here were inferred, so
-/// layout operations only see whole-byte dtypes).
-std::size_t element_bytes(DType t) { return dtype_bits(t) / 8; }
+/// A tensor as layout kernels see it: its storage units (elements, or a quantized dtype's
+/// blocks, whole: recipes that reach here were inferred, so nothing cuts a block and no
+/// sub-byte dtype gets here) and their bytes.
+StorageUnits units_of(const InferredWeight& w) { return storage_units(w.shape, w.dtype); }
+
+/// `range` of dimension `dim` in units: a quantized tensor's last dimension counts blocks.
+Range unit_range(const InferredWeight& w, std::size_t dim, Range range) {
+  const std::uint32_t per = dtype_block(w.dtype).elements;
+  if (per == 1 || dim + 1 != w.shape.size()) return range;
+  return {range.start / per, range.stop / per};
+}
 
 [[noreturn]] void throw_stopped(const std::string& what) { throw engine::stopped_error(what); }
 
@@ -78,7 +86,8 @@ constexpr std::size_t mapped_block_bytes = std::size_t{128} << 10;
 asio::awaitable<void> convert_mapped(const Job& job, io::MappedView view, const std::string& key, DType from, DType to,
                                      std::span<std::byte> out) {
   // A copy (from == to) moves bytes, whatever the element size (sub-byte dtypes included).
-  const std::size_t in_elem = from == to ? 1 : element_bytes(from), out_elem = from == to ? 1 : element_bytes(to);
+  const ConvertUnits units = convert_units(from, to);
+  const std::size_t in_elem = units.in_bytes, out_elem = units.out_bytes;
   Completion c = job.executor.submit([view = std::move(view), key, from, to, out, in_elem, out_elem, stop = job.stop] {
     const std::span<const std::byte> in = view.bytes();
     const std::size_t window = mapped_window_bytes / in_elem * in_elem;
@@ -138,8 +147,10 @@ asio::awaitable<void> stream_convert(const Job& job, const io::TensorReadRequest
                                      std::span<std::byte> out) {
   io::TensorReadRequest request{source.key, source.selection, io::ReadPolicy::chunked};
   io::ChunkStream stream = job.source.stream(request);
-  const std::size_t in_elem = element_bytes(from), out_elem = element_bytes(to);
-  std::array<std::byte, 8> carry{};
+  const ConvertUnits units = convert_units(from, to);
+  const std::size_t in_elem = units.in_bytes, out_elem = units.out_bytes;
+  // A unit split between two chunks (an element, or a quantized block) is carried over.
+  std::array<std::byte, max_dtype_block_bytes> carry{};
   std::size_t carry_n = 0;
   std::uint64_t consumed = 0;  // input bytes converted so far
   Completion pending = Completion::ready_now();
@@ -241,8 +252,8 @@ struct RecipePrimitives {
   /// Indices `range` of dimension `dim` of `in`, copied on the arena.
   asio::awaitable<void> copy_slice(Tensor in, const InferredWeight& w, std::size_t dim, Range range, Region out,
                                    const std::string&) const {
-    Completion c = job.executor.submit([in, out, shape = w.shape, elem = element_bytes(w.dtype), dim, range] {
-      cpu::copy_slice(in.bytes(), shape, elem, dim, range, out);
+    Completion c = job.executor.submit([in, out, units = units_of(w), dim, range = unit_range(w, dim, range)] {
+      cpu::copy_slice(in.bytes(), units.shape, units.unit_bytes, dim, range, out);
     });
     co_await await(c);
   }
@@ -250,10 +261,9 @@ struct RecipePrimitives {
   /// `in` with its dimensions reordered on the arena (a tiled transpose for the last two).
   asio::awaitable<void> permute(Tensor in, const InferredWeight& w, std::span<const std::size_t> order, Region out,
                                 const std::string&) const {
-    Completion c = job.executor.submit(
-        [in, out, shape = w.shape, elem = element_bytes(w.dtype), order = std::vector(order.begin(), order.end())] {
-          cpu::permute(in.bytes(), shape, elem, order, out);
-        });
+    Completion c = job.executor.submit([in, out, units = units_of(w), order = std::vector(order.begin(), order.end())] {
+      cpu::permute(in.bytes(), units.shape, units.unit_bytes, order, out);
+    });
     co_await await(c);
   }
 
@@ -278,7 +288,7 @@ class RecipePrimitives::ConcatJoin {
   asio::awaitable<void> finish() {
     Completion c = job_.executor.submit([parts = parts_, out = out_, dim = dim_, elem = elem_] {
       std::vector<ConcatInput> inputs;
-      for (const Tensor& p : parts) inputs.push_back({p.bytes(), p.shape()});
+      for (const Tensor& p : parts) inputs.push_back({p.bytes(), storage_units(p.shape(), p.dtype()).shape});
       cpu::concat(inputs, dim, elem, out);
     });
     co_await await(c);
@@ -294,7 +304,7 @@ class RecipePrimitives::ConcatJoin {
 
 RecipePrimitives::ConcatJoin RecipePrimitives::begin_concat(const InferredWeight& whole, std::size_t dim, Region out,
                                                             const std::string&) const {
-  return ConcatJoin(job, dim, element_bytes(whole.dtype), out);
+  return ConcatJoin(job, dim, units_of(whole).unit_bytes, out);
 }
 
 static_assert(engine::RecipeOps<RecipePrimitives>);
@@ -349,6 +359,10 @@ void Backend::validate_bind(const Parameter& parameter, const Tensor& weight) {
     throw BackendError(errc::bind_shape_mismatch, {},
                        fmt::format("the parameter has shape {} but the weight has shape {}",
                                    format_shape(parameter.shape), format_shape(weight.shape())));
+}
+
+Completion Backend::verify_weight(MaterializationContext& context, const Tensor& weight, io::DigestCheck check) {
+  return context.executor.submit([weight, check = std::move(check)] { check.verify(weight.bytes()); });
 }
 
 Completion Backend::overwrite(Executor& executor, Parameter& slot, const Tensor& weight) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "dequantize.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/core/float_formats.hpp"
 #include "eredu/core/trace.hpp"
@@ -267,6 +268,8 @@ Kernel find_generic_kernel(DType from, DType to) noexcept {
 // byte copy): the AVX2 / F16C one when use_avx2(), else the portable one. `stream` picks
 // cache-bypassing stores where a kernel has them.
 Kernel find_kernel(DType from, DType to, bool stream) noexcept {
+  // Dequantization kernels live in dequantize.cpp; their unit is a block.
+  if (from != to && dtype_is_quantized(from)) return detail::find_dequantize_kernel(from, to, use_avx2(), stream);
 #if EREDU_CONVERT_X86
   using D = DType;
   using u16 = std::uint16_t;
@@ -310,8 +313,9 @@ Plan validate(DType from, DType to, std::span<const std::byte> in, std::span<std
                   fmt::format("copying {} needs equal sizes, but the input has {} bytes and the output {} bytes",
                               dtype_name(from), in.size(), out.size()));
   } else {
-    plan.in_elem = dtype_bits(from) / 8;
-    plan.out_elem = dtype_bits(to) / 8;
+    const ConvertUnits units = convert_units(from, to);
+    plan.in_elem = units.in_bytes;
+    plan.out_elem = units.out_bytes;
     if (in.size() % plan.in_elem != 0 || out.size() % plan.out_elem != 0 ||
         in.size() / plan.in_elem != out.size() / plan.out_elem)
       throw Error(errc::invalid_argument, {},
@@ -346,7 +350,14 @@ const char* convert_isa_name() noexcept {
 bool convert_supported(DType from, DType to) noexcept {
   // What the kernels implement, not a second copy of the rule: the tests hold this to
   // eredu::is_supported_cast, the one definition.
-  return from == to || find_generic_kernel(from, to) != nullptr;
+  return from == to || find_generic_kernel(from, to) != nullptr ||
+         (dtype_is_quantized(from) && detail::find_dequantize_kernel(from, to, false, false) != nullptr);
+}
+
+ConvertUnits convert_units(DType from, DType to) noexcept {
+  if (from == to) return {1, 1};
+  const DTypeBlock block = dtype_block(from);
+  return {block.bytes, std::size_t{block.elements} * (dtype_bits(to) / 8)};
 }
 
 void convert_serial(DType from, DType to, std::span<const std::byte> in, std::span<std::byte> out) {

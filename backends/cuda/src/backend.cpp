@@ -34,7 +34,12 @@ using engine::DerivedWeightRecipe;
 using engine::InferredWeight;
 
 /// Bytes per element of a whole-byte dtype (layout recipes were inferred: no sub-byte dtypes).
-std::size_t element_bytes(DType t) { return dtype_bits(t) / 8; }
+std::size_t element_bytes(DType t) { return dtype_block(t).bytes; }
+
+/// A shape as layout kernels see it: a quantized tensor's last dimension counted in blocks
+/// (units of element_bytes), so kernels move blocks whole; recipes were inferred, so nothing
+/// cuts one.
+Shape unit_shape(const Shape& shape, DType t) { return storage_units(shape, t).shape; }
 
 /// Awaits `c`, rethrowing its failure.
 asio::awaitable<void> await(Completion c) { co_await c.async_wait(asio::use_awaitable); }
@@ -175,10 +180,13 @@ struct RecipePrimitives {
   asio::awaitable<void> copy_slice(Tensor in, const InferredWeight& w, std::size_t dim, Range range, Region out,
                                    const std::string& what) const {
     const std::size_t elem = element_bytes(w.dtype);
+    const Shape shape = unit_shape(w.shape, w.dtype);
+    const std::uint32_t per = dtype_block(w.dtype).elements;
+    if (per > 1 && dim + 1 == shape.size()) range = {range.start / per, range.stop / per};
     std::size_t outer = 1, inner = elem;
-    for (std::size_t d = 0; d < dim; ++d) outer *= w.shape[d];
-    for (std::size_t d = dim + 1; d < w.shape.size(); ++d) inner *= w.shape[d];
-    const std::size_t out_row = range.size() * inner, in_row = w.shape[dim] * inner;
+    for (std::size_t d = 0; d < dim; ++d) outer *= shape[d];
+    for (std::size_t d = dim + 1; d < shape.size(); ++d) inner *= shape[d];
+    const std::size_t out_row = range.size() * inner, in_row = shape[dim] * inner;
     const std::size_t start = range.start * inner;
     auto launch = [in, out, outer, out_row, in_row, start](cudaStream_t s) {
       return launch_copy_rows(out, out_row, in.data() + start, in_row, outer, out_row, s);
@@ -189,7 +197,8 @@ struct RecipePrimitives {
   /// The permutation kernel (a gather, up to max_permute_rank dimensions).
   asio::awaitable<void> permute(Tensor in, const InferredWeight& w, std::span<const std::size_t> order, Region out,
                                 const std::string& what) const {
-    std::vector<std::size_t> dims(w.shape.begin(), w.shape.end());
+    const Shape shape = unit_shape(w.shape, w.dtype);
+    std::vector<std::size_t> dims(shape.begin(), shape.end());
     auto launch = [in, out, dims, order = std::vector(order.begin(), order.end()),
                    elem = element_bytes(w.dtype)](cudaStream_t s) {
       return launch_permute(in.data(), out, dims.data(), order.data(), dims.size(), elem, s);
@@ -208,15 +217,16 @@ class RecipePrimitives::ConcatJoin {
   /// A join into `out` (of shape `whole`) along `dim`, on `job`'s stream; `what` names the concat.
   ConcatJoin(const Job& job, const InferredWeight& whole, std::size_t dim, Region out, const std::string& what)
       : job_(job), dim_(dim), out_(out), what_(what) {
+    const Shape shape = unit_shape(whole.shape, whole.dtype);
     inner_ = element_bytes(whole.dtype);
-    for (std::size_t d = dim + 1; d < whole.shape.size(); ++d) inner_ *= whole.shape[d];
-    out_row_ = whole.shape[dim] * inner_;
-    for (std::size_t d = 0; d < dim; ++d) outer_ *= whole.shape[d];
+    for (std::size_t d = dim + 1; d < shape.size(); ++d) inner_ *= shape[d];
+    out_row_ = shape[dim] * inner_;
+    for (std::size_t d = 0; d < dim; ++d) outer_ *= shape[d];
   }
 
   /// Copies `part` (shape `w`) into the next rows and waits for the kernel; `part` is then freed.
   asio::awaitable<void> add(Tensor part, const InferredWeight& w) {
-    const std::size_t row = w.shape[dim_] * inner_;
+    const std::size_t row = unit_shape(w.shape, w.dtype)[dim_] * inner_;
     auto launch = [part, out = out_ + offset_, out_row = out_row_, row, outer = outer_](cudaStream_t s) {
       return launch_copy_rows(out, out_row, part.data(), row, outer, row, s);
     };

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "dequantize.cuh"
 #include "eredu/core/float_formats.hpp"
 
 namespace eredu::cuda {
@@ -142,12 +143,18 @@ __global__ void sleep_kernel(unsigned microseconds) {
 
 }  // namespace
 
-bool convert_supported(DType from, DType to) noexcept { return from == to || find_convert(from, to) != nullptr; }
+bool convert_supported(DType from, DType to) noexcept {
+  return from == to || find_convert(from, to) != nullptr || detail::dequantize_supported(from, to);
+}
 
 cudaError_t launch_convert(DType from, DType to, const void* in, void* out, std::size_t count,
                            cudaStream_t stream) noexcept {
   if (count == 0) return cudaSuccess;
-  if (from == to) return cudaMemcpyAsync(out, in, count * (dtype_bits(from) / 8), cudaMemcpyDeviceToDevice, stream);
+  const DTypeBlock block = dtype_block(from);
+  if (from == to) {
+    return cudaMemcpyAsync(out, in, count / block.elements * block.bytes, cudaMemcpyDeviceToDevice, stream);
+  }
+  if (dtype_is_quantized(from)) return detail::launch_dequantize(from, to, in, out, count / block.elements, stream);
   const ConvertLauncher run = find_convert(from, to);
   return run != nullptr ? run(in, out, count, stream) : cudaErrorInvalidValue;
 }

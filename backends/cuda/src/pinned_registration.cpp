@@ -24,12 +24,13 @@ PinnedRegistration::PinnedRegistration(std::span<std::byte> memory) {
 }
 
 PinnedRegistration::PinnedRegistration(PinnedRegistration&& other) noexcept
-    : memory_(std::exchange(other.memory_, {})) {}
+    : memory_(std::exchange(other.memory_, {})), keep_(std::exchange(other.keep_, std::nullopt)) {}
 
 PinnedRegistration& PinnedRegistration::operator=(PinnedRegistration&& other) noexcept {
   if (this != &other) {
     reset();
     memory_ = std::exchange(other.memory_, {});
+    keep_ = std::exchange(other.keep_, std::nullopt);
   }
   return *this;
 }
@@ -40,6 +41,7 @@ void PinnedRegistration::reset() noexcept {
   // Swallowed: a destructor cannot report, and unregistering only fails on a broken runtime.
   if (!memory_.empty()) (void)cudaHostUnregister(memory_.data());
   memory_ = {};
+  keep_.reset();  // after the unregistration: the pool may release its pages from now on
 }
 
 bool PinnedRegistration::contains(std::span<const std::byte> bytes) const noexcept {
@@ -52,6 +54,12 @@ bool PinnedRegistration::contains(std::span<const std::byte> bytes) const noexce
          !lt(bytes.data() + bytes.size(), bytes.data());
 }
 
-PinnedRegistration pin_staging(io::CheckpointSource& source) { return PinnedRegistration(source.pool().memory()); }
+PinnedRegistration pin_staging(io::CheckpointSource& source) {
+  // Kept resident first, so no release can come between locking the pages and holding them.
+  io::LeasePool::KeepResident keep = source.pool().keep_resident();
+  PinnedRegistration pinned(source.pool().memory());
+  pinned.keep_.emplace(std::move(keep));
+  return pinned;
+}
 
 }  // namespace eredu::cuda

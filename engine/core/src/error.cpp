@@ -128,6 +128,34 @@ class Category final : public std::error_category {
         return "a swap is already in progress";
       case errc::outside_root:
         return "checkpoint file outside the allowed root";
+      case errc::collective_error:
+        return "collective operation failed";
+      case errc::rank_failed:
+        return "a rank of the group failed";
+      case errc::bad_magic:
+        return "file does not start with the GGUF magic";
+      case errc::unsupported_version:
+        return "unsupported GGUF version";
+      case errc::invalid_count:
+        return "count exceeds what the file holds";
+      case errc::truncated_header:
+        return "header ends before its last field";
+      case errc::invalid_key:
+        return "empty key";
+      case errc::duplicate_key:
+        return "duplicate key";
+      case errc::invalid_value_type:
+        return "invalid GGUF value type";
+      case errc::invalid_alignment:
+        return "invalid alignment";
+      case errc::invalid_tensor_name:
+        return "invalid tensor name";
+      case errc::partial_block:
+        return "rows are not whole blocks";
+      case errc::split_mismatch:
+        return "split files disagree";
+      case errc::recipe_cuts_block:
+        return "layout would cut a quantized block";
     }
     return "unknown eredu error";
   }
@@ -203,6 +231,20 @@ const char* errc_name(errc e) noexcept {
     EREDU_ERRC_NAME(canary_failed)
     EREDU_ERRC_NAME(swap_in_progress)
     EREDU_ERRC_NAME(outside_root)
+    EREDU_ERRC_NAME(collective_error)
+    EREDU_ERRC_NAME(rank_failed)
+    EREDU_ERRC_NAME(bad_magic)
+    EREDU_ERRC_NAME(unsupported_version)
+    EREDU_ERRC_NAME(invalid_count)
+    EREDU_ERRC_NAME(truncated_header)
+    EREDU_ERRC_NAME(invalid_key)
+    EREDU_ERRC_NAME(duplicate_key)
+    EREDU_ERRC_NAME(invalid_value_type)
+    EREDU_ERRC_NAME(invalid_alignment)
+    EREDU_ERRC_NAME(invalid_tensor_name)
+    EREDU_ERRC_NAME(partial_block)
+    EREDU_ERRC_NAME(split_mismatch)
+    EREDU_ERRC_NAME(recipe_cuts_block)
 #undef EREDU_ERRC_NAME
   }
   return "unknown";
@@ -210,8 +252,11 @@ const char* errc_name(errc e) noexcept {
 
 error_family errc_family(errc e) noexcept {
   if (e == errc::checksum_mismatch) return error_family::store;
+  if (e == errc::collective_error || e == errc::rank_failed) return error_family::collective;
   if (e == errc::canary_failed || e == errc::swap_in_progress) return error_family::orchestration;
   if (e == errc::outside_root) return error_family::format;
+  if (e == errc::recipe_cuts_block) return error_family::recipe;
+  if (e >= errc::bad_magic && e <= errc::split_mismatch) return error_family::format;
   if (e <= errc::unknown_format) return error_family::format;
   if (e <= errc::invalid_argument) return error_family::store;
   if (e <= errc::recipe_sub_byte_layout) return error_family::recipe;

@@ -50,16 +50,24 @@ std::string Selection::to_string() const {
   return out + "]";
 }
 
-std::vector<ByteRun> selection_runs(const Shape& shape, DType dtype, const Selection& selection) {
-  const std::uint64_t elem_bits = dtype_bits(dtype);
-  std::vector<ByteRun> runs;
-  if (selection.is_all()) {
-    auto n = checked_element_count(shape);
-    auto bytes = n ? checked_byte_size(*n, dtype) : std::nullopt;
-    if (bytes && *bytes) runs.push_back({0, 0, *bytes});
-    return runs;
+std::string selection_block_error(const Shape& shape, DType dtype, const Selection& selection) {
+  if (!dtype_is_quantized(dtype) || selection.is_all() || shape.empty()) return {};
+  const std::uint32_t per_block = dtype_block(dtype).elements;
+  const Range last = selection.ranges.back();
+  if (last.start % per_block != 0 || last.stop % per_block != 0) {
+    return fmt::format(
+        "range {}:{} of the last dimension cuts {} blocks of {} values: it must start and stop on a "
+        "multiple of {}",
+        last.start, last.stop, dtype_name(dtype), per_block, per_block);
   }
-  const std::uint64_t elem = elem_bits / 8;
+  return {};
+}
+
+namespace {
+
+// The runs of `selection` over a row-major grid of `shape` units of `elem` bytes each.
+std::vector<ByteRun> unit_runs(const Shape& shape, std::uint64_t elem, const Selection& selection) {
+  std::vector<ByteRun> runs;
   const std::size_t rank = shape.size();
   for (const auto& r : selection.ranges) {
     if (r.size() == 0) return runs;  // nothing selected
@@ -105,6 +113,27 @@ std::vector<ByteRun> selection_runs(const Shape& shape, DType dtype, const Selec
     }
     if (k == 0) return runs;
   }
+}
+
+}  // namespace
+
+std::vector<ByteRun> selection_runs(const Shape& shape, DType dtype, const Selection& selection) {
+  if (selection.is_all()) {
+    std::vector<ByteRun> runs;
+    auto n = checked_element_count(shape);
+    auto bytes = n ? checked_byte_size(*n, dtype) : std::nullopt;
+    if (bytes && *bytes) runs.push_back({0, 0, *bytes});
+    return runs;
+  }
+  if (dtype_is_quantized(dtype)) {
+    // Blocks are the units: the last dimension and its range counted in blocks.
+    const std::uint32_t per_block = dtype_block(dtype).elements;
+    const StorageUnits units = storage_units(shape, dtype);
+    Selection in_blocks = selection;
+    in_blocks.ranges.back() = {selection.ranges.back().start / per_block, selection.ranges.back().stop / per_block};
+    return unit_runs(units.shape, units.unit_bytes, in_blocks);
+  }
+  return unit_runs(shape, dtype_bits(dtype) / 8, selection);
 }
 
 }  // namespace eredu

@@ -77,9 +77,9 @@ std::uint64_t Recorder::start_ns() const noexcept { return state_->start; }
 bool enabled() noexcept { return active.load(std::memory_order_relaxed); }
 
 std::uint64_t now_ns() noexcept {
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                        std::chrono::steady_clock::now().time_since_epoch())
-                                        .count());
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+          .count());
 }
 
 std::uint32_t thread_index() noexcept {
@@ -100,8 +100,7 @@ void name_this_thread(std::string name) {
   }
 }
 
-void record(const char* name, const char* category, std::uint64_t begin_ns, std::uint64_t end_ns,
-            std::string detail) {
+void record(const char* name, const char* category, std::uint64_t begin_ns, std::uint64_t end_ns, std::string detail) {
   if (!enabled()) return;
   auto state = current();
   if (!state) return;

@@ -17,14 +17,13 @@
 /// backend's storage, through the bounded lease pool, on the caller's throttled context);
 /// (2) validates every weight against the serving model's slots (missing, unexpected,
 /// dtype, shape) and checks that the aliasing (tied weights) is the serving version's;
-/// (3) verifies checksums and runs the canary on a staged model that shares the staging
-/// weights; only then (4) closes the gate to new readers, waits for the readers still in
-/// a request to finish, copies every owner weight into its bound storage, and reopens.
-/// A failure in 1-3 (or a cancellation) leaves the serving weights untouched and reports a
-/// typed error. The copy in 4 is a bounded memcpy of validated sizes; if a backend ever
-/// fails it, the slot does not serve a mix of versions: every later read fails with that
-/// error (backend_failure) until a swap succeeds. The gate is detail/in_place_gate.hpp;
-/// step 3 is shared with ModelSlot (detail/swap_steps.hpp).
+/// (3) runs the canary on a staged model that shares the staging weights (checksums were
+/// verified inside the load of step 1, each tensor as it landed); only then (4) closes the gate to new readers, waits
+/// for the readers still in a request to finish, copies every owner weight into its bound storage, and reopens. A
+/// failure in 1-3 (or a cancellation) leaves the serving weights untouched and reports a typed error. The copy in 4 is
+/// a bounded memcpy of validated sizes; if a backend ever fails it, the slot does not serve a mix of versions: every
+/// later read fails with that error (backend_failure) until a swap succeeds. The gate is detail/in_place_gate.hpp; step
+/// 3 is shared with ModelSlot (detail/swap_steps.hpp).
 ///
 /// Trade-off against the double-buffered ModelSlot (see docs/hot_swap.md): the same peak
 /// memory on a CPU (serving model + staged set), but the serving model's addresses never
@@ -208,9 +207,13 @@ class InPlaceModelSlot {
     // 1. Stage the complete new set.
     SwapReport report;
     const detail::SwapClock::time_point t = detail::SwapClock::now();
-    MaterializeOptions materialize{.progress = options.progress};
-    MaterializedUnit<B> unit = co_await detail::materialize_unit<B>(source, plan, context, materialize);
+    // Checksums (step 3) are verified inside the load, each tensor as it lands.
+    MaterializeProgress own_counters;
+    MaterializeOptions materialize = detail::swap_load_options(options, own_counters);
+    const std::uint64_t verified_before = materialize.progress->bytes_verified.load();
+    MaterializedUnit<B> unit = co_await detail::materialize_unit<B>(source, plan, context, materialize, true);
     report.load_s = detail::seconds_since(t);
+    report.verified_bytes = materialize.progress->bytes_verified.load() - verified_before;
     detail::trace_step("load", t);
     report.bytes = detail::plan_bytes(*plan, source.catalog());
 
@@ -218,8 +221,8 @@ class InPlaceModelSlot {
     validate_materialized_unit<B>(gate_->model, unit.weights());
     cancellation.check("after the load");
 
-    // 3. Checksums, then the canary on a staged model sharing the staging weights.
-    if (!options.checksums.empty()) co_await detail::verify_checksums_step(source, options.checksums, report);
+    // 3. The canary on a staged model sharing the staging weights (the checksums were
+    // verified in step 1).
     if (options.canary) {
       Model staged = make_model_();
       typename MaterializedUnit<B>::Weights shared;

@@ -20,7 +20,8 @@
 ///     passes, whose executor (a TBB arena of small concurrency for the CPU backend) throttles
 ///     the swap so that serving keeps the cores. The new model is private until step 4.
 ///  2. Verifies checksums, if given (io::Checksums: from the checkpoint's metadata or a
-///     sidecar), by re-reading the listed tensors.
+///     sidecar) — inside the load of step 1, each tensor hashed as it lands (where the
+///     backend can hash its weights; the others by re-reading the file).
 ///  3. Runs the caller's canary on the new model (a forward pass on a probe input, say); an
 ///     exception rejects the version.
 ///  4. Publishes with one atomic store. Readers that took the old version keep it; the old
@@ -141,18 +142,16 @@ class ModelSlot {
 
     // 1. Load into the private model.
     const detail::SwapClock::time_point t = detail::SwapClock::now();
-    MaterializeOptions materialize{.progress = options.progress};
-    co_await detail::load_unit<B>(next->model, source, plan, context, materialize);
+    // 2. Checksums, verified inside the load.
+    MaterializeProgress own_counters;
+    MaterializeOptions materialize = detail::swap_load_options(options, own_counters);
+    const std::uint64_t verified_before = materialize.progress->bytes_verified.load();
+    co_await detail::load_unit<B>(next->model, source, plan, context, materialize, true);
     report.load_s = detail::seconds_since(t);
+    report.verified_bytes = materialize.progress->bytes_verified.load() - verified_before;
     detail::trace_step("load", t);
     report.bytes = detail::plan_bytes(*plan, source.catalog());
     cancellation.check("after the load");
-
-    // 2. Checksums.
-    if (!options.checksums.empty()) {
-      co_await detail::verify_checksums_step(source, options.checksums, report);
-      cancellation.check("after checksum verification");
-    }
 
     // 3. Canary.
     if (options.canary) {

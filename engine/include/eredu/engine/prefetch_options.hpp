@@ -8,6 +8,7 @@
 #include <deque>
 #include <string>
 
+#include "eredu/engine/verify_options.hpp"
 #include "eredu/engine/weight_binding_plan.hpp"
 
 namespace eredu::engine {
@@ -40,11 +41,16 @@ struct PrefetchOptions {
   std::size_t concurrent_loads = 1;
   /// Per-unit timings kept in PipelineStats::units (the oldest are dropped beyond this).
   std::size_t timing_history = 4096;
+  /// Digest verification of every unit read (not of units promoted from host copies, which
+  /// were verified when read); a mismatch fails that unit like a read error. Under require,
+  /// the constructor refuses a pipeline with a tensor that cannot be verified.
+  VerifyOptions verify{};
 };
 
 /// Throws eredu::Error(invalid_argument) naming the first option of `options` out of range:
 /// lookahead 1..max_lookahead, concurrent_loads 1..max_concurrent_loads, timing_history at
-/// most max_timing_history. The PrefetchPipeline constructor calls it.
+/// most max_timing_history, and verify (validate(const VerifyOptions&)). The PrefetchPipeline
+/// constructor calls it.
 void validate(const PrefetchOptions& options);
 
 /// Keep-on-host, the PrefetchPipeline constructor argument that turns it on: a released unit's
@@ -78,6 +84,8 @@ struct PipelineStats {
   std::size_t delivered = 0;              ///< units handed to the consumer
   double stall_s = 0;                     ///< total consumer wait
   double load_s = 0;                      ///< total of per-unit load times (they overlap)
+  std::uint64_t tensors_verified = 0;     ///< tensors whose digest matched (PrefetchOptions::verify)
+  std::uint64_t bytes_verified = 0;       ///< their stored bytes
   /// The most recent delivered units, in delivery order (at most
   /// PrefetchOptions::timing_history of them, so an endless stream stays bounded).
   std::deque<UnitTiming> units{};

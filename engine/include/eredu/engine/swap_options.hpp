@@ -19,7 +19,8 @@ template <class Model>
 struct SwapOptions {
   /// Label recorded in the version (a path, a revision).
   std::string origin{};
-  /// Digests to verify before publishing (empty: none).
+  /// Digests to verify before publishing (empty: none). They are checked inside the load,
+  /// each tensor as it lands (engine::VerifyOptions); a mismatch fails the swap.
   io::Checksums checksums{};
   /// Checks the new model before it is published; throwing rejects it (canary_failed).
   std::function<asio::awaitable<void>(const Model&)> canary{};
@@ -31,10 +32,11 @@ struct SwapOptions {
 struct SwapReport {
   std::uint64_t generation = 0;      ///< the version now serving
   std::uint64_t bytes = 0;           ///< bytes the new version's weights occupy
-  std::uint64_t verified_bytes = 0;  ///< bytes re-read for checksums
-  double load_s = 0;                 ///< step 1
-  double verify_s = 0;               ///< step 2
-  double canary_s = 0;               ///< step 3
+  std::uint64_t verified_bytes = 0;  ///< stored bytes whose digest was checked
+  double load_s = 0;                 ///< step 1, which includes verifying the checksums
+  /// Step 2, kept for reports: 0, because checksums are verified inside the load (load_s).
+  double verify_s = 0;
+  double canary_s = 0;  ///< step 3
   /// ModelSlot: the publication itself (readers never wait); InPlaceModelSlot: the
   /// drain of requests in flight plus the copy, during which new reads wait.
   std::chrono::nanoseconds publish_pause{0};

@@ -157,9 +157,9 @@ class CheckpointSource {
   asio::awaitable<void> read_into(std::unique_ptr<TensorReadRequest> request, std::span<std::byte> destination);
   asio::awaitable<Lease> read_chunk(const Plan& plan, std::uint64_t offset, std::uint64_t length);
   // The reader for `files` under `options` (marks each file's read_with_pread), logging
-  // one line per file.
+  // one line per file. An io_uring reader registers `pool`'s memory and hooks its release.
   static std::unique_ptr<Reader> make_reader(const asio::any_io_executor& executor, std::span<OpenFile> files,
-                                             std::span<std::byte> pool_memory, const ReaderOptions& options);
+                                             LeasePool& pool, const ReaderOptions& options);
   // Fails with file_changed when the tensor's file changed size or modification time since
   // open: bytes just read may then not be the file's.
   void check_unchanged(const TensorInfo& tensor) const;

@@ -1,22 +1,27 @@
 #pragma once
 /// \file
-/// eredu::io::Checksums: expected SHA-256 digests of checkpoint tensors (of their bytes as
-/// stored), and async_verify_checksums, which reads every listed tensor through a source
-/// and compares — what a hot-swap runs before it publishes a new version.
+/// eredu::io::Checksums: expected digests of checkpoint tensors (of their bytes as stored),
+/// DigestCheck, one tensor's check, and async_verify_checksums, which reads every listed
+/// tensor through a source and compares — what a swap or a load falls back to when it could
+/// not hash the bytes it delivered.
 ///
 /// Where digests come from:
-///  * the checkpoint's metadata: a key "sha256:<tensor name>" whose value is the digest;
-///  * a sidecar file next to the checkpoint (Checksums::sidecar_path): a JSON object
-///    {"<tensor name>": "<digest>", ...}.
+///  * the checkpoint's metadata: a key "sha256:<tensor name>" (or "xxh3-128:<tensor name>")
+///    whose value is the hex digest;
+///  * a sidecar file next to the checkpoint (Checksums::sidecar_path): a JSON object whose
+///    members are tensors, each either a SHA-256 string — {"<tensor>": "<64 hex digits>"} —
+///    or an object of digests by name — {"<tensor>": {"sha256": "...", "xxh3-128": "..."}};
+///  * digests the caller adds.
 /// `eredu gen --checksums` writes the sidecar; tools that produce MANIFEST.json-style
-/// records can write the same object.
+/// records can write the same object. SHA-256 is the interoperable default; XXH3-128
+/// (digest.hpp) is a fast non-cryptographic alternative.
 ///
-/// Verification re-reads the listed tensors (page-cache hot right after a load) in bounded
-/// chunk leases and hashes each chunk on a hashing executor while the next one is read, so
-/// the event loop that runs the reads (and, in a server, the requests) never spends its
-/// time hashing. It costs one extra pass over the bytes and about one core. It checks the
-/// file as it is when verified: a file rewritten between a load and its verification is
-/// caught only if its size changed (file_changed) or the new bytes differ from the digests.
+/// async_verify_checksums hashes several tensors at once on a hashing executor, each read
+/// from a guarded mapping when it is resident in the page cache (no staging copy) and
+/// otherwise in bounded chunk leases, so the event loop that runs the reads (and, in a
+/// server, the requests) never spends its time hashing. It checks the file as it is when
+/// verified: bytes a load delivered are checked only by hashing them where they landed
+/// (engine::VerifyOptions does that for backends that can).
 
 #include <asio/any_io_executor.hpp>
 #include <asio/async_result.hpp>
@@ -25,61 +30,109 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <optional>
+#include <span>
 #include <string>
 
 #include "eredu/core/detail/spawn_operation.hpp"
 #include "eredu/io/catalog.hpp"
 #include "eredu/io/checkpoint_source.hpp"
+#include "eredu/io/digest.hpp"
 
 namespace eredu::io {
 
-/// Tensor name → expected SHA-256 (64 lowercase hex digits).
+/// The digests recorded for one tensor (either may be missing).
+struct TensorDigests {
+  std::string sha256{};    ///< 64 lowercase hex digits, or empty
+  std::string xxh3_128{};  ///< 32 lowercase hex digits, or empty
+  /// The digest of `kind`, or nullptr when none is recorded.
+  const std::string* get(DigestKind kind) const noexcept;
+  /// Both digests equal.
+  bool operator==(const TensorDigests&) const = default;
+};
+
+/// One tensor's expected digest and what an error about it names.
+struct DigestCheck {
+  DigestKind kind = DigestKind::sha256;  ///< the digest to compute
+  std::string expected{};                ///< lowercase hex
+  std::string file{};                    ///< the tensor's file, for messages
+  std::string tensor{};                  ///< the tensor's name
+  std::uint64_t offset = 0;              ///< absolute file offset of its bytes
+  std::uint64_t bytes = 0;               ///< its stored size
+  /// Throws Error(checksum_mismatch) naming file, tensor, offset, both digests and the
+  /// number of bytes hashed when `actual` differs from `expected`.
+  void compare(const std::string& actual, std::uint64_t hashed) const;
+  /// Hashes `data` (the tensor's bytes as stored) and compares.
+  void verify(std::span<const std::byte> data) const;
+};
+
+/// Tensor name → expected digests.
 class Checksums {
  public:
-  /// The digests recorded in `catalog`'s metadata ("sha256:<tensor>" keys). Throws
-  /// Error(invalid_metadata) for a digest that is not 64 hex digits.
+  /// The digests recorded in `catalog`'s metadata ("sha256:<tensor>", "xxh3-128:<tensor>"
+  /// keys). Throws Error(invalid_metadata) for a malformed digest.
   static Checksums from_metadata(const Catalog& catalog);
   /// The digests of a sidecar JSON file. Throws Error(io_error) when it cannot be read,
-  /// Error(invalid_metadata) when it is not an object of tensor → 64-hex-digit strings.
+  /// Error(invalid_metadata) when it is not an object of tensor → digest string or object.
   static Checksums from_sidecar(const std::filesystem::path& path);
   /// Where the sidecar of `checkpoint` lives: "<file>.sha256.json" next to a file,
   /// "<dir>/checksums.sha256.json" inside a directory (sharded checkpoints).
   static std::filesystem::path sidecar_path(const std::filesystem::path& checkpoint);
-  /// Metadata digests, plus the sidecar's when it exists (a tensor in both must agree).
+  /// Metadata digests, plus the sidecar's when it exists (a digest in both must agree).
   static Checksums discover(const std::filesystem::path& checkpoint, const Catalog& catalog);
 
-  /// Records the digest of `tensor` (lowercased). Throws Error(invalid_argument) for a
+  /// Records the SHA-256 of `tensor` (lowercased). Throws Error(invalid_argument) for a
   /// malformed digest.
   void add(const std::string& tensor, std::string digest);
-  /// The expected digest of `tensor`, or nullptr.
+  /// Records the digest of `kind` of `tensor` (lowercased). Throws Error(invalid_argument)
+  /// for a malformed digest.
+  void add(const std::string& tensor, DigestKind kind, std::string digest);
+  /// The expected SHA-256 of `tensor`, or nullptr.
   const std::string* find(const std::string& tensor) const;
+  /// The expected digest of `kind` of `tensor`, or nullptr.
+  const std::string* find(const std::string& tensor, DigestKind kind) const;
+  /// The check of `tensor` in `catalog`: its `preferred` digest when recorded, else its
+  /// other one; nullopt when it has none. Throws Error(tensor_not_found) when the catalog
+  /// lacks the tensor.
+  std::optional<DigestCheck> check(const Catalog& catalog, const std::string& tensor,
+                                   DigestKind preferred = DigestKind::sha256) const;
   /// Number of tensors with a digest.
   std::size_t size() const noexcept { return digests_.size(); }
   /// True when no tensor has one.
   bool empty() const noexcept { return digests_.empty(); }
-  /// Every digest, by tensor name.
-  const std::map<std::string, std::string>& digests() const noexcept { return digests_; }
-  /// The sidecar JSON text of these digests.
+  /// Every tensor's digests, by tensor name.
+  const std::map<std::string, TensorDigests>& digests() const noexcept { return digests_; }
+  /// The sidecar JSON text of these digests: plain SHA-256 strings when that is all there is
+  /// (the format older readers know), objects by digest name otherwise.
   std::string to_json() const;
 
  private:
-  std::map<std::string, std::string> digests_;
+  std::map<std::string, TensorDigests> digests_;
+};
+
+/// How async_verify_checksums works.
+struct VerifyChecksumsOptions {
+  /// Tensors hashed at once (at least 1; 0 means one per hardware thread).
+  unsigned concurrency = 0;
+  /// The digest preferred where a tensor has both.
+  DigestKind preferred = DigestKind::sha256;
 };
 
 namespace detail {
 /// The coroutine behind async_verify_checksums.
 asio::awaitable<std::uint64_t> verify_checksums(CheckpointSource& source, Checksums checksums,
-                                                asio::any_io_executor hasher);
+                                                asio::any_io_executor hasher, VerifyChecksumsOptions options);
 }  // namespace detail
 
-/// Reads every tensor `checksums` lists through `source` and compares its SHA-256, hashing
-/// on `hasher` (a thread pool's executor, say; a default-constructed one means a hashing
-/// thread of this operation's own).
+/// Reads every tensor `checksums` lists through `source` and compares its digest, hashing
+/// `options.concurrency` tensors at once on `hasher` (a thread pool's executor, say; a
+/// default-constructed one means a pool of that many threads of this operation's own).
 ///
 /// @par Completion Signature
 /// `void(std::exception_ptr, std::uint64_t bytes_verified)`. Errors: tensor_not_found for a
 /// digest of a tensor the catalog lacks; checksum_mismatch naming file, tensor, offset,
-/// expected and actual digest; any read error; cancelled.
+/// expected and actual digest; any read error; cancelled. The first error in tensor order
+/// is reported, after every tensor in flight has finished.
 ///
 /// @par Per-Operation Cancellation
 /// terminal, checked between chunks (never while a chunk is being hashed): the operation
@@ -88,16 +141,25 @@ asio::awaitable<std::uint64_t> verify_checksums(CheckpointSource& source, Checks
 /// `source` and the context of `hasher` must outlive the operation; `checksums` is copied.
 template <asio::completion_token_for<void(std::exception_ptr, std::uint64_t)> Token>
 auto async_verify_checksums(CheckpointSource& source, Checksums checksums, asio::any_io_executor hasher,
-                            Token&& token) {
-  return eredu::detail::spawn_operation(source.get_executor(),
-                                        detail::verify_checksums(source, std::move(checksums), std::move(hasher)),
-                                        std::forward<Token>(token));
+                            VerifyChecksumsOptions options, Token&& token) {
+  return eredu::detail::spawn_operation(
+      source.get_executor(), detail::verify_checksums(source, std::move(checksums), std::move(hasher), options),
+      std::forward<Token>(token));
 }
 
-/// async_verify_checksums hashing on a thread of the operation's own.
+/// async_verify_checksums with default options.
+template <asio::completion_token_for<void(std::exception_ptr, std::uint64_t)> Token>
+auto async_verify_checksums(CheckpointSource& source, Checksums checksums, asio::any_io_executor hasher,
+                            Token&& token) {
+  return async_verify_checksums(source, std::move(checksums), std::move(hasher), VerifyChecksumsOptions{},
+                                std::forward<Token>(token));
+}
+
+/// async_verify_checksums hashing on threads of the operation's own, with default options.
 template <asio::completion_token_for<void(std::exception_ptr, std::uint64_t)> Token>
 auto async_verify_checksums(CheckpointSource& source, Checksums checksums, Token&& token) {
-  return async_verify_checksums(source, std::move(checksums), asio::any_io_executor(), std::forward<Token>(token));
+  return async_verify_checksums(source, std::move(checksums), asio::any_io_executor(), VerifyChecksumsOptions{},
+                                std::forward<Token>(token));
 }
 
 }  // namespace eredu::io

@@ -19,9 +19,11 @@ struct CatalogOptions {
 };
 
 /// Opens a checkpoint and validates every header. `path` may be:
-///  - a checkpoint file (format picked by checkpoint_formats(), safetensors by default);
+///  - a checkpoint file (format picked by checkpoint_formats(), safetensors by default); a
+///    file named like a split GGUF file (`*-00001-of-00003.gguf`) opens the whole split set
+///    (split_gguf.hpp), cross-checked (shard_missing, split_mismatch, tensor_in_two_shards);
 ///  - a directory holding `model.safetensors.index.json` (a sharded checkpoint), or else
-///    exactly one `*.safetensors` file;
+///    exactly one `*.safetensors` file, or else one `*.gguf` file or one split GGUF set;
 ///  - the path of a `*.index.json` file.
 /// Shards are opened in sorted file-name order, and the index and the shards must agree
 /// exactly (shard_missing, tensor_missing_from_shard, tensor_in_two_shards,

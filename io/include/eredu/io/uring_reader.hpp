@@ -3,7 +3,9 @@
 /// eredu::io::UringReader: the io_uring implementation of Reader.
 ///
 /// One ring; the checkpoint's files registered as fixed files and the lease pool's memory
-/// as fixed buffers (as much of it as the locked-memory limit allows); up to `depth`
+/// as fixed buffers (as much of it as the locked-memory limit allows), registered when the
+/// first read into it is submitted and dropped when the idle pool returns its pages
+/// (pool_release_hook); up to `depth`
 /// requests in flight, submitted in batches with one system call. The completion queue
 /// is reaped from the Asio event loop: the ring signals an eventfd that the loop waits
 /// on, so no thread ever blocks waiting for I/O.
@@ -12,6 +14,7 @@
 #include <memory>
 #include <span>
 
+#include "eredu/io/lease_pool.hpp"
 #include "eredu/io/open_file.hpp"
 #include "eredu/io/reader.hpp"
 
@@ -20,8 +23,8 @@ namespace eredu::io {
 /// io_uring reader (see file comment). All ring work runs on a strand of the executor.
 class UringReader final : public Reader {
  public:
-  /// Sets up the ring for `files` (which must outlive the reader) and registers
-  /// `pool_memory` as fixed buffers. Throws eredu::Error(uring_unavailable) when
+  /// Sets up the ring for `files` (which must outlive the reader); `pool_memory` is
+  /// registered as fixed buffers on the first read into it. Throws eredu::Error(uring_unavailable) when
   /// io_uring_setup fails (old kernel, seccomp, kernel.io_uring_disabled).
   UringReader(asio::any_io_executor executor, std::span<OpenFile> files, std::span<std::byte> pool_memory,
               const ReaderOptions& options);
@@ -35,8 +38,11 @@ class UringReader final : public Reader {
   ReaderStats stats() const override;
   std::size_t direct_alignment(std::uint32_t file) const noexcept override;
   std::string describe() const override;
-  /// Bytes of the pool registered as fixed buffers.
+  /// Bytes of the pool registered as fixed buffers now (0 before the first staged read).
   std::size_t registered_bytes() const noexcept;
+  /// The lease pool's release hook for this reader: drops the registration on the reader's
+  /// strand, then lets the pool return its pages. It may outlive the reader.
+  LeasePool::ReleaseHook pool_release_hook();
 
  private:
   struct Impl;

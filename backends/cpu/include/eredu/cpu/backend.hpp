@@ -32,10 +32,13 @@
 #include "eredu/cpu/tensor.hpp"
 #include "eredu/engine/recipe.hpp"
 #include "eredu/io/checkpoint_source.hpp"
+#include "eredu/io/checksums.hpp"
 
 namespace eredu::cpu {
 
-/// The CPU backend's types and operations (see file comment). Stateless: state lives in
+/// The CPU backend's types and operations (see file comment). Besides the concepts above it
+/// is an engine::VerifyingBackend: dtype-kept tensors hold the stored bytes and are hashed in
+/// place on the arena. Stateless: state lives in
 /// the MaterializationContext, the Executor and the StoragePool.
 struct Backend {
   using Parameter = cpu::Parameter;                            ///< a module's slot
@@ -67,6 +70,13 @@ struct Backend {
   static void validate_bind(const Parameter& parameter, const Tensor& weight);
   /// Stores the tensor in the slot (replacing, and so releasing, any previous one).
   static void bind(Parameter& parameter, Tensor&& weight) noexcept { parameter.value = std::move(weight); }
+
+  // --- VerifyingBackend ---
+
+  /// Hashes `weight` (a complete tensor read whole with its dtype kept, so its bytes are the
+  /// stored ones) on `context.executor` and compares the digest with `check`: the completion
+  /// fails with Error(checksum_mismatch) naming file, tensor and offset when they differ.
+  static Completion verify_weight(MaterializationContext& context, const Tensor& weight, io::DigestCheck check);
 
   // --- InPlaceBackend ---
 

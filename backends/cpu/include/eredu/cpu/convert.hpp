@@ -34,15 +34,28 @@ ConvertIsa use_convert_isa(ConvertIsa wanted) noexcept;
 const char* convert_isa_name() noexcept;
 
 /// True when the CPU backend has a kernel converting `from` to `to` (the backend's
-/// supports_cast): any dtype to itself (a byte copy), among {F16, BF16, F32}, and from
-/// {F8_E4M3, F8_E5M2, F8_E8M0} to {BF16, F32} — exactly eredu::is_supported_cast, which the
-/// tests check for every pair.
+/// supports_cast): any dtype to itself (a byte copy), among {F16, BF16, F32}, from {F8_E4M3,
+/// F8_E5M2, F8_E8M0} to {BF16, F32}, and from a quantized dtype other than Q8_1 to {F32, BF16,
+/// F16} (dequantization, bit for bit as ggml: eredu/core/quant_formats.hpp) — exactly
+/// eredu::is_supported_cast, which the tests check for every pair.
 bool convert_supported(DType from, DType to) noexcept;
+
+/// The unit a conversion moves: `in_bytes` of input become `out_bytes` of output. One byte
+/// for a same-dtype copy, one element for a float cast, one block for a dequantization (a
+/// Q4_K block of 144 bytes becomes 256 f32 values, 1024 bytes). Buffers of a conversion hold
+/// whole units; chunked callers split inputs on unit boundaries.
+struct ConvertUnits {
+  std::size_t in_bytes = 1;   ///< input bytes per unit
+  std::size_t out_bytes = 1;  ///< output bytes per unit
+};
+
+/// The units of a conversion from `from` to `to` (see ConvertUnits).
+ConvertUnits convert_units(DType from, DType to) noexcept;
 
 /// Converts every element of `in` (of dtype `from`) into `out` (of dtype `to`) on the calling
 /// thread. Throws eredu::Error with errc::recipe_unsupported_cast when !convert_supported(from,
 /// to), and errc::invalid_argument when the two buffers do not hold the same whole number of
-/// elements (for from == to: the same number of bytes) or overlap.
+/// units (convert_units: elements, or blocks of a quantized `from`) or overlap.
 void convert_serial(DType from, DType to, std::span<const std::byte> in, std::span<std::byte> out);
 
 /// How a conversion writes its output: `automatic` streams outputs of at least

@@ -21,12 +21,15 @@ namespace eredu::cuda {
 inline constexpr std::size_t max_permute_rank = 8;
 
 /// True when launch_convert has a kernel for `from` -> `to` (the backend's supports_cast):
-/// any dtype to itself, among {F16, BF16, F32}, and from {F8_E4M3, F8_E5M2, F8_E8M0} to
-/// {BF16, F32} — exactly eredu::is_supported_cast, which the tests check for every pair.
+/// any dtype to itself, among {F16, BF16, F32}, from {F8_E4M3, F8_E5M2, F8_E8M0} to {BF16,
+/// F32}, and from a quantized dtype other than Q8_1 to {F32, BF16, F16} (dequantization by
+/// the core reference, eredu/core/quant_formats.hpp) — exactly eredu::is_supported_cast,
+/// which the tests check for every pair.
 bool convert_supported(DType from, DType to) noexcept;
 
 /// Queues the conversion of `count` elements from `in` (dtype `from`, naturally aligned) to
 /// `out` (dtype `to`, naturally aligned); they must not overlap. `from == to` copies bytes.
+/// A quantized `from` counts whole blocks' elements (count a multiple of its block).
 cudaError_t launch_convert(DType from, DType to, const void* in, void* out, std::size_t count,
                            cudaStream_t stream) noexcept;
 

@@ -6,10 +6,15 @@
 /// The lease pool's memory is one mapping (io::LeasePool::memory()); registering it once
 /// makes every lease a DMA source without another host copy: `pin_staging(source)`. The
 /// memory must stay mapped while registered: create the registration after the
-/// CheckpointSource and destroy it before (declare it after the source).
+/// CheckpointSource and destroy it before (declare it after the source). It also keeps the
+/// pool's pages resident (LeasePool::KeepResident): an idle pool returning pages that CUDA
+/// has locked would leave the device copying from pages the pool no longer uses.
 
 #include <cstddef>
+#include <optional>
 #include <span>
+
+#include "eredu/io/lease_pool.hpp"
 
 namespace eredu::io {
 class CheckpointSource;
@@ -38,8 +43,10 @@ class PinnedRegistration {
   bool contains(std::span<const std::byte> bytes) const noexcept;
 
  private:
+  friend PinnedRegistration pin_staging(io::CheckpointSource& source);
   void reset() noexcept;
   std::span<std::byte> memory_;
+  std::optional<io::LeasePool::KeepResident> keep_;  // the pool's pages stay while locked
 };
 
 /// Registers the staging memory of `source`'s lease pool. The source must outlive the result.

@@ -77,16 +77,33 @@ enum class errc {
   canary_failed,      ///< orchestration: a new version failed the caller's canary check
   swap_in_progress,   ///< orchestration: a slot is already swapping to another version
   outside_root,       ///< format: a checkpoint file resolves outside CatalogOptions::confine_to
+  collective_error,   ///< collective: a collective failed, timed out, or its group is unusable
+  rank_failed,        ///< collective: a rank of the group failed its part of a group decision (a vote)
+  // --- later additions: GGUF and quantized blocks (families as noted) ---
+  bad_magic,            ///< format: GGUF: the file does not start with the magic bytes "GGUF"
+  unsupported_version,  ///< format: GGUF: a version other than 2 or 3 (v1 is refused, as ggml does)
+  invalid_count,     ///< format: GGUF: a tensor, key-value or array count that is negative or more than the file holds
+  truncated_header,  ///< format: GGUF: a key, value, string or tensor info runs past the end of the file
+  invalid_key,       ///< format: GGUF: an empty key
+  duplicate_key,     ///< format: GGUF: a key given twice
+  invalid_value_type,   ///< format: GGUF: a value type outside 0-12, or an array of arrays
+  invalid_alignment,    ///< format: GGUF: general.alignment is not a UINT32 non-zero power of two
+  invalid_tensor_name,  ///< format: GGUF: a tensor name of 64 bytes or more, or holding a NUL byte
+  partial_block,        ///< format: a quantized tensor whose rows are not a whole number of blocks
+  split_mismatch,       ///< format: split GGUF: the files disagree on split.count, split.no or split.tensors.count
+  recipe_cuts_block,    ///< recipe: recipe: a selection, slice, concat, permute or reshape that would cut a quantized
+                        ///< block
 };
 
 /// The layer a kind belongs to: which of the seed's error types it realises.
 enum class error_family {
-  format,         ///< checkpoint format (safetensors header, sharded index)
+  format,         ///< checkpoint format (safetensors header, sharded index, GGUF, split GGUF)
   store,          ///< reading (the seed's StoreError)
   recipe,         ///< recipe validation (RecipeError)
   declaration,    ///< binding declarations (ResidencyDeclarationError)
   orchestration,  ///< materialize/bind orchestration (ParameterOrchestrationError)
   backend,        ///< backend-native failure (ParameterOrchestrationError::Backend)
+  collective,     ///< across ranks: collectives and group decisions (CollectiveError)
 };
 
 /// Family of a kind.

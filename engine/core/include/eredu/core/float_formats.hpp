@@ -36,19 +36,24 @@
 namespace eredu {
 
 /// True when the float formats define a cast from -> to, which is exactly what every backend
-/// converts: from == to (a byte copy, any dtype); among {F16, BF16, F32}; and from {F8_E4M3,
-/// F8_E5M2, F8_E8M0} to {BF16, F32}. Recipe inference rejects every other cast with
+/// converts: from == to (a byte copy, any dtype); among {F16, BF16, F32}; from {F8_E4M3,
+/// F8_E5M2, F8_E8M0} to {BF16, F32}; and from a quantized dtype with a dequantization (every
+/// one but Q8_1; eredu/core/quant_formats.hpp) to {F32, BF16, F16}: ggml's f32 values, rounded
+/// once to bf16 or f16. Recipe inference rejects every other cast with
 /// errc::recipe_unsupported_cast; each backend's supports_cast reports the casts its kernels
 /// implement, and its tests hold that to this set. Host only.
 constexpr bool is_supported_cast(DType from, DType to) noexcept {
   const auto wide = [](DType t) { return t == DType::F16 || t == DType::BF16 || t == DType::F32; };
   const auto f8 = [](DType t) { return t == DType::F8_E4M3 || t == DType::F8_E5M2 || t == DType::F8_E8M0; };
-  return from == to || (wide(from) && wide(to)) || (f8(from) && (to == DType::BF16 || to == DType::F32));
+  const bool dequantizable = dtype_is_quantized(from) && from != DType::Q8_1;
+  return from == to || (wide(from) && wide(to)) || (f8(from) && (to == DType::BF16 || to == DType::F32)) ||
+         (dequantizable && wide(to));
 }
 
 /// is_supported_cast's set in words, for error messages ("among F16, BF16, F32; ...").
 inline constexpr const char* supported_casts_text =
-    "among F16, BF16, F32; and from F8_E4M3, F8_E5M2, F8_E8M0 to BF16 or F32";
+    "among F16, BF16, F32; from F8_E4M3, F8_E5M2, F8_E8M0 to BF16 or F32; and from a quantized type other than "
+    "Q8_1 to F32, BF16 or F16";
 
 /// Element conversions over bit patterns (see file comment).
 namespace formats {

@@ -51,9 +51,16 @@ struct ByteRun {
   friend bool operator==(const ByteRun&, const ByteRun&) = default;
 };
 
+/// Empty when `selection` (which fits `shape`) keeps every block of a quantized `dtype` whole,
+/// else why not: the range of the last dimension must start and stop on block boundaries
+/// (rows of a quantized matrix are whole blocks; a column range cuts them unless it is
+/// block-aligned). Always empty for other dtypes.
+std::string selection_block_error(const Shape& shape, DType dtype, const Selection& selection);
+
 /// The byte runs that make up `selection` of a tensor of `shape` and `dtype`, in
 /// ascending order, with adjacent runs merged (a row range is one run). The dtype must
-/// have a whole number of bytes per element, unless the selection is the whole tensor.
+/// have a whole number of bytes per element, or be quantized with a selection that passes
+/// selection_block_error, unless the selection is the whole tensor.
 std::vector<ByteRun> selection_runs(const Shape& shape, DType dtype, const Selection& selection);
 
 }  // namespace eredu

@@ -14,6 +14,10 @@
 ///     backend work still writes into a weight — before it reports the first root-cause
 ///     error, with the parameter named. Nothing is returned, so nothing can be published.
 ///  4. Aliases get another handle to their owner's storage: never a copy, never a re-read.
+/// With MaterializeOptions::verify on, the digests are matched to the owners before step 2
+/// (load_verification.hpp): an owner hashed in place completes only once its hash matched;
+/// the tensors checked by re-reading the file are hashed alongside the owners, and the unit
+/// waits for that check too.
 
 #include <asio/awaitable.hpp>
 #include <asio/cancellation_state.hpp>
@@ -30,27 +34,32 @@
 
 #include "eredu/core/completion.hpp"
 #include "eredu/core/error.hpp"
+#include "eredu/engine/detail/load_verification.hpp"
 #include "eredu/engine/materialize_options.hpp"
 #include "eredu/engine/materialized_unit.hpp"
 #include "eredu/engine/parameter_backend.hpp"
 #include "eredu/engine/parameter_error.hpp"
 #include "eredu/engine/weight_binding_plan.hpp"
 #include "eredu/io/checkpoint_source.hpp"
+#include "eredu/io/checksums.hpp"
 
 namespace eredu::engine::detail {
 
 /// Realizes every binding of `plan` on backend B (see file comment). A terminal cancellation
 /// of the calling coroutine stops every realization at its next step; the unit is then awaited
-/// whole, like any failure, and the coroutine throws Error(cancelled).
+/// whole, like any failure, and the coroutine throws Error(cancelled). `quiet_verification`
+/// leaves out the log line on what cannot be verified (a pipeline says it once, not per unit).
 template <ParameterBackend B>
 asio::awaitable<MaterializedUnit<B>> materialize_unit(io::CheckpointSource& source,
                                                       std::shared_ptr<const WeightBindingPlan> plan,
                                                       typename B::MaterializationContext& context,
-                                                      MaterializeOptions options) {
+                                                      MaterializeOptions options, bool quiet_verification = false) {
   // 1. Before any read.
   std::vector<InferredWeight> inferred = plan->check(source.catalog());
   std::vector<const WeightBinding*> owners = plan->owners();
+  LoadVerification verification = plan_verification<B>(options.verify, source.catalog(), owners, quiet_verification);
   if (options.progress) {
+    options.progress->tensors_unverified.fetch_add(verification.unverified, std::memory_order_relaxed);
     std::uint64_t bytes = 0;
     for (auto& w : inferred) bytes += w.bytes;
     options.progress->owners_total = owners.size();
@@ -70,9 +79,31 @@ asio::awaitable<MaterializedUnit<B>> materialize_unit(io::CheckpointSource& sour
     });
   }
 
-  // 2. Start every owner.
+  // 2. Start every owner, and the re-read check beside them.
   std::vector<typename B::Materialization> in_flight;
   in_flight.reserve(owners.size());
+  std::vector<Completion> owner_done;  // an owner's realization, then its in-place check
+  owner_done.reserve(owners.size() + 1);
+  Completion reread = Completion::ready_now();
+  if (!verification.reread.empty()) {
+    CompletionSource done;
+    reread = done.completion();
+    io::VerifyChecksumsOptions reread_options{.preferred = options.verify.preferred};
+    const std::uint64_t tensors = verification.reread.size();
+    // It runs to its end even when the load fails or is cancelled (it only reads and hashes);
+    // the unit waits for it either way, so nothing it uses is gone before it is.
+    io::async_verify_checksums(source, std::move(verification.reread), asio::any_io_executor(), reread_options,
+                               [done = std::move(done), stop, progress = options.progress, tensors](
+                                   std::exception_ptr e, std::uint64_t bytes) mutable {
+                                 if (e) {
+                                   stop.request_stop();
+                                 } else if (progress) {
+                                   progress->tensors_verified.fetch_add(tensors, std::memory_order_relaxed);
+                                   progress->bytes_verified.fetch_add(bytes, std::memory_order_relaxed);
+                                 }
+                                 done.finish(std::move(e));
+                               });
+  }
   std::exception_ptr start_error;
   std::size_t started = 0;
   for (; started < owners.size(); ++started) {
@@ -89,22 +120,53 @@ asio::awaitable<MaterializedUnit<B>> materialize_unit(io::CheckpointSource& sour
       stop.request_stop();
       break;
     }
-    std::uint64_t bytes = inferred[started].bytes;
-    B::completion(in_flight.back())
-        .on_complete([stop, progress = options.progress, bytes](std::exception_ptr e) mutable {
+    Completion done = B::completion(in_flight.back());
+    if constexpr (VerifyingBackend<B>) {
+      if (std::optional<io::DigestCheck>& check = verification.in_place[started]) {
+        // Hashed where it landed, once it is complete: what the load delivers is what is checked.
+        CompletionSource verified;
+        Completion checked = verified.completion();
+        done.on_complete([&context, weight = B::share_materialized_weight(B::materialized_weight(in_flight.back())),
+                          check = std::move(*check), verified = std::move(verified),
+                          progress = options.progress](std::exception_ptr e) mutable {
           if (e) {
-            stop.request_stop();
-          } else if (progress) {
-            progress->owners_done.fetch_add(1, std::memory_order_relaxed);
-            progress->bytes_done.fetch_add(bytes, std::memory_order_relaxed);
+            verified.fail(std::move(e));
+            return;
           }
+          const std::uint64_t bytes = check.bytes;
+          Completion hashed;
+          try {
+            hashed = B::verify_weight(context, weight, std::move(check));
+          } catch (...) {
+            hashed = Completion::failed(std::current_exception());
+          }
+          hashed.on_complete([verified = std::move(verified), progress, bytes](std::exception_ptr error) mutable {
+            if (!error && progress) {
+              progress->tensors_verified.fetch_add(1, std::memory_order_relaxed);
+              progress->bytes_verified.fetch_add(bytes, std::memory_order_relaxed);
+            }
+            verified.finish(std::move(error));
+          });
         });
+        done = checked;
+      }
+    }
+    owner_done.push_back(done);
+    std::uint64_t bytes = inferred[started].bytes;
+    done.on_complete([stop, progress = options.progress, bytes](std::exception_ptr e) mutable {
+      if (e) {
+        stop.request_stop();
+      } else if (progress) {
+        progress->owners_done.fetch_add(1, std::memory_order_relaxed);
+        progress->bytes_done.fetch_add(bytes, std::memory_order_relaxed);
+      }
+    });
   }
 
-  // 3. Wait for every started realization, failed or not, before deciding anything.
-  std::vector<Completion> completions;
-  completions.reserve(in_flight.size());
-  for (auto& m : in_flight) completions.push_back(B::completion(m));
+  // 3. Wait for every started realization (and every check), failed or not, before deciding
+  // anything.
+  std::vector<Completion>& completions = owner_done;
+  completions.push_back(reread);
   Completion all = when_all(completions);
   try {
     co_await all.async_wait(asio::use_awaitable);
@@ -117,6 +179,9 @@ asio::awaitable<MaterializedUnit<B>> materialize_unit(io::CheckpointSource& sour
     if (!e) continue;
     if (!failure || (is_cancellation(failure) && !is_cancellation(e))) failure = attach_parameter(e, owners[i]->name());
   }
+  // The re-read check names its tensor; no single parameter owns it.
+  if (std::exception_ptr e = reread.error(); e && (!failure || (is_cancellation(failure) && !is_cancellation(e))))
+    failure = e;
   if (start_error && (!failure || is_cancellation(failure))) failure = start_error;
   if (cancel_state.slot().is_connected()) cancel_state.slot().clear();
   if (cancelled_by_caller->load() && (!failure || is_cancellation(failure)))

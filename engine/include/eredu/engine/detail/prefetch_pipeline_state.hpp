@@ -89,6 +89,8 @@ struct PipelineState {
   std::vector<std::uint64_t> bytes;
   std::vector<std::shared_ptr<const WeightBindingPlan>> plans;
   std::uint64_t budget = 0;
+  VerifyOptions verify;          // options.verify with the metadata's digests resolved once
+  MaterializeProgress verified;  // the verification counters of every unit's load
 
   mutable std::mutex mutex;
   std::deque<std::shared_ptr<Slot>> queue;     // started, not yet handed out, in order
@@ -128,6 +130,33 @@ struct PipelineState {
       s.bytes.push_back(unit_bytes);
       s.plans.push_back(std::make_shared<const WeightBindingPlan>(std::move(unit.plan)));
     }
+    s.verify = options.verify;
+    if (s.verify.mode != VerifyMode::off) {
+      if (s.verify.checksums.empty()) s.verify.checksums = io::Checksums::from_metadata(source.catalog());
+      // What cannot be verified is said once for the whole pipeline (and refused under
+      // require), not once per unit load.
+      std::uint64_t tensors = 0, unverified = 0;
+      LoadVerification example;
+      for (std::size_t i = 0; i < s.plans.size(); ++i) {
+        LoadVerification v;
+        try {
+          v = plan_verification<B>(s.verify, source.catalog(), s.plans[i]->owners(), true);
+        } catch (...) {
+          std::rethrow_exception(qualify_parameter(std::current_exception(), s.names[i]));
+        }
+        tensors += v.tensors;
+        unverified += v.unverified;
+        if (v.unverified && example.first_unverified.empty()) example = std::move(v);
+      }
+      if (tensors > 0 && unverified == tensors)
+        log::warn(
+            "verification on, but none of the pipeline's {} tensor reads can be verified ({}, e.g. {}): "
+            "nothing is verified",
+            tensors, example.why_unverified, example.first_unverified);
+      else if (unverified > 0)
+        log::info("the pipeline verifies {} of its {} tensor reads; the others cannot be ({}, e.g. {})",
+                  tensors - unverified, tensors, example.why_unverified, example.first_unverified);
+    }
     s.parking.resize(s.plans.size());
     s.budget = options.resident_budget ? options.resident_budget : largest * (options.lookahead + 1);
     s.stats.budget = s.budget;
@@ -160,7 +189,10 @@ struct PipelineState {
   /// A snapshot of the counters.
   PipelineStats snapshot() const {
     std::lock_guard lock(mutex);
-    return stats;
+    PipelineStats out = stats;
+    out.tensors_verified = verified.tensors_verified.load(std::memory_order_relaxed);
+    out.bytes_verified = verified.bytes_verified.load(std::memory_order_relaxed);
+    return out;
   }
 
   /// Waits for `event` without the calling coroutine's cancellation slot: the consumer's slot
@@ -251,7 +283,10 @@ struct PipelineState {
           unit = co_await promote_unit<B>(*s->parking.executor, *parked, plan);
         }
       }
-      if (!from_host) unit = co_await materialize_unit<B>(s->source, s->plans[slot->index], s->context, {});
+      if (!from_host) {
+        MaterializeOptions load{.progress = &s->verified, .verify = s->verify};
+        unit = co_await materialize_unit<B>(s->source, s->plans[slot->index], s->context, std::move(load), true);
+      }
       if (s->parking.enabled() && !from_host)
         for (const WeightBinding* owner : plan.owners())
           owners.emplace_back(owner->id(), B::share_materialized_weight(*unit.find(owner->id())));

@@ -2,8 +2,8 @@
 /// \file
 /// The steps both model slots take between loading a new version and publishing it, written
 /// once: the claim that keeps swaps of one slot apart, the cancellation checks between steps,
-/// checksum verification and the canary. Each step records its time in the SwapReport; each
-/// failure leaves the serving version untouched and says which version keeps serving.
+/// the load options that verify the swap's checksums as each tensor lands, and the canary. Each step records its time
+/// in the SwapReport; each failure leaves the serving version untouched and says which version keeps serving.
 
 #include <asio/awaitable.hpp>
 #include <asio/cancellation_state.hpp>
@@ -23,6 +23,7 @@
 #include "eredu/core/error.hpp"
 #include "eredu/core/trace.hpp"
 #include "eredu/engine/engine_error.hpp"
+#include "eredu/engine/materialize_options.hpp"
 #include "eredu/engine/swap_options.hpp"
 #include "eredu/engine/weight_binding_plan.hpp"
 #include "eredu/io/checkpoint_source.hpp"
@@ -90,14 +91,15 @@ inline std::uint64_t plan_bytes(const WeightBindingPlan& plan, const io::Catalog
   return bytes;
 }
 
-/// Verifies `checksums` by re-reading the tensors through `source` (the caller skips an empty
-/// set); records the bytes and the time in `report`. Errors: async_verify_checksums's.
-inline asio::awaitable<void> verify_checksums_step(io::CheckpointSource& source, const io::Checksums& checksums,
-                                                   SwapReport& report) {
-  const SwapClock::time_point t = SwapClock::now();
-  report.verified_bytes = co_await io::async_verify_checksums(source, checksums, asio::use_awaitable);
-  report.verify_s = seconds_since(t);
-  trace_step("verify checksums", t);
+/// The load options of one swap: the caller's progress counters (or `own` when it gave none)
+/// and, when the swap has checksums, their verification inside the load — each tensor hashed
+/// where it landed as soon as it is in, while the others are read (verify_options.hpp) —
+/// instead of a second pass over the checkpoint after it.
+template <class Model>
+MaterializeOptions swap_load_options(const SwapOptions<Model>& options, MaterializeProgress& own) {
+  MaterializeOptions load{.progress = options.progress ? options.progress : &own};
+  if (!options.checksums.empty()) load.verify = VerifyOptions{.mode = VerifyMode::on, .checksums = options.checksums};
+  return load;
 }
 
 /// Runs `canary` on `model` and records its time in `report`; any exception rejects the

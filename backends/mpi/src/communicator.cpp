@@ -1,0 +1,248 @@
+#include "eredu/mpi/communicator.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <cstring>
+#include <tuple>
+
+#include <fmt/format.h>
+
+#include "eredu/core/error.hpp"
+#include "progress.hpp"
+
+namespace eredu::mpi {
+namespace {
+
+/// What each rank tells the others when a communicator is made: enough to say, after a
+/// timeout, which of them has exited.
+struct PeerRecord {
+  std::int32_t color = 0;
+  std::int32_t key = 0;
+  std::int32_t world_rank = 0;
+  std::int32_t reserved = 0;
+  std::int64_t pid = 0;
+  std::uint64_t host = 0;
+};
+
+/// FNV-1a of the host name: equal on every process of one host, and independent of the
+/// standard library's hash (which may differ between builds).
+std::uint64_t host_hash() {
+  std::array<char, 256> name{};
+  if (gethostname(name.data(), name.size() - 1) != 0) return 0;
+  std::uint64_t h = 14695981039346656037ull;
+  for (const char* p = name.data(); *p; ++p) h = (h ^ static_cast<unsigned char>(*p)) * 1099511628211ull;
+  return h;
+}
+
+PeerRecord my_record(int color, int key) {
+  int world_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);  // only used on the progress thread (see gather_records)
+  return {.color = color, .key = key, .world_rank = world_rank, .pid = getpid(), .host = host_hash()};
+}
+
+/// Blocks the calling thread until `done` finishes; rethrows its failure.
+void wait_for(const Completion& done) { done.get(); }
+
+/// Gathers every rank's PeerRecord over `state`'s communicator (within its timeout).
+std::vector<PeerRecord> gather_records(const std::shared_ptr<detail::CommState>& state, int color, int key,
+                                       const char* operation) {
+  auto records = std::make_shared<std::vector<PeerRecord>>(static_cast<std::size_t>(state->size));
+  auto mine = std::make_shared<PeerRecord>();
+  detail::OperationSpec spec;
+  spec.operation = operation;
+  spec.what = "the exchange of ranks, colors and process ids";
+  spec.keep = std::make_shared<std::pair<decltype(records), decltype(mine)>>(records, mine);
+  spec.start = [records = records.get(), mine = mine.get(), color, key](MPI_Comm comm,
+                                                                        std::vector<MPI_Request>& requests) {
+    *mine = my_record(color, key);
+    MPI_Request request = MPI_REQUEST_NULL;
+    const int rc = MPI_Iallgather(mine, sizeof(PeerRecord), MPI_BYTE, records->data(), sizeof(PeerRecord), MPI_BYTE,
+                                  comm, &request);
+    if (rc == MPI_SUCCESS) requests.push_back(request);
+    return rc;
+  };
+  wait_for(state->progress->submit(state, std::move(spec)));
+  return *records;
+}
+
+std::vector<Peer> peers_of(const std::vector<PeerRecord>& records) {
+  std::vector<Peer> peers;
+  for (const PeerRecord& r : records) peers.push_back({.world_rank = r.world_rank, .pid = r.pid, .host = r.host});
+  return peers;
+}
+
+const std::string empty_name;
+const std::vector<Peer> no_peers;
+
+}  // namespace
+
+Communicator::Communicator() noexcept = default;
+
+Communicator::Communicator(Communicator&& other) noexcept : state_(std::move(other.state_)) {}
+
+Communicator& Communicator::operator=(Communicator&& other) noexcept {
+  if (this != &other) {
+    release();
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+
+Communicator::~Communicator() { release(); }
+
+void Communicator::release() noexcept {
+  if (!state_) return;
+  std::shared_ptr<detail::CommState> state = std::move(state_);
+  if (state->comm == MPI_COMM_NULL) return;
+  try {
+    detail::OperationSpec spec;
+    spec.operation = "free";
+    spec.what = "freeing the communicator";
+    spec.cleanup = true;
+    spec.start = [](MPI_Comm comm, std::vector<MPI_Request>&) {
+      MPI_Comm doomed = comm;
+      return MPI_Comm_free(&doomed);
+    };
+    // Queued behind the communicator's collectives: MPI frees it once they have started, and
+    // the handle itself no longer waits for anything.
+    state->progress->submit(state, std::move(spec));
+  } catch (...) {
+    // A destructor cannot report it: the communicator is leaked, which MPI_Finalize tolerates.
+  }
+}
+
+Communicator Communicator::world(Environment& env, CommunicatorOptions options) {
+  auto state = std::make_shared<detail::CommState>();
+  state->progress = env.progress();
+  state->name = "world";
+  state->timeout_ms.store(options.timeout.count());
+  detail::OperationSpec dup;
+  dup.operation = "create";
+  dup.what = "duplicating MPI_COMM_WORLD";
+  dup.start = [s = state.get()](MPI_Comm, std::vector<MPI_Request>&) {
+    MPI_Comm comm = MPI_COMM_NULL;
+    int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+    if (rc != MPI_SUCCESS) return rc;
+    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm, &s->rank);
+    MPI_Comm_size(comm, &s->size);
+    s->comm = comm;
+    return MPI_SUCCESS;
+  };
+  wait_for(state->progress->submit(state, std::move(dup)));
+  state->peers = peers_of(gather_records(state, 0, state->rank, "create"));
+  return Communicator(std::move(state));
+}
+
+Communicator Communicator::split(int color, int key, std::string name) const {
+  if (!state_) throw Error(errc::invalid_argument, {}, fmt::format("split of an empty communicator into '{}'", name));
+  const std::vector<PeerRecord> table = gather_records(state_, color < 0 ? -1 : color, key, "split");
+  // MPI_Comm_split's order: the ranks of one color sorted by key, ties by rank in the parent.
+  std::vector<int> members;
+  for (int r = 0; r < state_->size; ++r)
+    if (color >= 0 && table[static_cast<std::size_t>(r)].color == color) members.push_back(r);
+  std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
+    return table[static_cast<std::size_t>(a)].key < table[static_cast<std::size_t>(b)].key;
+  });
+
+  auto state = std::make_shared<detail::CommState>();
+  state->progress = state_->progress;
+  state->name = std::move(name);
+  state->timeout_ms.store(state_->timeout_ms.load());
+  detail::OperationSpec spec;
+  spec.operation = "split";
+  spec.what = fmt::format("splitting into '{}'", state->name);
+  spec.start = [s = state.get(), color, key](MPI_Comm parent, std::vector<MPI_Request>&) {
+    MPI_Comm comm = MPI_COMM_NULL;
+    const int rc = MPI_Comm_split(parent, color < 0 ? MPI_UNDEFINED : color, key, &comm);
+    if (rc != MPI_SUCCESS) return rc;
+    if (comm != MPI_COMM_NULL) {
+      MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+      MPI_Comm_rank(comm, &s->rank);
+      MPI_Comm_size(comm, &s->size);
+      s->comm = comm;
+    }
+    return MPI_SUCCESS;
+  };
+  spec.keep = state;
+  wait_for(state_->progress->submit(state_, std::move(spec)));  // on the parent's queue
+  if (color < 0 || state->comm == MPI_COMM_NULL) return Communicator();
+  if (static_cast<std::size_t>(state->size) != members.size())
+    throw detail::collective_failure(
+        *state, "split",
+        fmt::format("MPI made a group of {} ranks where the exchanged colors give {}", state->size, members.size()));
+  for (int m : members) {
+    const PeerRecord& r = table[static_cast<std::size_t>(m)];
+    state->peers.push_back({.world_rank = r.world_rank, .pid = r.pid, .host = r.host});
+  }
+  return Communicator(std::move(state));
+}
+
+int Communicator::rank() const noexcept { return state_ ? state_->rank : -1; }
+int Communicator::size() const noexcept { return state_ ? state_->size : 0; }
+const std::string& Communicator::name() const noexcept { return state_ ? state_->name : empty_name; }
+const std::vector<Peer>& Communicator::peers() const noexcept { return state_ ? state_->peers : no_peers; }
+
+std::chrono::milliseconds Communicator::timeout() const noexcept {
+  return std::chrono::milliseconds(state_ ? state_->timeout_ms.load() : 0);
+}
+
+void Communicator::set_timeout(std::chrono::milliseconds timeout) noexcept {
+  if (state_) state_->timeout_ms.store(timeout.count());
+}
+
+bool Communicator::usable() const noexcept {
+  if (!state_) return false;
+  return !state_->progress->is_broken(*state_);
+}
+
+MPI_Comm Communicator::native() const noexcept { return state_ ? state_->comm : MPI_COMM_NULL; }
+
+std::pair<std::shared_ptr<const std::vector<std::byte>>, Completion> Communicator::all_gather_bytes(
+    std::vector<std::byte> contribution, std::optional<std::chrono::milliseconds> timeout, bool patient) {
+  if (!state_)
+    return {nullptr, Completion::failed(std::make_exception_ptr(
+                         Error(errc::invalid_argument, {}, "all_gather_bytes on an empty communicator")))};
+  auto in = std::make_shared<std::vector<std::byte>>(std::move(contribution));
+  auto out = std::make_shared<std::vector<std::byte>>(in->size() * static_cast<std::size_t>(state_->size));
+  if (in->size() > static_cast<std::size_t>(INT_MAX))
+    return {out, Completion::failed(std::make_exception_ptr(detail::collective_failure(
+                     *state_, "all_gather", fmt::format("{} bytes per rank is more than MPI counts", in->size()))))};
+  detail::OperationSpec spec;
+  spec.operation = "all_gather";
+  spec.what = fmt::format("{} bytes per rank", in->size());
+  spec.timeout = timeout.value_or(std::chrono::milliseconds(0));
+  spec.patient = patient;
+  spec.keep = std::make_shared<std::pair<decltype(in), decltype(out)>>(in, out);
+  spec.start = [in = in.get(), out = out.get()](MPI_Comm comm, std::vector<MPI_Request>& requests) {
+    MPI_Request request = MPI_REQUEST_NULL;
+    const int n = static_cast<int>(in->size());
+    const int rc = MPI_Iallgather(in->data(), n, MPI_BYTE, out->data(), n, MPI_BYTE, comm, &request);
+    if (rc == MPI_SUCCESS) requests.push_back(request);
+    return rc;
+  };
+  Completion done = state_->progress->submit(state_, std::move(spec));
+  return {std::move(out), std::move(done)};
+}
+
+Completion Communicator::barrier(std::optional<std::chrono::milliseconds> timeout) {
+  if (!state_)
+    return Completion::failed(
+        std::make_exception_ptr(Error(errc::invalid_argument, {}, "barrier on an empty communicator")));
+  detail::OperationSpec spec;
+  spec.operation = "barrier";
+  spec.what = "the barrier";
+  spec.timeout = timeout.value_or(std::chrono::milliseconds(0));
+  spec.start = [](MPI_Comm comm, std::vector<MPI_Request>& requests) {
+    MPI_Request request = MPI_REQUEST_NULL;
+    const int rc = MPI_Ibarrier(comm, &request);
+    if (rc == MPI_SUCCESS) requests.push_back(request);
+    return rc;
+  };
+  return state_->progress->submit(state_, std::move(spec));
+}
+
+}  // namespace eredu::mpi

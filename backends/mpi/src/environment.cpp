@@ -1,0 +1,129 @@
+#include "eredu/mpi/environment.hpp"
+
+#include <mpi.h>
+
+#include <atomic>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "datatypes.hpp"
+#include "eredu/core/collective_error.hpp"
+#include "eredu/core/log.hpp"
+#include "progress.hpp"
+
+namespace eredu::mpi {
+namespace {
+
+std::atomic<bool> alive{false};  // one Environment at a time
+
+int native_level(ThreadLevel level) {
+  switch (level) {
+    case ThreadLevel::single:
+      return MPI_THREAD_SINGLE;
+    case ThreadLevel::funneled:
+      return MPI_THREAD_FUNNELED;
+    case ThreadLevel::serialized:
+      return MPI_THREAD_SERIALIZED;
+    case ThreadLevel::multiple:
+      return MPI_THREAD_MULTIPLE;
+  }
+  return MPI_THREAD_SINGLE;
+}
+
+ThreadLevel from_native(int level) {
+  if (level >= MPI_THREAD_MULTIPLE) return ThreadLevel::multiple;
+  if (level >= MPI_THREAD_SERIALIZED) return ThreadLevel::serialized;
+  if (level >= MPI_THREAD_FUNNELED) return ThreadLevel::funneled;
+  return ThreadLevel::single;
+}
+
+[[noreturn]] void fail(const std::string& detail) {
+  throw CollectiveError(errc::collective_error, {.operation = "init", .group = "world"}, detail);
+}
+
+}  // namespace
+
+const char* thread_level_name(ThreadLevel level) noexcept {
+  switch (level) {
+    case ThreadLevel::single:
+      return "MPI_THREAD_SINGLE";
+    case ThreadLevel::funneled:
+      return "MPI_THREAD_FUNNELED";
+    case ThreadLevel::serialized:
+      return "MPI_THREAD_SERIALIZED";
+    case ThreadLevel::multiple:
+      return "MPI_THREAD_MULTIPLE";
+  }
+  return "unknown";
+}
+
+Environment::Environment(int& argc, char**& argv, EnvironmentOptions options) { start(&argc, &argv, options); }
+
+Environment::Environment(EnvironmentOptions options) { start(nullptr, nullptr, options); }
+
+void Environment::start(int* argc, char*** argv, const EnvironmentOptions& options) {
+  if (alive.exchange(true)) fail("another eredu::mpi::Environment is alive in this process; MPI has one lifetime");
+  try {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) fail("MPI was already finalized in this process and cannot start again");
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    int provided = MPI_THREAD_SINGLE;
+    if (initialized) {
+      MPI_Query_thread(&provided);
+    } else {
+      const int rc = MPI_Init_thread(argc, argv, native_level(options.required), &provided);
+      if (rc != MPI_SUCCESS) fail(fmt::format("MPI_Init_thread failed: {}", detail::mpi_error_text(rc)));
+      initialized_here_ = true;
+    }
+    provided_ = from_native(provided);
+    if (provided_ < options.required) {
+      if (initialized_here_) MPI_Finalize();
+      fail(fmt::format("MPI provides {} but eredu needs at least {}{}", thread_level_name(provided_),
+                       thread_level_name(options.required),
+                       initialized ? " (the application initialized MPI itself: ask MPI_Init_thread for it)" : ""));
+    }
+    // Errors are returned, never fatal, on the world communicator and every one derived from it.
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
+    if (const int rc = detail::create_custom_types(); rc != MPI_SUCCESS)
+      fail(fmt::format("creating the BF16/F16 reductions failed: {}", detail::mpi_error_text(rc)));
+    progress_ = std::make_shared<detail::Progress>(options.progress);
+    progress_->start();
+    log::debug("MPI started: rank {} of {}, {}", world_rank_, world_size_, thread_level_name(provided_));
+  } catch (...) {
+    alive.store(false);
+    throw;
+  }
+}
+
+Environment::~Environment() {
+  if (progress_) progress_->stop();
+  const bool stuck = progress_ && progress_->has_stuck_operations();
+  if (stuck) {
+    log::warn(
+        "MPI is not finalized: a collective that timed out is still inside MPI (a peer died or stalled), and "
+        "MPI_Finalize would wait for it");
+  } else {
+    detail::free_custom_types();
+    if (initialized_here_) {
+      if (const int rc = MPI_Finalize(); rc != MPI_SUCCESS)
+        log::warn("MPI_Finalize failed: {}", detail::mpi_error_text(rc));
+    }
+  }
+  alive.store(false);
+}
+
+bool Environment::has_stuck_collectives() const noexcept { return progress_ && progress_->has_stuck_operations(); }
+
+bool Environment::launched_by_mpirun() noexcept {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS",
+                           "SLURM_PROCID", "MV2_COMM_WORLD_SIZE"})
+    if (std::getenv(name) != nullptr) return true;
+  return false;
+}
+
+}  // namespace eredu::mpi

@@ -1,0 +1,204 @@
+// GGUF benchmarks (bench/gguf.sh runs them): a kept-dtype load of a synthetic GGUF file against
+// a safetensors load of the same bytes, rounds interleaved; and dequantization throughput per
+// type against the write-bandwidth limit of the output, measured in the same rounds.
+//
+//   gguf_bench gen DIR SIZE DTYPE        writes DIR/model.gguf and DIR/model.safetensors (the same
+//                                        tensor bytes; quantized tensors as U8 rows of blocks)
+//   gguf_bench load DIR ROUNDS           both files, alternating order, through the CPU backend
+//   gguf_bench dequant MIB ROUNDS TYPES  each type to bf16 and f32 vs parallel streaming fill
+// Each prints one line per measurement: "<what> round <r> <seconds> <GiB/s>", then medians.
+#include <sys/resource.h>
+#include <tbb/blocked_range.h>
+#include <tbb/global_control.h>
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <asio/io_context.hpp>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "eredu/core/error.hpp"
+#include "eredu/cpu/backend.hpp"
+#include "eredu/cpu/convert.hpp"
+#include "eredu/io/checkpoint_source.hpp"
+#include "eredu/synth/gguf_writer.hpp"
+#include "eredu/synth/synthetic_gguf.hpp"
+
+using namespace eredu;
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double gib(std::uint64_t b) { return static_cast<double>(b) / double(1ull << 30); }
+
+std::map<std::string, std::vector<double>> results;  // GiB/s per measurement
+
+void record(const std::string& what, int round, double secs, std::uint64_t bytes) {
+  const double rate = gib(bytes) / secs;
+  results[what].push_back(rate);
+  fmt::print("{} round {} {:.4f} s {:.2f} GiB/s\n", what, round, secs, rate);
+}
+
+void summary() {
+  fmt::print("\nmedian GiB/s (min-max) over rounds:\n");
+  for (auto& [what, v] : results) {
+    std::sort(v.begin(), v.end());
+    fmt::print("  {:<28} {:>7.2f}  ({:.2f}-{:.2f}, n={})\n", what, v[v.size() / 2], v.front(), v.back(), v.size());
+  }
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  fmt::print("peak RSS {:.0f} MiB\n", static_cast<double>(ru.ru_maxrss) / 1024.0);
+}
+
+int gen(const fs::path& dir, std::uint64_t size, DType dtype) {
+  fs::create_directories(dir);
+  synth::SyntheticOptions o;
+  o.target_bytes = size;
+  o.dtype = dtype;
+  synth::write_synthetic_gguf(dir / "model.gguf", o);
+  // The same bytes as safetensors: quantized tensors become U8 [rows, row bytes].
+  const synth::SyntheticModel m = synth::plan_gguf_model(o);
+  std::vector<synth::TensorSpec> st;
+  for (const auto& t : m.tensors) {
+    if (!dtype_is_quantized(t.dtype)) {
+      st.push_back(t);
+      continue;
+    }
+    const std::uint64_t row_bytes = t.shape.back() / dtype_block(t.dtype).elements * dtype_block(t.dtype).bytes;
+    st.push_back({t.name, DType::U8, {synth::tensor_nbytes(t) / row_bytes, row_bytes}});
+  }
+  synth::SafetensorsFileWriter w(dir / "model.safetensors", st);
+  std::vector<std::byte> buf(std::size_t{4} << 20);
+  for (const auto& t : m.tensors) {
+    const std::uint64_t n = synth::tensor_nbytes(t);
+    for (std::uint64_t at = 0; at < n; at += buf.size()) {
+      const auto len = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), n - at));
+      synth::fill_gguf_tensor_bytes(o.seed, t, at, std::span(buf.data(), len));
+      w.write(std::span(buf.data(), len));
+    }
+  }
+  w.finish();
+  fmt::print("wrote {} tensors, {:.2f} GiB, {} and model.safetensors\n", m.tensors.size(), gib(m.total_bytes),
+             (dir / "model.gguf").string());
+  return 0;
+}
+
+// Loads every tensor of `path`, dtype kept, into CPU tensors; returns the bytes loaded.
+std::uint64_t load_all(const fs::path& path, cpu::StoragePool& storage, cpu::Executor& executor) {
+  asio::io_context ctx;
+  io::SourceOptions options;
+  options.pool.budget = std::size_t{256} << 20;
+  auto source = io::CheckpointSource::open(ctx.get_executor(), path, options);
+  cpu::MaterializationContext mc{executor, storage};
+  std::vector<cpu::Materialization> pending;
+  std::uint64_t bytes = 0;
+  for (const auto& t : source->catalog().tensors()) {
+    pending.push_back(cpu::Backend::materialize(*source, {t.name}, mc, {}));
+    bytes += t.nbytes;
+  }
+  std::vector<cpu::Tensor> tensors;
+  for (auto& m : pending) {
+    while (!m.done.ready()) {
+      ctx.restart();
+      ctx.run_one_for(std::chrono::milliseconds(2));
+    }
+    tensors.push_back(cpu::Backend::finish_materialization(std::move(m)));
+  }
+  return bytes;
+}
+
+int load(const fs::path& dir, int rounds) {
+  cpu::StoragePool storage;
+  cpu::Executor executor{2};
+  const fs::path files[2] = {dir / "model.gguf", dir / "model.safetensors"};
+  const char* names[2] = {"load gguf (dtype kept)", "load safetensors (same bytes)"};
+  for (int r = 0; r < rounds; ++r) {
+    for (int k = 0; k < 2; ++k) {
+      const int i = (r + k) % 2;  // rotate the order every round
+      const auto t0 = Clock::now();
+      const std::uint64_t bytes = load_all(files[i], storage, executor);
+      record(names[i], r, seconds_since(t0), bytes);
+    }
+  }
+  summary();
+  return 0;
+}
+
+// Parallel streaming fill of `out`: the write-bandwidth limit for an output of this size.
+void fill(std::span<std::byte> out) {
+  const std::size_t chunk = std::size_t{1} << 20;
+  tbb::parallel_for(tbb::blocked_range<std::size_t>(0, (out.size() + chunk - 1) / chunk),
+                    [&](const tbb::blocked_range<std::size_t>& r) {
+                      for (std::size_t c = r.begin(); c != r.end(); ++c) {
+                        const std::size_t at = c * chunk, n = std::min(chunk, out.size() - at);
+                        std::memset(out.data() + at, 0x3C, n);
+                      }
+                    });
+}
+
+int dequant(std::size_t out_mib, int rounds, const std::vector<DType>& types) {
+  const std::size_t out_bytes = out_mib << 20;
+  std::vector<std::byte> out(out_bytes);
+  fill(out);  // resident before any round
+  for (DType t : types) {
+    const DTypeBlock block = dtype_block(t);
+    for (DType to : {DType::BF16, DType::F32}) {
+      const std::size_t out_elem = dtype_bits(to) / 8;
+      const std::size_t blocks = out_bytes / (block.elements * out_elem);
+      std::vector<std::byte> in(blocks * block.bytes);
+      synth::fill_quantized_bytes(1, {"bench", t, {blocks * block.elements}}, 0, in);
+      const std::span<std::byte> dst(out.data(), blocks * block.elements * out_elem);
+      const std::string what = fmt::format("{} -> {}", dtype_name(t), dtype_name(to));
+      for (int r = 0; r < rounds; ++r) {
+        for (int k = 0; k < 2; ++k) {
+          const auto t0 = Clock::now();
+          if ((r + k) % 2 == 0) {
+            cpu::convert(t, to, in, dst);
+            record(what, r, seconds_since(t0), dst.size());
+          } else {
+            fill(dst);
+            record(fmt::format("write limit ({} MiB)", dst.size() >> 20), r, seconds_since(t0), dst.size());
+          }
+        }
+      }
+    }
+  }
+  summary();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  tbb::global_control workers(tbb::global_control::max_allowed_parallelism,
+                              std::max(2u, std::thread::hardware_concurrency()));
+  try {
+    const std::vector<std::string> a(argv + 1, argv + argc);
+    if (a.size() >= 4 && a[0] == "gen") {
+      return gen(a[1], std::stoull(a[2]) << 20, *dtype_from_any_name(a[3]));
+    }
+    if (a.size() >= 3 && a[0] == "load") return load(a[1], std::stoi(a[2]));
+    if (a.size() >= 3 && a[0] == "dequant") {
+      std::vector<DType> types;
+      for (std::size_t i = 3; i < a.size(); ++i) {
+        const auto t = dtype_from_any_name(a[i]);
+        if (!t) throw std::runtime_error("unknown dtype " + a[i]);
+        types.push_back(*t);
+      }
+      return dequant(std::stoull(a[1]), std::stoi(a[2]), types);
+    }
+    fmt::print(stderr, "usage: gguf_bench gen DIR MIB DTYPE | load DIR ROUNDS | dequant OUT_MIB ROUNDS TYPE...\n");
+    return 2;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "gguf_bench: {}\n", e.what());
+    return 1;
+  }
+}

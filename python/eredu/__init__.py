@@ -1,0 +1,60 @@
+"""eredu for numpy and torch users: checkpoint loading through eredu's C++ engine.
+
+    import eredu
+    with eredu.safe_open("model.safetensors", framework="pt") as f:   # safetensors' API
+        w = f.get_tensor("lm_head.weight")
+    state_dict = eredu.load_file("model/", framework="pt")             # the whole checkpoint
+    state_dict = await eredu.aload("model/", framework="np")           # asyncio
+    for unit in eredu.prefetch("model/", lookahead=2): ...            # layer by layer
+    slot = eredu.ModelSlot("v1/"); await slot.swap("v2/")              # hot-swap
+
+Tensors arrive zero-copy through DLPack and own their storage. eredu works on its own event-loop
+thread with the GIL released; Ctrl-C cancels a blocking load cleanly. See docs/python.md.
+"""
+
+import atexit as _atexit
+
+from . import _native
+from ._errors import (BackendError, BudgetError, CancelledError, CanaryError, ChecksumError, DeclarationError,
+                      Error, FormatError, InvalidArgumentError, IoError, OrchestrationError, OutOfMemoryError,
+                      RecipeError, SelectionError, StoreError, SwapInProgressError, TensorNotFoundError,
+                      UnsupportedDTypeError, _from_native)
+from ._loading import aload, aread, load_file
+from ._model_slot import ModelSlot, Version
+from ._prefetch import Unit, prefetch
+from ._safe_open import Slice, TensorInfo, safe_open
+
+__version__ = _native.__version__
+
+_native._set_error_factory(_from_native)
+# Stop handing completions to Python while the interpreter can still run this: afterwards no
+# eredu thread takes the GIL.
+_atexit.register(_native._shutdown)
+
+
+def storage_stats():
+    """Counters of the tensor storage shared by safe_open, load_file and aload: live_bytes (held by
+    tensors), retained_bytes (freed, kept for reuse), fresh_allocations, recycled_allocations."""
+    return _native.storage_stats()
+
+
+def set_storage_retention(nbytes):
+    """Keep up to `nbytes` of freed tensor storage for later loads (default 0: freed storage goes
+    back to the system at once). Repeated loads of the same shapes then skip populating fresh
+    memory; the memory stays in the process until trim_storage()."""
+    from ._options import parse_size
+    _native.set_storage_retention(0 if nbytes == 0 else parse_size("nbytes", nbytes))
+
+
+def trim_storage(keep=0):
+    """Returns retained storage beyond `keep` bytes to the system."""
+    _native.trim_storage(keep)
+
+
+__all__ = [
+    "__version__", "safe_open", "Slice", "TensorInfo", "load_file", "aload", "aread", "prefetch", "Unit",
+    "ModelSlot", "Version", "storage_stats", "set_storage_retention", "trim_storage",
+    "Error", "FormatError", "StoreError", "IoError", "TensorNotFoundError", "SelectionError", "BudgetError",
+    "ChecksumError", "RecipeError", "DeclarationError", "OrchestrationError", "CanaryError", "SwapInProgressError",
+    "BackendError", "OutOfMemoryError", "InvalidArgumentError", "UnsupportedDTypeError", "CancelledError",
+]

@@ -1,0 +1,177 @@
+"""The exception hierarchy: every eredu failure is an `eredu.Error`.
+
+The C++ library's `eredu::Error` reaches Python through `_from_native`, which picks the class
+from the error's kind (then its family) and keeps the library's message unchanged, with the
+parts it names as attributes:
+
+    Error                      .kind .family .file .tensor .parameter .offset .errno .detail
+    ├── FormatError            a malformed checkpoint (safetensors header, sharded index)
+    ├── StoreError             reading
+    │   ├── IoError            also an OSError: the OS failed a read, a truncated or changed file
+    │   ├── TensorNotFoundError  also a KeyError
+    │   ├── SelectionError     also an IndexError: a slice that does not fit the tensor
+    │   ├── BudgetError        a read larger than the staging budget
+    │   └── ChecksumError      bytes that differ from their recorded SHA-256
+    ├── RecipeError, DeclarationError     a cast or plan rejected before any read
+    ├── OrchestrationError
+    │   ├── CanaryError        a hot-swap's canary rejected the new version
+    │   └── SwapInProgressError
+    ├── BackendError
+    │   └── OutOfMemoryError   also a MemoryError
+    ├── InvalidArgumentError   also a ValueError: a bad option or argument
+    ├── UnsupportedDTypeError  also a TypeError: a dtype the framework cannot hold
+    └── CancelledError         also an asyncio.CancelledError
+"""
+
+import asyncio
+
+__all__ = [
+    "Error", "FormatError", "StoreError", "IoError", "TensorNotFoundError", "SelectionError", "BudgetError",
+    "ChecksumError", "RecipeError", "DeclarationError", "OrchestrationError", "CanaryError", "SwapInProgressError",
+    "BackendError", "OutOfMemoryError", "InvalidArgumentError", "UnsupportedDTypeError", "CancelledError",
+]
+
+
+class Error(Exception):
+    """An eredu failure. `str(e)` is the library's message, which names file, tensor and offset."""
+
+    def __init__(self, message, *, kind="unknown", family=None, detail=None, file=None, tensor=None,
+                 parameter=None, offset=None, os_errno=None):
+        super().__init__(message)
+        self.message = message
+        self.kind = kind            # the errc name: "invalid_offset", "checksum_mismatch", ...
+        self.family = family        # "format", "store", "recipe", "declaration", "orchestration", "backend"
+        self.detail = detail if detail is not None else message
+        self.file = file or None
+        self.tensor = tensor or None
+        self.parameter = parameter or None
+        self.offset = offset        # absolute byte offset in the file, or None
+        self.errno = os_errno       # the OS error number of an I/O failure, or None
+        self.os_errno = os_errno    # the same, kept in __dict__ (OSError's errno is a slot)
+
+    def __str__(self):
+        return self.message
+
+    def __reduce__(self):  # picklable (multiprocessing, pytest-xdist) with its attributes
+        return (_rebuild, (type(self), self.message, self.__dict__.copy()))
+
+
+def _rebuild(cls, message, state):
+    e = cls(message)
+    e.__dict__.update(state)
+    e.errno = state.get("os_errno")
+    return e
+
+
+class FormatError(Error):
+    """The checkpoint is malformed (header, index, discovery)."""
+
+
+class StoreError(Error):
+    """Reading failed."""
+
+
+class IoError(StoreError, OSError):
+    """The operating system failed a read, or the file was truncated or changed underneath."""
+
+
+class TensorNotFoundError(StoreError, KeyError):
+    """No tensor of that name."""
+
+
+class SelectionError(StoreError, IndexError):
+    """A selection (slice) that does not fit the tensor, or an index form that is not supported."""
+
+
+class BudgetError(StoreError):
+    """A read larger than the staging budget."""
+
+
+class ChecksumError(StoreError):
+    """A tensor's bytes differ from the SHA-256 the checkpoint records."""
+
+
+class RecipeError(Error):
+    """A recipe (a cast) rejected before any read."""
+
+
+class DeclarationError(Error):
+    """A binding declaration rejected."""
+
+
+class OrchestrationError(Error):
+    """Binding a loaded unit failed (a missing or unexpected tensor, ...)."""
+
+
+class CanaryError(OrchestrationError):
+    """A hot-swap's canary rejected the new version; the old one keeps serving."""
+
+
+class SwapInProgressError(OrchestrationError):
+    """Another swap of the same slot is running."""
+
+
+class BackendError(Error):
+    """The CPU backend failed (a shape or dtype refused at bind, an allocation)."""
+
+
+class OutOfMemoryError(BackendError, MemoryError):
+    """Tensor storage could not be allocated."""
+
+
+class InvalidArgumentError(Error, ValueError):
+    """An option or argument out of range."""
+
+
+class UnsupportedDTypeError(Error, TypeError):
+    """A dtype the framework cannot hold; ask for raw bytes or a cast."""
+
+
+class CancelledError(Error, asyncio.CancelledError):
+    """The operation was cancelled (also an asyncio.CancelledError)."""
+
+
+_BY_KIND = {
+    "io_error": IoError, "unexpected_eof": IoError, "file_changed": IoError, "direct_io_unsupported": IoError,
+    "uring_unavailable": IoError,
+    "tensor_not_found": TensorNotFoundError,
+    "invalid_selection": SelectionError,
+    "exceeds_budget": BudgetError,
+    "checksum_mismatch": ChecksumError,
+    "canary_failed": CanaryError,
+    "swap_in_progress": SwapInProgressError,
+    "out_of_memory": OutOfMemoryError,
+    "invalid_argument": InvalidArgumentError,
+    "cancelled": CancelledError,
+    "unsupported_dtype": UnsupportedDTypeError,
+}
+_BY_FAMILY = {
+    "format": FormatError, "store": StoreError, "recipe": RecipeError, "declaration": DeclarationError,
+    "orchestration": OrchestrationError, "backend": BackendError,
+}
+
+
+def error_class(kind, family=None):
+    """The class an error of `kind` (and `family`) is raised as."""
+    return _BY_KIND.get(kind) or _BY_FAMILY.get(family) or Error
+
+
+def _from_native(kind, family, message, detail, file, tensor, parameter, offset, os_errno):
+    """Called by the extension for every eredu::Error it raises."""
+    cls = error_class(kind, family)
+    e = cls(message, kind=kind, family=family, detail=detail, file=file, tensor=tensor, parameter=parameter,
+            offset=offset, os_errno=os_errno)
+    return e
+
+
+def python_error(kind, detail, *, file=None, tensor=None):
+    """An error raised by the Python layer, with a message composed as the library composes its own:
+    "<file>: tensor '<name>': <detail> [<kind>]"."""
+    parts = []
+    if file:
+        parts.append(f"{file}: ")
+    if tensor:
+        parts.append(f"tensor '{tensor}': ")
+    message = "".join(parts) + f"{detail} [{kind}]"
+    family = "store" if kind in ("invalid_selection", "tensor_not_found") else None
+    return error_class(kind, family)(message, kind=kind, family=family, detail=detail, file=file, tensor=tensor)

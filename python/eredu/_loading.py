@@ -1,0 +1,65 @@
+"""Whole-checkpoint loads: load_file (blocking) and aload / aread (asyncio).
+
+    state_dict = eredu.load_file("model/", framework="pt")               # every tensor
+    state_dict = await eredu.aload("model.safetensors", framework="np")  # the same, awaited
+    w = await eredu.aread("model.safetensors", "lm_head.weight", index=(slice(0, 1024),))
+
+A load is one unit through eredu's engine and CPU backend: every tensor's read starts at once
+(io_uring), fresh memory is populated on every core while other tensors are read, page-cache
+resident tensors are copied (or converted, with dtype=) on a TBB arena, staging stays within the
+budget, and a failure anywhere fails the whole load with nothing returned.
+"""
+
+import os
+
+from . import _bridge
+from ._options import device as check_device
+from ._safe_open import _Reader
+
+
+def _check(device):
+    check_device(device)
+
+
+def load_file(filename, framework="np", dtype=None, threads=None, budget=None, *, device="cpu", bf16=None,
+              unsupported="error", **options):
+    """Every tensor of the checkpoint at `filename` (file, directory or index), as a dict in file
+    order. `dtype` converts float tensors on load; `threads` and `budget` (staging bytes) tune the
+    load; see safe_open for `bf16`, `unsupported` and the other options."""
+    _check(device)
+    reader = _Reader.open(os.fspath(filename), framework, dtype, bf16, unsupported, threads=threads, budget=budget,
+                          **options)
+    try:
+        return reader.read(list(reader.order))
+    finally:
+        reader.native.close()
+
+
+async def aload(filename, framework="np", dtype=None, threads=None, budget=None, *, device="cpu", bf16=None,
+                unsupported="error", names=None, **options):
+    """load_file, awaitable: the asyncio loop keeps running while eredu loads. `names` loads only
+    those tensors. Cancelling the task cancels the load, returns every lease and raises
+    asyncio.CancelledError."""
+    _check(device)
+    reader = await _Reader.aopen(os.fspath(filename), framework, dtype, bf16, unsupported, threads=threads,
+                                 budget=budget, **options)
+    try:
+        return await reader.aread(list(reader.order if names is None else names))
+    finally:
+        reader.native.close()
+
+
+async def aread(filename, name, index=None, framework="np", *, dtype=None, device="cpu", bf16=None,
+                unsupported="error", **options):
+    """One tensor of `filename`, awaitable; with `index` (what `slice[index]` takes) only the
+    selected part is read."""
+    _check(device)
+    reader = await _Reader.aopen(os.fspath(filename), framework, dtype, bf16, unsupported, copy_resident=False,
+                                 **options)
+    try:
+        if index is None:
+            return (await reader.aread([name]))[name]
+        op, plan = reader.start_slice(name, index)
+        return reader.convert(await _bridge.wait_async(op), [plan])[0]
+    finally:
+        reader.native.close()

@@ -1,0 +1,183 @@
+"""ModelSlot: hot-swap a serving model while requests keep reading it.
+
+    slot = eredu.ModelSlot("model-v1/", framework="pt")
+    weights = slot.current()                 # wait-free; keep it for the whole request
+    y = weights["lm_head.weight"] @ x
+    await slot.swap("model-v2/", verify=True, canary=check)   # or slot.swap_sync(...)
+
+A swap opens the new checkpoint, loads it on a background arena (`threads`, default 1: serving
+keeps the other cores) within a bounded staging budget, verifies its SHA-256 digests
+(`verify=None`: when the checkpoint records any, in "sha256:<tensor>" metadata or a
+`<file>.sha256.json` sidecar; True: they must exist; False: never), runs `canary(candidate)` — a
+mapping of the new tensors; raise, or return False, to reject; it may be a coroutine function —
+and publishes with one atomic store. Any failure raises (CanaryError, ChecksumError, IoError, ...)
+and leaves the old version serving. The new checkpoint must hold the same tensors, dtypes and
+shapes as the first one.
+
+`current()` returns a Version: a read-only mapping with `.generation` and `.origin`. It keeps its
+version's tensors alive while referenced; a swap never changes a Version already handed out.
+"""
+
+import os
+
+from . import _bridge, _native
+from ._errors import CanaryError
+from ._options import choice, parse_count
+from ._safe_open import _Reader
+
+
+class Version:
+    """One published (or candidate) version: a read-only mapping of tensor name -> tensor."""
+
+    def __init__(self, tensors, generation, origin, native=None):
+        self._tensors = tensors
+        self._native = native  # keeps the C++ version alive along with its storage
+        self.generation = generation
+        self.origin = origin
+
+    def __getitem__(self, name):
+        return self._tensors[name]
+
+    def __iter__(self):
+        return iter(self._tensors)
+
+    def __len__(self):
+        return len(self._tensors)
+
+    def __contains__(self, name):
+        return name in self._tensors
+
+    def keys(self):
+        return self._tensors.keys()
+
+    def items(self):
+        return self._tensors.items()
+
+    def values(self):
+        return self._tensors.values()
+
+    def get(self, name, default=None):
+        return self._tensors.get(name, default)
+
+    def __repr__(self):
+        return f"<eredu.Version generation {self.generation} from {self.origin!r}: {len(self)} tensors>"
+
+
+def _verify_mode(verify):
+    return {None: 1, False: 0, True: 2}[choice("verify", verify, (None, False, True))]
+
+
+class ModelSlot:
+    """The serving version of a model, hot-swapped (see the module comment).
+
+    ModelSlot(path=None, *, framework="np", dtype=None, bf16=None, unsupported="error", threads=1,
+              verify=None, canary=None, budget=None, ...)
+
+    With a path, the first version is loaded (blocking) before the constructor returns; without
+    one, current() is None until the first swap.
+    """
+
+    def __init__(self, path=None, *, framework="np", dtype=None, bf16=None, unsupported="error", threads=1,
+                 verify=None, canary=None, **options):
+        self._rules = _Reader.options(framework, dtype, bf16, unsupported)
+        self._options = options
+        self._native = _native.ModelSlot(parse_count("threads", threads))
+        self._plans = None
+        self._cached = None
+        if path is not None:
+            self.swap_sync(path, verify=verify, canary=canary)
+
+    @property
+    def generation(self):
+        """The serving generation (0 before the first swap)."""
+        return self._native.generation
+
+    @property
+    def swapping(self):
+        return self._native.swapping
+
+    def current(self):
+        """The serving Version (wait-free), or None before the first swap."""
+        native = self._native.current()
+        if native is None:
+            return None
+        cached = self._cached
+        if cached is not None and cached.generation == native.generation:
+            return cached
+        version = self._version(native.keys(), native.tensors(), native.generation, native.origin, native)
+        self._cached = version
+        return version
+
+    def _version(self, keys, tensors, generation, origin, native=None):
+        reader_fw = self._rules[0]
+        from ._frameworks import to_framework
+        converted = {k: to_framework(t, reader_fw, self._plans[k].post) for k, t in zip(keys, tensors)}
+        return Version(converted, generation, origin, native)
+
+    def _start(self, path, verify, canary, origin, blocking, options):
+        fw, cast, bf16, unsupported = self._rules
+        path = os.fspath(path)
+        mode = _verify_mode(verify)
+        reader = _Reader.open(path, fw, cast, bf16, unsupported, copy_resident=False, **{**self._options, **options})
+        try:
+            specs = None
+            if self._plans is None or self._native.generation == 0:
+                specs, plans = [], {}
+                for name in reader.order:
+                    spec, plan = reader.spec(name)
+                    specs.append(spec)
+                    plans[name] = plan
+                self._plans = plans
+            record = _Rejection()
+            job = None
+            if canary is not None:
+                keys = list(self._plans)
+
+                def job(tensors, finish, is_blocking):
+                    candidate = self._version(keys, tensors, self.generation + 1, origin or path)
+                    _bridge.run_canary(canary, candidate, finish, is_blocking, record)
+
+            op = self._native.swap(reader.native, specs, mode, job, blocking, origin or path)
+        finally:
+            reader.native.close()  # the swap keeps it open while it runs
+        return op, record
+
+    def _finished(self, report):
+        self._cached = None  # the retired version goes when its last reader lets go
+        return report
+
+    def swap_sync(self, path, *, verify=None, canary=None, origin=None, **options):
+        """swap(), blocking (Ctrl-C cancels it); returns the swap report."""
+        op, record = self._start(path, verify, canary, origin, True, options)
+        try:
+            return self._finished(_bridge.wait(op))
+        except CanaryError as e:
+            raise e from record.exception
+
+    async def swap(self, path, *, verify=None, canary=None, origin=None, **options):
+        """Loads, verifies, canaries and publishes `path`; returns the report (generation, bytes,
+        verified_bytes, load_s, verify_s, canary_s, publish_pause_ns). Raises, leaving the old
+        version serving, on any failure; cancelling the task cancels the swap (before publication).
+        `options` (budget, reader, ...) override the slot's for this swap."""
+        op, record = self._start(path, verify, canary, origin, False, options)
+        try:
+            return self._finished(await _bridge.wait_async(op))
+        except CanaryError as e:
+            raise e from record.exception
+
+    def storage(self):
+        """The slot's storage pool: live_bytes, retained_bytes (kept for the next swap), ..."""
+        return self._native.storage()
+
+    def __repr__(self):
+        return f"<eredu.ModelSlot generation {self.generation}>"
+
+
+class _Rejection:
+    """Keeps the exception a canary raised, to chain it to the CanaryError."""
+
+    def __init__(self):
+        self.exception = None
+
+    def __call__(self, e):
+        self.exception = e

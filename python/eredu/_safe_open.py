@@ -1,0 +1,271 @@
+"""safe_open: Hugging Face safetensors' `safe_open`, served by eredu.
+
+    with eredu.safe_open("model.safetensors", framework="pt") as f:
+        for name in f.keys():
+            w = f.get_tensor(name)
+        rows = f.get_slice("lm_head.weight")[0:1024, :]   # reads only those rows
+
+Same semantics as safetensors' (keys() sorted, metadata() None when the file has none,
+get_slice's indexing), plus what eredu adds: sharded directories and `*.index.json` open as one
+checkpoint; `load()` reads many tensors as one concurrent unit; `aget_tensor()` / `aload()` are
+awaitable; `dtype=` casts on load; errors are typed (eredu.Error).
+"""
+
+import os
+
+from . import _bridge, _native
+from ._errors import python_error
+from ._frameworks import plan_tensor, to_framework
+from ._indexing import selection
+from ._options import cast_target, choice, device as check_device, framework as check_framework, open_options
+
+
+class TensorInfo:
+    """What the catalog knows of one tensor."""
+
+    __slots__ = ("name", "dtype", "shape", "nbytes", "file", "offset")
+
+    def __init__(self, name, dtype, shape, nbytes, file, offset):
+        self.name, self.dtype, self.shape, self.nbytes, self.file, self.offset = name, dtype, shape, nbytes, file, offset
+
+    def __repr__(self):
+        return f"TensorInfo({self.name!r}, {self.dtype}, {list(self.shape)}, {self.nbytes} bytes)"
+
+
+class _Reader:
+    """An open checkpoint and the dtype rules its tensors are delivered with (shared by safe_open,
+    load_file, prefetch and ModelSlot)."""
+
+    def __init__(self, native, fw, cast, bf16, unsupported):
+        self.native = native
+        self.fw = fw
+        self.cast = cast
+        self.bf16 = bf16
+        self.unsupported = unsupported
+        self.files = [f["path"] for f in native.files()]
+        self.infos = {}
+        self.order = []
+        for name, dtype, shape, nbytes, file, offset in native.tensors():
+            self.infos[name] = TensorInfo(name, dtype, shape, nbytes, file, offset)
+            self.order.append(name)
+
+    @classmethod
+    def options(cls, framework, dtype, bf16, unsupported):
+        fw = check_framework(framework)
+        cast = cast_target(dtype)
+        if bf16 is None:
+            bf16 = "uint16"
+        choice("bf16", bf16, ("uint16", "float32"))
+        choice("unsupported", unsupported, ("error", "raw"))
+        if fw == "np" and cast == "BF16" and bf16 == "float32":
+            raise python_error("invalid_argument", "dtype='bfloat16' and bf16='float32' contradict each other")
+        return fw, cast, bf16, unsupported
+
+    @classmethod
+    def open(cls, path, framework="np", dtype=None, bf16=None, unsupported="error", copy_resident=True, **options):
+        fw, cast, bf16, unsupported = cls.options(framework, dtype, bf16, unsupported)
+        path = os.fspath(path)
+        native = _bridge.wait(_native.open(path, open_options(path, options, copy_resident=copy_resident)))
+        return cls(native, fw, cast, bf16, unsupported)
+
+    @classmethod
+    async def aopen(cls, path, framework="np", dtype=None, bf16=None, unsupported="error", copy_resident=True,
+                    **options):
+        fw, cast, bf16, unsupported = cls.options(framework, dtype, bf16, unsupported)
+        path = os.fspath(path)
+        native = await _bridge.wait_async(_native.open(path, open_options(path, options, copy_resident=copy_resident)))
+        return cls(native, fw, cast, bf16, unsupported)
+
+    def info(self, name):
+        try:
+            return self.infos[name]
+        except KeyError:
+            raise python_error("tensor_not_found", f"no such tensor among the checkpoint's {len(self.infos)} tensors",
+                               file=self.files[0] if len(self.files) == 1 else self.native.path, tensor=name) from None
+
+    def spec(self, name, *, ranges=None, shape=None, slot=None):
+        """(the extension's read spec, the TensorPlan) of tensor `name`."""
+        info = self.info(name)
+        plan = plan_tensor(name, info.dtype, self.fw, cast=self.cast, bf16=self.bf16, unsupported=self.unsupported,
+                           file=self.files[info.file])
+        spec = {"key": name, "cast": plan.cast, "view": plan.view, "ranges": ranges, "shape": shape, "name": slot}
+        return spec, plan
+
+    def convert(self, tensors, plans):
+        return [to_framework(t, self.fw, p.post) for t, p in zip(tensors, plans)]
+
+    def start_read(self, names):
+        specs, plans = zip(*(self.spec(n) for n in names)) if names else ((), ())
+        return self.native.read(list(specs)), list(plans)
+
+    def read(self, names):
+        op, plans = self.start_read(names)
+        return dict(zip(names, self.convert(_bridge.wait(op), plans)))
+
+    async def aread(self, names):
+        op, plans = self.start_read(names)
+        return dict(zip(names, self.convert(await _bridge.wait_async(op), plans)))
+
+    def start_slice(self, name, index):
+        info = self.info(name)
+        ranges, shape = selection(index, info.shape, name=name, file=self.files[info.file])
+        spec, plan = self.spec(name, ranges=ranges, shape=shape)
+        return self.native.read([spec]), plan
+
+
+class safe_open:
+    """A checkpoint opened the way safetensors' `safe_open` opens one (see the module comment).
+
+    safe_open(filename, framework="np", device="cpu", *, dtype=None, bf16=None, unsupported="error",
+              budget=None, threads=None, ...)
+
+    `filename` may be a `.safetensors` file, a directory (one file, or a sharded checkpoint with
+    `model.safetensors.index.json`) or an index file. `framework` is "np"/"numpy" or
+    "pt"/"torch"/"pytorch"; `device` must be the CPU. `dtype` ("float32", "float16", "bfloat16" or
+    a numpy/torch dtype) converts float tensors on load; `bf16` ("uint16" or "float32") says how
+    numpy receives BF16; `unsupported="raw"` gives the bytes of dtypes the framework cannot hold.
+    The other keywords are eredu's options (eredu._options: staging budget, threads, reader, ...).
+    """
+
+    def __init__(self, filename, framework="np", device="cpu", *, dtype=None, bf16=None, unsupported="error",
+                 **options):
+        check_device(device)
+        self._reader = _Reader.open(filename, framework, dtype, bf16, unsupported, copy_resident=False, **options)
+        self._closed = False
+
+    # --- context manager ---
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def close(self):
+        """Closes the files (reads in flight finish first). Tensors already read stay valid."""
+        if not self._closed:
+            self._closed = True
+            self._reader.native.close()
+
+    def __del__(self):
+        reader = getattr(self, "_reader", None)
+        if reader is not None and not getattr(self, "_closed", True):
+            reader.native.close()
+
+    def _check(self):
+        if self._closed:
+            raise python_error("invalid_argument", "the checkpoint is closed", file=self._reader.native.path)
+
+    # --- safetensors' API ---
+    def keys(self):
+        """Tensor names, sorted (as safetensors)."""
+        return sorted(self._reader.order)
+
+    def offset_keys(self):
+        """Tensor names in file order (file, then offset)."""
+        return list(self._reader.order)
+
+    def metadata(self):
+        """The checkpoint's metadata (a file's __metadata__, or the index's), or None when there is none."""
+        m = self._reader.native.metadata()
+        return m or None
+
+    def get_tensor(self, name):
+        """Reads tensor `name` whole."""
+        self._check()
+        return self._reader.read([name])[name]
+
+    def get_slice(self, name):
+        """A lazy view of tensor `name`: index it to read only the selected bytes."""
+        self._check()
+        self._reader.info(name)
+        return Slice(self, name)
+
+    # --- eredu's additions ---
+    def tensor_info(self, name):
+        """dtype, shape, bytes, file and offset of tensor `name`."""
+        return self._reader.info(name)
+
+    def load(self, names=None):
+        """Reads `names` (default: every tensor) as one unit: concurrent reads and conversions; all
+        or nothing. A dict in the order given (file order by default)."""
+        self._check()
+        return self._reader.read(list(self._reader.order if names is None else names))
+
+    async def aget_tensor(self, name):
+        """get_tensor, awaitable."""
+        self._check()
+        return (await self._reader.aread([name]))[name]
+
+    async def aload(self, names=None):
+        """load, awaitable."""
+        self._check()
+        return await self._reader.aread(list(self._reader.order if names is None else names))
+
+    def staging(self):
+        """The staging pool's budget, bytes in use, high-water mark and waiters."""
+        return self._reader.native.staging()
+
+    @property
+    def path(self):
+        return self._reader.native.path
+
+    @property
+    def files(self):
+        """The checkpoint's files (one, or every shard)."""
+        return list(self._reader.files)
+
+    def __len__(self):
+        return len(self._reader.order)
+
+    def __contains__(self, name):
+        return name in self._reader.infos
+
+    def __repr__(self):
+        state = "closed" if self._closed else f"{len(self)} tensors"
+        return f"<eredu.safe_open {self.path!r} framework={self._reader.fw!r} ({state})>"
+
+
+class Slice:
+    """safetensors' PySafeSlice: shape and dtype without reading; `[...]` reads the selected bytes."""
+
+    def __init__(self, owner, name):
+        self._owner = owner
+        self._name = name
+        self._info = owner._reader.info(name)
+
+    def get_shape(self):
+        return list(self._info.shape)
+
+    def get_dtype(self):
+        """The safetensors dtype name ("F32", "BF16", ...)."""
+        return self._info.dtype
+
+    @property
+    def shape(self):
+        return tuple(self._info.shape)
+
+    @property
+    def ndim(self):
+        return len(self._info.shape)
+
+    def __len__(self):
+        if not self._info.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self._info.shape[0]
+
+    def __getitem__(self, index):
+        self._owner._check()
+        reader = self._owner._reader
+        op, plan = reader.start_slice(self._name, index)
+        return reader.convert(_bridge.wait(op), [plan])[0]
+
+    async def aread(self, index=()):
+        """`slice[index]`, awaitable."""
+        self._owner._check()
+        reader = self._owner._reader
+        op, plan = reader.start_slice(self._name, index)
+        return reader.convert(await _bridge.wait_async(op), [plan])[0]
+
+    def __repr__(self):
+        return f"<eredu.Slice {self._name!r} {self._info.dtype} {list(self._info.shape)}>"

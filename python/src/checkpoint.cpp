@@ -1,0 +1,224 @@
+#include "checkpoint.hpp"
+
+#include <pybind11/stl.h>
+
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/post.hpp>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "eredu/core/error.hpp"
+#include "eredu/cpu/backend.hpp"
+#include "eredu/engine/materialize.hpp"
+#include "runtime.hpp"
+
+namespace eredu::python {
+
+namespace py = pybind11;
+
+namespace {
+
+py::dict metadata_dict(const io::Metadata& metadata) {
+  py::dict d;
+  for (const auto& [k, v] : metadata) d[py::str(k)] = py::str(v);
+  return d;
+}
+
+/// Lets `source` go on the loop thread, after the handler running now: a source is never
+/// destroyed inside a completion handler of one of its own operations.
+void destroy_on_loop(std::unique_ptr<io::CheckpointSource> source) {
+  if (!source) return;
+  Runtime& runtime = Runtime::get();
+  if (runtime.on_loop_thread()) {
+    runtime.post([s = std::move(source)]() mutable { s.reset(); });
+    return;
+  }
+  runtime.run_on_loop([&source] { source.reset(); });
+}
+
+}  // namespace
+
+Checkpoint::Use::Use(std::shared_ptr<Checkpoint> checkpoint) : checkpoint_(std::move(checkpoint)) {
+  ++checkpoint_->uses_;
+}
+
+Checkpoint::Use::~Use() {
+  if (!checkpoint_) return;  // moved from
+  if (--checkpoint_->uses_ == 0 && checkpoint_->closed()) destroy_on_loop(checkpoint_->take_source());
+}
+
+Checkpoint::Checkpoint(Passkey, std::string path, OpenOptions options, std::unique_ptr<io::CheckpointSource> source)
+    : path_(std::move(path)),
+      options_(std::move(options)),
+      catalog_(source->catalog()),
+      executor_(std::make_unique<cpu::Executor>(options_.threads)),
+      storage_(Runtime::get().storage()),
+      source_(std::move(source)) {}
+
+Checkpoint::~Checkpoint() { destroy_on_loop(take_source()); }
+
+std::unique_ptr<io::CheckpointSource> Checkpoint::take_source() {
+  std::lock_guard lock(source_mutex_);
+  return std::move(source_);
+}
+
+std::shared_ptr<Operation> Checkpoint::open(std::string path, OpenOptions options) {
+  auto op = Operation::create(fmt::format("opening {}", path));
+  Runtime& runtime = Runtime::get();
+  runtime.post([op, path = std::move(path), options = std::move(options), &runtime]() mutable {
+    io::SourceOptions source_options = options.source;
+    io::async_open_checkpoint(
+        runtime.executor(), path, std::move(source_options),
+        [op, path, options](std::exception_ptr error, std::unique_ptr<io::CheckpointSource> source) mutable {
+          if (error) {
+            op->finish(std::move(error));
+            return;
+          }
+          try {
+            auto checkpoint =
+                std::make_shared<Checkpoint>(Passkey{}, std::move(path), std::move(options), std::move(source));
+            op->finish(nullptr, [checkpoint] { return py::cast(checkpoint); });
+          } catch (...) {
+            op->finish(std::current_exception());
+          }
+        });
+  });
+  return op;
+}
+
+Checkpoint::Use Checkpoint::use() {
+  if (closed() || !source_) throw Error(errc::invalid_argument, {.file = path_}, "the checkpoint is closed");
+  return Use(shared_from_this());
+}
+
+std::shared_ptr<Operation> Checkpoint::read(std::vector<ReadSpec> specs) {
+  auto op = Operation::create(fmt::format("load from {}", path_));
+  Runtime::get().post([self = shared_from_this(), op, specs = std::move(specs)]() mutable {
+    try {
+      Use use = self->use();
+      auto set = std::make_shared<const TensorSet>(TensorSet::build(self->catalog_, specs));
+      if (specs.empty()) {
+        op->finish(nullptr, [] { return py::object(py::list()); });
+        return;
+      }
+      // The context must outlive the load: the handler keeps it.
+      auto context = std::make_shared<cpu::MaterializationContext>(
+          cpu::MaterializationContext{*self->executor_, self->storage_, self->options_.copy_resident});
+      io::CheckpointSource& source = use.source();
+      engine::async_materialize<cpu::Backend>(
+          source, set->plan, *context, engine::MaterializeOptions{},
+          asio::bind_cancellation_slot(
+              op->cancellation_slot(),
+              [use = std::make_shared<Use>(std::move(use)), op, set, context, specs = std::move(specs)](
+                  std::exception_ptr error, engine::MaterializedUnit<cpu::Backend> unit) mutable {
+                if (error) {
+                  op->finish(std::move(error));
+                  return;
+                }
+                std::vector<cpu::Tensor> tensors;
+                tensors.reserve(specs.size());
+                for (const engine::WeightBinding& b : set->plan.bindings()) tensors.push_back(*unit.find(b.id()));
+                op->finish(nullptr, [tensors = std::move(tensors), specs = std::move(specs)] {
+                  return py::object(export_tensors(tensors, specs));
+                });
+              }));
+    } catch (...) {
+      op->finish(std::current_exception());
+    }
+  });
+  return op;
+}
+
+py::dict Checkpoint::staging() {
+  std::size_t budget = 0, in_use = 0, high_water = 0, waiting = 0;
+  {
+    // Not on the loop: the pool's counters are thread-safe, and the loop may be held up.
+    py::gil_scoped_release nogil;
+    std::lock_guard lock(source_mutex_);
+    if (source_) {
+      io::LeasePool& pool = source_->pool();
+      budget = pool.budget();
+      in_use = pool.in_use();
+      high_water = pool.high_water();
+      waiting = pool.waiting();
+    }
+  }
+  py::dict d;
+  d["budget"] = budget;
+  d["in_use"] = in_use;
+  d["high_water"] = high_water;
+  d["waiting"] = waiting;
+  return d;
+}
+
+void Checkpoint::close() {
+  // On the loop thread, in order: an operation posted before close() (a read, a swap) still gets
+  // its use of the source; one posted after is refused.
+  Runtime::get().run_on_loop([this] {
+    if (closed_.exchange(true, std::memory_order_acq_rel)) return;
+    if (uses_ == 0) {
+      std::unique_ptr<io::CheckpointSource> source = take_source();
+      source.reset();
+    }
+  });
+}
+
+void bind_checkpoint(py::module_& m) {
+  py::class_<Checkpoint, std::shared_ptr<Checkpoint>>(m, "Checkpoint", "An open checkpoint (eredu._native.open).")
+      .def_property_readonly("path", &Checkpoint::path, "The path as opened.")
+      .def(
+          "tensors",
+          [](const Checkpoint& c) {
+            py::list out;
+            const io::Catalog& catalog = c.catalog();
+            for (const io::TensorInfo& t : catalog.tensors())
+              out.append(py::make_tuple(t.name, std::string(dtype_name(t.dtype)), py::tuple(py::cast(t.shape)),
+                                        t.nbytes, t.file, t.offset));
+            return out;
+          },
+          "(name, dtype, shape, nbytes, file index, offset) of every tensor, in file order.")
+      .def(
+          "metadata", [](const Checkpoint& c) { return metadata_dict(c.catalog().metadata()); },
+          "The checkpoint's metadata (a single file's __metadata__, or the index's).")
+      .def(
+          "files",
+          [](const Checkpoint& c) {
+            py::list out;
+            for (const io::CheckpointFile& f : c.catalog().files()) {
+              py::dict d;
+              d["path"] = f.path;
+              d["format"] = f.format;
+              d["size"] = f.size;
+              d["data_offset"] = f.data_offset;
+              d["metadata"] = metadata_dict(f.metadata);
+              out.append(d);
+            }
+            return out;
+          },
+          "Every file of the checkpoint.")
+      .def(
+          "read", [](Checkpoint& c, const py::object& specs) { return c.read(read_specs_from(specs)); },
+          py::arg("specs"), "Starts loading `specs` as one unit; the Operation's result is a list of Tensor.")
+      .def("staging", &Checkpoint::staging, "The staging pool's budget, in_use, high_water and waiting.")
+      .def(
+          "checksums", [](const Checkpoint& c) { return c.checksums().digests(); },
+          "Tensor -> SHA-256 recorded in the metadata or the sidecar file.")
+      .def(
+          "close",
+          [](Checkpoint& c) {
+            py::gil_scoped_release nogil;
+            c.close();
+          },
+          "Refuses new reads; the files close once the reads in flight have ended.")
+      .def_property_readonly("closed", &Checkpoint::closed, "True after close().");
+
+  m.def(
+      "open",
+      [](std::string path, const py::dict& options) {
+        return Checkpoint::open(std::move(path), open_options(options));
+      },
+      py::arg("path"), py::arg("options"), "Starts opening a checkpoint; the Operation's result is a Checkpoint.");
+}
+
+}  // namespace eredu::python

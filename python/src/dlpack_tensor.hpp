@@ -1,0 +1,84 @@
+#pragma once
+/// \file
+/// eredu::python::DLPackTensor: a loaded CPU tensor as a DLPack producer — what numpy's
+/// `np.from_dlpack` and torch's `torch.utils.dlpack.from_dlpack` take (`__dlpack__`,
+/// `__dlpack_device__`, the legacy "dltensor" capsule of DLPack 0.6).
+///
+/// No copy: the capsule's DLManagedTensor holds a reference to the tensor's storage block,
+/// released by its deleter when the consumer's array or tensor is freed (on any thread, with or
+/// without the GIL: it touches no Python object). So an array stays valid after its safe_open
+/// is closed, its pipeline unit released or its slot version retired.
+///
+/// A tensor is exported under one of three views, chosen per tensor by the Python layer's
+/// dtype rules (eredu/_frameworks.py), never guessed here:
+///  * stored: the checkpoint's element type as DLPack spells it (BOOL as 8-bit unsigned, which
+///    the Python layer views as bool); F8, F4 and F6 have no DLPack type and are refused;
+///  * uint16: a 16-bit type's bits as unsigned 16-bit integers (numpy's view of BF16);
+///  * raw: unsigned bytes, the last dimension widened by the element size (the same shape for
+///    8-bit types; a flat array of the tensor's bytes for sub-byte types and for scalars wider
+///    than a byte) — for types a framework cannot hold, on request only.
+
+#include <pybind11/pybind11.h>
+
+#include <dlpack/dlpack.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "eredu/core/dtype.hpp"
+#include "eredu/core/shape.hpp"
+#include "eredu/cpu/tensor.hpp"
+
+namespace eredu::python {
+
+/// How a tensor's bytes are typed for the consumer (see file comment).
+enum class TensorView {
+  stored,  ///< the checkpoint's element type
+  uint16,  ///< a 16-bit type's bits as uint16
+  raw,     ///< uint8 bytes
+};
+
+/// Parses "stored", "uint16" or "raw"; throws Error(invalid_argument) for anything else.
+TensorView tensor_view_from_name(const std::string& name);
+/// The name of a view.
+const char* tensor_view_name(TensorView view) noexcept;
+
+/// True when `dtype` has a DLPack type of its own (the stored view is possible).
+bool has_dlpack_type(DType dtype) noexcept;
+
+/// One exported tensor (see file comment). Cheap to copy: copies share the storage.
+class DLPackTensor {
+ public:
+  /// `tensor` seen through `view`, with `shape` (the same element count: a selection with
+  /// integer indices drops those dimensions) or the tensor's own shape. Throws
+  /// Error(invalid_argument) naming `name` when the view does not fit the dtype or the shape.
+  DLPackTensor(cpu::Tensor tensor, TensorView view, std::optional<Shape> shape, const std::string& name);
+
+  /// A new "dltensor" capsule sharing the storage (`__dlpack__`).
+  pybind11::capsule capsule() const;
+  /// The view's shape.
+  const std::vector<std::int64_t>& shape() const noexcept { return shape_; }
+  /// The checkpoint dtype of the bytes ("BF16").
+  DType dtype() const noexcept { return tensor_.dtype(); }
+  /// The view.
+  TensorView view() const noexcept { return view_; }
+  /// Bytes of data.
+  std::size_t nbytes() const noexcept { return tensor_.nbytes(); }
+  /// Address of the first byte (for tests of zero-copy).
+  std::uintptr_t data_ptr() const noexcept;
+  /// The tensor itself.
+  const cpu::Tensor& tensor() const noexcept { return tensor_; }
+
+ private:
+  cpu::Tensor tensor_;
+  TensorView view_;
+  DLDataType type_{};
+  std::vector<std::int64_t> shape_;
+};
+
+/// Registers eredu._native.Tensor.
+void bind_dlpack_tensor(pybind11::module_& m);
+
+}  // namespace eredu::python

@@ -1,0 +1,95 @@
+// eredu._native: the pybind11 extension under the `eredu` package. Each binding lives in the
+// file of its concept; this one registers them, the operation type, the dtype helpers and the
+// runtime's knobs. The public API is the pure-Python package (python/eredu/).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <string>
+
+#include "checkpoint.hpp"
+#include "dlpack_tensor.hpp"
+#include "eredu/core/dtype.hpp"
+#include "eredu/core/error.hpp"
+#include "eredu/core/float_formats.hpp"
+#include "error_translation.hpp"
+#include "model_slot.hpp"
+#include "operation.hpp"
+#include "prefetch.hpp"
+#include "read_gate.hpp"
+#include "runtime.hpp"
+
+namespace py = pybind11;
+using namespace eredu;
+using namespace eredu::python;
+
+namespace {
+
+DType dtype_arg(const std::string& name) {
+  auto d = dtype_from_name(name);
+  if (!d) throw Error(errc::invalid_argument, {}, "unknown dtype '" + name + "'");
+  return *d;
+}
+
+py::dict pool_stats(const cpu::StoragePool& pool) {
+  const cpu::StoragePoolStats s = pool.stats();
+  py::dict d;
+  d["live_bytes"] = s.live_bytes;
+  d["retained_bytes"] = s.retained_bytes;
+  d["fresh_allocations"] = s.fresh_allocations;
+  d["recycled_allocations"] = s.recycled_allocations;
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_native, m) {
+  m.doc() = "eredu's native core: the event loop, checkpoints, loads, pipelines and slots (see the eredu package)";
+  m.attr("__version__") = EREDU_VERSION;
+  register_error_translation();
+  m.def("_set_error_factory", &set_error_factory, "Sets the callable that builds eredu exceptions.");
+
+  py::class_<Operation, std::shared_ptr<Operation>>(m, "Operation", "An eredu operation in flight.")
+      .def("wait", &Operation::wait, "Blocks (GIL released, Ctrl-C cancels) and returns the result.")
+      .def("bind", &Operation::bind, py::arg("loop"), py::arg("on_done"), py::arg("on_jobs"),
+           "Delivers completion to an asyncio loop through call_soon_threadsafe.")
+      .def("run_jobs", &Operation::run_jobs, "Runs Python work the operation asked for.")
+      .def("cancel", &Operation::cancel, "Asks the operation to stop (terminal cancellation).")
+      .def("done", &Operation::done)
+      .def("result", &Operation::result, "The result, or raises the operation's error.")
+      .def_property_readonly("what", &Operation::what);
+
+  bind_dlpack_tensor(m);
+  bind_checkpoint(m);
+  bind_prefetch(m);
+  bind_model_slot(m);
+  bind_read_gate(m);
+
+  m.def("dtype_names", [] {
+    py::list out;
+    for (std::size_t i = 0; i < dtype_count; ++i) out.append(std::string(dtype_name(static_cast<DType>(i))));
+    return out;
+  });
+  m.def(
+      "dtype_bits", [](const std::string& name) { return dtype_bits(dtype_arg(name)); },
+      "Bits one element of the named dtype occupies.");
+  m.def(
+      "has_dlpack_type", [](const std::string& name) { return has_dlpack_type(dtype_arg(name)); },
+      "True when the dtype has a DLPack type of its own.");
+  m.def(
+      "supported_cast",
+      [](const std::string& from, const std::string& to) { return is_supported_cast(dtype_arg(from), dtype_arg(to)); },
+      "True when eredu converts `from` to `to` on load.");
+  m.def("default_threads", &Runtime::default_threads);
+  m.def(
+      "storage_stats", [] { return pool_stats(Runtime::get().storage()); },
+      "Counters of the default tensor storage pool.");
+  m.def(
+      "set_storage_retention", [](std::uint64_t bytes) { Runtime::get().set_retention(bytes); },
+      "Keep up to `bytes` of freed tensor storage for reuse by later loads.");
+  m.def(
+      "trim_storage", [](std::uint64_t keep) { Runtime::get().storage().trim(keep); }, py::arg("keep") = 0,
+      "Returns retained storage to the system.");
+  m.def(
+      "_shutdown", [] { Runtime::get().stop_delivery(); }, "atexit hook: stops delivering completions to Python.");
+}

@@ -1,0 +1,158 @@
+#include "operation.hpp"
+
+#include <asio/cancellation_type.hpp>
+#include <chrono>
+#include <optional>
+#include <stdexcept>
+#include <utility>
+
+#include "runtime.hpp"
+
+namespace eredu::python {
+
+namespace py = pybind11;
+
+namespace {
+
+// How often a blocked waiter takes the GIL to look for Ctrl-C: short enough that an
+// interrupt feels immediate, long enough to cost nothing.
+constexpr auto signal_poll = std::chrono::milliseconds(25);
+
+}  // namespace
+
+std::shared_ptr<Operation> Operation::create(std::string what) {
+  return std::make_shared<Operation>(Passkey{}, std::move(what));
+}
+
+void Operation::finish(std::exception_ptr error, ResultFactory result) {
+  bool bound = false;
+  {
+    std::lock_guard lock(mutex_);
+    if (done_) return;
+    done_ = true;
+    error_ = std::move(error);
+    result_ = std::move(result);
+    bound = bound_;
+  }
+  changed_.notify_all();
+  if (bound) notify_loop(true);
+}
+
+void Operation::run_in_python(UniqueFunction<void()> job) {
+  bool bound = false;
+  {
+    std::lock_guard lock(mutex_);
+    jobs_.push_back(std::move(job));
+    bound = bound_;
+  }
+  changed_.notify_all();
+  if (bound) notify_loop(false);
+}
+
+void Operation::notify_loop(bool finished) {
+  Runtime::get().deliver([self = shared_from_this(), finished] {
+    try {
+      self->loop_.get().attr("call_soon_threadsafe")(finished ? self->on_done_.get() : self->on_jobs_.get());
+    } catch (py::error_already_set& e) {
+      // A closed loop has nobody left to await the operation: its result is dropped.
+      if (!e.matches(PyExc_RuntimeError)) throw;
+    }
+    if (finished) {
+      // The callbacks refer back to the operation's Python wrapper: dropping them here breaks
+      // a cycle the garbage collector cannot see through C++.
+      self->on_done_.reset();
+      self->on_jobs_.reset();
+      self->loop_.reset();
+    }
+  });
+}
+
+void Operation::bind(const py::object& loop, const py::object& on_done, const py::object& on_jobs) {
+  bool finished = false;
+  bool jobs = false;
+  {
+    std::lock_guard lock(mutex_);
+    if (bound_) throw std::logic_error("an eredu operation can be awaited only once");
+    loop_ = PyHandle(loop);
+    on_done_ = PyHandle(on_done);
+    on_jobs_ = PyHandle(on_jobs);
+    bound_ = true;
+    finished = done_;
+    jobs = !jobs_.empty();
+  }
+  if (jobs) notify_loop(false);
+  if (finished) notify_loop(true);
+}
+
+void Operation::run_jobs() {
+  for (;;) {
+    UniqueFunction<void()> job;
+    {
+      std::lock_guard lock(mutex_);
+      if (jobs_.empty()) return;
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    job();
+  }
+}
+
+void Operation::cancel() {
+  {
+    std::lock_guard lock(mutex_);
+    if (done_ || cancel_requested_) return;
+    cancel_requested_ = true;
+  }
+  Runtime::get().post([self = shared_from_this()] { self->signal_.emit(asio::cancellation_type::terminal); });
+}
+
+bool Operation::done() const {
+  std::lock_guard lock(mutex_);
+  return done_;
+}
+
+py::object Operation::wait() {
+  std::optional<py::error_already_set> interrupted;
+  for (;;) {
+    bool finished = false;
+    bool jobs = false;
+    {
+      py::gil_scoped_release nogil;
+      std::unique_lock lock(mutex_);
+      changed_.wait_for(lock, signal_poll, [this] { return done_ || !jobs_.empty(); });
+      finished = done_;
+      jobs = !jobs_.empty();
+    }
+    if (jobs) run_jobs();
+    if (finished) {
+      run_jobs();  // a job queued just before the end still runs (and so completes its waiter)
+      break;
+    }
+    if (!interrupted && PyErr_CheckSignals() != 0) {
+      // Ctrl-C: stop the operation, then wait for it to finish before raising, so no lease is
+      // held and nothing still writes into memory the caller may free.
+      interrupted.emplace();
+      cancel();
+    }
+  }
+  if (interrupted) throw *interrupted;
+  return result();
+}
+
+py::object Operation::result() {
+  std::exception_ptr error;
+  ResultFactory factory;
+  {
+    std::lock_guard lock(mutex_);
+    if (!done_) throw std::logic_error(what_ + ": the result was asked for before the operation finished");
+    if (result_taken_) throw std::logic_error(what_ + ": the result was already taken");
+    result_taken_ = true;
+    error = error_;
+    factory = std::move(result_);
+  }
+  if (error) std::rethrow_exception(error);
+  if (!factory) return py::none();
+  return factory();
+}
+
+}  // namespace eredu::python

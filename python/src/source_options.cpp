@@ -1,0 +1,92 @@
+#include "source_options.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <string>
+
+#include "eredu/core/error.hpp"
+#include "runtime.hpp"
+
+namespace eredu::python {
+
+namespace py = pybind11;
+
+namespace {
+
+Error bad(const std::string& key, const std::string& why) {
+  return Error(errc::invalid_argument, {}, fmt::format("option {}: {}", key, why));
+}
+
+std::uint64_t positive(const std::string& key, const py::handle& value) {
+  if (!py::isinstance<py::int_>(value) || py::isinstance<py::bool_>(value))
+    throw bad(key, fmt::format("expected a number of bytes or a count, not {}", std::string(py::repr(value))));
+  const long long v = value.cast<long long>();
+  if (v <= 0) throw bad(key, fmt::format("must be at least 1, not {}", v));
+  return static_cast<std::uint64_t>(v);
+}
+
+}  // namespace
+
+OpenOptions open_options(const py::dict& options) {
+  OpenOptions o;
+  // A Python process loads with the CLI's defaults (`eredu load`): many requests in flight,
+  // and large ones, so both cores copy. The staging budget comes from _options.py (64 MiB,
+  // less for small checkpoints): loads that keep dtypes read straight into tensors.
+  o.source.reader.depth = 8;
+  o.source.reader.max_request = std::size_t{8} << 20;
+  o.source.pool.budget = std::size_t{64} << 20;
+  o.threads = Runtime::default_threads();
+  for (auto [k, value] : options) {
+    const std::string key = py::str(k);
+    if (value.is_none()) continue;
+    if (key == "budget") {
+      o.source.pool.budget = positive(key, value);
+    } else if (key == "depth") {
+      o.source.reader.depth = static_cast<unsigned>(positive(key, value));
+    } else if (key == "request") {
+      o.source.reader.max_request = positive(key, value);
+    } else if (key == "chunk") {
+      o.source.chunk_bytes = positive(key, value);
+    } else if (key == "threads") {
+      o.threads = static_cast<int>(positive(key, value));
+    } else if (key == "reader") {
+      const std::string v = py::str(value);
+      if (v == "auto")
+        o.source.reader.kind = io::ReaderKind::automatic;
+      else if (v == "uring")
+        o.source.reader.kind = io::ReaderKind::uring;
+      else if (v == "pread")
+        o.source.reader.kind = io::ReaderKind::pread;
+      else
+        throw bad(key, fmt::format("must be auto, uring or pread, not '{}'", v));
+    } else if (key == "direct") {
+      const std::string v = py::str(value);
+      if (v == "auto")
+        o.source.reader.direct = io::DirectMode::automatic;
+      else if (v == "on")
+        o.source.reader.direct = io::DirectMode::on;
+      else if (v == "off")
+        o.source.reader.direct = io::DirectMode::off;
+      else
+        throw bad(key, fmt::format("must be auto, on or off, not '{}'", v));
+    } else if (key == "map_resident") {
+      o.source.map_resident = value.cast<bool>();
+    } else if (key == "register_buffers") {
+      o.source.reader.register_buffers = value.cast<bool>();
+    } else if (key == "copy_resident") {
+      o.copy_resident = value.cast<bool>();
+    } else if (key == "_faults") {
+      o.faults = value.cast<std::shared_ptr<ReadGate>>();
+    } else {
+      throw bad(key, "unknown option");
+    }
+  }
+  if (o.faults) {
+    o.source.reader.faults = o.faults.get();
+    o.source.reader.kind = io::ReaderKind::pread;  // the gate blocks reader threads, never the loop
+  }
+  return o;
+}
+
+}  // namespace eredu::python

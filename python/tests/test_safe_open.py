@@ -1,0 +1,148 @@
+# safe_open behaves as Hugging Face safetensors' safe_open: keys, metadata, get_tensor, the
+# context manager; plus eredu's additions (load, tensor_info, aget_tensor, directories).
+import asyncio
+import json
+import struct
+
+import numpy as np
+import pytest
+
+import eredu
+
+
+@pytest.fixture
+def sample(tmp_path, writer):
+    arrays = {
+        "zeta": np.arange(12, dtype=np.float32).reshape(3, 4),
+        "alpha": np.arange(5, dtype=np.int64),
+        "mid.weight": np.linspace(-1, 1, 6, dtype=np.float64).reshape(2, 3),
+    }
+    return writer(tmp_path / "sample.safetensors", arrays, {"format": "np", "note": "hi"}), arrays
+
+
+def reference_read(path):
+    """The tensors of a safetensors file, parsed here from its bytes (no eredu)."""
+    raw = path.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    return {k: raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]] for k, v in header.items()}
+
+
+def test_keys_are_sorted_and_offset_keys_follow_the_file(sample):
+    path, arrays = sample
+    with eredu.safe_open(path, framework="np") as f:
+        assert f.keys() == sorted(arrays)
+        assert f.offset_keys() == list(arrays)  # written in this order
+        assert len(f) == 3 and "alpha" in f and "beta" not in f
+
+
+def test_metadata_is_the_header_metadata_or_none(sample, tmp_path, writer):
+    path, _ = sample
+    with eredu.safe_open(path, "np") as f:
+        assert f.metadata() == {"format": "np", "note": "hi"}
+    bare = writer(tmp_path / "bare.safetensors", {"w": np.zeros(2, np.float32)})
+    with eredu.safe_open(bare, "np") as f:
+        assert f.metadata() is None
+
+
+@pytest.mark.parametrize("framework", ["np", "numpy", "pt", "torch", "pytorch"])
+def test_get_tensor_gives_the_file_bytes(sample, framework):
+    if framework in ("pt", "torch", "pytorch"):
+        torch = pytest.importorskip("torch")
+    path, arrays = sample
+    ref = reference_read(path)
+    with eredu.safe_open(path, framework) as f:
+        for name in f.keys():
+            t = f.get_tensor(name)
+            a = t if isinstance(t, np.ndarray) else t.numpy()
+            assert a.tobytes() == ref[name] and a.shape == arrays[name].shape and a.dtype == arrays[name].dtype
+            if framework not in ("np", "numpy"):
+                assert isinstance(t, torch.Tensor)
+
+
+def test_a_missing_tensor_is_a_key_error(sample):
+    path, _ = sample
+    with eredu.safe_open(path, "np") as f:
+        with pytest.raises(eredu.TensorNotFoundError) as e:
+            f.get_tensor("beta")
+        assert isinstance(e.value, KeyError) and e.value.tensor == "beta" and e.value.kind == "tensor_not_found"
+        assert "beta" in str(e.value) and str(path) in str(e.value)
+
+
+def test_a_closed_file_refuses_reads_and_its_tensors_stay_valid(sample):
+    path, arrays = sample
+    f = eredu.safe_open(path, "np")
+    zeta = f.get_tensor("zeta")
+    f.close()
+    with pytest.raises(eredu.InvalidArgumentError, match="closed"):
+        f.get_tensor("zeta")
+    with pytest.raises(eredu.InvalidArgumentError, match="closed"):
+        f.get_slice("zeta")
+    assert np.array_equal(zeta, arrays["zeta"])
+    f.close()  # idempotent
+
+
+def test_the_context_manager_closes_even_on_error(sample):
+    path, _ = sample
+    with pytest.raises(RuntimeError):
+        with eredu.safe_open(path, "np") as f:
+            raise RuntimeError("boom")
+    with pytest.raises(eredu.InvalidArgumentError):
+        f.get_tensor("zeta")
+
+
+def test_only_the_cpu_device(sample):
+    path, _ = sample
+    for device in ("cuda", "cuda:0", 0, "mps"):
+        with pytest.raises(eredu.InvalidArgumentError, match="CPU memory only"):
+            eredu.safe_open(path, "pt", device=device)
+    with eredu.safe_open(path, "np", device="cpu"):
+        pass
+
+
+def test_load_reads_a_subset_as_one_unit_and_tensor_info_describes(sample):
+    path, arrays = sample
+    with eredu.safe_open(path, "np") as f:
+        both = f.load(["zeta", "alpha"])
+        assert list(both) == ["zeta", "alpha"]
+        assert all(np.array_equal(both[k], arrays[k]) for k in both)
+        assert list(f.load()) == list(arrays)
+        info = f.tensor_info("zeta")
+        assert (info.dtype, list(info.shape), info.nbytes) == ("F32", [3, 4], 48)
+        with pytest.raises(eredu.TensorNotFoundError):
+            f.load(["zeta", "nope"])
+
+
+def test_aget_tensor(sample):
+    path, arrays = sample
+
+    async def main():
+        with eredu.safe_open(path, "np") as f:
+            values = await asyncio.gather(*(f.aget_tensor(n) for n in arrays))
+        return values
+    for value, expected in zip(asyncio.run(main()), arrays.values()):
+        assert np.array_equal(value, expected)
+
+
+def test_a_directory_with_one_file_opens(sample):
+    path, arrays = sample
+    with eredu.safe_open(path.parent, "np") as f:
+        assert f.keys() == sorted(arrays)
+        assert f.files == [str(path.parent / path.name)] or f.files[0].endswith("sample.safetensors")
+
+
+def test_each_get_tensor_reads_its_own_storage(sample):
+    torch = pytest.importorskip("torch")
+    path, arrays = sample
+    with eredu.safe_open(path, "pt") as f:
+        a, b = f.get_tensor("zeta"), f.get_tensor("zeta")
+    a[0, 0] = 42  # torch tensors are writable, and private to the call that read them
+    assert b[0, 0] == arrays["zeta"][0, 0]
+    with eredu.safe_open(path, "np") as f:
+        n = f.get_tensor("zeta")
+    # numpy marks every array it imports through DLPack read-only (as safetensors' numpy arrays,
+    # np.frombuffer views, are too): copy() for a writable one.
+    assert not n.flags.writeable
+    with pytest.raises(ValueError):
+        n[0, 0] = 1

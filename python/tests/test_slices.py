@@ -1,0 +1,116 @@
+# get_slice: every index form safetensors' PySafeSlice takes gives what numpy indexing of the
+# whole tensor gives, reads only the selected bytes, and the forms it refuses are typed errors.
+import os
+
+import numpy as np
+import pytest
+
+import eredu
+from conftest import bf16_bits
+
+INDICES = [
+    (), Ellipsis, 0, -1, 3, slice(None), slice(1, 4), slice(-3, None), slice(None, -2), slice(5, 2), slice(2, 100),
+    (slice(1, 3), slice(None)), (slice(None), 2), (slice(None), slice(1, 4)), (0, 1), (-1, -1, -1),
+    (slice(1, 3), slice(0, 2), slice(1, 2)), (Ellipsis, 1), (Ellipsis, slice(0, 1)), (1, Ellipsis),
+    (slice(0, 7), Ellipsis, slice(2, 3)), (np.int64(2),), (slice(0, 0), slice(None)), (slice(None, None, 1), 4),
+]
+
+
+@pytest.fixture
+def cube(tmp_path, writer):
+    rng = np.random.default_rng(3)
+    arrays = {
+        "f32": rng.standard_normal((7, 5, 3)).astype(np.float32),
+        "i16": np.arange(7 * 5 * 3, dtype=np.int16).reshape(7, 5, 3),
+        "u8": np.arange(7 * 5 * 3, dtype=np.uint8).reshape(7, 5, 3),
+    }
+    bf16 = bf16_bits(rng.standard_normal((7, 5, 3)))
+    tensors = dict(arrays)
+    tensors["bf16"] = ("BF16", [7, 5, 3], bf16.tobytes())
+    tensors["scalar"] = np.array(2.5, dtype=np.float64)
+    return writer(tmp_path / "cube.safetensors", tensors), arrays, bf16
+
+
+@pytest.mark.parametrize("index", INDICES, ids=repr)
+def test_slices_equal_numpy_slicing(cube, index):
+    path, arrays, bf16 = cube
+    with eredu.safe_open(path, "np") as f:
+        for name, whole in list(arrays.items()) + [("bf16", bf16)]:
+            got = f.get_slice(name)[index]
+            want = whole[index]
+            assert got.shape == want.shape and got.dtype == want.dtype, (name, index)
+            assert np.array_equal(got, want), (name, index)
+
+
+@pytest.mark.parametrize("index", [(slice(1, 4),), (slice(None), 2), (Ellipsis, 0)], ids=repr)
+def test_torch_slices(cube, index):
+    torch = pytest.importorskip("torch")
+    path, arrays, bf16 = cube
+    with eredu.safe_open(path, "pt") as f:
+        assert np.array_equal(f.get_slice("f32")[index].numpy(), arrays["f32"][index])
+        got = f.get_slice("bf16")[index]
+        assert got.dtype == torch.bfloat16
+        assert np.array_equal(got.view(torch.int16).numpy().view(np.uint16), bf16[index])
+
+
+def test_slice_shape_and_dtype_without_reading(cube):
+    path, _, _ = cube
+    with eredu.safe_open(path, "np") as f:
+        s = f.get_slice("bf16")
+        assert s.get_shape() == [7, 5, 3] and s.get_dtype() == "BF16" and len(s) == 7 and s.ndim == 3
+        scalar = f.get_slice("scalar")
+        assert scalar.get_shape() == [] and scalar[()] == 2.5 and scalar[...] == 2.5
+
+
+@pytest.mark.parametrize("index, words", [
+    (slice(None, None, 2), "step of 2 is not supported"),
+    ((slice(None), slice(None, None, -1)), "step of -1"),
+    (None, "index None is not supported"),
+    ((0, None), "index None"),
+    ([0, 1], "type list is not supported"),
+    (np.array([0, 1]), "type ndarray is not supported"),
+    (True, "index True is not supported"),
+    ((0, 0, 0, 0), "too many indices for a tensor of rank 3"),
+    ((Ellipsis, Ellipsis), "single ellipsis"),
+    (7, "index 7 is out of range for size 7"),
+    (-8, "index -8 is out of range"),
+    ((0, 5), "dimension 1: index 5 is out of range for size 5"),
+    ("a", "type str is not supported"),
+])
+def test_refused_index_forms_are_selection_errors(cube, index, words):
+    path, _, _ = cube
+    with eredu.safe_open(path, "np") as f:
+        with pytest.raises(eredu.SelectionError) as e:
+            f.get_slice("f32")[index]
+        assert words in str(e.value) and isinstance(e.value, IndexError)
+        assert e.value.kind == "invalid_selection" and e.value.tensor == "f32"
+
+
+def test_a_file_cut_after_open_fails_every_slice_typed(tmp_path, writer):
+    # The file loses its tail after it was opened: since the library checks that a file has not
+    # changed since open (errc::file_changed), every read of it, a slice before the cut too,
+    # fails with a typed I/O error naming the tensor and its offset; nothing is delivered.
+    rows = np.arange(64 * 1024, dtype=np.float32).reshape(64, 1024)
+    path = writer(tmp_path / "rows.safetensors", {"rows": rows})
+    with eredu.safe_open(path, "np") as f:
+        data_start = os.path.getsize(path) - rows.nbytes
+        assert np.array_equal(f.get_slice("rows")[2:10], rows[2:10])
+        os.truncate(path, data_start + 16 * 4096)  # keep rows 0..15
+        for read in (lambda: f.get_slice("rows")[2:10], lambda: f.get_tensor("rows"),
+                     lambda: f.get_slice("rows")[20:21]):
+            with pytest.raises(eredu.IoError) as e:
+                read()
+            assert e.value.kind in ("unexpected_eof", "file_changed") and e.value.tensor == "rows"
+            assert e.value.offset is not None and e.value.file == str(path)
+
+
+def test_async_slice(cube):
+    import asyncio
+    path, arrays, _ = cube
+
+    async def main():
+        with eredu.safe_open(path, "np") as f:
+            return await f.get_slice("f32").aread((slice(1, 3), 0))
+    assert np.array_equal(asyncio.run(main()), arrays["f32"][1:3, 0])
+    got = asyncio.run(eredu.aread(path, "i16", index=(Ellipsis, 2)))
+    assert np.array_equal(got, arrays["i16"][..., 2])
