@@ -1,11 +1,16 @@
 #pragma once
 // PageCacheProbe: is a file range already in the page cache? Decides, per request, whether
-// O_DIRECT (best for cold data) or a buffered read (one memcpy for hot data) is faster.
+// O_DIRECT (best for cold data) or a buffered read (one memcpy for hot data) is faster, and,
+// on file systems eredu does not trust, whether a direct read may have been served from the
+// page cache (see ReaderCore's page-cache guard).
 
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <optional>
+#include <vector>
 
 namespace eredu::io::detail {
 
@@ -25,6 +30,24 @@ class PageCacheProbe {
   PageCacheProbe(const PageCacheProbe&) = delete;
   ~PageCacheProbe() {
     if (base_) ::munmap(base_, size_);
+  }
+
+  /// Whether the file could be mapped (FUSE in direct_io mode, for one, refuses).
+  bool mapped() const noexcept { return base_ != nullptr; }
+
+  /// The file offset of the first page of [offset, offset + length) that is in the page
+  /// cache, the partial pages at both ends included; none when no page is, or when the
+  /// range is past the mapping. One mincore() over the range (a byte per page).
+  std::optional<std::uint64_t> first_resident(std::uint64_t offset, std::uint64_t length) const {
+    if (!base_ || length == 0 || offset >= size_) return std::nullopt;
+    const std::uint64_t begin = offset / page * page;
+    const std::uint64_t end = std::min((offset + length + page - 1) / page * page, (size_ + page - 1) / page * page);
+    std::vector<unsigned char> v((end - begin) / page);
+    if (::mincore(base_ + begin, end - begin, v.data()) != 0) return begin;  // unknown: assume cached
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (v[i] & 1u) return begin + i * page;
+    }
+    return std::nullopt;
   }
 
   /// True when the request [offset, offset + length) looks cached: at least two of its

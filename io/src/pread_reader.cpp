@@ -36,18 +36,40 @@ struct PreadReader::Impl {
       core.pending.pop_front();
       const std::uint64_t pos = p->offset + p->done;
       std::byte* dst = p->dest + p->done;
-      const std::uint64_t len = p->length - p->done;
+      std::uint64_t len = p->length - p->done;
+      if (p->request_limit) len = std::min(len, p->request_limit);
       p->submitted = len;
       p->direct = core.want_direct(*p, pos, dst, len);
       const auto& f = core.files[p->file];
       const int fd = p->direct ? f.direct.get() : f.buffered.get();
+      const bool guarded = core.guarded(*p);
       core.count_request(*p, false);
       core.count_syscall();
+      const std::uint32_t file = p->file;
       lock.unlock();
+      detail::ReaderCore::CacheTicket ticket;
+      if (guarded) ticket = core.guard_before(file, pos, len);
       ssize_t n = ::pread(fd, dst, len, static_cast<off_t>(pos));
       long res = n < 0 ? -errno : static_cast<long>(n);
+      std::uint64_t trusted = res > 0 ? static_cast<std::uint64_t>(res) : 0;
+      bool cached = false;
+      if (guarded && res > 0) trusted = core.guard_after(file, ticket, pos, trusted, cached);
       lock.lock();
-      core.on_result(*p, res);
+      if (res > 0 && trusted < static_cast<std::uint64_t>(res)) {
+        // Bytes past `trusted` may be the page cache's, not the server's: read them again.
+        core.count_cache_redo();
+        if (trusted == 0) {
+          core.on_cache_suspect(*p, cached);
+        } else {
+          core.on_result(*p, static_cast<long>(trusted));
+        }
+      } else {
+        // A guarded read answered in full: let the next one be longer again.
+        if (guarded && p->request_limit && static_cast<std::uint64_t>(res) == len) {
+          p->request_limit = p->request_limit >= core.options.max_request / 2 ? 0 : p->request_limit * 2;
+        }
+        core.on_result(*p, res);
+      }
       if (!core.pending.empty()) wake.notify_one();
     }
   }

@@ -41,19 +41,26 @@ struct Piece {
   std::uint32_t file = 0;
   std::uint64_t offset = 0;  ///< absolute file offset of the piece's first byte
   std::byte* dest = nullptr;
-  std::uint64_t length = 0;     ///< bytes asked for
-  std::uint64_t required = 0;   ///< bytes that must arrive (the rest may be past EOF)
-  std::uint64_t done = 0;       ///< bytes already read
-  std::uint64_t submitted = 0;  ///< length of the read in flight
-  bool direct = false;          ///< the read in flight was issued with O_DIRECT
-  bool buffered_only = false;   ///< O_DIRECT failed or was cut short for this piece
-  unsigned requeues = 0;        ///< EAGAIN / EINTR results in a row
-  std::uint64_t issued_ns = 0;  ///< when the read in flight was issued, while tracing (trace::now_ns)
+  std::uint64_t length = 0;         ///< bytes asked for
+  std::uint64_t required = 0;       ///< bytes that must arrive (the rest may be past EOF)
+  std::uint64_t done = 0;           ///< bytes already read
+  std::uint64_t submitted = 0;      ///< length of the read in flight
+  bool direct = false;              ///< the read in flight was issued with O_DIRECT
+  bool buffered_only = false;       ///< O_DIRECT failed or was cut short for this piece
+  unsigned requeues = 0;            ///< EAGAIN / EINTR results in a row
+  std::uint64_t request_limit = 0;  ///< longest next read (0: none); see ReaderCore's page-cache guard
+  unsigned cache_retries = 0;       ///< guarded reads in a row that delivered nothing trusted
+  std::uint64_t issued_ns = 0;      ///< when the read in flight was issued, while tracing (trace::now_ns)
 };
 
 /// EAGAIN or EINTR results in a row after which a piece fails: a blocking read does not
 /// return EAGAIN for long, and a server that answers nothing else must not spin forever.
 inline constexpr unsigned max_requeues = 1000;
+
+/// Guarded direct reads in a row that may each have been served from the page cache, after
+/// which a piece fails: halving the request from the largest one down to one byte takes 23,
+/// and a concurrent buffered reader of the same file may repopulate the cache meanwhile.
+inline constexpr unsigned max_cache_retries = 256;
 
 /// Splits segments into pieces of at most `max_request` bytes. Pieces lying wholly in
 /// the optional tail of a direct window (past `required`) are dropped.

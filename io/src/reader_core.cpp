@@ -1,5 +1,7 @@
 #include "reader_core.hpp"
 
+#include <fcntl.h>
+
 #include <fmt/format.h>
 
 #include "eredu/core/error.hpp"
@@ -20,10 +22,74 @@ ReaderCore::ReaderCore(std::span<OpenFile> f, const ReaderOptions& o) : files(f)
   }
   probes_.reserve(files.size());
   for (auto& file : files) {
-    // Only `automatic` asks the page cache; the mapping costs address space, nothing else.
-    const bool probe = options.direct == DirectMode::automatic && file.direct;
+    // Only `automatic` asks the page cache, and the page-cache guard of an untrusted file
+    // system; the mapping costs address space, nothing else.
+    const bool probe = (options.direct == DirectMode::automatic || !file.file_system.uring_trusted) && file.direct;
     probes_.emplace_back(probe ? file.buffered.get() : -1, probe ? file.size : 0);
   }
+  drops_ = std::make_unique<DropState[]>(files.size());
+}
+
+bool ReaderCore::guarded(const Piece& p) const noexcept {
+  // Unmapped (FUSE in direct_io mode refuses shared mappings) means no page cache behind
+  // the file's reads, hence no fallback to guard against.
+  return p.direct && !files[p.file].file_system.uring_trusted && probes_[p.file].mapped();
+}
+
+ReaderCore::CacheTicket ReaderCore::guard_before(std::uint32_t file, std::uint64_t pos, std::uint64_t len) {
+  DropState& d = drops_[file];
+  if (probes_[file].first_resident(pos, len)) {
+    // Whole pages, the partial ones at both ends included: POSIX_FADV_DONTNEED keeps a
+    // partial page. Another guarded read whose fallback used one of these pages sees the
+    // generation move and trusts nothing of its result.
+    const std::uint64_t begin = pos / direct_align * direct_align;
+    const std::uint64_t end = (pos + len + direct_align - 1) / direct_align * direct_align;
+    d.running.fetch_add(1);
+    d.generation.fetch_add(1);
+    ::posix_fadvise(files[file].buffered.get(), static_cast<off_t>(begin), static_cast<off_t>(end - begin),
+                    POSIX_FADV_DONTNEED);
+    d.generation.fetch_add(1);
+    d.running.fetch_sub(1);
+  }
+  // The generation first: a drop that began before it is then still seen running.
+  CacheTicket t;
+  t.generation = d.generation.load();
+  t.drops_running = d.running.load() != 0;
+  return t;
+}
+
+std::uint64_t ReaderCore::guard_after(std::uint32_t file, const CacheTicket& ticket, std::uint64_t pos, std::uint64_t n,
+                                      bool& cached) const {
+  const std::optional<std::uint64_t> first = probes_[file].first_resident(pos, n);
+  cached = first.has_value();
+  const DropState& d = drops_[file];
+  if (ticket.drops_running || d.generation.load() != ticket.generation) return 0;  // pages may have gone
+  if (!first) return n;
+  // The kernel's fallback began at the first byte the server did not send and left every
+  // page it copied from cached: the bytes before the first cached page came from the server.
+  return *first > pos ? std::min(n, *first - pos) : 0;
+}
+
+void ReaderCore::on_cache_suspect(Piece& p, bool cached) {
+  Batch& b = *p.batch;
+  if (b.failure) {
+    finish_piece(p);
+    return;
+  }
+  if (++p.cache_retries > max_cache_retries) {
+    const std::uint64_t at = p.offset + p.done;
+    fail(b, {make_error_code(errc::io_error),
+             {},
+             p.file,
+             at,
+             fmt::format("{}: {} direct reads in a row at offset {} may have been completed from the page cache, which "
+                         "on {} can hold zeros after a server's short reply; refusing to deliver them",
+                         files[p.file].path, p.cache_retries, at, files[p.file].file_system.describe())});
+    finish_piece(p);
+    return;
+  }
+  if (cached) p.request_limit = std::max<std::uint64_t>(1, p.submitted / 2);
+  pending.push_front(&p);
 }
 
 void ReaderCore::add(const std::vector<ReadSegment>& segments, ReadCallback done) {
@@ -62,6 +128,7 @@ void ReaderCore::on_result(Piece& p, long res) {
                               p.direct ? " O_DIRECT" : ""));
     p.issued_ns = 0;
   }
+  if (res > 0) p.cache_retries = 0;
   ReadFailure failure;
   Next next;
   {
@@ -182,6 +249,11 @@ void ReaderCore::count_request(Piece& p, bool fixed_buffer) {
   ++stats_.requests;
   stats_.direct_requests += p.direct;
   stats_.fixed_buffer_requests += fixed_buffer;
+}
+
+void ReaderCore::count_cache_redo() {
+  std::lock_guard lock(stats_mutex_);
+  ++stats_.cache_redone;
 }
 
 void ReaderCore::count_syscall() {

@@ -5,9 +5,11 @@
 // Not thread-safe: each reader calls it from one context at a time (the io_uring reader's
 // strand, the pread reader's mutex); only stats() may be called from anywhere.
 
+#include <atomic>
 #include <deque>
 #include <exception>
 #include <list>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <vector>
@@ -53,6 +55,33 @@ class ReaderCore {
   /// Direct-read alignment of `file`, 0 when it is read buffered only.
   std::size_t direct_alignment(std::uint32_t file) const noexcept;
 
+  /// What the page-cache guard noted before a read (see guard_before()).
+  struct CacheTicket {
+    std::uint64_t generation = 0;  ///< the file's drop generation when the read began
+    bool drops_running = false;    ///< a drop of the file's pages was running then
+  };
+  /// Whether the read of `p` about to be issued needs the page-cache guard: an O_DIRECT read
+  /// of a file on a file system eredu does not trust, where a short direct read is completed
+  /// inside the kernel from cached pages (FUSE in page-cache mode: `generic_file_read_iter`),
+  /// pages that can hold zeros the kernel cached after a server's short reply.
+  bool guarded(const Piece& p) const noexcept;
+  /// Before a guarded read of [pos, pos + len): drops the range's cached pages if any is
+  /// cached, then notes the file's drop generation. Thread-safe; no lock needed.
+  CacheTicket guard_before(std::uint32_t file, std::uint64_t pos, std::uint64_t len);
+  /// After a guarded read of [pos, pos + n), n > 0: how many leading bytes are known to come
+  /// from the server. All n when no page of the range is cached (a kernel fallback leaves
+  /// the pages it read cached) and no drop ran meanwhile; else the bytes before the first
+  /// cached page, 0 when a drop ran. `cached` says whether a cached page was seen.
+  /// Thread-safe; no lock needed.
+  std::uint64_t guard_after(std::uint32_t file, const CacheTicket& ticket, std::uint64_t pos, std::uint64_t n,
+                            bool& cached) const;
+  /// A guarded read of `p` delivered nothing that can be trusted: reads it again, shorter
+  /// when a cached page was seen (a read the server answers in full needs no fallback), or
+  /// fails its batch after max_cache_retries in a row.
+  void on_cache_suspect(Piece& p, bool cached);
+
+  /// Counts one direct read whose result was (in part) not trusted by the page-cache guard.
+  void count_cache_redo();
   /// Counts one request issued for `p` (its `direct` already decided) and, while tracing,
   /// stamps its issue time.
   void count_request(Piece& p, bool fixed_buffer);
@@ -72,6 +101,12 @@ class ReaderCore {
   std::list<BatchState> batches_;
   std::vector<bool> direct_enabled_;
   std::vector<PageCacheProbe> probes_;
+  // Per file: drops of its cached pages started, and running (see guard_before()).
+  struct DropState {
+    std::atomic<std::uint64_t> generation{0};
+    std::atomic<unsigned> running{0};
+  };
+  std::unique_ptr<DropState[]> drops_;
   mutable std::mutex stats_mutex_;
   ReaderStats stats_;
 };

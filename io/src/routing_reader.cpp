@@ -37,6 +37,7 @@ ReaderStats RoutingReader::stats() const {
   a.requests += b.requests;
   a.bytes += b.bytes;
   a.short_reads += b.short_reads;
+  a.cache_redone += b.cache_redone;
   a.requeued += b.requeued;
   a.direct_requests += b.direct_requests;
   a.fixed_buffer_requests += b.fixed_buffer_requests;

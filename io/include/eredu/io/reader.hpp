@@ -44,6 +44,7 @@ struct ReaderStats {
   std::uint64_t direct_requests = 0;        ///< requests issued with O_DIRECT
   std::uint64_t fixed_buffer_requests = 0;  ///< io_uring requests into registered buffers
   std::uint64_t syscalls = 0;               ///< submit/read system calls made
+  std::uint64_t cache_redone = 0;           ///< direct reads (in part) redone: the page cache may have served them
 };
 
 /// Which of the two reader implementations to use.
