@@ -15,7 +15,8 @@ thread with the GIL released; Ctrl-C cancels a blocking load cleanly. See docs/p
 import atexit as _atexit
 
 from . import _native
-from ._errors import (BackendError, BudgetError, CancelledError, CanaryError, ChecksumError, DeclarationError,
+from ._errors import (BackendError, BudgetError, CancelledError, CanaryError, ChecksumError, CollectiveError,
+                      DeclarationError,
                       Error, FormatError, InvalidArgumentError, IoError, OrchestrationError, OutOfMemoryError,
                       RecipeError, SelectionError, StoreError, SwapInProgressError, TensorNotFoundError,
                       UnsupportedDTypeError, _from_native)
@@ -56,5 +57,5 @@ __all__ = [
     "ModelSlot", "Version", "storage_stats", "set_storage_retention", "trim_storage",
     "Error", "FormatError", "StoreError", "IoError", "TensorNotFoundError", "SelectionError", "BudgetError",
     "ChecksumError", "RecipeError", "DeclarationError", "OrchestrationError", "CanaryError", "SwapInProgressError",
-    "BackendError", "OutOfMemoryError", "InvalidArgumentError", "UnsupportedDTypeError", "CancelledError",
+    "BackendError", "CollectiveError", "OutOfMemoryError", "InvalidArgumentError", "UnsupportedDTypeError", "CancelledError",
 ]

@@ -119,6 +119,10 @@ class OutOfMemoryError(BackendError, MemoryError):
     """Tensor storage could not be allocated."""
 
 
+class CollectiveError(Error):
+    """A collective across ranks failed, timed out, or its group is unusable."""
+
+
 class InvalidArgumentError(Error, ValueError):
     """An option or argument out of range."""
 
@@ -147,7 +151,7 @@ _BY_KIND = {
 }
 _BY_FAMILY = {
     "format": FormatError, "store": StoreError, "recipe": RecipeError, "declaration": DeclarationError,
-    "orchestration": OrchestrationError, "backend": BackendError,
+    "orchestration": OrchestrationError, "backend": BackendError, "collective": CollectiveError,
 }
 
 

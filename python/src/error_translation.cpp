@@ -29,6 +29,8 @@ const char* family_name(error_family f) noexcept {
       return "orchestration";
     case error_family::backend:
       return "backend";
+    case error_family::collective:
+      return "collective";
   }
   return "unknown";
 }
