@@ -26,7 +26,7 @@ using namespace eredu::python;
 namespace {
 
 DType dtype_arg(const std::string& name) {
-  auto d = dtype_from_name(name);
+  auto d = dtype_from_any_name(name);
   if (!d) throw Error(errc::invalid_argument, {}, "unknown dtype '" + name + "'");
   return *d;
 }
