@@ -396,6 +396,14 @@ class Parser {
       t.name = std::move(name);
       t.dtype = *dtype;
       for (std::uint64_t j = n_dims; j-- > 0;) t.shape.push_back(static_cast<std::uint64_t>(ne[j]));
+      // eredu's rule too: every layer counts a shape outermost dimension first
+      // (checked_element_count), which must not overflow either; ggml's innermost-first count
+      // is 0 as soon as a dimension is 0, whatever the dimensions after it (found by the fuzzer).
+      if (!checked_element_count(t.shape)) {
+        throw Error(errc::size_overflow, ctx(),
+                    fmt::format("ne = [{}, {}, {}, {}]: counted outermost first, its elements overflow 64 bits", ne[0],
+                                ne[1], ne[2], ne[3]));
+      }
       t.offset = offset;  // relative until place_data
       t.nbytes = nbytes;
       h.tensors.push_back(std::move(t));
