@@ -104,27 +104,39 @@ std::pair<cpu::Tensor, Completion> Backend::all_reduce(Executor& executor, Group
   return {std::move(tensor), std::move(done)};
 }
 
+namespace {
+
+/// Gathers and exchanges: the same non-blocking call shape (equal blocks in and out), so one
+/// spec builder; `start` is MPI_Iallgather or MPI_Ialltoall.
+using ExchangeStart = int (*)(const void*, int, MPI_Datatype, void*, int, MPI_Datatype, MPI_Comm, MPI_Request*);
+Completion submit_exchange(cpu::Executor& executor, Communicator& group, const char* operation, const std::string& what,
+                           const cpu::Tensor& in_tensor, const cpu::Tensor& out, const ByteBlocks& blocks,
+                           ExchangeStart start) {
+  detail::OperationSpec spec;
+  spec.operation = operation;
+  spec.what = what;
+  spec.keep = std::make_shared<std::pair<cpu::Tensor, cpu::Tensor>>(in_tensor, out);
+  spec.start = [in = in_tensor.bytes().data(), result = out.mutable_bytes().data(), blocks, start](
+                   MPI_Comm comm, std::vector<MPI_Request>& requests) {
+    return with_block_type(blocks, [&](MPI_Datatype type, int count) {
+      MPI_Request request = MPI_REQUEST_NULL;
+      const int rc = start(in, count, type, result, count, type, comm, &request);
+      if (rc == MPI_SUCCESS) requests.push_back(request);
+      return rc;
+    });
+  };
+  return submit_ordered(executor, group, std::move(spec));
+}
+
+}  // namespace
+
 std::pair<cpu::Tensor, Completion> Backend::all_gather(Executor& executor, Group& group, Tensor tensor) {
   require_group(group, "all_gather");
   const std::string what = describe(tensor);
   const ByteBlocks blocks = byte_blocks(tensor.nbytes(), what);
   Tensor out = Tensor::allocate(default_storage(), tensor.dtype(), gathered_shape(tensor.shape(), group.size()));
   if (tensor.nbytes() == 0) return {std::move(out), Completion::ready_now()};
-  detail::OperationSpec spec;
-  spec.operation = "all_gather";
-  spec.what = what;
-  spec.keep = std::make_shared<std::pair<cpu::Tensor, cpu::Tensor>>(tensor, out);
-  spec.start = [in = tensor.bytes().data(), result = out.mutable_bytes().data(), blocks](
-                   MPI_Comm comm, std::vector<MPI_Request>& requests) {
-    return with_block_type(blocks, [&](MPI_Datatype type, int count) {
-      MPI_Request request = MPI_REQUEST_NULL;
-      const int rc = MPI_Iallgather(in, count, type, result, count, type, comm, &request);
-      if (rc == MPI_SUCCESS) requests.push_back(request);
-      return rc;
-    });
-  };
-  Completion done = submit_ordered(executor, group, std::move(spec));
-  return {std::move(out), std::move(done)};
+  return {out, submit_exchange(executor, group, "all_gather", what, tensor, out, blocks, MPI_Iallgather)};
 }
 
 std::pair<cpu::Tensor, Completion> Backend::all_to_all(Executor& executor, Group& group, Tensor tensor) {
@@ -139,21 +151,7 @@ std::pair<cpu::Tensor, Completion> Backend::all_to_all(Executor& executor, Group
   const ByteBlocks blocks = byte_blocks(tensor.nbytes() / size, what);
   Tensor out = Tensor::allocate(default_storage(), tensor.dtype(), tensor.shape());
   if (tensor.nbytes() == 0) return {std::move(out), Completion::ready_now()};
-  detail::OperationSpec spec;
-  spec.operation = "all_to_all";
-  spec.what = what;
-  spec.keep = std::make_shared<std::pair<cpu::Tensor, cpu::Tensor>>(tensor, out);
-  spec.start = [in = tensor.bytes().data(), result = out.mutable_bytes().data(), blocks](
-                   MPI_Comm comm, std::vector<MPI_Request>& requests) {
-    return with_block_type(blocks, [&](MPI_Datatype type, int count) {
-      MPI_Request request = MPI_REQUEST_NULL;
-      const int rc = MPI_Ialltoall(in, count, type, result, count, type, comm, &request);
-      if (rc == MPI_SUCCESS) requests.push_back(request);
-      return rc;
-    });
-  };
-  Completion done = submit_ordered(executor, group, std::move(spec));
-  return {std::move(out), std::move(done)};
+  return {out, submit_exchange(executor, group, "all_to_all", what, tensor, out, blocks, MPI_Ialltoall)};
 }
 
 }  // namespace eredu::mpi
