@@ -49,13 +49,15 @@ foreach(dir LIBDIR INCLUDEDIR)
     set(EREDU_PC_${dir} "\${prefix}/${CMAKE_INSTALL_${dir}}")
   endif()
 endforeach()
-# Static libraries carry no record of their own dependencies: their consumers link liburing
-# themselves, so it is a public requirement unless eredu is built shared.
+# Static libraries carry no record of their own dependencies: their consumers link liburing,
+# libxxhash and libcrypto (eredu::io's reader and digests) themselves, so they are public
+# requirements unless eredu is built shared.
+set(_eredu_pc_io_deps "liburing >= 2.0, libxxhash, libcrypto >= 3")
 if(BUILD_SHARED_LIBS)
   set(EREDU_PC_REQUIRES "fmt >= 9, tbb")
-  set(EREDU_PC_REQUIRES_PRIVATE "liburing >= 2.0")
+  set(EREDU_PC_REQUIRES_PRIVATE "${_eredu_pc_io_deps}")
 else()
-  set(EREDU_PC_REQUIRES "fmt >= 9, tbb, liburing >= 2.0")
+  set(EREDU_PC_REQUIRES "fmt >= 9, tbb, ${_eredu_pc_io_deps}")
   set(EREDU_PC_REQUIRES_PRIVATE "")
 endif()
 set(EREDU_PC_ASIO_CFLAGS "")
