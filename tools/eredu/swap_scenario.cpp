@@ -15,6 +15,7 @@
 #include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -61,17 +62,26 @@ struct Fd {
   Fd& operator=(const Fd&) = delete;
 };
 
-/// Reads `out.size()` bytes at `offset` of `path` with plain pread: a path to the bytes that
-/// shares nothing with the engine's reader, for the reference outputs and tags.
-void pread_exact(const std::string& path, std::uint64_t offset, std::span<std::byte> out) {
+/// Reads `out.size()` bytes of tensor `t`, `within` bytes into it, with plain pread: a path
+/// to the bytes that shares nothing with the engine's reader, for the reference outputs and
+/// tags. Failures name the file, the tensor and the offset like the engine's.
+void pread_exact(const io::Catalog& catalog, const io::TensorInfo& t, std::uint64_t within, std::span<std::byte> out) {
+  const std::string& path = catalog.file_of(t).path;
   Fd file(path);
+  const std::uint64_t offset = t.offset + within;
   std::size_t done = 0;
   while (done < out.size()) {
     const ssize_t n = ::pread(file.fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
-    if (n <= 0)
-      throw Error(errc::io_error,
-                  {.file = path, .offset = offset + done, .os_error = {n < 0 ? errno : 0, std::generic_category()}},
-                  "short read while computing the reference");
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0)
+      throw Error(
+          errc::io_error,
+          {.file = path, .tensor = t.name, .offset = offset + done, .os_error = {errno, std::generic_category()}},
+          "read failed while computing the reference");
+    if (n == 0)
+      throw Error(
+          errc::unexpected_eof, {.file = path, .tensor = t.name, .offset = offset + done},
+          fmt::format("the file ended {} bytes short of the tensor while computing the reference", out.size() - done));
     done += static_cast<std::size_t>(n);
   }
 }
@@ -160,7 +170,7 @@ std::uint64_t file_tag(const io::Catalog& order, const io::Catalog& catalog) {
     const io::TensorInfo& t = catalog.at(o.name);
     for (std::uint64_t done = 0; done < t.nbytes;) {
       const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), t.nbytes - done));
-      pread_exact(catalog.file_of(t).path, t.offset + done, std::span(buffer.data(), n));
+      pread_exact(catalog, t, done, std::span(buffer.data(), n));
       XXH3_64bits_update(state, buffer.data(), n);
       done += n;
     }
@@ -186,7 +196,7 @@ VersionReference make_reference(const std::string& path, const io::Catalog& orde
   VersionReference r{path, file_tag(order, catalog), {}};
   const io::TensorInfo& t = catalog.at(p.tensor);
   std::vector<std::byte> w(p.rows * p.cols * dtype_bits(p.dtype) / 8);
-  pread_exact(catalog.file_of(t).path, t.offset, w);
+  pread_exact(catalog, t, 0, w);
   std::vector<float> y;
   for (std::size_t k = 0; k < p.inputs.size(); ++k) r.outputs.push_back(probe_output(p, w, k, y));
   return r;
@@ -466,11 +476,18 @@ SwapScenarioResult run_swap_scenario(const SwapScenarioOptions& o, Progress& pro
     std::filesystem::create_directories(corrupt_dir);
     const std::filesystem::path b(paths[1]);
     const std::filesystem::path copy = corrupt_dir / b.filename();
-    std::filesystem::copy(b, copy,
-                          std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing);
     const io::TensorInfo& t = sources[1]->catalog().at(probe.tensor);
     std::vector<std::byte> original(t.nbytes);
-    pread_exact(sources[1]->catalog().file_of(t).path, t.offset, original);
+    try {
+      std::filesystem::copy(
+          b, copy, std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing);
+      pread_exact(sources[1]->catalog(), t, 0, original);
+    } catch (...) {
+      // A signal during the copy interrupts its system calls (EINTR on FUSE): report the
+      // interruption, not the copy's failure it caused.
+      interrupt.check();
+      throw;
+    }
     std::filesystem::path file = copy;
     if (std::filesystem::is_directory(copy))
       file = copy / std::filesystem::path(sources[1]->catalog().file_of(t).path).filename();
