@@ -25,9 +25,23 @@ def model(tmp_path, writer):
     return writer(tmp_path / "m.safetensors", {k: ("BF16", list(v.shape), v.tobytes()) for k, v in bits.items()}), bits
 
 
+def blocked_in_a_wait(thread_id):
+    """Whether the thread's innermost Python frame is eredu's native wait (_bridge.wait)."""
+    frame = sys._current_frames().get(thread_id)
+    return frame is not None and frame.f_code.co_name == "wait" and frame.f_code.co_filename.endswith("_bridge.py")
+
+
 def interrupt_when_held(gate, delay=0.3):
+    # Interrupts only once a read is held at the gate and the main thread is blocked in the
+    # wait: an interrupt that lands earlier (a prefetch starts reading when it is built) is
+    # raised before the wait, cancels nothing, and the test would race with the scheduler.
+    main = threading.main_thread().ident
+
     def run():
         assert gate.wait_arrivals(1, 20.0)
+        deadline = time.monotonic() + 20.0
+        while not blocked_in_a_wait(main) and time.monotonic() < deadline:
+            time.sleep(0.005)
         _thread.interrupt_main()
         time.sleep(delay)  # the main thread sees the interrupt while reads are still held
         gate.open()
@@ -60,8 +74,8 @@ def test_keyboard_interrupt_in_load_file_and_prefetch(model):
         eredu.load_file(path, _faults=gate)
     helper.join()
     gate = _native._ReadGate()
-    helper = interrupt_when_held(gate)
     p = eredu.prefetch(path, units=lambda name: name, lookahead=1, _faults=gate)
+    helper = interrupt_when_held(gate)
     with pytest.raises(KeyboardInterrupt):
         next(p)
     helper.join()
