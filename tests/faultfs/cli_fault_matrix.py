@@ -6,7 +6,7 @@
 test_fault_matrix.cpp proves the library's entry points; this proves the command's: `read`,
 `load`, `pipeline` and `swap` on a checkpoint served by faultfs with EIO at the header, in the
 middle of the largest tensor and at the last byte, short replies of 1, 7 and 4096 bytes, and a
-file that shrinks mid-load; × readers (auto, uring, pread, where the command has the option) ×
+file that shrinks mid-load; × readers (uring, pread, where the command has the option) ×
 the mount's direct_io (off, on). Every cell: exit status 0 with every tensor verified against
 its SHA-256, or exit status 1 with a typed error (`[io_error]`, `[unexpected_eof]`,
 `[file_changed]`) naming the file (and the tensor, for a fault inside one) — never exit 0 with
@@ -89,6 +89,9 @@ def faults(size, tensors):
     # The largest tensor of a decoder layer: `pipeline` reads only those.
     name, offset, nbytes = max((t for t in tensors if ".layers." in t[0]), key=lambda t: t[2])
     mid = offset + nbytes // 2
+    # Replies of 1 and 7 bytes only for requests that start before the end of that tensor (the
+    # header and the first tensors): over the whole file they cost a FUSE round trip per byte.
+    tiny = offset + nbytes
     last = tensors[-1][0]
     eio = ("[io_error]",)
     return {
@@ -99,8 +102,8 @@ def faults(size, tensors):
         "eio last byte": (f"model.safetensors errno EIO {size - 1} {size}", (eio, last)),
         # Out of direct_io mode the kernel takes a short reply for the end of the file: a
         # typed unexpected_eof is right there; a success must have verified every tensor.
-        "short 1": ("model.safetensors short 1", SHORT),
-        "short 7": ("model.safetensors short 7", SHORT),
+        "short 1": (f"model.safetensors short 1 0 {tiny}", SHORT),
+        "short 7": (f"model.safetensors short 7 0 {tiny}", SHORT),
         "short 4096": ("model.safetensors short 4096", SHORT),
         "shrink": (f"model.safetensors shrink {size // 2} {size // 3}", (("[unexpected_eof]", "[file_changed]", "[io_error]"), None)),
     }
@@ -151,15 +154,16 @@ def check_cell(where, rc, out, err, expected):
 
 def matrix(mount, direct_io):
     a = os.path.join(mount.src, "a")  # swap's A, served without faults
-    subprocess.run([EREDU, "gen", a, "--size", "2M", "--seed", "1", "--checksums", "-q"], check=True)
+    subprocess.run([EREDU, "gen", a, "--size", "1M", "--seed", "1", "--checksums", "-q"], check=True)
     b = os.path.join(mount.src, "b")
-    subprocess.run([EREDU, "gen", b, "--size", "2M", "--seed", "2", "--checksums", "-q"], check=True)
+    subprocess.run([EREDU, "gen", b, "--size", "1M", "--seed", "2", "--checksums", "-q"], check=True)
     size, tensors = layout(b)
     ck, ca = os.path.join(mount.mnt, "b"), os.path.join(mount.mnt, "a")
     cells = 0
     for fault, (rule, expected) in faults(size, tensors).items():
         runs = []
-        for reader in ("auto", "uring", "pread"):
+        # auto is uring or pread by the same policy: the two it can choose cover it.
+        for reader in ("uring", "pread"):
             runs.append((f"read --reader {reader}", ["read", ck, "--reader", reader, "--verify", "on", "-q"]))
             runs.append((f"load --reader {reader}", ["load", ck, "--reader", reader, "--verify", "require", "-q"]))
         runs.append(("pipeline", ["pipeline", ck, "--verify", "require", "-q"]))
