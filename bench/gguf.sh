@@ -25,16 +25,18 @@ fi
 log=$(mktemp)
 for r in $(seq 1 "$rounds"); do
   cat "$dir/model.gguf" "$dir/model.safetensors" > /dev/null
-  "$bench" load "$dir" 1 | grep " round " | sed "s/ round 0 / round $r /" >> "$log"
+  "$bench" load "$dir" 1 "$r" | grep " round " | sed "s/ round 0 / round $r /" >> "$log"  # first file alternates
 done
 "$bench" dequant "$out_mib" "$rounds" Q4_0 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K IQ2_XXS IQ3_S IQ4_XS MXFP4 \
   | grep " round " >> "$log"
 /usr/bin/python3 - "$log" "$size" "$rounds" <<'PY'
 import re, statistics, sys
-rates = {}
+rates, secs = {}, {}
 for line in open(sys.argv[1]):
-    m = re.match(r"(.*) round \d+ ([0-9.]+) s ([0-9.]+) GiB/s", line.strip())
-    if m: rates.setdefault(m.group(1), []).append(float(m.group(3)))
+    m = re.match(r"(.*) round (\d+) ([0-9.]+) s ([0-9.]+) GiB/s", line.strip())
+    if m:
+        rates.setdefault(m.group(1), []).append(float(m.group(4)))
+        secs.setdefault(m.group(1), {})[int(m.group(2))] = float(m.group(3))
 def med(k): return statistics.median(rates[k])
 print(f"GGUF benchmarks ({sys.argv[2]} MiB model, {sys.argv[3]} rounds; shared, noisy machine)")
 print(f"{'measurement':<34} {'median GiB/s':>12}  min-max")
@@ -43,7 +45,11 @@ for k in sorted(rates):
 g, s = "load gguf (dtype kept)", "load safetensors (same bytes)"
 if g in rates and s in rates:
     ratio = med(s) / med(g)
-    print(f"\nGGUF load time / safetensors load time: {ratio:.3f} (target <= 1.05: {'met' if ratio <= 1.05 else 'NOT met'})")
+    # Fresh memory makes single loads vary 3x on these VMs: the ratio within each round (the
+    # two loads back to back, first file alternating) is the steadier figure.
+    paired = sorted(secs[g][r] / secs[s][r] for r in secs[g] if r in secs[s])
+    print(f"\nGGUF load time / safetensors load time: {ratio:.3f} of the medians, {statistics.median(paired):.3f} "
+          f"({paired[0]:.3f}-{paired[-1]:.3f}) within rounds (target <= 1.05: {'met' if ratio <= 1.05 else 'NOT met'})")
 limits = {k: v for k, v in rates.items() if k.startswith("write limit")}
 for k in sorted(rates):
     if "->" not in k: continue

@@ -4,7 +4,8 @@
 //
 //   gguf_bench gen DIR SIZE DTYPE        writes DIR/model.gguf and DIR/model.safetensors (the same
 //                                        tensor bytes; quantized tensors as U8 rows of blocks)
-//   gguf_bench load DIR ROUNDS           both files, alternating order, through the CPU backend
+//   gguf_bench load DIR ROUNDS [FIRST]   both files, alternating order (FIRST 1: safetensors first
+//                                        in round 0), through the CPU backend, fresh storage each
 //   gguf_bench dequant MIB ROUNDS TYPES  each type to bf16 and f32 vs parallel streaming fill
 // Each prints one line per measurement: "<what> round <r> <seconds> <GiB/s>", then medians.
 #include <sys/resource.h>
@@ -17,6 +18,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -115,14 +117,19 @@ std::uint64_t load_all(const fs::path& path, cpu::StoragePool& storage, cpu::Exe
   return bytes;
 }
 
-int load(const fs::path& dir, int rounds) {
-  cpu::StoragePool storage;
+int load(const fs::path& dir, int rounds, int first) {
+  // The executor's two threads are TBB workers: allow them (TBB's default is one per CPU, the
+  // calling thread included), as the eredu command does.
+  tbb::global_control workers(tbb::global_control::max_allowed_parallelism, 3);
   cpu::Executor executor{2};
   const fs::path files[2] = {dir / "model.gguf", dir / "model.safetensors"};
   const char* names[2] = {"load gguf (dtype kept)", "load safetensors (same bytes)"};
   for (int r = 0; r < rounds; ++r) {
     for (int k = 0; k < 2; ++k) {
-      const int i = (r + k) % 2;  // rotate the order every round
+      const int i = (first + r + k) % 2;  // rotate the order every round
+      // A storage pool per load: both are first loads into fresh memory (a shared pool would
+      // hand the second one the first one's pages).
+      cpu::StoragePool storage;
       const auto t0 = Clock::now();
       const std::uint64_t bytes = load_all(files[i], storage, executor);
       record(names[i], r, seconds_since(t0), bytes);
@@ -146,7 +153,12 @@ void fill(std::span<std::byte> out) {
 
 int dequant(std::size_t out_mib, int rounds, const std::vector<DType>& types) {
   const std::size_t out_bytes = out_mib << 20;
-  std::vector<std::byte> out(out_bytes);
+  // Aligned as the CPU backend's storage is (streaming stores need 32 bytes; a vector's
+  // large allocation is 16 bytes past a page).
+  std::vector<std::byte> storage(out_bytes + 64);
+  void* start = storage.data();
+  std::size_t room = storage.size();
+  const std::span<std::byte> out(static_cast<std::byte*>(std::align(64, out_bytes, start, room)), out_bytes);
   fill(out);  // resident before any round
   for (DType t : types) {
     const DTypeBlock block = dtype_block(t);
@@ -185,7 +197,7 @@ int main(int argc, char** argv) {
     if (a.size() >= 4 && a[0] == "gen") {
       return gen(a[1], std::stoull(a[2]) << 20, *dtype_from_any_name(a[3]));
     }
-    if (a.size() >= 3 && a[0] == "load") return load(a[1], std::stoi(a[2]));
+    if (a.size() >= 3 && a[0] == "load") return load(a[1], std::stoi(a[2]), a.size() > 3 ? std::stoi(a[3]) % 2 : 0);
     if (a.size() >= 3 && a[0] == "dequant") {
       std::vector<DType> types;
       for (std::size_t i = 3; i < a.size(); ++i) {
@@ -195,7 +207,7 @@ int main(int argc, char** argv) {
       }
       return dequant(std::stoull(a[1]), std::stoi(a[2]), types);
     }
-    fmt::print(stderr, "usage: gguf_bench gen DIR MIB DTYPE | load DIR ROUNDS | dequant OUT_MIB ROUNDS TYPE...\n");
+    fmt::print(stderr, "usage: gguf_bench gen DIR MIB DTYPE | load DIR ROUNDS [FIRST] | dequant OUT_MIB ROUNDS TYPE...\n");
     return 2;
   } catch (const std::exception& e) {
     fmt::print(stderr, "gguf_bench: {}\n", e.what());

@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstring>
 
 #include "cpu/cpu_fixture.hpp"
@@ -43,6 +44,14 @@ std::vector<std::byte> rounded(const std::vector<std::byte>& f32, DType to) {
     std::memcpy(out.data() + 2 * i, &h, 2);
   }
   return out;
+}
+
+// The offset of the first byte where `a` and `b` differ, or -1 when they are equal (a failing
+// check then prints one number, not megabytes).
+std::ptrdiff_t first_difference(std::span<const std::byte> a, std::span<const std::byte> b) {
+  if (a.size() != b.size()) return static_cast<std::ptrdiff_t>(std::min(a.size(), b.size()));
+  const auto at = std::mismatch(a.begin(), a.end(), b.begin());
+  return at.first == a.end() ? -1 : at.first - a.begin();
 }
 
 std::uint64_t grid64(const std::uint8_t* grid, std::size_t i) {
@@ -147,6 +156,59 @@ TEST_CASE("dequantize – the Llama-shaped Q4_K_M model dequantizes to ggml's sh
     }
   }
   CHECK(checked == 2 * 39);
+}
+
+TEST_CASE("dequantize – every kernel gives the reference's bits on random blocks, NaN and infinite scales included",
+          "[gguf][dequantize]") {
+  // Random bytes make every f16 scale a NaN or an infinity about once in 32 blocks and a
+  // subnormal as often, and hit every integer pattern; the AVX2 kernels skip their NaN check
+  // only for blocks whose scales are finite, so both of their paths run.
+  std::uint64_t state = 0x9E37'79B9'7F4A'7C15ull;
+  auto next = [&state] {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state;
+  };
+  int types = 0;
+  using D = DType;
+  for (DType t : {D::Q4_0,  D::Q4_1,  D::Q5_0,   D::Q5_1,    D::Q8_0,   D::Q2_K,  D::Q3_K,    D::Q4_K,
+                  D::Q5_K,  D::Q6_K,  D::Q8_K,   D::IQ2_XXS, D::IQ2_XS, D::IQ2_S, D::IQ3_XXS, D::IQ3_S,
+                  D::IQ1_S, D::IQ1_M, D::IQ4_NL, D::IQ4_XS,  D::TQ1_0,  D::TQ2_0, D::MXFP4}) {
+    REQUIRE(quant::has_dequantization(t));
+    INFO(dtype_name(t));
+    const DTypeBlock block = dtype_block(t);
+    const std::size_t blocks = 2048;
+    std::vector<std::byte> in(blocks * block.bytes);
+    for (auto& b : in) b = static_cast<std::byte>(next() >> 56);
+    std::vector<std::byte> expected(blocks * block.elements * 4);
+    for (std::size_t k = 0; k < blocks; ++k) {
+      REQUIRE(quant::dequantize_block(t, reinterpret_cast<const std::uint8_t*>(in.data()) + k * block.bytes,
+                                      reinterpret_cast<float*>(expected.data()) + k * block.elements,
+                                      quant::host_quant_grids()));
+    }
+    for (auto isa : {cpu::ConvertIsa::best, cpu::ConvertIsa::generic}) {
+      IsaScope scope(isa);
+      INFO(cpu::convert_isa_name());
+      for (DType to : {DType::F32, DType::BF16, DType::F16}) {
+        INFO(dtype_name(to));
+        const auto want = to == DType::F32 ? expected : rounded(expected, to);
+        // Streaming stores into an aligned output, and the plain fallback at 16 bytes past it.
+        std::vector<std::byte> storage(want.size() + 128);
+        auto* base =
+            reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(storage.data()) + 63) & ~std::uintptr_t{63});
+        for (std::size_t skew : {0, 16}) {
+          const std::span<std::byte> out(base + skew, want.size());
+          std::fill(out.begin(), out.end(), std::byte{0x5A});
+          cpu::convert_serial(t, to, in, out, cpu::ConvertStores::streaming);
+          CHECK(first_difference(out, want) == -1);
+        }
+        CHECK(first_difference(dequantized(t, to, in, true), want) == -1);
+      }
+    }
+    ++types;
+  }
+  CHECK(types == 23);  // the fixture's 22 and Q8_K
 }
 
 TEST_CASE("dequantize – casts the float formats do not define are refused before anything is written",

@@ -269,7 +269,8 @@ Kernel find_generic_kernel(DType from, DType to) noexcept {
 // cache-bypassing stores where a kernel has them.
 Kernel find_kernel(DType from, DType to, bool stream) noexcept {
   // Dequantization kernels live in dequantize.cpp; their unit is a block.
-  if (from != to && dtype_is_quantized(from)) return detail::find_dequantize_kernel(from, to, use_avx2(), stream);
+  if (from != to && dtype_is_quantized(from))
+    return detail::find_dequantize_kernel(from, to, use_avx2() && cpu_features().f16c, stream);
 #if EREDU_CONVERT_X86
   using D = DType;
   using u16 = std::uint16_t;
