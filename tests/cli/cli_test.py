@@ -474,7 +474,8 @@ def case_completion(tmp):
 
 def case_gguf(tmp):
     """GGUF: gen --format gguf (one file, a split set), inspect's key metadata and every KV, load
-    with the blocks kept and dequantized, pipeline over blk.N units, typed errors."""
+    with the blocks kept and dequantized, swap between quantized versions (synthetic and ggml's
+    Q4_K_M fixture), pipeline over blk.N units, typed errors."""
     m = os.path.join(tmp, "m.gguf")
     code, out, _ = run("gen", m, "--format", "gguf", "--dtype", "q4_k", "--size", "1M", "-q", "--json", expect=0)
     if code != 0:
@@ -526,6 +527,23 @@ def case_gguf(tmp):
         check(load["bytes"] == doc["tensor_bytes"] and load["output_bytes"] == want,
               f"load --dtype {dtype}: output_bytes {load['output_bytes']}, expected {want}")
     run("read", m, "-q", expect=0)  # every byte through the lease pool equals pread's
+    # swap between two quantized versions: requests dequantize their rows, each response
+    # matches its own version, and the corrupt copy is not published.
+    m2 = os.path.join(tmp, "m2.gguf")
+    run("gen", m2, "--format", "gguf", "--dtype", "q4_k", "--size", "1M", "--seed", "2", "-q", expect=0)
+    fixture = os.path.join(SOURCE, "..", "shared", "data", "gguf-quant",
+                           "tiny-llama-q4_k_m.gguf")
+    pairs = [(m, m2)] + ([(fixture, fixture)] if os.path.exists(fixture) else [])
+    if len(pairs) == 1:
+        print("note: no ../shared/data/gguf-quant: swap on ggml's Q4_K_M fixture not run")
+    for a, b in pairs:
+        code, out, _ = run("swap", a, b, "--swaps", "2", "--requests", "20", "--corrupt", "--json", expect=0)
+        if code == 0:
+            sd = document(out, "swap")
+            f = sd["failed_swap"] or {}
+            check(sd["ok"] and sd["mismatch_count"] == 0 and (a == m or sd["probe"]["dtype"] in ("Q4_K", "Q6_K")) and
+                  f.get("rejected") is True and f.get("changed_count") == 0,
+                  f"swap {os.path.basename(a)}: probe {sd['probe']}, failed swap {f}, {sd['mismatch_count']} mismatched")
     # A split set: any of its files opens all of it.
     d = os.path.join(tmp, "split")
     code, out, _ = run("gen", d, "--format", "gguf", "--dtype", "q8_0", "--size", "1M", "--shards", "3", "-q",

@@ -165,7 +165,7 @@ void print_swap_json(const SwapScenarioOptions& o, const SwapScenarioResult& r, 
   begin_document(json, "swap");
   json.field("a", r.paths[0]).field("b", r.paths[1]).count("tensor", r.tensor_count).bytes("tensor", r.bytes);
   json.key("probe").begin_object().field("tensor", r.probe_tensor).field("rows", r.probe_rows);
-  json.field("cols", r.probe_cols).end_object();
+  json.field("cols", r.probe_cols).field("dtype", dtype_name(r.probe_dtype)).end_object();
   json.field("serve_threads", o.serve_threads).field("swap_threads", o.swap_threads);
   json.field("concurrency", o.concurrency).count("phase_request", o.requests).bytes("budget", o.budget);
   json.field("verify", o.verify).count("a_checksum", r.checksum_counts[0]).count("b_checksum", r.checksum_counts[1]);

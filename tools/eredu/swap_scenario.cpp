@@ -34,6 +34,7 @@
 #include "cli.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/core/log.hpp"
+#include "eredu/core/quant_formats.hpp"
 #include "eredu/cpu/backend.hpp"
 #include "eredu/cpu/catalog_module.hpp"
 #include "eredu/cpu/float_formats.hpp"
@@ -96,23 +97,28 @@ struct Probe {
   std::vector<std::vector<float>> inputs;
 };
 
-/// Picks the largest 2-D float tensor and as many of its rows as make about `work`
+/// Picks the largest 2-D float tensor — or, in a checkpoint without one (a quantized GGUF
+/// model), the largest 2-D quantized tensor — and as many of its rows as make about `work`
 /// multiply-adds.
 Probe make_probe(const io::Catalog& catalog, std::uint64_t work) {
   Probe p;
   std::uint64_t best = 0;
+  bool best_float = false;
   for (std::size_t i = 0; i < catalog.size(); ++i) {
     const io::TensorInfo& t = catalog.tensors()[i];
     const bool float_type = t.dtype == DType::BF16 || t.dtype == DType::F16 || t.dtype == DType::F32;
-    if (!float_type || t.shape.size() != 2 || t.shape[0] * t.shape[1] <= best) continue;
+    if (!float_type && !quant::has_dequantization(t.dtype)) continue;
+    if (t.shape.size() != 2 || (best_float && !float_type)) continue;
+    if (best_float == float_type && t.shape[0] * t.shape[1] <= best) continue;
     best = t.shape[0] * t.shape[1];
+    best_float = float_type;
     p.slot = i;
     p.tensor = t.name;
     p.dtype = t.dtype;
     p.cols = t.shape[1];
     p.rows = std::clamp<std::uint64_t>(work / std::max<std::uint64_t>(1, t.shape[1]), 1, t.shape[0]);
   }
-  if (best == 0) throw Error(errc::invalid_argument, {}, "no 2-D BF16/F16/F32 tensor for the requests to read");
+  if (best == 0) throw Error(errc::invalid_argument, {}, "no 2-D float or quantized tensor for the requests to read");
   for (std::size_t k = 0; k < 16; ++k) {
     std::vector<float> x(p.cols);
     for (std::size_t j = 0; j < x.size(); ++j)
@@ -133,11 +139,40 @@ void matvec_as(const std::byte* w, std::size_t rows, std::size_t cols, const flo
   }
 }
 
+/// The bytes of the probe's rows of W.
+std::size_t probe_bytes(const Probe& p) {
+  if (dtype_is_quantized(p.dtype)) {
+    const DTypeBlock block = dtype_block(p.dtype);
+    return p.rows * (p.cols / block.elements) * block.bytes;
+  }
+  return p.rows * p.cols * dtype_bits(p.dtype) / 8;
+}
+
+/// y = W·x for quantized rows, each dequantized by the core reference (ggml's bits) first.
+void matvec_quantized(const Probe& p, const std::byte* w, const float* x, float* y) {
+  const DTypeBlock block = dtype_block(p.dtype);
+  const std::size_t blocks = p.cols / block.elements;
+  const quant::QuantGrids grids = quant::host_quant_grids();
+  std::vector<float> row(p.cols);
+  for (std::size_t r = 0; r < p.rows; ++r) {
+    const auto* in = reinterpret_cast<const std::uint8_t*>(w) + r * blocks * block.bytes;
+    for (std::size_t b = 0; b < blocks; ++b)
+      quant::dequantize_block(p.dtype, in + b * block.bytes, row.data() + b * block.elements, grids);
+    float s = 0;
+    for (std::size_t c = 0; c < p.cols; ++c) s += row[c] * x[c];
+    y[r] = s;
+  }
+}
+
 /// y = W·x over the first rows of `w`, the same arithmetic for the engine's tensor and the
 /// reference's file bytes, so correct weights give bit-identical outputs.
 std::uint64_t probe_output(const Probe& p, std::span<const std::byte> w, std::size_t input, std::vector<float>& y) {
   y.resize(p.rows);
   const float* x = p.inputs[input].data();
+  if (dtype_is_quantized(p.dtype)) {
+    matvec_quantized(p, w.data(), x, y.data());
+    return XXH3_64bits(y.data(), y.size() * sizeof(float));
+  }
   auto u16 = [](const std::byte* b) {
     std::uint16_t h;
     std::memcpy(&h, b, 2);
@@ -195,7 +230,7 @@ VersionReference make_reference(const std::string& path, const io::Catalog& orde
                                 const Probe& p) {
   VersionReference r{path, file_tag(order, catalog), {}};
   const io::TensorInfo& t = catalog.at(p.tensor);
-  std::vector<std::byte> w(p.rows * p.cols * dtype_bits(p.dtype) / 8);
+  std::vector<std::byte> w(probe_bytes(p));
   pread_exact(catalog, t, 0, w);
   std::vector<float> y;
   for (std::size_t k = 0; k < p.inputs.size(); ++k) r.outputs.push_back(probe_output(p, w, k, y));
@@ -557,6 +592,7 @@ SwapScenarioResult run_swap_scenario(const SwapScenarioOptions& o, Progress& pro
   result.probe_tensor = probe.tensor;
   result.probe_rows = probe.rows;
   result.probe_cols = probe.cols;
+  result.probe_dtype = probe.dtype;
   result.responses = std::move(server.responses);
   result.final_generation = slot.generation();
   for (auto& src : sources)

@@ -69,6 +69,7 @@ struct SwapScenarioResult {
   std::uint64_t bytes = 0;                     ///< bytes a version's weights occupy
   std::string probe_tensor{};                  ///< the tensor requests multiply with
   std::size_t probe_rows = 0, probe_cols = 0;  ///< the part of it a request reads
+  DType probe_dtype{};                         ///< its dtype (a quantized one is dequantized)
   std::vector<VersionReference> references{};  ///< A's and B's
   std::vector<SwapResponse> responses{};       ///< every response, in answer order
   std::vector<SwapAttempt> attempts{};         ///< every swap after the first load, in order
