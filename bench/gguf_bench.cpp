@@ -5,7 +5,8 @@
 //   gguf_bench gen DIR SIZE DTYPE        writes DIR/model.gguf and DIR/model.safetensors (the same
 //                                        tensor bytes; quantized tensors as U8 rows of blocks)
 //   gguf_bench load DIR ROUNDS [FIRST]   both files, alternating order (FIRST 1: safetensors first
-//                                        in round 0), through the CPU backend, fresh storage each
+//                                        in round 0), through the CPU backend: into fresh storage,
+//                                        then into storage recycled from earlier loads
 //   gguf_bench dequant MIB ROUNDS TYPES  each type to bf16 and f32 vs parallel streaming fill
 // Each prints one line per measurement: "<what> round <r> <seconds> <GiB/s>", then medians.
 #include <sys/resource.h>
@@ -123,16 +124,22 @@ int load(const fs::path& dir, int rounds, int first) {
   tbb::global_control workers(tbb::global_control::max_allowed_parallelism, 3);
   cpu::Executor executor{2};
   const fs::path files[2] = {dir / "model.gguf", dir / "model.safetensors"};
-  const char* names[2] = {"load gguf (dtype kept)", "load safetensors (same bytes)"};
+  const char* fresh_names[2] = {"load gguf (dtype kept)", "load safetensors (same bytes)"};
+  const char* recycled_names[2] = {"load gguf, recycled storage", "load safetensors, recycled storage"};
+  // Recycled: one pool, warmed by an untimed load of each file, so these loads measure the
+  // formats' paths without the fresh-memory noise of these VMs (3x between rounds).
+  cpu::StoragePool warm;
+  for (const fs::path& f : files) load_all(f, warm, executor);
   for (int r = 0; r < rounds; ++r) {
-    for (int k = 0; k < 2; ++k) {
+    for (int k = 0; k < 4; ++k) {
       const int i = (first + r + k) % 2;  // rotate the order every round
-      // A storage pool per load: both are first loads into fresh memory (a shared pool would
-      // hand the second one the first one's pages).
-      cpu::StoragePool storage;
+      const bool recycled = k >= 2;
+      // Fresh: a storage pool per load, so both are first loads into fresh memory (a shared
+      // pool would hand the second one the first one's pages).
+      cpu::StoragePool fresh;
       const auto t0 = Clock::now();
-      const std::uint64_t bytes = load_all(files[i], storage, executor);
-      record(names[i], r, seconds_since(t0), bytes);
+      const std::uint64_t bytes = load_all(files[i], recycled ? warm : fresh, executor);
+      record(recycled ? recycled_names[i] : fresh_names[i], r, seconds_since(t0), bytes);
     }
   }
   summary();
@@ -160,6 +167,16 @@ int dequant(std::size_t out_mib, int rounds, const std::vector<DType>& types) {
   std::size_t room = storage.size();
   const std::span<std::byte> out(static_cast<std::byte*>(std::align(64, out_bytes, start, room)), out_bytes);
   fill(out);  // resident before any round
+  // The best kernels, and the AVX2 ones where the best are another set (AVX512-BF16), in the
+  // same rounds: the bf16 rows then show what each set gives.
+  std::vector<cpu::ConvertIsa> isas{cpu::ConvertIsa::best};
+  std::vector<std::string> isa_names{cpu::convert_isa_name()};
+  cpu::use_convert_isa(cpu::ConvertIsa::avx2);
+  if (isa_names[0] != cpu::convert_isa_name()) {
+    isas.push_back(cpu::ConvertIsa::avx2);
+    isa_names.emplace_back(cpu::convert_isa_name());
+  }
+  cpu::use_convert_isa(cpu::ConvertIsa::best);
   for (DType t : types) {
     const DTypeBlock block = dtype_block(t);
     for (DType to : {DType::BF16, DType::F32}) {
@@ -168,13 +185,20 @@ int dequant(std::size_t out_mib, int rounds, const std::vector<DType>& types) {
       std::vector<std::byte> in(blocks * block.bytes);
       synth::fill_quantized_bytes(1, {"bench", t, {blocks * block.elements}}, 0, in);
       const std::span<std::byte> dst(out.data(), blocks * block.elements * out_elem);
-      const std::string what = fmt::format("{} -> {}", dtype_name(t), dtype_name(to));
+      const std::size_t contenders = isas.size() + 1;  // the kernel sets, then the fill
       for (int r = 0; r < rounds; ++r) {
-        for (int k = 0; k < 2; ++k) {
+        for (std::size_t k = 0; k < contenders; ++k) {
+          const std::size_t c = (static_cast<std::size_t>(r) + k) % contenders;  // rotate the order
           const auto t0 = Clock::now();
-          if ((r + k) % 2 == 0) {
+          if (c < isas.size()) {
+            cpu::use_convert_isa(isas[c]);
             cpu::convert(t, to, in, dst);
-            record(what, r, seconds_since(t0), dst.size());
+            const double secs = seconds_since(t0);
+            cpu::use_convert_isa(cpu::ConvertIsa::best);
+            // The first set keeps the plain name (bench/gguf.sh's targets read it).
+            const std::string what = fmt::format("{} -> {}{}", dtype_name(t), dtype_name(to),
+                                                 c == 0 ? std::string() : " [" + isa_names[c] + "]");
+            record(what, r, secs, dst.size());
           } else {
             fill(dst);
             record(fmt::format("write limit ({} MiB)", dst.size() >> 20), r, seconds_since(t0), dst.size());
@@ -183,6 +207,7 @@ int dequant(std::size_t out_mib, int rounds, const std::vector<DType>& types) {
       }
     }
   }
+  fmt::print("kernels: {}{}\n", isa_names[0], isas.size() > 1 ? ", and " + isa_names[1] + " in [ ]" : "");
   summary();
   return 0;
 }
@@ -207,7 +232,8 @@ int main(int argc, char** argv) {
       }
       return dequant(std::stoull(a[1]), std::stoi(a[2]), types);
     }
-    fmt::print(stderr, "usage: gguf_bench gen DIR MIB DTYPE | load DIR ROUNDS [FIRST] | dequant OUT_MIB ROUNDS TYPE...\n");
+    fmt::print(stderr,
+               "usage: gguf_bench gen DIR MIB DTYPE | load DIR ROUNDS [FIRST] | dequant OUT_MIB ROUNDS TYPE...\n");
     return 2;
   } catch (const std::exception& e) {
     fmt::print(stderr, "gguf_bench: {}\n", e.what());

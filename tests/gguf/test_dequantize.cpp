@@ -89,7 +89,7 @@ TEST_CASE("dequantize – the IQ codebooks expand to ggml's grids", "[gguf][dequ
   CHECK(iq_signs(127) == 255);
 }
 
-TEST_CASE("dequantize – every type of ggml's fixture gives exactly ggml's f32, on both kernel sets",
+TEST_CASE("dequantize – every type of ggml's fixture gives exactly ggml's f32, on every kernel set",
           "[gguf][dequantize][fixtures]") {
   const fs::path dir = test::gguf_quant_dir();
   if (dir.empty()) {
@@ -118,7 +118,7 @@ TEST_CASE("dequantize – every type of ggml's fixture gives exactly ggml's f32,
       }
       CHECK(std::memcmp(values.data(), expected.data(), expected.size()) == 0);
     }
-    for (auto isa : {cpu::ConvertIsa::best, cpu::ConvertIsa::generic}) {
+    for (auto isa : {cpu::ConvertIsa::best, cpu::ConvertIsa::avx2, cpu::ConvertIsa::generic}) {
       IsaScope scope(isa);
       INFO(cpu::convert_isa_name());
       for (bool parallel : {false, true}) {
@@ -132,7 +132,7 @@ TEST_CASE("dequantize – every type of ggml's fixture gives exactly ggml's f32,
   CHECK(types == 22);
 }
 
-TEST_CASE("dequantize – the Llama-shaped Q4_K_M model dequantizes to ggml's sha256, on both kernel sets",
+TEST_CASE("dequantize – the Llama-shaped Q4_K_M model dequantizes to ggml's sha256, on every kernel set",
           "[gguf][dequantize][fixtures]") {
   const fs::path dir = test::gguf_quant_dir();
   if (dir.empty()) {
@@ -144,7 +144,7 @@ TEST_CASE("dequantize – the Llama-shaped Q4_K_M model dequantizes to ggml's sh
   const std::string path = (dir / "tiny-llama-q4_k_m.gguf").string();
   const io::Catalog catalog = io::open_catalog(path);
   int checked = 0;
-  for (auto isa : {cpu::ConvertIsa::best, cpu::ConvertIsa::generic}) {
+  for (auto isa : {cpu::ConvertIsa::best, cpu::ConvertIsa::avx2, cpu::ConvertIsa::generic}) {
     IsaScope scope(isa);
     for (const auto& t : test::member(entry, "tensors")->items()) {
       const io::TensorInfo& info = catalog.at(test::member(t, "name")->as_string());
@@ -155,7 +155,7 @@ TEST_CASE("dequantize – the Llama-shaped Q4_K_M model dequantizes to ggml's sh
       ++checked;
     }
   }
-  CHECK(checked == 2 * 39);
+  CHECK(checked == 3 * 39);
 }
 
 TEST_CASE("dequantize – every kernel gives the reference's bits on random blocks, NaN and infinite scales included",
@@ -187,7 +187,7 @@ TEST_CASE("dequantize – every kernel gives the reference's bits on random bloc
                                       reinterpret_cast<float*>(expected.data()) + k * block.elements,
                                       quant::host_quant_grids()));
     }
-    for (auto isa : {cpu::ConvertIsa::best, cpu::ConvertIsa::generic}) {
+    for (auto isa : {cpu::ConvertIsa::best, cpu::ConvertIsa::avx2, cpu::ConvertIsa::generic}) {
       IsaScope scope(isa);
       INFO(cpu::convert_isa_name());
       for (DType to : {DType::F32, DType::BF16, DType::F16}) {

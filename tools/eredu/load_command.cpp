@@ -89,6 +89,7 @@ int run_load(const LoadOptions& o, const CommonFlags& flags) {
   opts.reader.uring_policy = o.uring_files == "all" ? io::UringPolicy::every_file : io::UringPolicy::by_file_system;
   opts.chunk_bytes = o.chunk;
   if (o.kernels == "generic") cpu::use_convert_isa(cpu::ConvertIsa::generic);
+  if (o.kernels == "avx2") cpu::use_convert_isa(cpu::ConvertIsa::avx2);
 
   // The event loop thread only submits reads and resumes coroutines; populating memory and
   // converting run on TBB workers, so there must be `threads` of them besides this thread
@@ -222,8 +223,9 @@ Command add_load_command(CLI::App& app, CommonFlags& flags) {
              "unknown file systems are read with pread, where io_uring can hide a failed read) or all");
   add_integer(*cmd, "--depth", o->depth, 1u, 256u, "read requests in flight");
   add_bytes(*cmd, "--request", o->request, 4096, std::uint64_t{1} << 30, "largest single read request");
-  add_choice(*cmd, "--kernels", o->kernels, {"best", "generic"},
-             "conversion kernels: best (AVX2/F16C where the CPU has them) or generic (portable C++)");
+  add_choice(*cmd, "--kernels", o->kernels, {"best", "avx2", "generic"},
+             "conversion kernels: best (AVX2/F16C where the CPU has them, AVX512-BF16 for dequantizing to bf16), "
+             "avx2 (no AVX-512) or generic (portable C++)");
   add_bytes(*cmd, "--chunk", o->chunk, 4096, std::uint64_t{1} << 40,
             "lease size converted tensors are read and converted in");
   add_choice(*cmd, "--copies", o->copies, {"arena", "reader"},

@@ -217,6 +217,7 @@ std::uint16_t f16_to_bf16_bits(std::uint16_t h) noexcept { return f32_to_bf16_bi
 struct Cpu {
   bool avx2 = false;
   bool f16c = false;
+  bool avx512bf16 = false;  // with AVX512F, BW, VL, and the OS saving the AVX-512 state
 };
 
 Cpu probe_cpu() noexcept {
@@ -228,6 +229,17 @@ Cpu probe_cpu() noexcept {
   // being usable already means the OS saves the YMM registers F16C writes.
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   c.f16c = c.avx2 && __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
+  // AVX512-BF16 (CPUID leaf 7.1, EAX bit 5) is usable only with F, BW and VL (leaf 7.0, EBX
+  // bits 16, 30, 31) and an OS that saves the opmask and ZMM state (XCR0 bits 1, 2, 5-7).
+  const bool osxsave = (ecx & bit_OSXSAVE) != 0;
+  if (c.f16c && osxsave) {
+    unsigned xcr0 = 0, xcr0_high = 0;
+    __asm__("xgetbv" : "=a"(xcr0), "=d"(xcr0_high) : "c"(0));
+    const bool os_avx512 = (xcr0 & 0xE6u) == 0xE6u;
+    const bool fbwvl = __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (ebx & (1u << 16)) && (ebx & (1u << 30)) &&
+                       (ebx & (1u << 31));
+    c.avx512bf16 = os_avx512 && fbwvl && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 5));
+  }
 #endif
   return c;
 }
@@ -241,7 +253,14 @@ std::atomic<ConvertIsa> wanted_isa{ConvertIsa::best};
 
 // True when the AVX2 kernels are to be used: the CPU has them and they were not turned off.
 bool use_avx2() noexcept {
-  return cpu_features().avx2 && wanted_isa.load(std::memory_order_relaxed) == ConvertIsa::best;
+  return cpu_features().avx2 && wanted_isa.load(std::memory_order_relaxed) != ConvertIsa::generic;
+}
+
+// The dequantization kernels in effect.
+detail::DequantizeIsa dequantize_isa() noexcept {
+  if (!use_avx2() || !cpu_features().f16c) return detail::DequantizeIsa::portable;
+  const bool best = wanted_isa.load(std::memory_order_relaxed) == ConvertIsa::best;
+  return best && cpu_features().avx512bf16 ? detail::DequantizeIsa::avx512bf16 : detail::DequantizeIsa::avx2_f16c;
 }
 
 // The portable kernel for a supported cast between distinct dtypes, or nullptr.
@@ -269,8 +288,7 @@ Kernel find_generic_kernel(DType from, DType to) noexcept {
 // cache-bypassing stores where a kernel has them.
 Kernel find_kernel(DType from, DType to, bool stream) noexcept {
   // Dequantization kernels live in dequantize.cpp; their unit is a block.
-  if (from != to && dtype_is_quantized(from))
-    return detail::find_dequantize_kernel(from, to, use_avx2() && cpu_features().f16c, stream);
+  if (from != to && dtype_is_quantized(from)) return detail::find_dequantize_kernel(from, to, dequantize_isa(), stream);
 #if EREDU_CONVERT_X86
   using D = DType;
   using u16 = std::uint16_t;
@@ -340,11 +358,12 @@ Plan validate(DType from, DType to, std::span<const std::byte> in, std::span<std
 
 ConvertIsa use_convert_isa(ConvertIsa wanted) noexcept {
   wanted_isa.store(wanted, std::memory_order_relaxed);
-  return use_avx2() ? ConvertIsa::best : ConvertIsa::generic;
+  return use_avx2() ? wanted : ConvertIsa::generic;
 }
 
 const char* convert_isa_name() noexcept {
   if (!use_avx2()) return "generic";
+  if (dequantize_isa() == detail::DequantizeIsa::avx512bf16) return "avx2+f16c+avx512bf16";
   return cpu_features().f16c ? "avx2+f16c" : "avx2";
 }
 
@@ -352,7 +371,8 @@ bool convert_supported(DType from, DType to) noexcept {
   // What the kernels implement, not a second copy of the rule: the tests hold this to
   // eredu::is_supported_cast, the one definition.
   return from == to || find_generic_kernel(from, to) != nullptr ||
-         (dtype_is_quantized(from) && detail::find_dequantize_kernel(from, to, false, false) != nullptr);
+         (dtype_is_quantized(from) &&
+          detail::find_dequantize_kernel(from, to, detail::DequantizeIsa::portable, false) != nullptr);
 }
 
 ConvertUnits convert_units(DType from, DType to) noexcept {

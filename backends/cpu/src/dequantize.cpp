@@ -1,5 +1,5 @@
 // The portable dequantization kernels of the CPU backend (see dequantize.hpp), and the
-// choice between them and the AVX2 ones (dequantize_avx2.cpp).
+// choice between them and the x86 ones (dequantize_x86.cpp).
 //
 // One template decodes a run of blocks: each block through the core reference into an aligned
 // f32 scratch block, then the scratch is stored (f32) or rounded and stored (bf16, f16).
@@ -64,9 +64,9 @@ DequantizeKernel pick(DType to) noexcept {
 
 }  // namespace
 
-DequantizeKernel find_dequantize_kernel(DType from, DType to, bool avx2_f16c, bool stream) noexcept {
-  if (avx2_f16c) {
-    if (DequantizeKernel k = find_avx2_dequantize_kernel(from, to, stream)) return k;
+DequantizeKernel find_dequantize_kernel(DType from, DType to, DequantizeIsa isa, bool stream) noexcept {
+  if (isa != DequantizeIsa::portable) {
+    if (DequantizeKernel k = find_x86_dequantize_kernel(from, to, isa, stream)) return k;
   }
   switch (from) {
 #define EREDU_DEQUANTIZE_CASE(t) \

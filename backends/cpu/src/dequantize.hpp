@@ -2,7 +2,7 @@
 // The CPU backend's dequantization kernels (private to the backend; convert.cpp routes the
 // casts from a quantized dtype through them). Each kernel decodes whole blocks, bit for bit as
 // eredu/core/quant_formats.hpp (and so as ggml), into f32, or into bf16 / f16 rounded once from
-// that f32. dequantize.cpp has the portable kernels, dequantize_avx2.cpp the AVX2 ones.
+// that f32. dequantize.cpp has the portable kernels, dequantize_x86.cpp the x86 ones.
 
 #include <cstddef>
 
@@ -22,13 +22,21 @@ namespace eredu::cpu::detail {
 // Decodes `blocks` blocks at `in` into their values at `out` (no alignment needed).
 using DequantizeKernel = void (*)(const std::byte* __restrict in, std::byte* __restrict out, std::size_t blocks);
 
-// The kernel for `from` (quantized, with a dequantization) to `to` (F32, BF16 or F16), or
-// nullptr. `avx2_f16c`: the AVX2 and F16C kernels (the caller checked the CPU has both);
-// `stream`: cache-bypassing stores where the kernel has them.
-DequantizeKernel find_dequantize_kernel(DType from, DType to, bool avx2_f16c, bool stream) noexcept;
+// Which set of kernels a dequantization runs (convert.cpp picks one by what the CPU has and
+// which ConvertIsa is wanted). All give the same bits.
+enum class DequantizeIsa {
+  portable,    // dequantize.cpp
+  avx2_f16c,   // dequantize_x86.cpp: AVX2 and F16C
+  avx512bf16,  // the same with AVX512-BF16 (and VL) rounding to bf16
+};
 
-// The AVX2 kernel for `from` to `to` (as find_dequantize_kernel), or nullptr where the build
-// has none (not x86-64). Only for CPUs with AVX2 and F16C.
-DequantizeKernel find_avx2_dequantize_kernel(DType from, DType to, bool stream) noexcept;
+// The kernel for `from` (quantized, with a dequantization) to `to` (F32, BF16 or F16) in set
+// `isa` (the caller checked the CPU has it), or nullptr. `stream`: cache-bypassing stores
+// where the kernel has them.
+DequantizeKernel find_dequantize_kernel(DType from, DType to, DequantizeIsa isa, bool stream) noexcept;
+
+// The x86 kernel for `from` to `to` in set `isa` (avx2_f16c or avx512bf16), or nullptr where
+// the build has none (not x86-64).
+DequantizeKernel find_x86_dequantize_kernel(DType from, DType to, DequantizeIsa isa, bool stream) noexcept;
 
 }  // namespace eredu::cpu::detail

@@ -22,15 +22,18 @@ inline constexpr std::size_t convert_block_bytes = std::size_t{64} << 10;
 /// kernel has them: a load writes gigabytes it does not read back soon.
 inline constexpr std::size_t convert_stream_bytes = std::size_t{1} << 20;
 
-/// Which kernels conversions use: `best` takes AVX2 (and F16C) where the CPU has them,
-/// `generic` the portable ones. Both give the same bits; the switch is for tests and A/B runs.
-enum class ConvertIsa { best, generic };
+/// Which kernels conversions use: `best` takes AVX2 and F16C where the CPU has them, and
+/// AVX512-BF16 for dequantizing to bf16 where it has that too; `avx2` stops at AVX2 and F16C;
+/// `generic` takes the portable ones. All give the same bits; the switch is for tests and A/B
+/// runs.
+enum class ConvertIsa { best, generic, avx2 };
 
 /// Selects the kernels of every later conversion in the process; returns the set in effect
-/// (`generic` when `best` was asked on a CPU without AVX2).
+/// (`generic` when `best` or `avx2` was asked on a CPU without AVX2).
 ConvertIsa use_convert_isa(ConvertIsa wanted) noexcept;
 
-/// The kernel set now in effect, for reports: "avx2+f16c", "avx2" or "generic".
+/// The kernel set now in effect, for reports: "avx2+f16c+avx512bf16", "avx2+f16c", "avx2" or
+/// "generic".
 const char* convert_isa_name() noexcept;
 
 /// True when the CPU backend has a kernel converting `from` to `to` (the backend's
