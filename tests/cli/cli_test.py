@@ -544,6 +544,16 @@ def case_gguf(tmp):
             check(sd["ok"] and sd["mismatch_count"] == 0 and (a == m or sd["probe"]["dtype"] in ("Q4_K", "Q6_K")) and
                   f.get("rejected") is True and f.get("changed_count") == 0,
                   f"swap {os.path.basename(a)}: probe {sd['probe']}, failed swap {f}, {sd['mismatch_count']} mismatched")
+    if os.path.exists(fixture):
+        # pipeline over the fixture's blk.N layers, computing on its Q4_K/Q6_K weights.
+        _, out, _ = run("inspect", fixture, "--json", expect=0)
+        blocks = document(out, "inspect")["gguf"]["block_count"]
+        code, out, _ = run("pipeline", fixture, "--json", expect=0)
+        if code == 0:
+            pd = document(out, "pipeline")
+            check(pd["unit_count"] == blocks and pd["skipped_tensor_count"] == 3,
+                  f"pipeline over the fixture: {pd['unit_count']} units of {blocks} blocks, "
+                  f"{pd['skipped_tensor_count']} skipped")
     # A split set: any of its files opens all of it.
     d = os.path.join(tmp, "split")
     code, out, _ = run("gen", d, "--format", "gguf", "--dtype", "q8_0", "--size", "1M", "--shards", "3", "-q",
