@@ -1,24 +1,30 @@
 // The CUDA backend on a device: bytes on the device equal the checkpoint's, casts and recipes
 // equal the CPU backend's bit for bit, a lease is never reused under its copy, out-of-memory
-// fails a unit cleanly, many units run at once on several streams, and transfer round-trips.
+// fails a unit cleanly, many units run at once on several streams, transfer round-trips, and
+// every quantized type of ggml's fixture dequantizes to ggml's bits.
 // Every case needs a device; where none is present it passes with a WARN saying so.
 
 #include <asio/io_context.hpp>
 #include <asio/use_future.hpp>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstring>
+#include <filesystem>
 #include <future>
 #include <thread>
 #include <vector>
 
 #include "cpu/cpu_fixture.hpp"
 #include "eredu/core/error.hpp"
+#include "eredu/core/float_formats.hpp"
 #include "eredu/cuda/backend.hpp"
 #include "eredu/cuda/cuda_error.hpp"
 #include "eredu/cuda/device.hpp"
 #include "eredu/cuda/kernels.hpp"
 #include "eredu/engine/materialize.hpp"
 #include "eredu/engine/weight_binding_plan.hpp"
+#include "eredu/io/open_catalog.hpp"
+#include "gguf/gguf_fixture.hpp"
 
 using namespace eredu;
 using namespace eredu::test;
@@ -70,7 +76,7 @@ struct GpuEnv {
   asio::io_context ctx;
   std::unique_ptr<io::CheckpointSource> source;
   cuda::Executor executor{0};
-  cuda::DeviceMemoryPool memory;
+  cuda::DeviceMemoryPool memory{0, 0};  // device 0, no limit
   cuda::PinnedRegistration pin;
   cuda::MaterializationContext mc{executor, memory, &pin};
 
@@ -327,4 +333,52 @@ TEST_CASE("cuda executor – retain_until_complete keeps device memory until its
   c.get();
   for (int i = 0; i < 1000 && !watch.expired(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   CHECK(watch.expired());
+}
+
+TEST_CASE("cuda backend – dequantizes every type of ggml's fixture to ggml's own bits, f32, bf16 and f16",
+          "[cuda][gpu][gguf]") {
+  EREDU_REQUIRE_GPU();
+  const std::filesystem::path dir = gguf_quant_dir();
+  if (dir.empty()) {
+    WARN("no ../shared/data/gguf-quant: skipping");
+    return;
+  }
+  const std::string ref_path = (dir / "quant-types.dequant.safetensors").string();
+  const io::Catalog reference = io::open_catalog(ref_path);
+  // The source before the registration of its staging, so that the registration goes first.
+  asio::io_context ctx;
+  const auto source = io::CheckpointSource::open(ctx.get_executor(), dir / "quant-types.gguf", small_source_options());
+  cuda::Executor executor{0};
+  cuda::DeviceMemoryPool memory{0, 0};  // device 0, no limit
+  cuda::PinnedRegistration pin = cuda::pin_staging(*source);
+  cuda::MaterializationContext mc{executor, memory, &pin};
+  int types = 0;
+  for (const io::TensorInfo& t : source->catalog().tensors()) {
+    if (!dtype_is_quantized(t.dtype)) continue;
+    INFO(t.name << " " << dtype_name(t.dtype));
+    const io::TensorInfo& r = reference.at(t.name);
+    const std::vector<std::byte> f32 = read_range(ref_path, r.offset, r.nbytes);
+    for (DType to : {DType::F32, DType::BF16, DType::F16}) {
+      INFO(dtype_name(to));
+      std::vector<std::byte> expected = f32;
+      if (to != DType::F32) {
+        // One rounding of ggml's f32, as the CPU backend's kernels do.
+        expected.resize(f32.size() / 2);
+        for (std::size_t i = 0; i < f32.size() / 4; ++i) {
+          std::uint32_t bits;
+          std::memcpy(&bits, f32.data() + 4 * i, 4);
+          const std::uint16_t h = to == DType::BF16 ? formats::f32_to_bf16(bits) : formats::f32_to_f16(bits);
+          std::memcpy(expected.data() + 2 * i, &h, 2);
+        }
+      }
+      cuda::Materialization m = cuda::Backend::materialize_recipe(*source, R::cast(R::source(t.name), to), mc, {});
+      drive_until(ctx, m.done);
+      const cuda::Tensor gpu = cuda::Backend::finish_materialization(std::move(m));
+      CHECK(gpu.shape() == t.shape);
+      CHECK(to_host(gpu) == expected);
+    }
+    ++types;
+  }
+  CHECK(types == 22);
+  CHECK(source->pool().in_use() == 0);
 }
