@@ -16,8 +16,9 @@ float32 with `bf16="float32"`. torch gets `torch.bfloat16`.
 Types a framework cannot hold — F8_*, F4, F6_* everywhere (torch ≥ 2.1 holds F8_E4M3/F8_E5M2 as its
 float8 types), U16/U32/U64 in torch < 2.3 — raise UnsupportedDTypeError before the load, unless
 `unsupported="raw"` asks for their bytes: a uint8 array whose last dimension is widened by the
-element size (a flat array of the bytes for F4/F6 and for scalars). Nothing is ever reinterpreted
-silently.
+element size (a flat array of the bytes for F4/F6 and for scalars; for GGUF's quantized block types
+each row becomes its blocks' bytes, a Q4_K row of 512 values 288 bytes). Nothing is ever
+reinterpreted silently.
 """
 
 from . import _native

@@ -133,7 +133,12 @@ DLPackTensor::DLPackTensor(cpu::Tensor tensor, TensorView view, std::optional<Sh
     case TensorView::raw: {
       type_ = DLDataType{kDLUInt, 8, 1};
       const unsigned bits = dtype_bits(dtype);
-      if (bits == 8) {
+      if (dtype_is_quantized(dtype) && !s.empty()) {
+        // Block types (GGUF's quantized tensors): each row becomes its blocks' bytes, as a
+        // GGUF row is stored (the row's elements are whole blocks).
+        const DTypeBlock block = dtype_block(dtype);
+        s.back() = s.back() / block.elements * block.bytes;
+      } else if (bits == 8) {
         // byte-sized already: the same shape
       } else if (bits % 8 != 0 || s.empty()) {
         s = Shape{tensor_.nbytes()};
