@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "eredu/core/error.hpp"
+#include "eredu/core/shape.hpp"
 
 namespace eredu::python {
 
@@ -135,9 +136,10 @@ DLPackTensor::DLPackTensor(cpu::Tensor tensor, TensorView view, std::optional<Sh
       const unsigned bits = dtype_bits(dtype);
       if (dtype_is_quantized(dtype) && !s.empty()) {
         // Block types (GGUF's quantized tensors): each row becomes its blocks' bytes, as a
-        // GGUF row is stored (the row's elements are whole blocks).
-        const DTypeBlock block = dtype_block(dtype);
-        s.back() = s.back() / block.elements * block.bytes;
+        // GGUF row is stored (the catalog checked that rows are whole blocks).
+        const StorageUnits units = storage_units(s, dtype);
+        s = units.shape;
+        s.back() *= units.unit_bytes;
       } else if (bits == 8) {
         // byte-sized already: the same shape
       } else if (bits % 8 != 0 || s.empty()) {

@@ -35,6 +35,7 @@
 #include "eredu/core/error.hpp"
 #include "eredu/core/log.hpp"
 #include "eredu/core/quant_formats.hpp"
+#include "eredu/core/shape.hpp"
 #include "eredu/cpu/backend.hpp"
 #include "eredu/cpu/catalog_module.hpp"
 #include "eredu/cpu/float_formats.hpp"
@@ -139,13 +140,9 @@ void matvec_as(const std::byte* w, std::size_t rows, std::size_t cols, const flo
   }
 }
 
-/// The bytes of the probe's rows of W.
+/// The bytes of the probe's rows of W (whole rows: whole blocks, as the catalog checked).
 std::size_t probe_bytes(const Probe& p) {
-  if (dtype_is_quantized(p.dtype)) {
-    const DTypeBlock block = dtype_block(p.dtype);
-    return p.rows * (p.cols / block.elements) * block.bytes;
-  }
-  return p.rows * p.cols * dtype_bits(p.dtype) / 8;
+  return static_cast<std::size_t>(*checked_byte_size(p.rows * p.cols, p.dtype));
 }
 
 /// y = W·x for quantized rows, each dequantized by the core reference (ggml's bits) first.

@@ -270,18 +270,25 @@ EREDU_HOST_DEVICE inline void dequantize_q2_k(const std::uint8_t* b, float* y) n
   }
 }
 
+/// The 16 6-bit scales of a Q3_K block from its 12 packed bytes at `packed` (low nibbles in
+/// bytes 0-7, the high 2 bits in bytes 8-11): scale `j` is byte `j % 4` (little-endian) of
+/// `aux[j / 4]`.
+EREDU_HOST_DEVICE inline void q3_k_scale_words(const std::uint8_t* packed, std::uint32_t (&aux)[4]) noexcept {
+  constexpr std::uint32_t kmask1 = 0x03030303, kmask2 = 0x0f0f0f0f;
+  const std::uint32_t a0 = u32le(packed), a1 = u32le(packed + 4), tmp = u32le(packed + 8);
+  aux[0] = (a0 & kmask2) | (((tmp >> 0) & kmask1) << 4);
+  aux[1] = (a1 & kmask2) | (((tmp >> 2) & kmask1) << 4);
+  aux[2] = ((a0 >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4);
+  aux[3] = ((a1 >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4);
+}
+
 /// Q3_K: y = (d * (scale - 32)) * (q - 4 unless the high bit is set), 16 sub-blocks of 16.
 EREDU_HOST_DEVICE inline void dequantize_q3_k(const std::uint8_t* b, float* y) noexcept {
   const std::uint8_t* hm = b;
   const std::uint8_t* q = b + 32;
-  const std::uint8_t* packed = b + 96;
   const float d_all = half_at(b + 108);
-  // The 16 6-bit scales: low nibbles in bytes 0-7, high 2 bits in bytes 8-11.
-  constexpr std::uint32_t kmask1 = 0x03030303, kmask2 = 0x0f0f0f0f;
-  const std::uint32_t a0 = u32le(packed), a1 = u32le(packed + 4), tmp = u32le(packed + 8);
-  const std::uint32_t aux[4] = {
-      (a0 & kmask2) | (((tmp >> 0) & kmask1) << 4), (a1 & kmask2) | (((tmp >> 2) & kmask1) << 4),
-      ((a0 >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4), ((a1 >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4)};
+  std::uint32_t aux[4];
+  q3_k_scale_words(b + 96, aux);
   int is = 0;
   std::uint32_t m = 1;
   for (int n = 0; n < 256; n += 128) {
