@@ -54,21 +54,27 @@ struct PreadReader::Impl {
       std::uint64_t trusted = res > 0 ? static_cast<std::uint64_t>(res) : 0;
       bool cached = false;
       if (guarded && res > 0) trusted = core.guard_after(file, ticket, pos, trusted, cached);
+      // Bytes past `trusted` may be the page cache's, not the server's: those are read again.
+      const bool suspect = res > 0 && trusted < static_cast<std::uint64_t>(res);
+      long result = suspect ? static_cast<long>(trusted) : res;
+      // The injector is consulted before the lock is taken again: one that blocks (the
+      // Python tests' read gate) must hold only this worker, not the loop submitting reads.
+      // The piece is this worker's alone until on_result.
+      if (!(suspect && trusted == 0)) result = apply_fault(core.options.faults, *p, result);
       lock.lock();
-      if (res > 0 && trusted < static_cast<std::uint64_t>(res)) {
-        // Bytes past `trusted` may be the page cache's, not the server's: read them again.
+      if (suspect) {
         core.count_cache_redo();
         if (trusted == 0) {
           core.on_cache_suspect(*p, cached);
         } else {
-          core.on_result(*p, static_cast<long>(trusted));
+          core.on_result(*p, result, true);
         }
       } else {
         // A guarded read answered in full: let the next one be longer again.
         if (guarded && p->request_limit && static_cast<std::uint64_t>(res) == len) {
           p->request_limit = p->request_limit >= core.options.max_request / 2 ? 0 : p->request_limit * 2;
         }
-        core.on_result(*p, res);
+        core.on_result(*p, result, true);
       }
       if (!core.pending.empty()) wake.notify_one();
     }

@@ -115,13 +115,13 @@ bool ReaderCore::want_direct(const Piece& p, std::uint64_t pos, const std::byte*
   return !probes_[p.file].mostly_resident(pos, len);
 }
 
-void ReaderCore::on_result(Piece& p, long res) {
+void ReaderCore::on_result(Piece& p, long res, bool fault_applied) {
   Batch& b = *p.batch;
   if (b.failure) {
     finish_piece(p);
     return;
   }
-  res = apply_fault(options.faults, p, res);
+  if (!fault_applied) res = apply_fault(options.faults, p, res);
   if (p.issued_ns) {
     trace::record("read", "io", p.issued_ns, trace::now_ns(),
                   fmt::format("{} offset {} asked {} got {}{}", files[p.file].path, p.offset + p.done, p.submitted, res,

@@ -41,7 +41,9 @@ class ReaderCore {
   bool want_direct(const Piece& p, std::uint64_t pos, const std::byte* dst, std::uint64_t len);
   /// Interprets one completed read of `p` (bytes, or -errno): finishes the piece, queues
   /// it again at the front (short read, EAGAIN, O_DIRECT refused), or fails its batch.
-  void on_result(Piece& p, long res);
+  /// `res` has the injected fault (options.faults) applied here, unless `fault_applied`
+  /// says the caller did it already (the pread workers do, outside their lock).
+  void on_result(Piece& p, long res, bool fault_applied = false);
   /// Fails `b` with `failure` unless it failed already, dropping its queued pieces.
   void fail(Batch& b, ReadFailure failure);
   /// Fails every unfinished batch with `failure` (see fail()).

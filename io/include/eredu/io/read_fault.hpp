@@ -13,7 +13,9 @@ struct ReadFault {
 };
 
 /// Consulted by both readers for every completed read request, before its result is
-/// interpreted, so that tests exercise the real short-read and error paths.
+/// interpreted, so that tests exercise the real short-read and error paths. The pread
+/// reader's workers call it concurrently and without any reader lock held (so an injector
+/// may block one read without stalling the others): implementations must be thread-safe.
 class FaultInjector {
  public:
   virtual ~FaultInjector() = default;
