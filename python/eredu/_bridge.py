@@ -9,7 +9,8 @@ finishes, eredu's delivery thread calls `loop.call_soon_threadsafe` and the resu
 asyncio future, so the asyncio loop never blocks. Cancelling the awaiting task cancels the
 operation through its Asio cancellation slot, keeps awaiting it until it has stopped (so leases
 are back and no memory is still being written when the task ends), and raises
-asyncio.CancelledError.
+asyncio.CancelledError — unless the operation had succeeded before the cancellation reached
+it (a swap already published), when the task returns its result instead.
 """
 
 import asyncio
@@ -49,8 +50,14 @@ async def wait_async(op):
                     break
             except BaseException:  # noqa: B036 - the cancelled operation's own outcome is dropped
                 break
-        if not future.cancelled():
-            future.exception()  # retrieved: no "exception was never retrieved" warning
+        if not future.cancelled() and future.exception() is None:
+            # The operation had done its work before the cancellation reached it (a swap that
+            # published, a load that completed): raising CancelledError would report undone
+            # what was done, so the task ends with the result and is no longer cancelling.
+            task = asyncio.current_task()
+            if task is not None and hasattr(task, "uncancel"):
+                task.uncancel()
+            return future.result()
         raise
 
 
