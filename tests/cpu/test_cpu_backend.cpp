@@ -202,7 +202,17 @@ TEST_CASE("materialize – with copy_resident_on_executor, resident tensors are 
           "[cpu][materialize][mapped]") {
   Env env;
   env.mc.copy_resident_on_executor = true;
+  // Fresh storage from the system is left to the reader, which faults its pages in as it
+  // copies; recycled (populated) storage gets the arena's copy from the mapping.
+  const auto before = env.source->reader().stats().bytes;
+  {
+    cpu::Tensor t = env.read(io::TensorReadRequest{"big"});  // ~150 KiB: a fresh mapped block
+    CHECK(to_vector(t.bytes()) == env.ckpt.bytes("big"));
+    CHECK(env.source->reader().stats().bytes > before);
+    CHECK_FALSE(t.storage()->fresh());  // the read wrote every page: the block recycles
+  }
   const auto reader_bytes = env.source->reader().stats().bytes;
+  const auto recycled = env.storage.stats().recycled_allocations;
   for (const char* name : {"q", "big", "cube", "odd"}) {
     io::TensorReadRequest r{name};
     cpu::Tensor t = env.read(r);
@@ -212,7 +222,8 @@ TEST_CASE("materialize – with copy_resident_on_executor, resident tensors are 
   Selection rows = Selection::rows(big.shape, 10, 120);  // one run: mapped too
   io::TensorReadRequest row_request{"big", rows};
   CHECK(to_vector(env.read(row_request).bytes()) == select_bytes(env.ckpt.bytes("big"), big.shape, DType::BF16, rows));
-  CHECK(env.source->reader().stats().bytes == reader_bytes);  // the reader read nothing
+  CHECK(env.source->reader().stats().bytes == reader_bytes);   // the reader read nothing
+  CHECK(env.storage.stats().recycled_allocations > recycled);  // "big" got the first one's block
   // A column selection is many runs: the reader serves it.
   Selection columns = Selection::columns(big.shape, 3, 200);
   io::TensorReadRequest column_request{"big", columns};
