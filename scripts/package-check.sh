@@ -7,7 +7,10 @@
 #      has the CUDA backend, also builds it with COMPONENTS cuda;
 #   3. builds and runs the same program with pkg-config alone (eredu, eredu-synth);
 #   4. compiles every installed header alone with -Wall -Wextra -Werror and plain -I;
-#   5. checks the man page and the bash completion are installed and well-formed.
+#   5. checks the man page and the bash completion are installed and well-formed;
+#   6. where the build has the Python module: installs it (`--component python`, staged under
+#      DESTDIR so the system's site-packages stays untouched) and loads a checkpoint with it
+#      from outside the source and build trees.
 # usage: scripts/package-check.sh [build dir, default build/release]   (the build must exist)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +26,8 @@ rm -rf "$work"
 mkdir -p "$work"
 step "installing $build into $prefix"
 cmake --build "$build" -j "$jobs" >"$work/build.log" 2>&1 || { tail -n 40 "$work/build.log"; exit 1; }
-cmake --install "$build" --prefix "$prefix" >"$work/install.log"
+# The C++ package only: the python component goes to the interpreter's platlib (step 6).
+cmake --install "$build" --prefix "$prefix" --component Unspecified >"$work/install.log"
 
 step "1. what the CMake package exports"
 targets="$prefix/lib/cmake/eredu/eredu-targets.cmake"
@@ -90,4 +94,27 @@ completion="$prefix/share/bash-completion/completions/eredu"
 [ -s "$man" ] && grep -q '^\.TH EREDU' "$man" || { echo "package-check: no man page at $man" >&2; exit 1; }
 [ -s "$completion" ] && bash -n "$completion" || { echo "package-check: no valid completion at $completion" >&2; exit 1; }
 "$prefix/bin/eredu" --version
+python_dir="$(sed -n 's/^EREDU_PYTHON_INSTALL_DIR:PATH=//p' "$build/CMakeCache.txt")"
+if [ -n "$python_dir" ] && [ -f "$build/python/eredu/__init__.py" ]; then
+  step "6. the Python module, installed (cmake --install --component python)"
+  python="$(sed -n 's/^Python3_EXECUTABLE:FILEPATH=//p' "$build/CMakeCache.txt")"
+  stage="$PWD/$work/python-stage"
+  DESTDIR="$stage" cmake --install "$build" --component python >"$work/install-python.log"
+  model="$PWD/$work/python-model"
+  "$prefix/bin/eredu" gen "$model" --size 4M >"$work/python-gen.log"
+  # From /: neither the checkout nor the build tree is importable, only the staged install.
+  (cd / && PYTHONPATH="$stage$python_dir" PYTHONNOUSERSITE=1 "$python" - "$stage$python_dir" "$model" <<'PY'
+import sys
+import eredu
+site, model = sys.argv[1], sys.argv[2]
+assert eredu.__file__.startswith(site), f"eredu imported from {eredu.__file__}, not the install under {site}"
+tensors = eredu.load_file(model)
+with eredu.safe_open(model) as f:
+    assert sorted(f.keys()) == sorted(tensors), "safe_open and load_file disagree on the tensors"
+nbytes = sum(t.nbytes for t in tensors.values())
+assert nbytes > 0, "the installed module loaded nothing"
+print(f"package-check: installed eredu {eredu.__version__} loaded {len(tensors)} tensors, {nbytes} bytes")
+PY
+  )
+fi
 step "ok"

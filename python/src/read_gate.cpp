@@ -1,17 +1,25 @@
 #include "read_gate.hpp"
 
+#include <pybind11/stl.h>
+
 #include <memory>
 
 namespace eredu::python {
 
 namespace py = pybind11;
 
-io::ReadFault ReadGate::on_complete(std::uint32_t, std::uint64_t, std::uint64_t) {
+io::ReadFault ReadGate::on_complete(std::uint32_t file, std::uint64_t offset, std::uint64_t length) {
   std::unique_lock lock(mutex_);
   ++arrivals_;
+  reads_.emplace_back(file, offset, length);
   changed_.notify_all();
   changed_.wait(lock, [this] { return open_; });
   return {};
+}
+
+std::vector<ReadGate::Read> ReadGate::reads() const {
+  std::lock_guard lock(mutex_);
+  return reads_;
 }
 
 void ReadGate::open() {
@@ -34,7 +42,7 @@ std::uint64_t ReadGate::arrivals() const {
 
 void bind_read_gate(py::module_& m) {
   py::class_<ReadGate, std::shared_ptr<ReadGate>>(m, "_ReadGate", "Test hook: holds reads until opened.")
-      .def(py::init<>())
+      .def(py::init<bool>(), py::arg("open") = false, "A gate that holds reads (open=False) or only records them.")
       .def("open", &ReadGate::open, "Lets every read through.")
       .def(
           "wait_arrivals",
@@ -43,7 +51,8 @@ void bind_read_gate(py::module_& m) {
             return g.wait_arrivals(count, std::chrono::milliseconds(static_cast<long>(timeout_s * 1000)));
           },
           py::arg("count") = 1, py::arg("timeout") = 10.0, "Waits until `count` reads are held; True if they are.")
-      .def_property_readonly("arrivals", &ReadGate::arrivals, "Reads that have arrived.");
+      .def_property_readonly("arrivals", &ReadGate::arrivals, "Reads that have arrived.")
+      .def("reads", &ReadGate::reads, "Every read so far as (file, offset, length), in arrival order.");
 }
 
 }  // namespace eredu::python

@@ -114,3 +114,38 @@ def test_async_slice(cube):
     assert np.array_equal(asyncio.run(main()), arrays["f32"][1:3, 0])
     got = asyncio.run(eredu.aread(path, "i16", index=(Ellipsis, 2)))
     assert np.array_equal(got, arrays["i16"][..., 2])
+
+
+def _read_bytes(reads):
+    """The set of file bytes a list of (file, offset, length) reads covered, as merged intervals."""
+    merged = []
+    for _, off, n in sorted(reads, key=lambda r: r[1]):
+        if merged and off <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], off + n)
+        else:
+            merged.append([off, off + n])
+    return merged
+
+
+@pytest.mark.parametrize("index", [
+    slice(10, 12), -1, (slice(100, 164), slice(None)), (slice(3, 4), slice(7, 9)), (slice(None), slice(0, 1)),
+    (slice(250, 252), slice(1000, None)), (slice(7, 9), 4095),
+], ids=repr)
+def test_a_slice_reads_only_the_selected_bytes(tmp_path, writer, index):
+    # What the reader was asked for, recorded at each completed read (the gate made open only
+    # records; it also keeps resident pages from being mapped, so every byte is a read): exactly
+    # the selected elements' bytes, each once, nothing else of the tensor.
+    whole = np.arange(256 * 4096, dtype=np.float32).reshape(256, 4096)
+    path = writer(tmp_path / "rows.safetensors", {"pad": np.zeros(1000, np.uint8), "rows": whole})
+    start = os.path.getsize(path) - whole.nbytes
+    gate = eredu._native._ReadGate(open=True)
+    with eredu.safe_open(path, "np", _faults=gate) as f:
+        before = len(gate.reads())  # opening reads the header
+        got = f.get_slice("rows")[index]
+        assert np.array_equal(got, whole[index])
+        reads = gate.reads()[before:]
+    # The file offset of every byte of the tensor, sliced as the tensor is: the bytes to read.
+    offsets = (start + np.arange(whole.nbytes, dtype=np.int64)).reshape(256, 4096, 4)[index].reshape(-1)
+    want = _read_bytes([(0, int(o), 4) for o in offsets[::4]])
+    assert _read_bytes(reads) == want, (reads[:4], want[:4])
+    assert sum(n for _, _, n in reads) == offsets.size  # no byte read twice
