@@ -6,7 +6,8 @@
 #      hidden (CMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON), and runs it; where the install
 #      has the CUDA backend, also builds it with COMPONENTS cuda;
 #   3. builds and runs the same program with pkg-config alone (eredu, eredu-synth);
-#   4. compiles every installed header alone with -Wall -Wextra -Werror and plain -I;
+#   4. checks every public header is installed and all compile, in one unit, with -Wall -Wextra
+#      -Werror and plain -I (each alone is the release suite's `package: header_check`);
 #   5. checks the man page and the bash completion are installed and well-formed;
 #   6. where the build has the Python module: installs it (`--component python`, staged under
 #      DESTDIR so the system's site-packages stays untouched) and loads a checkpoint with it
@@ -71,22 +72,33 @@ cxx="${CXX:-c++}"
   $(pkg-config --cflags --libs eredu-synth eredu)
 "$work/consumer-pc"
 
-step "4. every installed header alone (-Wall -Wextra -Werror, plain -I)"
+step "4. every installed header, with plain -I (-Wall -Wextra -Werror): all of them in one unit"
+# Each header alone is the release suite's `package: header_check` (the same headers in the
+# source tree); here what only the install can get wrong: a header left out, one that includes
+# something not installed, flags pkg-config does not give. One unit compiles in seconds where
+# 120 alone took 100 s of CI.
 cflags="$(pkg-config --cflags eredu)"
 if [ -f "$prefix/lib/pkgconfig/eredu-cuda.pc" ]; then cflags="$(pkg-config --cflags eredu-cuda)"; fi
-export cxx cflags prefix
 (cd "$prefix/include" && find eredu -name '*.hpp' | sort) >"$work/headers.txt"
-# shellcheck disable=SC2016  # expanded by the inner shell
-if ! xargs -P "$jobs" -I{} sh -c 'echo "#include \"{}\"" | $cxx -std=c++20 -Wall -Wextra -Werror -fsyntax-only \
-       -I"$prefix/include" $cflags -x c++ - 2>&1 | sed "s|^|{}: |"' <"$work/headers.txt" >"$work/headers.log"; then
-  true
-fi
-if [ -s "$work/headers.log" ]; then
-  echo "package-check: installed headers that do not compile alone without warnings:" >&2
-  head -n 40 "$work/headers.log" >&2
+sed 's/.*/#include "&"/' "$work/headers.txt" >"$work/all_headers.cpp"
+# Every public header of the packaged libraries is installed (the MPI backend is not packaged
+# yet: issue 14).
+missing_headers=""
+for dir in engine/core/include engine/include io/include backends/cpu/include tools/synth/include \
+           backends/cuda/include; do
+  if [ "$dir" = backends/cuda/include ] && [ ! -f "$prefix/lib/pkgconfig/eredu-cuda.pc" ]; then continue; fi
+  while read -r h; do
+    grep -qxF "$h" "$work/headers.txt" || missing_headers+=" $h"
+  done < <(cd "$dir" && find eredu -name '*.hpp')
+done
+if [ -n "$missing_headers" ]; then
+  echo "package-check: public headers that are not installed:$missing_headers" >&2
   exit 1
 fi
-echo "package-check: $(wc -l <"$work/headers.txt") headers compile alone"
+# shellcheck disable=SC2086  # pkg-config's output is a list of flags
+"$cxx" -std=c++20 -Wall -Wextra -Werror -fsyntax-only -I"$prefix/include" $cflags "$work/all_headers.cpp" ||
+  { echo "package-check: the installed headers do not compile together with plain -I" >&2; exit 1; }
+echo "package-check: $(wc -l <"$work/headers.txt") headers installed, every public one, and compile with plain -I"
 
 step "5. man page and bash completion"
 man="$prefix/share/man/man1/eredu.1"

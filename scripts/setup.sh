@@ -24,11 +24,15 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-if [ ! -f "build/$preset/build.ninja" ]; then
+# A tree configured before keeps its generator (a developer's Ninja tree stays Ninja); a new
+# one gets CMake's default, as the presets name none.
+if [ ! -f "build/$preset/CMakeCache.txt" ]; then
   cmake --preset "$preset" >/dev/null
 fi
 jobs="${EREDU_JOBS:-$(nproc)}"
 targets=()
 [ $# -gt 0 ] && targets=(--target "$@")
-# Ninja's progress lines are dropped; with pipefail a failed build fails this script.
-cmake --build --preset "$preset" -j "$jobs" "${targets[@]}" 2>&1 | { grep -v -E '^\[[0-9]+/[0-9]+\]' || true; }
+# Progress lines (Make's "[ 42%] Building ...", Ninja's "[7/90] ...") are dropped; with
+# pipefail a failed build fails this script.
+cmake --build --preset "$preset" -j "$jobs" "${targets[@]}" 2>&1 |
+  { grep -v -E '^(\[ *[0-9]+(%|/[0-9]+)\]|Consolidate compiler generated dependencies|Scanning dependencies)' || true; }
