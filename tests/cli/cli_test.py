@@ -107,6 +107,7 @@ def case_usage(tmp):
         (["load", ck, "--depth", "-1"], "--depth", "1 to 256"),
         (["read", ck, "--reader", "pread", "--depth", "100000"], "--depth", "1 to 256"),
         (["read", ck, "--reader", "io_uring"], "--reader", "auto, uring, pread"),
+        (["load", ck, "--pages", "2M"], "--pages", "4k, huge"),
         (["swap", ck, ck, "--verify", "maybe"], "--verify", "on, off, require"),
         (["read", ck, "--bogus"], "--bogus", ""),
         (["read"], "PATH", ""),
@@ -184,6 +185,12 @@ def case_json(tmp):
         check(isinstance(docs[c].get("staging_high_water_bytes"), int), f"{c}: no staging_high_water_bytes")
     # A load that converts counts the checkpoint's bytes, like its summary.
     load = docs["load"]
+    check(load.get("pages") == "4k", f"load: pages {load.get('pages')!r}, expected the default 4k")
+    code, out, _ = run("load", ck, "--pages", "huge", "--dtype", "f32", "--json", expect=0)
+    if code == 0:
+        huge = document(out, "load")
+        check(huge["pages"] == "huge" and huge["output_bytes"] == load["output_bytes"],
+              f"load --pages huge: pages {huge.get('pages')!r}, output_bytes {huge.get('output_bytes')}")
     check(load["bytes"] == load["tensor_bytes"] and load["output_bytes"] == 2 * load["tensor_bytes"],
           f"load --dtype f32: bytes {load['bytes']}, output_bytes {load['output_bytes']}")
     swap = docs["swap"]

@@ -3,6 +3,10 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
 #include <thread>
 
 #include "cpu/cpu_fixture.hpp"
@@ -55,7 +59,50 @@ std::vector<std::byte> converted(DType from, DType to, const std::vector<std::by
   return out;
 }
 
+/// The VmFlags line of the mapping that holds `p` in /proc/self/smaps ("rd wr mr ... nh"), or
+/// nothing when the kernel does not report them.
+std::optional<std::string> vm_flags_at(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto addr = reinterpret_cast<std::uintptr_t>(p);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    std::uintptr_t lo = 0, hi = 0;
+    char dash = 0;
+    std::istringstream range(line);
+    if (range >> std::hex >> lo >> dash >> hi && dash == '-') {
+      inside = lo <= addr && addr < hi;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      return line.substr(8) + " ";
+    }
+  }
+  return std::nullopt;
+}
+
 }  // namespace
+
+TEST_CASE("storage pool – large blocks get the pages asked for: 4 KiB by default, huge on request", "[cpu][storage]") {
+  const int probe = 0;
+  if (!vm_flags_at(&probe)) {
+    WARN("this kernel's /proc/self/smaps has no VmFlags: the advice cannot be observed, skipping");
+    return;
+  }
+  // A kernel built without THP refuses both kinds of advice (EINVAL) and shows neither.
+  if (!std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled").good()) {
+    WARN("no transparent huge pages in this kernel: there is no page advice to check, skipping");
+    return;
+  }
+  for (cpu::StoragePages pages : {cpu::StoragePages::small, cpu::StoragePages::huge}) {
+    cpu::StoragePool pool(pages == cpu::StoragePages::small ? cpu::StoragePoolOptions{}
+                                                            : cpu::StoragePoolOptions{.pages = pages});
+    cpu::StorageBlock b = pool.allocate(std::size_t{4} << 20);
+    const std::optional<std::string> flags = vm_flags_at(b.data());
+    REQUIRE(flags);
+    INFO("VmFlags:" << *flags);
+    // "nh": MADV_NOHUGEPAGE; "hg": MADV_HUGEPAGE.
+    CHECK((flags->find(" nh ") != std::string::npos) == (pages == cpu::StoragePages::small));
+    CHECK((flags->find(" hg ") != std::string::npos) == (pages == cpu::StoragePages::huge));
+  }
+}
 
 TEST_CASE("storage pool – large blocks are 2 MiB aligned, recycled populated, trimmed", "[cpu][storage]") {
   cpu::StoragePool pool;

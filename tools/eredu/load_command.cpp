@@ -43,6 +43,7 @@ struct LoadOptions {
   // Converted tensors are read in chunk leases of this size, each converted while the next is read.
   std::uint64_t chunk = std::uint64_t{64} << 20;
   std::string copies = "arena";
+  std::string pages = "4k";
   std::string verify = "off";
   std::string checksums;  // --checksums FILE
 };
@@ -96,7 +97,8 @@ int run_load(const LoadOptions& o, const CommonFlags& flags) {
   // (without this, TBB warns that the number of workers is limited and runs fewer).
   tbb::global_control workers(tbb::global_control::max_allowed_parallelism, std::size_t{o.threads} + 1);
   cpu::Executor executor(static_cast<int>(o.threads));
-  cpu::StoragePool storage;
+  cpu::StoragePool storage(
+      cpu::StoragePoolOptions{.pages = o.pages == "huge" ? cpu::StoragePages::huge : cpu::StoragePages::small});
   // A load has the machine to itself: copying resident tensors on the arena beats the
   // kernel's copies (docs/performance.md).
   cpu::MaterializationContext context{executor, storage, o.copies == "arena"};
@@ -164,7 +166,7 @@ int run_load(const LoadOptions& o, const CommonFlags& flags) {
     json.count("tensor", catalog.size()).count("file", catalog.files().size());
     json.bytes("tensor", source_bytes).bytes("", source_bytes).bytes("output", blueprint.bytes());
     json.field("dtype", o.dtype).field("threads", o.threads).field("kernels", cpu::convert_isa_name());
-    json.field("copies", o.copies).bytes("budget", source->pool().budget());
+    json.field("copies", o.copies).field("pages", o.pages).bytes("budget", source->pool().budget());
     json.field("verify", o.verify).count("checksum", digest_count);
     json.key("loads").begin_array();
     for (const LoadRun& run : runs) {
@@ -230,6 +232,9 @@ Command add_load_command(CLI::App& app, CommonFlags& flags) {
             "lease size converted tensors are read and converted in");
   add_choice(*cmd, "--copies", o->copies, {"arena", "reader"},
              "who copies page-cache-resident tensors: the TBB arena, from a mapping, or the reader");
+  add_choice(*cmd, "--pages", o->pages, {"4k", "huge"},
+             "pages of tensor storage: 4k (MADV_NOHUGEPAGE: the faster first touch on the machines measured) or huge "
+             "(MADV_HUGEPAGE: faster recycled loads, a first touch that may wait for compaction)");
   add_verify_flags(*cmd, o->verify, o->checksums, "of every tensor as it lands (each load)");
   auto trace_path = std::make_shared<std::string>();
   add_trace_option(*cmd, *trace_path);

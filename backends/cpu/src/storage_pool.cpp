@@ -42,7 +42,7 @@ bool is_mapped(std::size_t capacity) { return capacity >= small_limit; }
 
 /// Maps `capacity` bytes; large blocks start 2 MiB-aligned so huge pages can back every
 /// whole 2 MiB of them (the tail stays in 4 KiB pages).
-std::byte* map_block(std::size_t capacity, bool huge_pages) {
+std::byte* map_block(std::size_t capacity, StoragePages pages) {
   if (capacity < huge) {
     void* p = ::mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw_oom(capacity, errno);
@@ -57,7 +57,8 @@ std::byte* map_block(std::size_t capacity, bool huge_pages) {
   if (aligned > base) ::munmap(p, aligned - base);
   std::size_t tail = (base + span) - (aligned + capacity);
   if (tail) ::munmap(reinterpret_cast<void*>(aligned + capacity), tail);
-  if (huge_pages) ::madvise(reinterpret_cast<void*>(aligned), capacity, MADV_HUGEPAGE);
+  // Advice only: a kernel without THP refuses it, and the block works either way.
+  ::madvise(reinterpret_cast<void*>(aligned), capacity, pages == StoragePages::huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
   return reinterpret_cast<std::byte*>(aligned);
 }
 
@@ -148,7 +149,7 @@ StorageBlock StoragePool::allocate(std::size_t bytes) {
     }
   }
   if (block.mapped_) {
-    block.data_ = map_block(capacity, state_->options.huge_pages);
+    block.data_ = map_block(capacity, state_->options.pages);
   } else {
     block.data_ = static_cast<std::byte*>(std::aligned_alloc(64, capacity));
     if (!block.data_) throw_oom(capacity, ENOMEM);
