@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # First loads (fresh process, hot page cache) of two eredu builds, A and B, interleaved round
-# by round with the baselines of bench/load_baseline in the same rounds, order rotated each
-# round: what decides whether a change to the fresh-memory path pays, on a noisy machine.
+# by round with the baselines of bench/load_baseline in the same rounds, each round in a fresh
+# shuffled order (a rotation would give every case the same predecessor, whose freed memory the
+# host is taking back), each case starting SETTLE (3) s after the previous one exited: what
+# decides whether a change to the fresh-memory path pays, on a noisy machine.
 #   A, B       `eredu load PATH --json` of each build (loads[0].seconds)
 #   blocks     the Run:ai Model Streamer scheme: 2 threads read() 2 MiB blocks into one fresh
 #              malloc buffer (4 KiB pages)
@@ -13,6 +15,7 @@
 # usage: bench/first_load_ab.sh EREDU_A EREDU_B LOAD_BASELINE CHECKPOINT [rounds=7] [out.jsonl]
 #   A_ARGS, B_ARGS  extra `eredu load` arguments of A and B (e.g. B_ARGS="--verify on" with
 #                   EREDU_B = EREDU_A: the cost of verification in the same rounds)
+#   SETTLE          seconds between cases (default 3); SEED  the shuffle's seed (default 1)
 set -euo pipefail
 a="$1"; b="$2"; base="$3"; ckpt="$4"; rounds="${5:-7}"; out="${6:-$(mktemp --suffix=.jsonl)}"
 : > "$out"
@@ -29,9 +32,11 @@ run_case() {
 }
 for r in $(seq "$rounds"); do
   cat "$ckpt" > /dev/null
-  n=${#cases[@]}
-  for i in $(seq 0 $((n - 1))); do
-    c=${cases[$(((i + r) % n))]}
+  # Seeded, so a run's orders can be replayed.
+  mapfile -t order < <(/usr/bin/python3 -c 'import random, sys; r = random.Random(sys.argv[1]); c = sys.argv[2:]
+print("\n".join(r.sample(c, len(c))))' "${SEED:-1}-$r" "${cases[@]}")
+  for c in "${order[@]}"; do
+    sleep "${SETTLE:-3}"
     s=$(run_case "$c")
     echo "{\"round\":$r,\"case\":\"$c\",\"seconds\":$s}" >> "$out"
   done
