@@ -13,6 +13,7 @@
 # blocks and the faster first touch (medians of the within-round ratios); writes JSON lines.
 #
 # usage: bench/first_load_ab.sh EREDU_A EREDU_B LOAD_BASELINE CHECKPOINT [rounds=7] [out.jsonl]
+#   CHECKPOINT  a file, or a directory (its largest weights file is what the baselines read)
 #   A_ARGS, B_ARGS  extra `eredu load` arguments of A and B (e.g. B_ARGS="--verify on" with
 #                   EREDU_B = EREDU_A: the cost of verification in the same rounds)
 #   SETTLE          seconds between cases (default 3); SEED  the shuffle's seed (default 1)
@@ -20,18 +21,26 @@ set -euo pipefail
 a="$1"; b="$2"; base="$3"; ckpt="$4"; rounds="${5:-7}"; out="${6:-$(mktemp --suffix=.jsonl)}"
 : > "$out"
 cases=(A B blocks touch-4k touch-huge)
-bytes=$(stat -c %s "$ckpt")
+# A directory (a sharded checkpoint, or one file with its checksums.sha256.json) is loaded
+# whole; the baselines read its largest weights file.
+data="$ckpt"
+if [ -d "$ckpt" ]; then
+  data=$(find "$ckpt" -maxdepth 1 -type f \( -name '*.safetensors' -o -name '*.gguf' \) -printf '%s %p\n' |
+         sort -n | tail -n 1 | cut -d' ' -f2-)
+  [ -n "$data" ] || { echo "first_load_ab: no .safetensors or .gguf file in $ckpt" >&2; exit 2; }
+fi
+bytes=$(stat -c %s "$data")
 run_case() {
   case "$1" in
     A) "$a" load "$ckpt" ${A_ARGS:-} --json -q | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["loads"][0]["seconds"])' ;;
     B) "$b" load "$ckpt" ${B_ARGS:-} --json -q | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["loads"][0]["seconds"])' ;;
-    blocks) "$base" blocks "$ckpt" --threads 2 | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["seconds"])' ;;
+    blocks) "$base" blocks "$data" --threads 2 | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["seconds"])' ;;
     touch-4k) "$base" populate "$bytes" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["seconds"])' ;;
     touch-huge) "$base" populate "$bytes" --hugepages | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["seconds"])' ;;
   esac
 }
 for r in $(seq "$rounds"); do
-  cat "$ckpt" > /dev/null
+  if [ -d "$ckpt" ]; then cat "$ckpt"/* > /dev/null; else cat "$ckpt" > /dev/null; fi
   # Seeded, so a run's orders can be replayed.
   mapfile -t order < <(/usr/bin/python3 -c 'import random, sys; r = random.Random(sys.argv[1]); c = sys.argv[2:]
 print("\n".join(r.sample(c, len(c))))' "${SEED:-1}-$r" "${cases[@]}")

@@ -326,6 +326,29 @@ def case_load_verify(tmp):
               f"{command} --checksums with a wrong digest: exit {code}: {e}")
     code, _, err = run("load", a, "--checksums", os.path.join(tmp, "missing.json"))
     check(code == 2 and "--checksums" in err, f"load --checksums missing.json: exit {code}: {err}")
+    # XXH3-128 sidecars (gen --digest): every tensor verified with it, a changed byte caught.
+    x = os.path.join(tmp, "x.safetensors")
+    gen(x, "--layers", "2", "--checksums", "--digest", "xxh3-128")
+    sums = json.load(open(x + ".sha256.json"))
+    check(all(set(d) == {"xxh3-128"} for d in sums.values()), f"gen --digest xxh3-128 wrote {next(iter(sums.values()))}")
+    code, out, _ = run("load", x, "--verify", "require", "--json", expect=0)
+    if code == 0:
+        doc = document(out, "load")
+        check(doc["loads"][0]["tensor_verified_count"] == doc["tensor_count"], f"load of an xxh3 sidecar: {doc}")
+    with open(x, "r+b") as f:
+        header = int.from_bytes(f.read(8), "little")
+        f.seek(8 + header + 100)
+        byte = f.read(1)
+        f.seek(8 + header + 100)
+        f.write(bytes([byte[0] ^ 1]))
+    code, out, err = run("load", x, "--verify", "require")
+    check(code == 1 and "checksum_mismatch" in err and "xxh3-128" in err,
+          f"load of a changed byte under an xxh3 sidecar: exit {code}: {err}")
+    gen(x, "--layers", "2", "--force", "--checksums", "--digest", "both")
+    check(all(set(d) == {"sha256", "xxh3-128"} for d in json.load(open(x + ".sha256.json")).values()),
+          "gen --digest both did not write both digests")
+    code, _, err = run("gen", os.path.join(tmp, "y.safetensors"), "--digest", "xxh3-128")
+    check(code == 2 and "--digest" in err and "--checksums" in err, f"gen --digest without --checksums: {code}: {err}")
 
 
 def case_progress(tmp):

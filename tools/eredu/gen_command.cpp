@@ -30,9 +30,9 @@
 #include "commands.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/io/checksums.hpp"
+#include "eredu/io/digest.hpp"
 #include "eredu/io/gguf.hpp"
 #include "eredu/io/open_catalog.hpp"
-#include "eredu/io/sha256.hpp"
 #include "eredu/synth/synthetic_checkpoint.hpp"
 #include "eredu/synth/synthetic_gguf.hpp"
 #include "progress.hpp"
@@ -53,12 +53,19 @@ struct GenOptions {
   std::uint32_t layers = 0;
   bool tie_embeddings = false;
   bool checksums = false;
+  std::string digest = "sha256";  // --digest: what --checksums records
   bool force = false;
 };
 
-/// SHA-256 of every tensor of the checkpoint at `out`, written as its checksum sidecar
-/// (what a hot-swap verifies before it publishes).
-fs::path write_checksums(const fs::path& out, Progress& progress) {
+/// The digests `--digest` names: sha256, xxh3-128 or both.
+std::vector<io::DigestKind> digest_kinds(const std::string& digest) {
+  if (digest == "both") return {io::DigestKind::sha256, io::DigestKind::xxh3_128};
+  return {digest == "xxh3-128" ? io::DigestKind::xxh3_128 : io::DigestKind::sha256};
+}
+
+/// The digests of `kinds` of every tensor of the checkpoint at `out`, one read of each
+/// tensor, written as its checksum sidecar (what loads and hot-swaps verify).
+fs::path write_checksums(const fs::path& out, const std::vector<io::DigestKind>& kinds, Progress& progress) {
   const io::Catalog catalog = io::open_catalog(out);
   io::Checksums sums;
   std::vector<std::byte> buffer(std::size_t{4} << 20);
@@ -70,7 +77,8 @@ fs::path write_checksums(const fs::path& out, Progress& progress) {
     if (fd < 0)
       throw Error(errc::io_error, {.file = path, .os_error = std::error_code(errno, std::system_category())},
                   "cannot open the shard to hash it");
-    io::Sha256 hash;
+    std::vector<io::Hasher> hashes;
+    for (io::DigestKind kind : kinds) hashes.emplace_back(kind);
     std::uint64_t done = 0;
     while (done < t.nbytes) {
       const auto want = static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), t.nbytes - done));
@@ -85,13 +93,13 @@ fs::path write_checksums(const fs::path& out, Progress& progress) {
                      .os_error = std::error_code(err, std::system_category())},
                     "reading the tensor to hash it failed");
       }
-      hash.update(std::span(buffer.data(), static_cast<std::size_t>(r)));
+      for (io::Hasher& hash : hashes) hash.update(std::span(buffer.data(), static_cast<std::size_t>(r)));
       done += static_cast<std::uint64_t>(r);
       progress.update(hashed + done);
     }
     hashed += t.nbytes;
     ::close(fd);
-    sums.add(t.name, hash.hex_digest());
+    for (io::Hasher& hash : hashes) sums.add(t.name, hash.kind(), hash.hex_digest());
   }
   const fs::path sidecar = io::Checksums::sidecar_path(out);
   std::ofstream file(sidecar, std::ios::binary | std::ios::trunc);
@@ -190,7 +198,7 @@ int run_gen(const GenOptions& o, const CommonFlags& flags) {
   double hash_s = 0;
   if (o.checksums) {
     const double th = now_seconds();
-    sidecar = write_checksums(out, progress);
+    sidecar = write_checksums(out, digest_kinds(o.digest), progress);
     hash_s = now_seconds() - th;
   }
   progress.finish();
@@ -203,7 +211,7 @@ int run_gen(const GenOptions& o, const CommonFlags& flags) {
     json.field("vocab", model.vocab).count("tensor", model.tensors.size()).count("shard", o.shards);
     json.bytes("", model.total_bytes).seconds("", write_s).rate("", gb_per_s(model.total_bytes, write_s));
     if (o.checksums)
-      json.field("checksums", sidecar.string());
+      json.field("checksums", sidecar.string()).field("digest", o.digest);
     else
       json.null_field("checksums");
     json.seconds("hash", hash_s);
@@ -211,7 +219,12 @@ int run_gen(const GenOptions& o, const CommonFlags& flags) {
   } else if (!flags.quiet) {
     fmt::print(stderr, "wrote {} in {:.2f} s ({:.2f} GB/s)\n", format_bytes(model.total_bytes), write_s,
                gb_per_s(model.total_bytes, write_s));
-    if (o.checksums) fmt::print(stderr, "wrote the SHA-256 of every tensor to {}\n", sidecar.string());
+    if (o.checksums)
+      fmt::print(stderr, "wrote the {} of every tensor to {}\n",
+                 o.digest == "both"     ? "SHA-256 and XXH3-128"
+                 : o.digest == "sha256" ? "SHA-256"
+                                        : "XXH3-128",
+                 sidecar.string());
   }
   return 0;
 }
@@ -254,9 +267,14 @@ Command add_gen_command(CLI::App& app, CommonFlags& flags) {
               "determines every value");
   add_integer(*cmd, "--layers", o->layers, 0u, 4096u, "decoder layers; 0 chooses them from --size");
   cmd->add_flag("--tie-embeddings", o->tie_embeddings, "write no lm_head.weight (it aliases the embedding)");
-  cmd->add_flag("--checksums", o->checksums,
-                "also write the SHA-256 of every tensor to the checksum sidecar a swap verifies "
-                "(<file>.sha256.json, or checksums.sha256.json inside a directory)");
+  CLI::Option* checksums =
+      cmd->add_flag("--checksums", o->checksums,
+                    "also write the SHA-256 of every tensor to the checksum sidecar a swap verifies "
+                    "(<file>.sha256.json, or checksums.sha256.json inside a directory)");
+  add_choice(*cmd, "--digest", o->digest, {"sha256", "xxh3-128", "both"},
+             "what --checksums records: SHA-256 (interoperable), XXH3-128 (a fast non-cryptographic check: "
+             "verification costs a fifth of SHA-256's) or both (loads verify SHA-256)")
+      ->needs(checksums);
   cmd->add_flag("--force", o->force, "replace an existing checkpoint at OUT");
   add_common_flags(*cmd, flags, true);
   return {cmd, [o](const CommonFlags& f) { return run_gen(*o, f); }};
