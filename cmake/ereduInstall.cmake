@@ -2,7 +2,8 @@
 # top-level CMakeLists.txt). What a consumer gets is described in docs/package.md:
 #   find_package(eredu REQUIRED)                    eredu::eredu (core, io, engine, cpu), eredu::synth
 #   find_package(eredu REQUIRED COMPONENTS cuda)    also eredu::cuda (needs the CUDA toolkit)
-#   pkg-config --cflags --libs eredu [eredu-synth] [eredu-cuda]
+#   find_package(eredu REQUIRED COMPONENTS mpi)     also eredu::mpi (needs MPI)
+#   pkg-config --cflags --libs eredu [eredu-synth] [eredu-cuda] [eredu-mpi]
 # Exported: the libraries only. eredu_build_flags (warnings, -Werror, sanitizers) is linked
 # as $<BUILD_INTERFACE:...> and never leaves the build tree; eredu::asio is an imported
 # target that ereduConfig.cmake recreates from cmake/ereduAsio.cmake.
@@ -24,6 +25,14 @@ if(EREDU_CUDA_ENABLED)
           ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
   install(DIRECTORY backends/cuda/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
   install(EXPORT eredu-cuda-targets NAMESPACE eredu:: DESTINATION ${EREDU_INSTALL_CMAKEDIR})
+endif()
+# eredu::mpi (collectives for CPU ranks) likewise in its own export set, included only for the
+# mpi component: MPI is then a dependency of that component alone.
+if(EREDU_MPI_ENABLED)
+  install(TARGETS eredu_mpi EXPORT eredu-mpi-targets
+          ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+  install(DIRECTORY backends/mpi/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+  install(EXPORT eredu-mpi-targets NAMESPACE eredu:: DESTINATION ${EREDU_INSTALL_CMAKEDIR})
 endif()
 configure_package_config_file(cmake/ereduConfig.cmake.in ${PROJECT_BINARY_DIR}/ereduConfig.cmake
                               INSTALL_DESTINATION ${EREDU_INSTALL_CMAKEDIR})
@@ -70,6 +79,22 @@ if(EREDU_CUDA_ENABLED)
   set(EREDU_PC_CUDA_INCLUDE "${CUDAToolkit_INCLUDE_DIRS}")
   list(JOIN EREDU_PC_CUDA_INCLUDE " -I" EREDU_PC_CUDA_INCLUDE)
   set(EREDU_PC_CUDA_LIBDIR "${CUDAToolkit_LIBRARY_DIR}")
+endif()
+if(EREDU_MPI_ENABLED)
+  # MPI's own pkg-config names differ between implementations (ompi-cxx, mpich), so the .pc
+  # carries what FindMPI found: its include directories, definitions and libraries.
+  list(APPEND EREDU_PC_FILES eredu-mpi)
+  set(EREDU_PC_MPI_CFLAGS "")
+  foreach(dir IN LISTS MPI_CXX_INCLUDE_DIRS)
+    string(APPEND EREDU_PC_MPI_CFLAGS " -I${dir}")
+  endforeach()
+  foreach(def IN LISTS MPI_CXX_COMPILE_DEFINITIONS)
+    string(APPEND EREDU_PC_MPI_CFLAGS " -D${def}")
+  endforeach()
+  foreach(opt IN LISTS MPI_CXX_COMPILE_OPTIONS)
+    string(APPEND EREDU_PC_MPI_CFLAGS " ${opt}")
+  endforeach()
+  list(JOIN MPI_CXX_LIBRARIES " " EREDU_PC_MPI_LIBS)
 endif()
 foreach(pc IN LISTS EREDU_PC_FILES)
   configure_file(cmake/${pc}.pc.in ${PROJECT_BINARY_DIR}/pkgconfig/${pc}.pc @ONLY)
