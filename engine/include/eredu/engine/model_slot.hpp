@@ -140,24 +140,8 @@ class ModelSlot {
     const detail::SwapCancellation cancellation(cancel_state, "swap", serving);
     auto next = std::make_shared<Version>(Version{make_model_(), 0, std::move(options.origin)});
 
-    // 1. Load into the private model.
-    const detail::SwapClock::time_point t = detail::SwapClock::now();
-    // 2. Checksums, verified inside the load.
-    MaterializeProgress own_counters;
-    MaterializeOptions materialize = detail::swap_load_options(options, own_counters);
-    const std::uint64_t verified_before = materialize.progress->bytes_verified.load();
-    co_await detail::load_unit<B>(next->model, source, plan, context, materialize, true);
-    report.load_s = detail::seconds_since(t);
-    report.verified_bytes = materialize.progress->bytes_verified.load() - verified_before;
-    detail::trace_step("load", t);
-    report.bytes = detail::plan_bytes(*plan, source.catalog());
-    cancellation.check("after the load");
-
-    // 3. Canary.
-    if (options.canary) {
-      co_await detail::canary_step<Model>(options.canary, std::as_const(next->model), serving, report);
-      cancellation.check("after the canary");
-    }
+    // 1.-3. Load into the private model (checksums verified inside the load), then the canary.
+    co_await detail::load_and_check<B>(next->model, source, plan, context, options, cancellation, serving, report);
 
     // 4. Publish. The generation is only known here: swaps are serialized, so no other
     // store can come between this read and the exchange.

@@ -26,12 +26,15 @@
 /// even, as NCCL does; min and max return one of the inputs exactly), every integer type, BOOL
 /// with min ("all") and max ("any"), and C64 with sum; anything else is Error(invalid_argument).
 
+#include <cstddef>
+#include <span>
 #include <utility>
 
 #include "eredu/core/completion.hpp"
 #include "eredu/cpu/backend.hpp"
 #include "eredu/cpu/tensor.hpp"
 #include "eredu/engine/collective_backend.hpp"
+#include "eredu/engine/group_vote.hpp"
 #include "eredu/mpi/communicator.hpp"
 
 namespace eredu::mpi {
@@ -52,12 +55,17 @@ struct Backend : cpu::Backend {
   /// Exchanges the `size` blocks of dim 0 of `tensor` into a new tensor of the same shape.
   /// Throws Error(invalid_argument) when dim 0 is not a multiple of the group's size.
   static std::pair<Tensor, Completion> all_to_all(Executor& executor, Group& group, Tensor tensor);
+  /// A U8 tensor holding a copy of `bytes` (a ballot of a group vote), from
+  /// cpu::Backend::default_storage().
+  static Tensor host_tensor(std::span<const std::byte> bytes);
+  /// `tensor`'s bytes (host memory: readable once its collective has completed).
+  static std::span<const std::byte> host_bytes(const Tensor& tensor) noexcept { return tensor.bytes(); }
   /// This rank in `group`.
   static int group_rank(const Group& group) noexcept { return group.rank(); }
   /// Ranks in `group`.
   static int group_size(const Group& group) noexcept { return group.size(); }
 };
 
-static_assert(engine::CollectiveBackend<Backend>);
+static_assert(engine::VotingBackend<Backend>);
 
 }  // namespace eredu::mpi

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -22,6 +23,7 @@
 
 #include "eredu/core/error.hpp"
 #include "eredu/core/trace.hpp"
+#include "eredu/engine/detail/load_unit.hpp"
 #include "eredu/engine/engine_error.hpp"
 #include "eredu/engine/materialize_options.hpp"
 #include "eredu/engine/swap_options.hpp"
@@ -70,16 +72,21 @@ class SwapCancellation {
   /// "in-place swap"), `serving` the version that keeps serving.
   SwapCancellation(asio::cancellation_state state, std::string_view what, std::uint64_t serving)
       : state_(std::move(state)), what_(what), serving_(serving) {}
+  /// Checks `flag` instead: for a swap whose coroutine runs without the caller's cancellation
+  /// slot (a distributed swap, which must reach its vote however early it is cancelled).
+  SwapCancellation(std::shared_ptr<const std::atomic<bool>> flag, std::string_view what, std::uint64_t serving)
+      : flag_(std::move(flag)), what_(what), serving_(serving) {}
 
   /// Throws Error(cancelled) if the swap was cancelled; `step` says where ("after the load").
   void check(std::string_view step) const {
-    if (state_.cancelled() != asio::cancellation_type::none)
+    if (state_.cancelled() != asio::cancellation_type::none || (flag_ && flag_->load(std::memory_order_acquire)))
       throw Error(errc::cancelled, {},
                   fmt::format("the {} was cancelled {}; version {} keeps serving", what_, step, serving_));
   }
 
  private:
-  asio::cancellation_state state_;
+  asio::cancellation_state state_{};
+  std::shared_ptr<const std::atomic<bool>> flag_{};
   std::string_view what_;
   std::uint64_t serving_;
 };
@@ -123,6 +130,30 @@ asio::awaitable<void> canary_step(const std::function<asio::awaitable<void>(cons
   if (rejected) std::rethrow_exception(rejected);
   report.canary_s = seconds_since(t);
   trace_step("canary", t);
+}
+
+/// Steps 1 to 3 of a swap into a new model: loads `plan` into `model` (the checksums verified
+/// as each tensor lands), then runs the canary; each step timed in `report`, the cancellation
+/// checked after each. On failure `model` may be partly bound: the caller drops it.
+template <ParameterBackend B, class Model>
+asio::awaitable<void> load_and_check(Model& model, io::CheckpointSource& source,
+                                     std::shared_ptr<const WeightBindingPlan> plan,
+                                     typename B::MaterializationContext& context, const SwapOptions<Model>& options,
+                                     const SwapCancellation& cancellation, std::uint64_t serving, SwapReport& report) {
+  const SwapClock::time_point t = SwapClock::now();
+  MaterializeProgress own_counters;
+  MaterializeOptions materialize = swap_load_options(options, own_counters);
+  const std::uint64_t verified_before = materialize.progress->bytes_verified.load();
+  co_await load_unit<B>(model, source, plan, context, materialize, true);
+  report.load_s = seconds_since(t);
+  report.verified_bytes = materialize.progress->bytes_verified.load() - verified_before;
+  trace_step("load", t);
+  report.bytes = plan_bytes(*plan, source.catalog());
+  cancellation.check("after the load");
+  if (options.canary) {
+    co_await canary_step<Model>(options.canary, std::as_const(model), serving, report);
+    cancellation.check("after the canary");
+  }
 }
 
 }  // namespace eredu::engine::detail

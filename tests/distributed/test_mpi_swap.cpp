@@ -1,0 +1,288 @@
+// The distributed hot-swap under mpirun: a version commits on every rank or on none. Each
+// rank loads its tensor-parallel shard; a failure of any kind on one rank only (missing
+// tensor, wrong shape, checksum, a file cut short under the reader, canary, cancellation)
+// leaves every rank on the old version, bit for bit, with the same error naming that rank;
+// rollback follows the same rule; and a serving loop that takes its version per step sees the
+// same generation on every rank at every step while versions are swapped under it.
+
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
+#include <asio/io_context.hpp>
+#include <asio/use_future.hpp>
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <filesystem>
+#include <future>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cpu/cpu_fixture.hpp"
+#include "distributed/mpi_fixture.hpp"
+#include "eredu/core/collective_error.hpp"
+#include "eredu/engine/collective_backend.hpp"
+#include "eredu/engine/distributed_model_slot.hpp"
+#include "eredu/engine/plan_module.hpp"
+#include "eredu/engine/sharding.hpp"
+#include "eredu/io/sha256.hpp"
+#include "eredu/mpi/backend.hpp"
+
+using namespace eredu;
+using namespace eredu::test;
+
+namespace {
+
+using Module = engine::PlanModule<cpu::Parameter>;
+using Slot = engine::DistributedModelSlot<cpu::Backend, Module, mpi::Backend>;
+
+constexpr std::uint64_t head_dim = 4, heads = 8, kv_heads = 4, hidden = heads * head_dim, inter = 48;
+
+std::vector<synth::TensorSpec> specs() {
+  return {
+      {"model.layers.0.input_layernorm.weight", DType::F32, {hidden}},
+      {"model.layers.0.self_attn.q_proj.weight", DType::BF16, {heads * head_dim, hidden}},
+      {"model.layers.0.self_attn.o_proj.weight", DType::BF16, {hidden, heads * head_dim}},
+      {"model.layers.0.mlp.up_proj.weight", DType::F32, {inter, hidden}},
+      {"model.layers.0.mlp.down_proj.weight", DType::F32, {hidden, inter}},
+  };
+}
+
+/// A digest of every slot's bytes: which version a rank holds, bit for bit.
+std::string tag(const Module& m) {
+  io::Sha256 h;
+  for (std::size_t i = 0; i < m.size(); ++i) h.update(m.slot(i).value.bytes());
+  return h.hex_digest();
+}
+
+/// Every rank's U64 values, gathered over `group` (rank order).
+std::vector<std::uint64_t> gather(cpu::Executor& arena, mpi::Communicator& group, std::uint64_t value) {
+  cpu::Tensor mine = cpu::Tensor::allocate(cpu::Backend::default_storage(), DType::U64, {1});
+  std::memcpy(mine.mutable_bytes().data(), &value, sizeof value);
+  auto f = engine::async_all_gather<mpi::Backend>(arena, group, mine, asio::use_future);
+  const cpu::Tensor all = get_within(f);
+  return {all.as<std::uint64_t>().begin(), all.as<std::uint64_t>().end()};
+}
+
+/// One rank's side of the tests: two versions (A, B) of the checkpoint in its own directory
+/// (node-local storage; every rank writes the same bytes), its shard plan, a slot voting on
+/// its own communicator.
+struct SwapEnv {
+  mpi::Communicator& world = mpi_world();
+  mpi::Communicator vote = world.split(0, world.rank(), "vote");
+  const int rank = world.rank();
+  const int size = world.size();
+  CpuCheckpoint a{specs(), 11};
+  CpuCheckpoint b{specs(), 12};
+  asio::io_context ctx;
+  io::SourceOptions options = [] {
+    io::SourceOptions o = small_source_options(std::size_t{1} << 20);
+    o.map_resident = false;  // every byte through the reader, so a file cut short fails the read
+    return o;
+  }();
+  std::unique_ptr<io::CheckpointSource> source_a = io::CheckpointSource::open(ctx.get_executor(), a.path, options);
+  engine::TensorParallelPlan plan = engine::plan_tensor_parallel(
+      source_a->catalog(), engine::ShardingRules::llama({.head_dim = head_dim, .heads = heads, .kv_heads = kv_heads}),
+      rank, size);
+  cpu::Executor arena{2};
+  cpu::Executor vote_arena{1};
+  cpu::MaterializationContext context{arena, cpu::Backend::default_storage()};
+  Slot slot{[this] { return Module::from_tensor_parallel(plan); }, vote_arena, vote};
+
+  /// Swaps to `source` (with `options`) and waits, running the io context.
+  engine::DistributedSwapReport swap(io::CheckpointSource& source, engine::SwapOptions<Module> o = {}) {
+    auto f = slot.async_swap(source, plan.bindings, context, std::move(o), asio::use_future);
+    return run_until_ready(ctx, f);
+  }
+
+  /// Runs a swap that must fail on every rank, and returns its error.
+  CollectiveError failed_swap(io::CheckpointSource& source, engine::SwapOptions<Module> o = {}) {
+    try {
+      swap(source, std::move(o));
+    } catch (const CollectiveError& e) {
+      return e;
+    }
+    throw std::runtime_error("the swap did not fail with CollectiveError");
+  }
+};
+
+}  // namespace
+
+TEST_CASE("mpi – a swap commits on every rank, with one generation and one activation step", "[mpi][swap]") {
+  SwapEnv env;
+  const engine::DistributedSwapReport first = env.swap(*env.source_a);
+  CHECK(first.generation == 1);
+  CHECK(first.ranks == env.size);
+  REQUIRE(env.slot.current() != nullptr);
+  CHECK(env.slot.previous() == nullptr);
+  // The serving loop begins steps 0..4, then a second swap: it starts at step 5 on every rank.
+  for (std::uint64_t s = 0; s < 5; ++s) CHECK(env.slot.version_for_step(s)->generation == 1);
+  auto source_b = io::CheckpointSource::open(env.ctx.get_executor(), env.b.path, env.options);
+  const engine::DistributedSwapReport second = env.swap(*source_b);
+  CHECK(second.generation == 2);
+  CHECK(second.activation_step == 5);
+  CHECK(second.commit_s > 0);
+  CHECK(env.slot.current()->generation == 2);
+  CHECK(env.slot.previous()->generation == 1);
+  // Each rank holds its own shard of B, and every rank agrees on the generation and step.
+  for (const engine::ShardedTensor& t : env.plan.tensors) {
+    const cpu::Parameter* p = env.slot.current()->model.find(t.parameter);
+    REQUIRE(p != nullptr);
+    CHECK(p->value.shape() == t.local_shape);
+  }
+  for (std::uint64_t g : gather(env.arena, env.world, second.generation)) CHECK(g == 2);
+  for (std::uint64_t s : gather(env.arena, env.world, second.activation_step)) CHECK(s == 5);
+  CHECK(env.slot.version_for_step(5)->generation == 2);
+}
+
+TEST_CASE("mpi – a failure on one rank leaves every rank on the old version, bit for bit", "[mpi][swap]") {
+  SwapEnv env;
+  env.swap(*env.source_a);
+  const std::string before = tag(env.slot.current()->model);
+  const int victim = env.size - 1;  // the last rank fails; the others succeed
+  const bool me = env.rank == victim;
+  errc expected = errc::backend_failure;
+  CollectiveError error(errc::collective_error, {}, "not run");
+
+  SECTION("a tensor is missing from the new version") {
+    std::vector<synth::TensorSpec> fewer = specs();
+    fewer.pop_back();
+    CpuCheckpoint partial(fewer, 12);
+    auto source = io::CheckpointSource::open(env.ctx.get_executor(), me ? partial.path : env.b.path, env.options);
+    expected = errc::recipe_unknown_key;
+    error = env.failed_swap(*source);
+  }
+  SECTION("a tensor has the wrong shape") {
+    std::vector<synth::TensorSpec> other = specs();
+    other[0].shape = {hidden * 2};
+    CpuCheckpoint wrong(other, 12);
+    auto source = io::CheckpointSource::open(env.ctx.get_executor(), me ? wrong.path : env.b.path, env.options);
+    expected = errc::byte_mismatch;  // the shard's binding declares the bytes of the planned shape
+    error = env.failed_swap(*source);
+  }
+  SECTION("a checksum does not match") {
+    auto source = io::CheckpointSource::open(env.ctx.get_executor(), env.b.path, env.options);
+    io::Checksums sums;
+    for (const synth::TensorSpec& s : specs())
+      sums.add(s.name, io::sha256_hex(me ? env.a.bytes(s.name) : env.b.bytes(s.name)));  // the victim's: A's
+    expected = errc::checksum_mismatch;
+    error = env.failed_swap(*source, {.checksums = sums});
+  }
+  SECTION("the file is cut short under the reader") {
+    auto source = io::CheckpointSource::open(env.ctx.get_executor(), env.b.path, env.options);
+    if (me) std::filesystem::resize_file(env.b.path, std::filesystem::file_size(env.b.path) / 2);
+    error = env.failed_swap(*source);
+    expected = error.failures().empty() ? errc::backend_failure : error.failures()[0].kind;
+    CHECK((expected == errc::unexpected_eof || expected == errc::file_changed));
+  }
+  SECTION("the canary rejects the new version") {
+    auto source = io::CheckpointSource::open(env.ctx.get_executor(), env.b.path, env.options);
+    expected = errc::canary_failed;
+    error = env.failed_swap(*source, {.canary = [me](const Module&) -> asio::awaitable<void> {
+      if (me) throw std::runtime_error("probe output is NaN");
+      co_return;
+    }});
+  }
+  SECTION("the swap is cancelled") {
+    auto source = io::CheckpointSource::open(env.ctx.get_executor(), env.b.path, env.options);
+    asio::cancellation_signal cancel;
+    auto f = env.slot.async_swap(*source, env.plan.bindings, env.context, {},
+                                 asio::bind_cancellation_slot(cancel.slot(), asio::use_future));
+    if (me) cancel.emit(asio::cancellation_type::terminal);
+    expected = errc::cancelled;
+    try {
+      run_until_ready(env.ctx, f);
+      FAIL("the swap did not fail");
+    } catch (const CollectiveError& e) {
+      error = e;
+    }
+  }
+
+  CAPTURE(error.what());
+  CHECK(error.kind() == errc::rank_failed);
+  CHECK(error.ranks() == std::vector<int>{victim});
+  REQUIRE(error.failures().size() == 1);
+  CHECK(error.failures()[0].rank == victim);
+  CHECK(error.failures()[0].kind == expected);
+  CHECK(std::string(error.what()).find(fmt::format("rank {} failed", victim)) != std::string::npos);
+  CHECK(std::string(error.what()).find("every rank keeps generation 1") != std::string::npos);
+  CHECK(env.slot.current()->generation == 1);
+  CHECK(tag(env.slot.current()->model) == before);
+  CHECK(env.slot.version_for_step(0)->generation == 1);
+  CHECK_FALSE(env.slot.swapping());
+  // The group is still usable, and the next good swap commits everywhere.
+  auto good = io::CheckpointSource::open(env.ctx.get_executor(), env.a.path, env.options);
+  CHECK(env.swap(*good).generation == 2);
+}
+
+TEST_CASE("mpi – rollback switches every rank back, or none", "[mpi][swap]") {
+  SwapEnv env;
+  auto source_b = io::CheckpointSource::open(env.ctx.get_executor(), env.b.path, env.options);
+  env.swap(*env.source_a);
+  const std::string tag_a = tag(env.slot.current()->model);
+  env.swap(*source_b);
+  const std::string tag_b = tag(env.slot.current()->model);
+  REQUIRE(tag_a != tag_b);
+  const auto rollback = [&] {
+    auto f = env.slot.async_rollback(env.ctx.get_executor(), asio::use_future);
+    return run_until_ready(env.ctx, f);
+  };
+  CHECK(rollback().generation == 1);
+  CHECK(tag(env.slot.current()->model) == tag_a);
+  CHECK(rollback().generation == 2);  // the version rolled back from was kept: forward again
+  CHECK(tag(env.slot.current()->model) == tag_b);
+
+  // One rank lets its previous version go: the next rollback fails on every rank.
+  if (env.rank == 0) env.slot.release_previous();
+  try {
+    rollback();
+    FAIL("the rollback did not fail");
+  } catch (const CollectiveError& e) {
+    CAPTURE(e.what());
+    CHECK(e.kind() == errc::rank_failed);
+    CHECK(e.ranks() == std::vector<int>{0});
+    CHECK(std::string(e.what()).find("no previous version is kept") != std::string::npos);
+  }
+  CHECK(env.slot.current()->generation == 2);
+  CHECK(tag(env.slot.current()->model) == tag_b);
+}
+
+TEST_CASE("mpi – every step runs one version on every rank while versions are swapped", "[mpi][swap]") {
+  SwapEnv env;
+  auto source_b = io::CheckpointSource::open(env.ctx.get_executor(), env.b.path, env.options);
+  env.swap(*env.source_a);
+  // The serving loop: each step takes its version, then the ranks compare generations (the
+  // collective a tensor-parallel forward would make, on its own communicator and thread).
+  mpi::Communicator serve = env.world.split(0, env.rank, "serve");
+  cpu::Executor serve_arena(1);
+  constexpr std::uint64_t swaps = 6;
+  std::atomic<bool> swapped{false};  // this rank's swaps are done
+  std::atomic<bool> mixed{false};
+  std::atomic<std::uint64_t> steps{0}, switches{0};
+  std::thread server([&] {
+    // Steps until every rank's swaps are done, decided from the gathered flags: every rank
+    // runs the same number of steps, as the collectives of a forward require.
+    std::uint64_t seen = 0;
+    for (std::uint64_t s = 0;; ++s) {
+      const std::uint64_t g = env.slot.version_for_step(s)->generation;
+      if (g != seen) ++switches;
+      seen = g;
+      const std::vector<std::uint64_t> all = gather(serve_arena, serve, g << 1 | (swapped.load() ? 1 : 0));
+      bool done = true;
+      for (std::uint64_t other : all) {
+        if (other >> 1 != g) mixed = true;
+        done = done && (other & 1);
+      }
+      steps = s + 1;
+      if (done) break;
+    }
+  });
+  for (std::uint64_t i = 0; i < swaps; ++i) env.swap(i % 2 ? *env.source_a : *source_b);
+  swapped = true;
+  server.join();
+  CHECK_FALSE(mixed.load());
+  CHECK(env.slot.generation() == 1 + swaps);
+  CHECK(env.slot.version_for_step(steps)->generation == 1 + swaps);
+  WARN("steps served: " << steps.load() << ", versions seen by the serving loop: " << switches.load());
+}
