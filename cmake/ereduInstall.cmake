@@ -3,7 +3,8 @@
 #   find_package(eredu REQUIRED)                    eredu::eredu (core, io, engine, cpu), eredu::synth
 #   find_package(eredu REQUIRED COMPONENTS cuda)    also eredu::cuda (needs the CUDA toolkit)
 #   find_package(eredu REQUIRED COMPONENTS mpi)     also eredu::mpi (needs MPI)
-#   pkg-config --cflags --libs eredu [eredu-synth] [eredu-cuda] [eredu-mpi]
+#   find_package(eredu REQUIRED COMPONENTS nccl)    also eredu::nccl, eredu::cuda, eredu::mpi (needs all three)
+#   pkg-config --cflags --libs eredu [eredu-synth] [eredu-cuda] [eredu-mpi] [eredu-nccl]
 # Exported: the libraries only. eredu_build_flags (warnings, -Werror, sanitizers) is linked
 # as $<BUILD_INTERFACE:...> and never leaves the build tree; eredu::asio is an imported
 # target that ereduConfig.cmake recreates from cmake/ereduAsio.cmake.
@@ -33,6 +34,15 @@ if(EREDU_MPI_ENABLED)
           ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
   install(DIRECTORY backends/mpi/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
   install(EXPORT eredu-mpi-targets NAMESPACE eredu:: DESTINATION ${EREDU_INSTALL_CMAKEDIR})
+endif()
+# eredu::nccl (collectives for GPU ranks) needs both of the above; NCCL itself is the imported
+# target eredu::libnccl, which ereduConfig.cmake recreates from cmake/ereduNCCL.cmake.
+if(EREDU_NCCL_ENABLED)
+  install(TARGETS eredu_nccl EXPORT eredu-nccl-targets
+          ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+  install(DIRECTORY backends/nccl/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+  install(EXPORT eredu-nccl-targets NAMESPACE eredu:: DESTINATION ${EREDU_INSTALL_CMAKEDIR})
+  install(FILES ${PROJECT_SOURCE_DIR}/cmake/ereduNCCL.cmake DESTINATION ${EREDU_INSTALL_CMAKEDIR})
 endif()
 configure_package_config_file(cmake/ereduConfig.cmake.in ${PROJECT_BINARY_DIR}/ereduConfig.cmake
                               INSTALL_DESTINATION ${EREDU_INSTALL_CMAKEDIR})
@@ -95,6 +105,10 @@ if(EREDU_MPI_ENABLED)
     string(APPEND EREDU_PC_MPI_CFLAGS " ${opt}")
   endforeach()
   list(JOIN MPI_CXX_LIBRARIES " " EREDU_PC_MPI_LIBS)
+endif()
+if(EREDU_NCCL_ENABLED)
+  list(APPEND EREDU_PC_FILES eredu-nccl)
+  get_filename_component(EREDU_PC_NCCL_LIBDIR "${EREDU_NCCL_LIBRARY}" DIRECTORY)
 endif()
 foreach(pc IN LISTS EREDU_PC_FILES)
   configure_file(cmake/${pc}.pc.in ${PROJECT_BINARY_DIR}/pkgconfig/${pc}.pc @ONLY)

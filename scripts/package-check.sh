@@ -5,7 +5,8 @@
 #   2. builds tests/package/consumer (an external project) with CMake, with the CUDA toolkit
 #      and MPI hidden (CMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit/MPI=ON), and runs it; where the
 #      install has the CUDA backend, also builds it with COMPONENTS cuda; where it has MPI,
-#      with COMPONENTS mpi, and runs that consumer's all_reduce under mpirun -np 2;
+#      with COMPONENTS mpi, and runs that consumer's all_reduce under mpirun -np 2; where it has
+#      NCCL, with COMPONENTS nccl (its all_reduce runs only where each rank has a GPU);
 #   3. builds and runs the same program with pkg-config alone (eredu, eredu-synth; eredu-mpi
 #      for the MPI consumer);
 #   4. checks every public header is installed and all compile, in one unit, with -Wall -Wextra
@@ -95,6 +96,23 @@ if [ -f "$prefix/lib/cmake/eredu/eredu-mpi-targets.cmake" ]; then
     { echo "package-check: COMPONENTS mpi without MPI did not say why:" >&2; cat "$work/cmake-nompi.log"; exit 1; }
 fi
 
+if [ -f "$prefix/lib/cmake/eredu/eredu-nccl-targets.cmake" ]; then
+  step "2d. the same with find_package(eredu COMPONENTS nccl) under mpirun -np 2"
+  cmake -S tests/package/consumer -B "$work/cmake-nccl" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$prefix" -DCONSUMER_WITH_NCCL=ON >"$work/cmake-nccl.log" 2>&1 ||
+    { cat "$work/cmake-nccl.log"; exit 1; }
+  cmake --build "$work/cmake-nccl" -j "$jobs" >>"$work/cmake-nccl.log" 2>&1 ||
+    { tail -n 40 "$work/cmake-nccl.log"; exit 1; }
+  run_mpi "$work/cmake-nccl/consumer_nccl"
+  # Without MPI the nccl component cannot be had, and says why.
+  if cmake -S tests/package/consumer -B "$work/cmake-nccl-nompi" -DCMAKE_PREFIX_PATH="$prefix" -DCONSUMER_WITH_NCCL=ON \
+       -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON >"$work/cmake-nccl-nompi.log" 2>&1; then
+    echo "package-check: COMPONENTS nccl was found without MPI" >&2; exit 1
+  fi
+  grep -q "nccl component needs the mpi component" "$work/cmake-nccl-nompi.log" ||
+    { echo "package-check: COMPONENTS nccl without MPI did not say why:" >&2; cat "$work/cmake-nccl-nompi.log"; exit 1; }
+fi
+
 step "3. the same program with pkg-config"
 export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
 cxx="${CXX:-c++}"
@@ -116,7 +134,7 @@ step "4. every installed header, with plain -I (-Wall -Wextra -Werror): all of t
 # 120 alone took 100 s of CI.
 # Each component's .pc adds its dependency's include path (CUDA's, MPI's) to eredu's.
 packages="eredu"
-for component in cuda mpi; do
+for component in cuda mpi nccl; do
   if [ -f "$prefix/lib/pkgconfig/eredu-$component.pc" ]; then packages+=" eredu-$component"; fi
 done
 # shellcheck disable=SC2086  # a list of package names
@@ -127,9 +145,9 @@ sed 's/.*/#include "&"/' "$work/headers.txt" >"$work/all_headers.cpp"
 # has it).
 missing_headers=""
 for dir in engine/core/include engine/include io/include backends/cpu/include tools/synth/include \
-           backends/cuda/include backends/mpi/include; do
+           backends/cuda/include backends/mpi/include backends/nccl/include; do
   case "$dir" in
-    backends/cuda/include | backends/mpi/include)
+    backends/cuda/include | backends/mpi/include | backends/nccl/include)
       component="${dir#backends/}"; component="${component%/include}"
       [ -f "$prefix/lib/pkgconfig/eredu-$component.pc" ] || continue ;;
   esac
