@@ -56,7 +56,7 @@ def document(stdout, command):
 # number must carry its unit in its name.
 UNITLESS = {"schema", "depth", "threads", "concurrency", "lookahead", "serve_threads", "swap_threads", "seed",
             "index", "pass", "generation", "rows", "cols", "hidden", "intermediate", "vocab", "checksum",
-            "p99_ratio", "gguf_version", "file_type"}
+            "p99_ratio", "gguf_version", "file_type", "rank", "heads", "kv_heads", "head_dim"}
 UNIT_SUFFIXES = ("_bytes", "_seconds", "_gb_per_s", "_count", "_offset")
 BARE_UNITS = {"bytes", "seconds", "gb_per_s", "count", "offset"}
 LISTS = {"shape"}  # a list whose name is not a plural
@@ -110,6 +110,10 @@ def case_usage(tmp):
         (["load", ck, "--pages", "2M"], "--pages", "4k, huge"),
         (["swap", ck, ck, "--verify", "maybe"], "--verify", "on, off, require"),
         (["read", ck, "--bogus"], "--bogus", ""),
+        (["load", ck, "--heads", "2"], "--heads", "only with --tensor-parallel"),
+        (["load", ck, "--tensor-parallel", "--shard", "*.mlp.*=split:x"], "--shard", "DIM 'x'"),
+        (["load", ck, "--tensor-parallel", "--shard", "*.mlp.*"], "--shard", "PATTERN=SPEC"),
+        (["load", ck, "--tensor-parallel", "--shard", "a=diagonal"], "--shard", "fused:DIM:PARTS"),
         (["read"], "PATH", ""),
         (["frobnicate"], "frobnicate", ""),
     ]
@@ -618,6 +622,74 @@ def case_gguf(tmp):
     code, out, _ = run("inspect", bad, "--json")
     e = json.loads(out.strip().splitlines()[-1]).get("error", {}) if out.strip() else {}
     check(code == 1 and e.get("kind") == "unsupported_version" and e.get("file") == bad, f"inspect v1.gguf: {e}")
+
+
+def case_tensor_parallel(tmp):
+    """`mpirun -np 2 eredu load --tensor-parallel` (argv after CASE: mpiexec, its flags and -np's
+    flag): each rank reads split/N + replicated bytes exactly, the totals add up, --shard rules
+    come first, and bad dimensions are the sharding's typed errors. Outside mpirun: one rank."""
+    mpiexec = sys.argv[4:]
+
+    def mpirun(np, *args):
+        p = subprocess.run([*mpiexec, str(np), EREDU, *args], capture_output=True, text=True, timeout=120)
+        return p.returncode, p.stdout, p.stderr
+
+    ck = os.path.join(tmp, "ck.safetensors")
+    run("gen", ck, "--size", "4M", "-q", expect=0)  # hidden 128: 2 heads of 64, 2 kv heads, so 2 ranks divide everything
+
+    def check_document(doc, ranks, what):
+        check_vocabulary(doc, what)
+        tp = doc["tensor_parallel"]
+        split, replicated = tp["split_bytes"], tp["replicated_bytes"]
+        check(split + replicated == doc["tensor_bytes"], f"{what}: split {split} + replicated {replicated} "
+              f"!= tensor_bytes {doc['tensor_bytes']}")
+        check(tp["rank_count"] == ranks and len(tp["ranks"]) == ranks and tp["ok"], f"{what}: {tp}")
+        check(split % ranks == 0, f"{what}: split bytes {split} do not divide by {ranks}")
+        for r in tp["ranks"]:
+            for load in r["loads"]:
+                check(load["read_bytes"] == split // ranks + replicated == r["planned_read_bytes"],
+                      f"{what}: rank {r['rank']} read {load['read_bytes']}, planned {r['planned_read_bytes']}, "
+                      f"split/N + replicated {split // ranks + replicated}")
+        total = sum(r["read_bytes"] for r in tp["ranks"])
+        check(total == split + ranks * replicated == tp["read_bytes"] == doc["bytes"],
+              f"{what}: ranks read {total} in all, document says {tp['read_bytes']} / {doc['bytes']}")
+        check(tp["seconds"] == max(r["seconds"] for r in tp["ranks"]), f"{what}: seconds is not the slowest rank's")
+        return tp
+
+    code, out, err = mpirun(2, "load", ck, "--tensor-parallel", "--repeat", "2", "--json", "-q")
+    check(code == 0, f"mpirun -np 2 eredu load --tensor-parallel: exit {code}: {err[-2000:]}")
+    if code == 0:
+        doc = document(out, "load")
+        tp = check_document(doc, 2, "-np 2")
+        check((tp["head_dim"], tp["heads"], tp["kv_heads"], tp["dims_from"]) == (64, 2, 2, "eredu gen's dims"),
+              f"-np 2: dims {tp['head_dim']}, {tp['heads']}, {tp['kv_heads']} from {tp['dims_from']!r}")
+        check(len(doc["loads"]) == 2 and doc["loads"][1]["recycled"], f"-np 2 --repeat 2: loads {doc['loads']}")
+        # A --shard rule before the Llama rules: the MLP replicated, so more bytes per rank.
+        code, out, err = mpirun(2, "load", ck, "--tensor-parallel", "--shard", "*.mlp.*_proj.weight=replicated",
+                                "--json", "-q")
+        check(code == 0, f"--shard: exit {code}: {err[-2000:]}")
+        if code == 0:
+            mlp = check_document(document(out, "load"), 2, "-np 2 --shard")
+            check(mlp["replicated_bytes"] > tp["replicated_bytes"] and mlp["shard_rule_count"] == 1,
+                  f"--shard '*.mlp.*_proj.weight=replicated' replicated {mlp['replicated_bytes']} bytes")
+    # The head size does not divide the query rows: the sharding's error names tensor and rule.
+    code, out, err = mpirun(2, "load", ck, "--tensor-parallel", "--head-dim", "48", "--json", "-q")
+    e = document(out, "load").get("error", {}) if out.strip() else {}
+    check(code == 1 and e.get("kind") == "invalid_argument" and "q_proj" in (e.get("tensor") or "")
+          and "granule=48" in e.get("message", "") and "q_proj" in err,
+          f"--head-dim 48: exit {code}, error {e}, stderr {err[-500:]}")
+    # 2 heads on 3 ranks cannot be divided.
+    code, _, err = mpirun(3, "load", ck, "--tensor-parallel", "-q")
+    check(code == 1 and "cannot be divided among 3 ranks" in err, f"-np 3: exit {code}: {err[-500:]}")
+    # --heads that do not divide the query rows: a usage error (exit 2) naming the option.
+    code, _, err = mpirun(2, "load", ck, "--tensor-parallel", "--heads", "3", "-q")
+    check(code == 2 and "--heads" in err and "q_proj" in err, f"--heads 3: exit {code}: {err[-500:]}")
+    # Outside mpirun: a group of one rank that reads the whole checkpoint.
+    code, out, err = run("load", ck, "--tensor-parallel", "--json", "-q")
+    check(code == 0, f"eredu load --tensor-parallel outside mpirun: exit {code}: {err[-2000:]}")
+    if code == 0:
+        one = check_document(document(out, "load"), 1, "one rank")
+        check(one["read_bytes"] == document(out, "load")["tensor_bytes"], f"one rank read {one['read_bytes']}")
 
 
 if __name__ == "__main__":

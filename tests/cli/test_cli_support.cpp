@@ -1,5 +1,6 @@
 // The eredu command's support code: the JSON writer, strict number and size parsing, and
-// the CLI11 options built on them (ranges, messages, defaults in the help).
+// the CLI11 options built on them (ranges, messages, defaults in the help), and the
+// tensor-parallel sharding options (--shard rules, the attention dims a checkpoint implies).
 #include "json_writer.hpp"
 
 #include <catch2/catch.hpp>
@@ -9,8 +10,10 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "commands.hpp"
 #include "eredu/core/error.hpp"
 #include "options.hpp"
+#include "shard_options.hpp"
 
 using namespace eredu::cli;
 
@@ -167,4 +170,71 @@ TEST_CASE("bash completion – offers subcommands, options and choices", "[cli][
   CHECK_THAT(script, Catch::Contains("--reader) COMPREPLY=($(compgen -W \"auto uring pread\""));
   CHECK_THAT(script, Catch::Contains("--budget) return ;;"));
   CHECK_THAT(script, Catch::Contains("\"-h --help --reader --budget --json -q --quiet -v --verbose\""));
+}
+
+namespace {
+
+// A Llama-shaped catalog: q/k/o projections of `heads` / `kv_heads` heads of 64, BF16.
+eredu::io::Catalog attention_catalog(std::uint64_t heads, std::uint64_t kv_heads, bool from_gen) {
+  eredu::io::Catalog catalog;
+  catalog.add_file({.path = "m.safetensors", .format = "safetensors"});
+  const std::uint64_t hidden = heads * 64;
+  std::uint64_t offset = 0;
+  auto add = [&](std::string name, eredu::Shape shape) {
+    const std::uint64_t n = shape[0] * shape[1] * 2;
+    catalog.add_tensor({std::move(name), eredu::DType::BF16, shape, 0, offset, n});
+    offset += n;
+  };
+  add("model.layers.0.self_attn.q_proj.weight", {hidden, hidden});
+  add("model.layers.0.self_attn.k_proj.weight", {kv_heads * 64, hidden});
+  add("model.layers.0.self_attn.o_proj.weight", {hidden, hidden});
+  if (from_gen) catalog.set_metadata({{"generator", "eredu-synth"}});
+  return catalog;
+}
+
+}  // namespace
+
+TEST_CASE("shard rules – PATTERN=SPEC parses every spec and names --shard in every error", "[cli][tensor_parallel]") {
+  using eredu::engine::Shard;
+  CHECK(parse_shard_rule("*.norm.weight=replicated") == std::pair{std::string("*.norm.weight"), Shard::replicated()});
+  CHECK(parse_shard_rule("a=column").second == Shard::column_parallel());
+  CHECK(parse_shard_rule("a=row:128").second == Shard::row_parallel(128));
+  CHECK(parse_shard_rule("a=split:2").second == Shard::split(2));
+  CHECK(parse_shard_rule("a=split:1:64").second == Shard::split(1, 64));
+  CHECK(parse_shard_rule("a=fused:0:2").second == Shard::fused_even(0, 2));
+  CHECK(parse_shard_rule("a=fused:0:3:64").second == Shard::fused_even(0, 3, 64));
+  CHECK(parse_shard_rule("x=y=column").first == "x=y");  // the last '=' separates SPEC
+  for (const char* bad : {"a", "=column", "a=", "a=diagonal", "a=split", "a=split:x", "a=row:0", "a=column:1:2",
+                          "a=replicated:1", "a=fused:0", "a=split:-1"}) {
+    CAPTURE(bad);
+    try {
+      parse_shard_rule(bad);
+      FAIL("accepted");
+    } catch (const UsageError& e) {
+      CHECK(std::string(e.what()).starts_with("--shard: '"));
+    }
+  }
+}
+
+TEST_CASE("shard rules – attention dims come from the options, eredu gen's rule, or are asked for",
+          "[cli][tensor_parallel]") {
+  // eredu gen's checkpoints: 64-wide heads up to a hidden size of 2048.
+  LlamaDims d = llama_dims(attention_catalog(4, 2, true), {}, "m");
+  CHECK((d.sharding.head_dim == 64 && d.sharding.heads == 4 && d.sharding.kv_heads == 2));
+  CHECK(d.source == "eredu gen's dims");
+  // --heads: the query rows over heads; kv heads from k_proj's rows.
+  d = llama_dims(attention_catalog(4, 2, false), {.heads = 2}, "m");
+  CHECK((d.sharding.head_dim == 128 && d.sharding.heads == 2 && d.sharding.kv_heads == 1 && d.source == "options"));
+  CHECK(llama_dims(attention_catalog(4, 2, false), {.head_dim = 32}, "m").sharding.heads == 8);
+  // Nothing to go by, or heads that do not divide the rows: a usage error naming what to give.
+  CHECK_THROWS_WITH(llama_dims(attention_catalog(4, 2, false), {}, "m"), Catch::Contains("give --heads"));
+  CHECK_THROWS_WITH(llama_dims(attention_catalog(4, 2, false), {.heads = 3}, "m"),
+                    Catch::Contains("q_proj.weight") && Catch::Contains("3 heads"));
+  CHECK_THROWS_AS(llama_dims(attention_catalog(4, 2, false), {.heads = 3}, "m"), UsageError);
+  // The --shard rules come first: they win over the Llama rules for the tensors they match.
+  const eredu::engine::ShardingRules rules =
+      tensor_parallel_rules({"*.q_proj.weight=replicated"}, {.head_dim = 64, .heads = 4, .kv_heads = 2});
+  CHECK(rules.find("model.layers.0.self_attn.q_proj.weight") == eredu::engine::Shard::replicated());
+  CHECK(rules.find("model.layers.0.self_attn.k_proj.weight") == eredu::engine::Shard::column_parallel(64));
+  CHECK(rules.find("model.norm.weight") == eredu::engine::Shard::replicated());
 }

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -19,34 +20,14 @@
 #include "eredu/cpu/convert.hpp"
 #include "eredu/engine/load.hpp"
 #include "interrupt.hpp"
+#include "load_options.hpp"
 #include "progress.hpp"
+#include "shard_options.hpp"
 #include "trace_option.hpp"
 #include "verify_flags.hpp"
 
 namespace eredu::cli {
 namespace {
-
-/// The options of `eredu load`, with their defaults.
-struct LoadOptions {
-  std::string path;
-  std::string dtype = "keep";
-  unsigned threads = std::max(1u, std::thread::hardware_concurrency());
-  std::uint64_t budget = std::uint64_t{256} << 20;
-  unsigned repeat = 1;
-  std::string reader = "auto";
-  std::string uring_files = "local";
-  // A load has every tensor in flight at once: deeper and larger requests keep both cores
-  // copying (recycled 4 GiB loads: 11-13.5 GB/s at depth 8 / 8 MiB, 10.6-11.6 at 4 / 4 MiB).
-  unsigned depth = 8;
-  std::uint64_t request = std::uint64_t{8} << 20;
-  std::string kernels = "best";
-  // Converted tensors are read in chunk leases of this size, each converted while the next is read.
-  std::uint64_t chunk = std::uint64_t{64} << 20;
-  std::string copies = "arena";
-  std::string pages = "4k";
-  std::string verify = "off";
-  std::string checksums;  // --checksums FILE
-};
 
 /// One timed load.
 struct LoadRun {
@@ -215,7 +196,8 @@ Command add_load_command(CLI::App& app, CommonFlags& flags) {
              "cast every float tensor to this dtype, and dequantize every quantized GGUF tensor to it (ggml's f32 "
              "values, rounded once to bf16 or f16); keep delivers each tensor's bytes as stored, quantized blocks "
              "too");
-  add_integer(*cmd, "--threads", o->threads, 1u, 1024u, "TBB threads that populate and convert", "the number of CPUs");
+  add_integer(*cmd, "--threads", o->threads, 1u, 1024u, "TBB threads that populate and convert",
+              "the number of CPUs; --tensor-parallel: divided among the ranks on this host");
   add_bytes(*cmd, "--budget", o->budget, 4096, std::uint64_t{1} << 40, "staging memory of the lease pool");
   add_integer(*cmd, "--repeat", o->repeat, 1u, 1000u, "load this many times, each reusing the previous load's storage");
   add_choice(*cmd, "--reader", o->reader, {"auto", "uring", "pread"},
@@ -238,9 +220,69 @@ Command add_load_command(CLI::App& app, CommonFlags& flags) {
   add_verify_flags(*cmd, o->verify, o->checksums, "of every tensor as it lands (each load)");
   auto trace_path = std::make_shared<std::string>();
   add_trace_option(*cmd, *trace_path);
+  CLI::Option* trace = cmd->get_option("--trace");
+  TensorParallelOptions& tp = o->tensor_parallel;
+  cmd->add_flag("--tensor-parallel", tp.enabled,
+                "load one shard per MPI rank (mpirun -np N eredu load PATH --tensor-parallel): each rank reads only "
+                "its bytes, by the Llama sharding rules and --shard; rank 0 prints every rank's figures and the "
+                "totals (builds with MPI only)");
+  const std::vector<CLI::Option*> tp_options = {
+      add_integer(*cmd, "--heads", tp.heads, std::uint64_t{1}, std::uint64_t{1} << 20,
+                  "--tensor-parallel: query heads (head size = q_proj rows / heads)", "inferred"),
+      add_integer(*cmd, "--kv-heads", tp.kv_heads, std::uint64_t{1}, std::uint64_t{1} << 20,
+                  "--tensor-parallel: key/value heads (needed with --heads for fused qkv_proj tensors)", "inferred"),
+      add_integer(*cmd, "--head-dim", tp.head_dim, std::uint64_t{1}, std::uint64_t{1} << 20,
+                  "--tensor-parallel: indices per attention head, the unit q/k/v/o are split in",
+                  "from --heads, or eredu gen's"),
+      cmd->add_option("--shard", tp.shard,
+                      "--tensor-parallel: a rule PATTERN=SPEC before the Llama rules (repeatable; first match wins); "
+                      "SPEC replicated, split:DIM[:GRANULE], column[:GRANULE], row[:GRANULE] or "
+                      "fused:DIM:PARTS[:GRANULE]")
+          ->type_name("PATTERN=SPEC")
+          ->allow_extra_args(false)
+          ->check(CLI::Validator(
+              [](std::string& text) -> std::string {
+                try {
+                  parse_shard_rule(text);
+                  return {};
+                } catch (const std::exception& e) {
+                  // CLI11 puts the option's name before the message already.
+                  std::string_view message = e.what();
+                  if (message.starts_with("--shard: ")) message.remove_prefix(9);
+                  return std::string(message);
+                }
+              },
+              "", "shard_rule"))};
+  CLI::Option* threads = cmd->get_option("--threads");
+  CLI::Option* verify = cmd->get_option("--verify");
+  CLI::Option* checksums = cmd->get_option("--checksums");
   add_common_flags(*cmd, flags, true);
-  return {cmd,
-          [o, trace_path](const CommonFlags& f) { return run_traced(*trace_path, [&] { return run_load(*o, f); }); }};
+  return {cmd, [o, trace_path, tp_options, threads, verify, checksums, trace](const CommonFlags& f) {
+            o->threads_given = threads->count() > 0;
+            if (!o->tensor_parallel.enabled) {
+              for (const CLI::Option* option : tp_options)
+                if (option->count() > 0)
+                  throw UsageError(fmt::format("{}: only with --tensor-parallel", option->get_name()));
+              return run_traced(*trace_path, [&] { return run_load(*o, f); });
+            }
+#ifndef EREDU_CLI_MPI
+            (void)verify, (void)checksums, (void)trace;  // what the MPI build checks
+            throw UsageError(
+                "--tensor-parallel: this build of eredu has no MPI (reconfigure with -DEREDU_MPI=ON or AUTO after "
+                "apt-get install libopenmpi-dev openmpi-bin)");
+#else
+            // A rank holds slices of tensors: there is no whole tensor to cast in place of
+            // another, nor to hash against a whole-tensor digest, and one trace file per rank
+            // would overwrite each other.
+            if (o->dtype != "keep")
+              throw UsageError("--dtype: --tensor-parallel loads keep the stored dtypes (give --dtype keep)");
+            if (verify->count() > 0 || checksums->count() > 0)
+              throw UsageError(fmt::format("{}: digests are of whole tensors, which --tensor-parallel ranks do not read",
+                                           verify->count() > 0 ? "--verify" : "--checksums"));
+            if (trace->count() > 0) throw UsageError("--trace: not with --tensor-parallel");
+            return run_tensor_parallel_load(*o, f);
+#endif
+          }};
 }
 
 }  // namespace eredu::cli

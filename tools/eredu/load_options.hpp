@@ -1,0 +1,53 @@
+#pragma once
+/// \file
+/// The options of `eredu load`, shared by the single-process load (load_command.cpp) and the
+/// tensor-parallel one (tensor_parallel_load.cpp, built only with MPI).
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "options.hpp"
+
+namespace eredu::cli {
+
+/// `--tensor-parallel` and the options that shape its sharding rules (docs/cli.md).
+struct TensorParallelOptions {
+  bool enabled = false;            ///< --tensor-parallel: one shard per MPI rank
+  std::uint64_t heads = 0;         ///< --heads: query heads (0: inferred)
+  std::uint64_t kv_heads = 0;      ///< --kv-heads: key/value heads (0: inferred)
+  std::uint64_t head_dim = 0;      ///< --head-dim: indices per head (0: inferred)
+  std::vector<std::string> shard;  ///< --shard PATTERN=SPEC rules, in order, before the Llama rules
+};
+
+/// The options of `eredu load`, with their defaults.
+struct LoadOptions {
+  std::string path;
+  std::string dtype = "keep";
+  unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  bool threads_given = false;  // --threads on the command line (the tensor-parallel default differs)
+  std::uint64_t budget = std::uint64_t{256} << 20;
+  unsigned repeat = 1;
+  std::string reader = "auto";
+  std::string uring_files = "local";
+  // A load has every tensor in flight at once: deeper and larger requests keep both cores
+  // copying (recycled 4 GiB loads: 11-13.5 GB/s at depth 8 / 8 MiB, 10.6-11.6 at 4 / 4 MiB).
+  unsigned depth = 8;
+  std::uint64_t request = std::uint64_t{8} << 20;
+  std::string kernels = "best";
+  // Converted tensors are read in chunk leases of this size, each converted while the next is read.
+  std::uint64_t chunk = std::uint64_t{64} << 20;
+  std::string copies = "arena";
+  std::string pages = "4k";
+  std::string verify = "off";
+  std::string checksums;  // --checksums FILE
+  TensorParallelOptions tensor_parallel;
+};
+
+/// `eredu load --tensor-parallel`: every MPI rank loads its shard and rank 0 prints the
+/// report (tensor_parallel_load.cpp; only in builds with MPI). Returns the exit status.
+int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags);
+
+}  // namespace eredu::cli
