@@ -5,12 +5,16 @@
 // rollback follows the same rule; and a serving loop that takes its version per step sees the
 // same generation on every rank at every step while versions are swapped under it.
 
+#include <algorithm>
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
 #include <asio/io_context.hpp>
 #include <asio/use_future.hpp>
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <future>
@@ -86,9 +90,12 @@ struct SwapEnv {
       source_a->catalog(), engine::ShardingRules::llama({.head_dim = head_dim, .heads = heads, .kv_heads = kv_heads}),
       rank, size);
   cpu::Executor arena{2};
-  cpu::Executor vote_arena{1};
   cpu::MaterializationContext context{arena, cpu::Backend::default_storage()};
-  Slot slot{[this] { return Module::from_tensor_parallel(plan); }, vote_arena, vote};
+  Slot slot;
+
+  /// A rank's side, whose votes wait at most `vote_timeout` for the others.
+  explicit SwapEnv(std::chrono::milliseconds vote_timeout = std::chrono::seconds(30))
+      : slot([this] { return Module::from_tensor_parallel(plan); }, vote, {.vote_timeout = vote_timeout}) {}
 
   /// Swaps to `source` (with `options`) and waits, running the io context.
   engine::DistributedSwapReport swap(io::CheckpointSource& source, engine::SwapOptions<Module> o = {}) {
@@ -285,4 +292,39 @@ TEST_CASE("mpi – every step runs one version on every rank while versions are 
   CHECK(env.slot.generation() == 1 + swaps);
   CHECK(env.slot.version_for_step(steps)->generation == 1 + swaps);
   WARN("steps served: " << steps.load() << ", versions seen by the serving loop: " << switches.load());
+}
+
+// Run only by its own ctest ("[dead_voter]", under mpirun --enable-recovery, which keeps the
+// survivors alive), which passes on the line printed below: rank 1 dies while the others load,
+// and their vote fails with a typed error within the vote timeout instead of waiting forever.
+TEST_CASE("mpi – a rank killed during a swap fails the others' vote within its timeout, on the old version",
+          "[mpi][dead_voter]") {
+  SwapEnv env(std::chrono::milliseconds(3000));
+  REQUIRE(env.size >= 2);
+  env.swap(*env.source_a);
+  const std::string before = tag(env.slot.current()->model);
+  auto ready = env.world.async_barrier(asio::use_future);
+  get_within(ready);
+  if (env.rank == 1) std::raise(SIGKILL);
+
+  auto source_b = io::CheckpointSource::open(env.ctx.get_executor(), env.b.path, env.options);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    env.swap(*source_b);
+    FAIL("the swap committed without rank 1");
+  } catch (const CollectiveError& e) {
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+    CAPTURE(e.what());
+    CHECK(e.kind() == errc::collective_error);
+    CHECK(e.operation() == "swap vote");
+    CHECK(waited < std::chrono::seconds(10));
+    CHECK(env.slot.generation() == 1);
+    CHECK(tag(env.slot.current()->model) == before);
+    const bool names_rank_1 = std::find(e.ranks().begin(), e.ranks().end(), 1) != e.ranks().end();
+    CHECK(names_rank_1);
+    if (env.rank == 0 && names_rank_1 && env.slot.generation() == 1 && tag(env.slot.current()->model) == before)
+      std::printf("dead-voter: rank 0 kept generation 1 and got collective_error naming rank 1 after %lld ms: %s\n",
+                  static_cast<long long>(waited.count()), e.what());
+    std::fflush(stdout);
+  }
 }

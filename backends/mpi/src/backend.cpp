@@ -130,12 +130,6 @@ Completion submit_exchange(cpu::Executor& executor, Communicator& group, const c
 
 }  // namespace
 
-cpu::Tensor Backend::host_tensor(std::span<const std::byte> bytes) {
-  cpu::Tensor t = cpu::Tensor::allocate(cpu::Backend::default_storage(), DType::U8, {bytes.size()});
-  std::copy(bytes.begin(), bytes.end(), t.mutable_bytes().begin());
-  return t;
-}
-
 std::pair<cpu::Tensor, Completion> Backend::all_gather(Executor& executor, Group& group, Tensor tensor) {
   require_group(group, "all_gather");
   const std::string what = describe(tensor);

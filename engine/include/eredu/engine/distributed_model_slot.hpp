@@ -6,7 +6,7 @@
 ///
 /// \code
 ///   // every rank of `tp`, in the same order
-///   engine::DistributedModelSlot<cpu::Backend, Model, mpi::Backend> slot(make_model, vote_arena, tp);
+///   engine::DistributedModelSlot<cpu::Backend, Model, mpi::Backend> slot(make_model, tp);
 ///   // the serving loop: one version per step, the same on every rank
 ///   for (std::uint64_t step = 0;; ++step) {
 ///     std::shared_ptr<const auto> v = slot.version_for_step(step);
@@ -25,11 +25,13 @@
 ///     as tensors land, the canary). Any failure — a missing tensor, a wrong shape, EIO, a
 ///     checksum, the canary, a cancellation — is caught here, not thrown: the rank must still
 ///     vote, or the others would wait for it until their timeout.
-///  2. Votes: one all_gather of every rank's Ballot (group_vote.hpp), cast on the voting
-///     backend (mpi::Backend for CPU and GPU ranks alike: ballots are host bytes). While the
-///     vote is in flight this rank begins no new step: version_for_step() for a step not yet
-///     begun waits for the decision (the vote takes tens of microseconds; the group's timeout
-///     bounds it).
+///  2. Votes: one all_gather of every rank's Ballot (group_vote.hpp) over the voting backend's
+///     group (mpi::Backend for CPU and GPU ranks alike: ballots are host bytes), waiting at
+///     most DistributedSlotOptions::vote_timeout for ranks still loading. While this rank's
+///     ballot is out it begins no new step: version_for_step() for a step not yet begun waits
+///     for the decision — which comes once the last rank has voted, so a serving loop whose
+///     steps are collectives is held at most until the slowest rank's load ends, and a loop on
+///     one rank waits only for that vote (tens of microseconds once all have voted).
 ///  3. Decides, on every rank from the same ballots: commit only if every rank succeeded and
 ///     all serve the same generation. The new version's generation is one more than the
 ///     highest any rank has committed, and it starts at step `max(fence)` — the first step that
@@ -53,7 +55,7 @@
 /// Rules: call async_swap and async_rollback on every rank of the group in the same order, one
 /// at a time (await each before the next), as with any collective. Steps begin in order on a
 /// rank (version_for_step with non-decreasing steps; several threads may ask for the same
-/// step). The slot, the voting executor and the group must outlive the slot's operations.
+/// step). The slot and the group must outlive the slot's operations.
 
 #include <algorithm>
 #include <asio/any_io_executor.hpp>
@@ -65,6 +67,7 @@
 #include <asio/cancellation_type.hpp>
 #include <asio/use_awaitable.hpp>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -92,6 +95,10 @@ struct DistributedSlotOptions {
   /// Keep the version a swap replaced, for async_rollback (memory: up to three versions exist
   /// during a swap — the kept one, the serving one and the one loading).
   bool keep_previous = true;
+  /// How long a rank waits for the others' ballots. Ranks vote as their loads end, so the
+  /// spread of the ranks' load times must fit in it; it also bounds how long the others wait
+  /// for a rank that died while loading.
+  std::chrono::milliseconds vote_timeout{std::chrono::minutes(5)};
 };
 
 /// What a successful distributed swap or rollback did.
@@ -116,10 +123,9 @@ class DistributedModelSlot {
   /// Makes an empty model with every slot of this rank's shard declared and nothing bound.
   using Factory = std::function<Model()>;
 
-  /// An empty slot over `group`, voting on `vote_executor`: no version until the first swap.
-  DistributedModelSlot(Factory make_model, typename C::Executor& vote_executor, typename C::Group& group,
-                       DistributedSlotOptions options = {})
-      : make_model_(std::move(make_model)), vote_executor_(vote_executor), group_(group), options_(options) {}
+  /// An empty slot whose swaps vote over `group`: no version until the first swap.
+  DistributedModelSlot(Factory make_model, typename C::Group& group, DistributedSlotOptions options = {})
+      : make_model_(std::move(make_model)), group_(group), options_(options) {}
   DistributedModelSlot(const DistributedModelSlot&) = delete;
   DistributedModelSlot& operator=(const DistributedModelSlot&) = delete;
 
@@ -306,7 +312,7 @@ class DistributedModelSlot {
     }
     const detail::SwapClock::time_point t = detail::SwapClock::now();
     try {
-      detail::cast_vote<C>(vote_executor_, group_, mine,
+      detail::cast_vote<C>(group_, mine, options_.vote_timeout,
                            [this, decision, next = std::move(next), outcome, decided = std::move(decided)](
                                std::exception_ptr error, std::vector<Ballot> ballots) mutable {
                              apply(decision, std::move(error), ballots, std::move(next), *outcome);
@@ -450,7 +456,6 @@ class DistributedModelSlot {
   }
 
   Factory make_model_;
-  typename C::Executor& vote_executor_;
   typename C::Group& group_;
   DistributedSlotOptions options_;
   std::atomic<bool> swapping_{false};

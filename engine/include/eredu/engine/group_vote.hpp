@@ -12,11 +12,13 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <span>
 #include <string_view>
 #include <type_traits>
@@ -29,16 +31,19 @@
 
 namespace eredu::engine {
 
-/// A collective backend that can also carry host bytes (a ballot) as one of its tensors.
+/// A collective backend that can also gather host bytes (ballots) over a group.
 ///
-/// - `C::host_tensor(bytes)`: a tensor holding a copy of `bytes` (1-D, one byte per element);
-/// - `C::host_bytes(tensor)`: a tensor's bytes, readable on the host once its collective has
-///   completed.
+/// - `C::gather_ballots(group, bytes, timeout)`: every rank's `bytes` (all of one size), in
+///   rank order, in a buffer returned at once and readable once the Completion has succeeded.
+///   The wait may be long — ranks vote when their loads end, minutes apart for big shards — so
+///   it has its own `timeout`, and the backend waits for it without spinning. Never throws: a
+///   failure or timeout fails the completion (CollectiveError).
 template <class C>
 concept VotingBackend = CollectiveBackend<C> &&
-    requires(std::span<const std::byte> bytes, const typename C::Tensor& tensor) {
-  { C::host_tensor(bytes) } -> std::same_as<typename C::Tensor>;
-  { C::host_bytes(tensor) } -> std::same_as<std::span<const std::byte>>;
+    requires(typename C::Group& group, std::vector<std::byte> bytes, std::chrono::milliseconds timeout) {
+  {
+    C::gather_ballots(group, std::move(bytes), timeout)
+    } -> std::same_as<std::pair<std::shared_ptr<const std::vector<std::byte>>, Completion>>;
 };
 
 /// One rank's vote. Trivially copyable and sent as raw bytes: every rank of a group runs the
@@ -107,22 +112,21 @@ inline std::vector<Ballot> parse_ballots(std::span<const std::byte> gathered, in
   return out;
 }
 
-/// Casts `mine` on `group`: starts the all_gather after the work submitted to `executor` and
-/// calls `decide(error, ballots)` on the thread that completes it (the backend's progress
-/// thread: `decide` must only do bookkeeping). Throws what the backend throws at submission.
+/// Casts `mine` on `group`, waiting at most `timeout` for the others, and calls
+/// `decide(error, ballots)` on the thread that completes the gather (the backend's progress
+/// thread: `decide` must only do bookkeeping).
 template <VotingBackend C, class Decide>
-void cast_vote(typename C::Executor& executor, typename C::Group& group, const Ballot& mine, Decide decide) {
-  const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(&mine), sizeof mine);
-  std::pair<typename C::Tensor, Completion> started = C::all_gather(executor, group, C::host_tensor(bytes));
+void cast_vote(typename C::Group& group, const Ballot& mine, std::chrono::milliseconds timeout, Decide decide) {
+  const auto* first = reinterpret_cast<const std::byte*>(&mine);
+  auto [gathered, done] = C::gather_ballots(group, std::vector<std::byte>(first, first + sizeof mine), timeout);
   const int size = C::group_size(group);
-  const Completion done = started.second;
   done.on_complete(
-      [decide = std::move(decide), gathered = std::move(started.first), size](std::exception_ptr error) mutable {
+      [decide = std::move(decide), gathered = std::move(gathered), size](std::exception_ptr error) mutable {
         if (error) {
           decide(std::move(error), std::vector<Ballot>{});
           return;
         }
-        decide(nullptr, parse_ballots(C::host_bytes(gathered), size));
+        decide(nullptr, parse_ballots(*gathered, size));
       });
 }
 

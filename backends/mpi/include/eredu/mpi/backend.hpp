@@ -26,9 +26,11 @@
 /// even, as NCCL does; min and max return one of the inputs exactly), every integer type, BOOL
 /// with min ("all") and max ("any"), and C64 with sum; anything else is Error(invalid_argument).
 
+#include <chrono>
 #include <cstddef>
-#include <span>
+#include <memory>
 #include <utility>
+#include <vector>
 
 #include "eredu/core/completion.hpp"
 #include "eredu/cpu/backend.hpp"
@@ -55,11 +57,13 @@ struct Backend : cpu::Backend {
   /// Exchanges the `size` blocks of dim 0 of `tensor` into a new tensor of the same shape.
   /// Throws Error(invalid_argument) when dim 0 is not a multiple of the group's size.
   static std::pair<Tensor, Completion> all_to_all(Executor& executor, Group& group, Tensor tensor);
-  /// A U8 tensor holding a copy of `bytes` (a ballot of a group vote), from
-  /// cpu::Backend::default_storage().
-  static Tensor host_tensor(std::span<const std::byte> bytes);
-  /// `tensor`'s bytes (host memory: readable once its collective has completed).
-  static std::span<const std::byte> host_bytes(const Tensor& tensor) noexcept { return tensor.bytes(); }
+  /// Every rank's ballot bytes, for a group vote: Communicator::all_gather_bytes, patient
+  /// (the progress thread sleeps between polls while ranks are still loading) and waiting at
+  /// most `timeout`.
+  static std::pair<std::shared_ptr<const std::vector<std::byte>>, Completion> gather_ballots(
+      Group& group, std::vector<std::byte> bytes, std::chrono::milliseconds timeout) {
+    return group.all_gather_bytes(std::move(bytes), timeout, true);
+  }
   /// This rank in `group`.
   static int group_rank(const Group& group) noexcept { return group.rank(); }
   /// Ranks in `group`.
