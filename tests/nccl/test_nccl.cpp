@@ -1,4 +1,4 @@
-// eredu::nccl under mpirun (-np 2): NCCL's dtypes and their refusal, error text, empty and
+// eredu::nccl under mpirun (-np 1 and 2): NCCL's dtypes and their refusal, error text, empty and
 // impossible communicators — everywhere eredu_nccl builds, no device needed — and, where every
 // rank has a CUDA device of its own: every dtype and reduction against an exact reference,
 // gathers and exchanges in rank order, two collectives in stream order, refusals with a real
