@@ -8,6 +8,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -123,8 +124,12 @@ Completion run_collective(cuda::Executor& executor, Communicator& group, std::st
               rc == ncclInProgress ? fmt::format("{}: {} was not queued within {} ms", what, call, timeout.count())
                                    : fmt::format("{}: {}", what, nccl_error_text(rc, call, state->comm));
           detail::abort_locked(*state, fmt::format("{} failed: {}", operation, message));
-          throw detail::collective_failure(state->name, state->rank, state->size, operation,
-                                           message + "; the communicator was aborted and the group is unusable");
+          // Not queued in time: NCCL was still connecting to peers that never came (NCCL
+          // connects lazily, at a communicator's first collective), so every other rank is named.
+          throw detail::collective_failure(
+              state->name, state->rank, state->size, operation,
+              message + "; the communicator was aborted and the group is unusable",
+              rc == ncclInProgress ? detail::other_ranks(state->rank, state->size) : std::vector<int>{});
         }
         const detail::Watchdog::Id id = detail::watchdog().arm(
             deadline, [state, pending, operation, what, timeout] { expire(state, pending, operation, what, timeout); });

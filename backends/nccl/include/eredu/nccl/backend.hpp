@@ -20,7 +20,9 @@
 /// completion is the stream completion after it (a stream callback relayed off CUDA's thread,
 /// stream_completion.hpp). A watchdog fails the completion with CollectiveError naming the
 /// operation, the group, the rank and the size when the collective has not completed within the
-/// group's timeout, and aborts the communicator (its kernels then end; it is unusable).
+/// group's timeout, and aborts the communicator (its kernels then end; it is unusable). The NCCL
+/// call itself may keep the submitting thread while NCCL connects to the peers (it does so
+/// lazily, at a communicator's first collective), never longer than the timeout.
 ///
 /// Dtypes: all_reduce reduces F32, F16, BF16, F64, I8, U8, I32, U32, I64 and U64 (NCCL's
 /// types; sum, min, max) and refuses every other dtype with Error(invalid_argument) before
