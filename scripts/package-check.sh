@@ -109,7 +109,7 @@ if [ -f "$prefix/lib/cmake/eredu/eredu-nccl-targets.cmake" ]; then
        -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON >"$work/cmake-nccl-nompi.log" 2>&1; then
     echo "package-check: COMPONENTS nccl was found without MPI" >&2; exit 1
   fi
-  grep -q "nccl component needs the mpi component" "$work/cmake-nccl-nompi.log" ||
+  grep -q "nccl component: it needs eredu::mpi" "$work/cmake-nccl-nompi.log" ||
     { echo "package-check: COMPONENTS nccl without MPI did not say why:" >&2; cat "$work/cmake-nccl-nompi.log"; exit 1; }
 fi
 
