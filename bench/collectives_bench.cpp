@@ -2,13 +2,15 @@
 // all_gather (engine::async_all_reduce / async_all_gather<mpi::Backend>, the public API, each
 // awaited through a future) against the same MPI calls in a plain blocking loop
 // (MPI_Allreduce in place, MPI_Allgather into a preallocated buffer) on the same
-// communicator's ranks, at each size. Rounds alternate which of the two goes first.
+// communicator's ranks, at each size. Each round starts with the next variant.
 //
 //   mpirun -np N collectives_bench [ROUNDS] [MIB...]     (defaults: 7 rounds; 1 4 16 64 MiB)
 //
 // Rank 0 prints one line per measurement, "<op> <MiB> <eredu|mpi> round <r> <seconds per
 // call> <GB/s>", then per op and size the medians (min-max) of both and their ratio. GB/s is
 // the tensor's bytes per call over the seconds per call (nccl-tests' "algorithm bandwidth").
+// Besides the blocking calls, MPI_Iallreduce / MPI_Iallgather + MPI_Wait (what eredu starts,
+// on its progress thread) separate eredu's own overhead from the non-blocking algorithms'.
 // Values are zeros: sums in place stay finite however many calls. For all_gather a third loop,
 // MPI_Allgather into a new output tensor per call as eredu's returns one, separates the cost
 // of that allocation from the collective's.
@@ -20,6 +22,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -84,10 +88,15 @@ int main(int argc, char** argv) {
     MPI_Comm_dup(MPI_COMM_WORLD, &comm);
     const int rank = world.rank(), size = world.size();
     cpu::Executor arena(1);
+    // One measured variant: its name and one call.
+    struct Variant {
+      std::string name;
+      std::function<void()> call;
+    };
     struct Row {
       std::string op;
       std::size_t mib;
-      std::vector<double> eredu, mpi, mpi_fresh;
+      std::map<std::string, std::vector<double>> gb_per_s;  // by variant, one per round
     };
     std::vector<Row> rows;
     for (const char* op : {"all_reduce", "all_gather"}) {
@@ -95,86 +104,83 @@ int main(int argc, char** argv) {
       for (std::size_t mib : mibs) {
         const std::size_t bytes = mib << 20;
         const int calls = calls_for(bytes);
-        Row row{op, mib, {}, {}, {}};
+        const int n = static_cast<int>(reduce ? bytes / 4 : bytes);
         // eredu: an F32 tensor (reduce) or U8 bytes (gather), the result fed back in.
         cpu::Tensor t = reduce ? cpu::Tensor::allocate(cpu::Backend::default_storage(), DType::F32, {bytes / 4})
                                : cpu::Tensor::allocate(cpu::Backend::default_storage(), DType::U8, {bytes});
         std::memset(t.mutable_bytes().data(), 0, bytes);
         std::vector<float> plain(bytes / 4, 0.0f);
         std::vector<std::byte> gathered(bytes * static_cast<std::size_t>(size));
-        auto eredu_call = [&] {
-          if (reduce) {
-            t = engine::async_all_reduce<mpi::Backend>(arena, world, std::move(t), engine::ReduceOp::sum,
-                                                       asio::use_future)
-                    .get();
-          } else {
-            engine::async_all_gather<mpi::Backend>(arena, world, t, asio::use_future).get();
-          }
-        };
-        auto mpi_call = [&] {
-          if (reduce)
-            MPI_Allreduce(MPI_IN_PLACE, plain.data(), static_cast<int>(plain.size()), MPI_FLOAT, MPI_SUM, comm);
-          else
-            MPI_Allgather(t.bytes().data(), static_cast<int>(bytes), MPI_BYTE, gathered.data(), static_cast<int>(bytes),
-                          MPI_BYTE, comm);
-        };
-        // What eredu's gather does besides MPI's: a new output tensor per call (from the CPU
-        // backend's default storage, as the API returns it). The plain loop into a fresh tensor
-        // tells that cost apart from the collective's.
-        auto mpi_fresh_call = [&] {
-          cpu::Tensor out = cpu::Tensor::allocate(cpu::Backend::default_storage(), DType::U8,
-                                                  {bytes * static_cast<std::size_t>(size)});
-          MPI_Allgather(t.bytes().data(), static_cast<int>(bytes), MPI_BYTE, out.mutable_bytes().data(),
-                        static_cast<int>(bytes), MPI_BYTE, comm);
-        };
-        for (int w = 0; w < 2; ++w) {  // warm-up: connections, first touches, allocator
-          eredu_call();
-          mpi_call();
-          if (!reduce) mpi_fresh_call();
-        }
+        std::vector<Variant> variants;
+        variants.push_back({"eredu", [&] {
+                              if (reduce)
+                                t = engine::async_all_reduce<mpi::Backend>(arena, world, std::move(t),
+                                                                           engine::ReduceOp::sum, asio::use_future)
+                                        .get();
+                              else
+                                engine::async_all_gather<mpi::Backend>(arena, world, t, asio::use_future).get();
+                            }});
+        variants.push_back({"mpi", [&] {
+                              if (reduce)
+                                MPI_Allreduce(MPI_IN_PLACE, plain.data(), n, MPI_FLOAT, MPI_SUM, comm);
+                              else
+                                MPI_Allgather(t.bytes().data(), n, MPI_BYTE, gathered.data(), n, MPI_BYTE, comm);
+                            }});
+        // What eredu calls: the non-blocking collective (OpenMPI's libnbc algorithms, not the
+        // blocking ones' tuned ones), here waited for by this thread.
+        variants.push_back({"mpi_nonblocking", [&] {
+                              MPI_Request request = MPI_REQUEST_NULL;
+                              if (reduce)
+                                MPI_Iallreduce(MPI_IN_PLACE, plain.data(), n, MPI_FLOAT, MPI_SUM, comm, &request);
+                              else
+                                MPI_Iallgather(t.bytes().data(), n, MPI_BYTE, gathered.data(), n, MPI_BYTE, comm,
+                                               &request);
+                              MPI_Wait(&request, MPI_STATUS_IGNORE);
+                            }});
+        // eredu's gather returns a new tensor per call (from the CPU backend's default
+        // storage): the blocking call into a fresh tensor tells that cost apart.
+        if (!reduce)
+          variants.push_back({"mpi_fresh_output", [&] {
+                                cpu::Tensor out = cpu::Tensor::allocate(cpu::Backend::default_storage(), DType::U8,
+                                                                        {bytes * static_cast<std::size_t>(size)});
+                                MPI_Allgather(t.bytes().data(), n, MPI_BYTE, out.mutable_bytes().data(), n, MPI_BYTE,
+                                              comm);
+                              }});
+        for (int w = 0; w < 2; ++w)  // warm-up: connections, first touches, allocator
+          for (Variant& v : variants) v.call();
+        Row row{op, mib, {}};
         for (int r = 0; r < rounds; ++r) {
-          double e = 0, m = 0;
-          if (r % 2 == 0) {
-            e = time_calls(comm, calls, eredu_call);
-            m = time_calls(comm, calls, mpi_call);
-          } else {
-            m = time_calls(comm, calls, mpi_call);
-            e = time_calls(comm, calls, eredu_call);
-          }
-          if (!reduce) {
-            const double f = time_calls(comm, calls, mpi_fresh_call);
-            row.mpi_fresh.push_back(static_cast<double>(bytes) / f / 1e9);
+          // Each round starts with the next variant: none always follows the same one.
+          for (std::size_t i = 0; i < variants.size(); ++i) {
+            Variant& v = variants[(i + static_cast<std::size_t>(r)) % variants.size()];
+            const double seconds = time_calls(comm, calls, v.call);
+            row.gb_per_s[v.name].push_back(static_cast<double>(bytes) / seconds / 1e9);
             if (rank == 0)
-              fmt::print("{} {} mpi_fresh_output round {} {:.6f} {:.3f}\n", op, mib, r, f, row.mpi_fresh.back());
-          }
-          row.eredu.push_back(static_cast<double>(bytes) / e / 1e9);
-          row.mpi.push_back(static_cast<double>(bytes) / m / 1e9);
-          if (rank == 0) {
-            fmt::print("{} {} eredu round {} {:.6f} {:.3f}\n", op, mib, r, e, row.eredu.back());
-            fmt::print("{} {} mpi round {} {:.6f} {:.3f}\n", op, mib, r, m, row.mpi.back());
+              fmt::print("{} {} {} round {} {:.6f} {:.3f}\n", op, mib, v.name, r, seconds, row.gb_per_s[v.name].back());
           }
         }
         rows.push_back(std::move(row));
       }
     }
     if (rank == 0) {
-      fmt::print("\n{} ranks, {} rounds; GB/s per call, median (min-max)\n", size, rounds);
-      fmt::print("{:<11} {:>5}  {:<22} {:<22} {:<18} {}\n", "op", "MiB", "eredu", "MPI", "eredu/MPI",
-                 "MPI into a fresh output tensor");
-      for (const Row& row : rows) {
-        const Summary e = summarize(row.eredu), m = summarize(row.mpi);
-        std::vector<double> ratios;
-        for (std::size_t i = 0; i < row.eredu.size(); ++i) ratios.push_back(row.eredu[i] / row.mpi[i]);
-        const Summary q = summarize(ratios);
-        std::string fresh = "-";
-        if (!row.mpi_fresh.empty()) {
-          const Summary f = summarize(row.mpi_fresh);
-          fresh = fmt::format("{:.2f} ({:.2f}-{:.2f})", f.median, f.min, f.max);
-        }
-        fmt::print("{:<11} {:>5}  {:<22} {:<22} {:<18} {}\n", row.op, row.mib,
-                   fmt::format("{:.2f} ({:.2f}-{:.2f})", e.median, e.min, e.max),
-                   fmt::format("{:.2f} ({:.2f}-{:.2f})", m.median, m.min, m.max),
-                   fmt::format("{:.2f} ({:.2f}-{:.2f})", q.median, q.min, q.max), fresh);
+      auto text = [](const std::vector<double>& v) {
+        if (v.empty()) return std::string("-");
+        const Summary s = summarize(v);
+        return fmt::format("{:.2f} ({:.2f}-{:.2f})", s.median, s.min, s.max);
+      };
+      auto ratio = [](const std::vector<double>& a, const std::vector<double>& b) {
+        std::vector<double> q;
+        for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) q.push_back(a[i] / b[i]);
+        return q;
+      };
+      fmt::print("\n{} ranks, {} rounds; GB/s per call, median (min-max); ratios of the same round\n", size, rounds);
+      fmt::print("{:<11} {:>4}  {:<20} {:<20} {:<18} {:<20} {:<18} {}\n", "op", "MiB", "eredu", "MPI blocking",
+                 "eredu/blocking", "MPI non-blocking", "eredu/non-block.", "MPI into a fresh output");
+      for (Row& row : rows) {
+        auto& g = row.gb_per_s;
+        fmt::print("{:<11} {:>4}  {:<20} {:<20} {:<18} {:<20} {:<18} {}\n", row.op, row.mib, text(g["eredu"]),
+                   text(g["mpi"]), text(ratio(g["eredu"], g["mpi"])), text(g["mpi_nonblocking"]),
+                   text(ratio(g["eredu"], g["mpi_nonblocking"])), text(g["mpi_fresh_output"]));
       }
     }
     MPI_Comm_free(&comm);
