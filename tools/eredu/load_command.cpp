@@ -59,8 +59,9 @@ std::optional<DType> cast_of(const std::string& text) {
   return std::nullopt;  // keep
 }
 
-int run_load(const LoadOptions& o, const CommonFlags& flags) {
-  const std::optional<DType> cast_to = cast_of(o.dtype);
+}  // namespace
+
+io::SourceOptions source_options(const LoadOptions& o) {
   io::SourceOptions opts;
   opts.pool.budget = o.budget;
   opts.reader.depth = o.depth;
@@ -70,8 +71,20 @@ int run_load(const LoadOptions& o, const CommonFlags& flags) {
                                            : io::ReaderKind::automatic;
   opts.reader.uring_policy = o.uring_files == "all" ? io::UringPolicy::every_file : io::UringPolicy::by_file_system;
   opts.chunk_bytes = o.chunk;
+  return opts;
+}
+
+void select_kernels(const LoadOptions& o) {
   if (o.kernels == "generic") cpu::use_convert_isa(cpu::ConvertIsa::generic);
   if (o.kernels == "avx2") cpu::use_convert_isa(cpu::ConvertIsa::avx2);
+}
+
+namespace {
+
+int run_load(const LoadOptions& o, const CommonFlags& flags) {
+  const std::optional<DType> cast_to = cast_of(o.dtype);
+  io::SourceOptions opts = source_options(o);
+  select_kernels(o);
 
   // The event loop thread only submits reads and resumes coroutines; populating memory and
   // converting run on TBB workers, so there must be `threads` of them besides this thread

@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "eredu/io/checkpoint_source.hpp"
 #include "options.hpp"
 
 namespace eredu::cli {
@@ -49,5 +50,10 @@ struct LoadOptions {
 /// `eredu load --tensor-parallel`: every MPI rank loads its shard and rank 0 prints the
 /// report (tensor_parallel_load.cpp; only in builds with MPI). Returns the exit status.
 int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags);
+
+/// The source options `eredu load`'s flags ask for (budget, reader, chunk size).
+io::SourceOptions source_options(const LoadOptions& o);
+/// Applies --kernels (the conversion ISA) for the whole process.
+void select_kernels(const LoadOptions& o);
 
 }  // namespace eredu::cli

@@ -129,20 +129,11 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
     }
   }
 
-  io::SourceOptions opts;
-  opts.pool.budget = o.budget;
-  opts.reader.depth = o.depth;
-  opts.reader.max_request = o.request;
-  opts.reader.kind = o.reader == "uring"   ? io::ReaderKind::uring
-                     : o.reader == "pread" ? io::ReaderKind::pread
-                                           : io::ReaderKind::automatic;
-  opts.reader.uring_policy = o.uring_files == "all" ? io::UringPolicy::every_file : io::UringPolicy::by_file_system;
-  opts.chunk_bytes = o.chunk;
+  io::SourceOptions opts = source_options(o);
   // Every byte goes through the reader, so that its count is exactly what this rank read and
   // can be checked against the plan (a mapping's copy is counted nowhere).
   opts.map_resident = false;
-  if (o.kernels == "generic") cpu::use_convert_isa(cpu::ConvertIsa::generic);
-  if (o.kernels == "avx2") cpu::use_convert_isa(cpu::ConvertIsa::avx2);
+  select_kernels(o);
 
   // Ranks on one host share its CPUs: by default each gets its share of them.
   const unsigned threads = o.threads_given ? o.threads
