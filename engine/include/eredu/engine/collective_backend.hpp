@@ -27,6 +27,11 @@
 /// in rank order ([n, ...] becomes [size * n, ...]); all_to_all splits dim 0 into `size` equal
 /// blocks, sends block j to rank j and returns the blocks received, in rank order, with the
 /// input's shape. Every rank passes the same dtype and shape (what MPI and NCCL require).
+///
+/// GatherIntoBackend adds all_gather_into, the gather into a tensor the caller owns: a step
+/// that gathers every iteration recycles one output instead of paying a new, first-touched
+/// one per call (what made all_gather 0.19-0.86x of a plain MPI_Allgather loop,
+/// docs/performance.md).
 
 #include <asio/async_result.hpp>
 #include <asio/system_executor.hpp>
@@ -82,6 +87,19 @@ concept CollectiveBackend = SubmissionBackend<B> && requires {
   { B::group_size(const_group) } -> std::same_as<int>;
 };
 
+/// A CollectiveBackend that also gathers into a caller's tensor.
+///
+/// - `B::all_gather_into(ex, group, t, output)`: as all_gather, but the result is written into
+///   `output`, a tensor of the gathered shape [size * n, ...] and `t`'s dtype; returns the
+///   collective's Completion, after which `output` holds the gather. Throws
+///   Error(invalid_argument) at once for an output of another shape or dtype, or one that
+///   shares storage with `t` unless `t` is exactly this rank's block of it (the in-place form).
+template <class B>
+concept GatherIntoBackend = CollectiveBackend<B> && requires(typename B::Executor& executor, typename B::Group& group,
+                                                             typename B::Tensor tensor, typename B::Tensor output) {
+  { B::all_gather_into(executor, group, tensor, output) } -> std::same_as<Completion>;
+};
+
 namespace detail {
 
 /// Completes `handler` with (error, tensor) on its own executor once `started`'s completion
@@ -104,6 +122,21 @@ template <class Tensor, class Handler>
 void deliver_collective_error(Handler handler, std::exception_ptr error) {
   eredu::detail::deliver_on_handler_executor<std::exception_ptr, Tensor>(std::move(handler), asio::system_executor())(
       std::move(error), Tensor{});
+}
+
+/// Starts a collective with `start()` (returning the result tensor and its Completion) and
+/// completes `handler` with its outcome; a throw from `start` (a refusal before anything
+/// started) completes it with that error. The body of every initiating function below.
+template <class Tensor, class Handler, class Start>
+void start_collective(Handler handler, Start start) {
+  std::pair<Tensor, Completion> started;
+  try {
+    started = start();
+  } catch (...) {
+    deliver_collective_error<Tensor>(std::move(handler), std::current_exception());
+    return;
+  }
+  deliver_collective(std::move(handler), std::move(started));
 }
 
 }  // namespace detail
@@ -135,14 +168,7 @@ auto async_all_reduce(typename B::Executor& executor, typename B::Group& group, 
   using Tensor = typename B::Tensor;
   return asio::async_initiate<Token, void(std::exception_ptr, Tensor)>(
       [](auto handler, typename B::Executor* ex, typename B::Group* g, Tensor t, ReduceOp o) {
-        std::pair<Tensor, Completion> started;
-        try {
-          started = B::all_reduce(*ex, *g, std::move(t), o);
-        } catch (...) {
-          detail::deliver_collective_error<Tensor>(std::move(handler), std::current_exception());
-          return;
-        }
-        detail::deliver_collective(std::move(handler), std::move(started));
+        detail::start_collective<Tensor>(std::move(handler), [&] { return B::all_reduce(*ex, *g, std::move(t), o); });
       },
       token, &executor, &group, std::move(tensor), op);
 }
@@ -164,16 +190,40 @@ auto async_all_gather(typename B::Executor& executor, typename B::Group& group, 
   using Tensor = typename B::Tensor;
   return asio::async_initiate<Token, void(std::exception_ptr, Tensor)>(
       [](auto handler, typename B::Executor* ex, typename B::Group* g, Tensor t) {
-        std::pair<Tensor, Completion> started;
-        try {
-          started = B::all_gather(*ex, *g, std::move(t));
-        } catch (...) {
-          detail::deliver_collective_error<Tensor>(std::move(handler), std::current_exception());
-          return;
-        }
-        detail::deliver_collective(std::move(handler), std::move(started));
+        detail::start_collective<Tensor>(std::move(handler), [&] { return B::all_gather(*ex, *g, std::move(t)); });
       },
       token, &executor, &group, std::move(tensor));
+}
+
+/// Gathers `tensor` from every rank of `group` into `output`, concatenated along dim 0 in rank order.
+///
+/// What async_all_gather does, without its new output per call: `output` (the gathered shape
+/// [size * n, ...], `tensor`'s dtype) is written by the collective, so a loop that gathers
+/// every step can recycle one. `tensor` may be exactly this rank's block of `output` (rows
+/// [rank * n, (rank + 1) * n)), the in-place gather; any other sharing of storage is refused.
+///
+/// @par Completion Signature
+/// `void(std::exception_ptr, typename B::Tensor)`: `output` on success (empty on failure).
+/// Errors: as async_all_gather, and Error(invalid_argument), before anything starts, for an
+/// output of another shape or dtype, or one that shares storage with `tensor` otherwise (the
+/// message names both). After a failure `output`'s bytes are undefined (see async_all_reduce).
+///
+/// @par Per-Operation Cancellation
+/// none (see async_all_reduce).
+///
+/// `executor` and `group` must outlive the operation; both tensors are retained by it.
+template <GatherIntoBackend B, asio::completion_token_for<void(std::exception_ptr, typename B::Tensor)> Token>
+auto async_all_gather_into(typename B::Executor& executor, typename B::Group& group, typename B::Tensor tensor,
+                           typename B::Tensor output, Token&& token) {
+  using Tensor = typename B::Tensor;
+  return asio::async_initiate<Token, void(std::exception_ptr, Tensor)>(
+      [](auto handler, typename B::Executor* ex, typename B::Group* g, Tensor t, Tensor out) {
+        detail::start_collective<Tensor>(std::move(handler), [&] {
+          Completion done = B::all_gather_into(*ex, *g, std::move(t), out);
+          return std::pair<Tensor, Completion>(std::move(out), std::move(done));
+        });
+      },
+      token, &executor, &group, std::move(tensor), std::move(output));
 }
 
 /// Exchanges blocks of `tensor` across `group`: dim 0 is split into `size` equal blocks,
@@ -194,14 +244,7 @@ auto async_all_to_all(typename B::Executor& executor, typename B::Group& group, 
   using Tensor = typename B::Tensor;
   return asio::async_initiate<Token, void(std::exception_ptr, Tensor)>(
       [](auto handler, typename B::Executor* ex, typename B::Group* g, Tensor t) {
-        std::pair<Tensor, Completion> started;
-        try {
-          started = B::all_to_all(*ex, *g, std::move(t));
-        } catch (...) {
-          detail::deliver_collective_error<Tensor>(std::move(handler), std::current_exception());
-          return;
-        }
-        detail::deliver_collective(std::move(handler), std::move(started));
+        detail::start_collective<Tensor>(std::move(handler), [&] { return B::all_to_all(*ex, *g, std::move(t)); });
       },
       token, &executor, &group, std::move(tensor));
 }
