@@ -1,9 +1,11 @@
 // eredu::mpi::Backend's collectives under mpirun (-np 2 and -np 4): every dtype and reduction
 // against a reference each rank computes from every rank's (deterministic) input, gathers and
-// exchanges in rank order, split groups, ordering on the arena, delivery on the awaiting
-// coroutine's executor, typed errors for what MPI cannot reduce, and a timeout that names the
-// operation, the group and the ranks it waited for.
+// exchanges in rank order, gathers into a caller's (recycled) output and their refusals, split
+// groups, ordering on the arena, delivery on the awaiting coroutine's executor, typed errors for
+// what MPI cannot reduce, and a timeout that names the operation, the group and the ranks it
+// waited for.
 
+#include <algorithm>
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <asio/use_awaitable.hpp>
@@ -14,7 +16,9 @@
 #include <complex>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "distributed/mpi_fixture.hpp"
@@ -183,6 +187,175 @@ TEST_CASE("mpi – all_gather concatenates every rank's tensor along dim 0 in ra
       for (std::size_t b = 0; b < 15 * eb; ++b)
         REQUIRE(out.bytes()[static_cast<std::size_t>(r) * 15 * eb + b] == std::byte(r * 31 + b));
   }
+}
+
+namespace {
+
+/// Rank `r`'s byte `b` of a gather input in call `k`: who sent it, which byte, which call.
+std::byte gather_byte(int r, std::size_t b, int k) { return std::byte(static_cast<unsigned>(r * 31 + b * 7 + k * 13)); }
+
+cpu::Tensor gather_input(DType dtype, const Shape& shape, int r, int k) {
+  cpu::Tensor t = cpu::Tensor::allocate(cpu::Backend::default_storage(), dtype, shape);
+  for (std::size_t b = 0; b < t.nbytes(); ++b) t.mutable_bytes()[b] = gather_byte(r, b, k);
+  return t;
+}
+
+std::vector<std::byte> bytes_of(const cpu::Tensor& t) { return {t.bytes().begin(), t.bytes().end()}; }
+
+/// The gathered shape over `size` ranks, computed here rather than by the code under test.
+Shape gathered(Shape shape, int size) {
+  if (shape.empty()) shape = {1};
+  shape[0] *= static_cast<std::uint64_t>(size);
+  return shape;
+}
+
+/// The message of the Error(invalid_argument) `f` fails with (fails the test otherwise).
+std::string refusal(std::future<cpu::Tensor>& f) {
+  try {
+    get_within(f);
+  } catch (const Error& e) {
+    CHECK(e.kind() == errc::invalid_argument);
+    return e.what();
+  }
+  FAIL("expected invalid_argument");
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("mpi – all_gather_into writes what all_gather returns into the caller's output", "[mpi]") {
+  STATIC_REQUIRE(engine::GatherIntoBackend<mpi::Backend>);
+  cpu::Executor arena(2);
+  const int size = mpi_world().size();
+  const int rank = mpi_world().rank();
+  // Odd byte counts per rank (13, 14, 105), equal on every rank; a scalar; an empty tensor.
+  const std::pair<DType, Shape> cases[] = {
+      {DType::F32, {3, 5}}, {DType::BF16, {7}}, {DType::U8, {13}},         {DType::I64, {2, 3, 1}},
+      {DType::C64, {1}},    {DType::F64, {}},   {DType::F8_E4M3, {15, 7}}, {DType::F32, {0, 4}},
+  };
+  for (const auto& [dtype, shape] : cases) {
+    CAPTURE(dtype_name(dtype), format_shape(shape), rank, size);
+    const cpu::Tensor in = gather_input(dtype, shape, rank, 0);
+    auto g = engine::async_all_gather<mpi::Backend>(arena, mpi_world(), in, asio::use_future);
+    const cpu::Tensor want = get_within(g);
+    cpu::Tensor out = cpu::Tensor::allocate(cpu::Backend::default_storage(), dtype, gathered(shape, size));
+    std::ranges::fill(out.mutable_bytes(), std::byte{0xA5});  // not what the gather writes
+    auto f = engine::async_all_gather_into<mpi::Backend>(arena, mpi_world(), in, out, asio::use_future);
+    const cpu::Tensor got = get_within(f);
+    CHECK(got.shares_storage_with(out));  // the caller's output, no new tensor
+    CHECK(got.dtype() == dtype);
+    CHECK(got.shape() == want.shape());
+    CHECK(bytes_of(got) == bytes_of(want));
+    std::vector<std::byte> expected;
+    for (int r = 0; r < size; ++r)
+      for (std::size_t b = 0; b < in.nbytes(); ++b) expected.push_back(gather_byte(r, b, 0));
+    CHECK(bytes_of(got) == expected);
+  }
+}
+
+TEST_CASE("mpi – a recycled all_gather_into output holds each call's gather", "[mpi]") {
+  cpu::Executor arena(2);
+  const int size = mpi_world().size();
+  const int rank = mpi_world().rank();
+  const Shape shape{5, 3};
+  cpu::Tensor out = cpu::Tensor::allocate(cpu::Backend::default_storage(), DType::I16, gathered(shape, size));
+  for (int k = 0; k < 5; ++k) {
+    CAPTURE(k);
+    auto f = engine::async_all_gather_into<mpi::Backend>(arena, mpi_world(), gather_input(DType::I16, shape, rank, k),
+                                                         out, asio::use_future);
+    const cpu::Tensor got = get_within(f);
+    REQUIRE(got.shares_storage_with(out));
+    // Every byte differs from the previous call's: an output left unwritten fails here.
+    for (int r = 0; r < size; ++r)
+      for (std::size_t b = 0; b < 30; ++b)
+        REQUIRE(out.bytes()[static_cast<std::size_t>(r) * 30 + b] == gather_byte(r, b, k));
+  }
+  // Back to back, the input written by the arena first: each gather reads its own call's input
+  // (ordered after the arena's fence), and the last one's bytes are what the output keeps.
+  std::vector<std::future<cpu::Tensor>> pending;
+  for (int k = 5; k < 9; ++k) {
+    cpu::Tensor in = cpu::Tensor::allocate(cpu::Backend::default_storage(), DType::I16, shape);
+    arena.submit([in, rank, k] {
+      for (std::size_t b = 0; b < in.nbytes(); ++b) in.mutable_bytes()[b] = gather_byte(rank, b, k);
+    });
+    pending.push_back(engine::async_all_gather_into<mpi::Backend>(arena, mpi_world(), in, out, asio::use_future));
+  }
+  for (auto& f : pending) get_within(f);
+  for (int r = 0; r < size; ++r)
+    for (std::size_t b = 0; b < 30; ++b)
+      REQUIRE(out.bytes()[static_cast<std::size_t>(r) * 30 + b] == gather_byte(r, b, 8));
+}
+
+TEST_CASE("mpi – all_gather_into refuses a wrong shape, a wrong dtype and a shared input, naming both", "[mpi]") {
+  cpu::Executor arena(2);
+  const int size = mpi_world().size();
+  const int rank = mpi_world().rank();
+  const Shape shape{3, 5};
+  const cpu::Tensor in = gather_input(DType::F32, shape, rank, 0);
+  const Shape want = gathered(shape, size);
+  const std::string in_text = "F32 " + format_shape(shape);
+  {
+    const Shape wrong{want[0] + 1, 5};
+    cpu::Tensor out = cpu::Tensor::allocate(cpu::Backend::default_storage(), DType::F32, wrong);
+    CHECK_THROWS_AS(mpi::Backend::all_gather_into(arena, mpi_world(), in, out), Error);  // at once
+    auto f = engine::async_all_gather_into<mpi::Backend>(arena, mpi_world(), in, out, asio::use_future);
+    const std::string message = refusal(f);
+    CHECK_THAT(message, Catch::Contains(in_text));
+    CHECK_THAT(message, Catch::Contains("F32 " + format_shape(wrong)));
+    CHECK_THAT(message, Catch::Contains("F32 " + format_shape(want)));
+  }
+  {
+    // Not even the input's own shape passes for a gather of more than one rank.
+    cpu::Tensor out = cpu::Tensor::allocate(cpu::Backend::default_storage(), DType::F32, {15});
+    auto f = engine::async_all_gather_into<mpi::Backend>(arena, mpi_world(), in, out, asio::use_future);
+    CHECK_THAT(refusal(f), Catch::Contains("F32 [15]"));
+  }
+  {
+    // Same bytes per rank, another dtype: still refused (the result's elements would differ).
+    cpu::Tensor out = cpu::Tensor::allocate(cpu::Backend::default_storage(), DType::I32, want);
+    auto f = engine::async_all_gather_into<mpi::Backend>(arena, mpi_world(), in, out, asio::use_future);
+    const std::string message = refusal(f);
+    CHECK_THAT(message, Catch::Contains(in_text));
+    CHECK_THAT(message, Catch::Contains("I32 " + format_shape(want)));
+  }
+  {
+    // An empty output is a wrong shape too.
+    auto f = engine::async_all_gather_into<mpi::Backend>(arena, mpi_world(), in, cpu::Tensor{}, asio::use_future);
+    CHECK_THAT(refusal(f), Catch::Contains(in_text));
+  }
+  if (size > 1) {
+    // The input as its own output: the gather would overwrite what other ranks still read.
+    cpu::Tensor shared = gather_input(DType::F32, want, rank, 0);
+    auto f = engine::async_all_gather_into<mpi::Backend>(arena, mpi_world(), shared, shared, asio::use_future);
+    const std::string message = refusal(f);
+    CHECK_THAT(message, Catch::Contains("shares storage"));
+    CHECK_THAT(message, Catch::Contains("F32 " + format_shape(want)));
+  }
+  // Refusals start nothing: the group still gathers, and every rank is still in step.
+  CHECK(mpi_world().usable());
+  cpu::Tensor out = cpu::Tensor::allocate(cpu::Backend::default_storage(), DType::F32, want);
+  auto f = engine::async_all_gather_into<mpi::Backend>(arena, mpi_world(), in, out, asio::use_future);
+  CHECK_NOTHROW(get_within(f));
+}
+
+TEST_CASE("mpi – all_gather_into takes the input as this rank's block of the output (in place)", "[mpi]") {
+  // A cpu::Tensor is its whole storage, so the input can be its rank's block of the output only
+  // in a group of one (rank 0's block is the whole output): one such group per rank.
+  cpu::Executor arena(2);
+  const int rank = mpi_world().rank();
+  mpi::Communicator solo = mpi_world().split(rank, 0, "solo");
+  REQUIRE(solo.size() == 1);
+  cpu::Tensor t = gather_input(DType::U16, {4, 3}, rank, 0);
+  const std::vector<std::byte> before = bytes_of(t);
+  auto f = engine::async_all_gather_into<mpi::Backend>(arena, solo, t, t, asio::use_future);
+  const cpu::Tensor got = get_within(f);
+  CHECK(got.shares_storage_with(t));
+  CHECK(bytes_of(got) == before);
+  // A scalar's block is the output seen as [1].
+  cpu::Tensor scalar = gather_input(DType::F32, {}, rank, 1);
+  auto g = engine::async_all_gather_into<mpi::Backend>(arena, solo, scalar, scalar.reshaped({1}), asio::use_future);
+  CHECK(get_within(g).shape() == Shape{1});
+  CHECK(solo.usable());
 }
 
 TEST_CASE("mpi – all_to_all sends block j to rank j and returns the received blocks in rank order", "[mpi]") {

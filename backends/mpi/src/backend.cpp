@@ -13,6 +13,7 @@
 
 #include "datatypes.hpp"
 #include "eredu/core/error.hpp"
+#include "eredu/engine/detail/gather_output.hpp"
 #include "progress.hpp"
 
 namespace eredu::mpi {
@@ -60,13 +61,6 @@ std::string describe(const cpu::Tensor& t) {
   return fmt::format("{} {}", dtype_name(t.dtype()), format_shape(t.shape()));
 }
 
-/// Shape of the all_gather result: dim 0 times `size` (a scalar counts as [1]).
-Shape gathered_shape(const Shape& shape, int size) {
-  Shape out = shape.empty() ? Shape{1} : shape;
-  out[0] *= static_cast<std::uint64_t>(size);
-  return out;
-}
-
 /// Submits `spec` on `group`, ordered after `executor`'s work, and orders the executor's later
 /// work after it.
 Completion submit_ordered(cpu::Executor& executor, Communicator& group, detail::OperationSpec spec) {
@@ -107,17 +101,19 @@ std::pair<cpu::Tensor, Completion> Backend::all_reduce(Executor& executor, Group
 namespace {
 
 /// Gathers and exchanges: the same non-blocking call shape (equal blocks in and out), so one
-/// spec builder; `start` is MPI_Iallgather or MPI_Ialltoall.
+/// spec builder; `start` is MPI_Iallgather or MPI_Ialltoall. `in_place`: the input is this
+/// rank's block of `out` already, so MPI gets MPI_IN_PLACE (its send arguments are then ignored).
 using ExchangeStart = int (*)(const void*, int, MPI_Datatype, void*, int, MPI_Datatype, MPI_Comm, MPI_Request*);
 Completion submit_exchange(cpu::Executor& executor, Communicator& group, const char* operation, const std::string& what,
                            const cpu::Tensor& in_tensor, const cpu::Tensor& out, const ByteBlocks& blocks,
-                           ExchangeStart start) {
+                           ExchangeStart start, bool in_place = false) {
   detail::OperationSpec spec;
   spec.operation = operation;
   spec.what = what;
   spec.keep = std::make_shared<std::pair<cpu::Tensor, cpu::Tensor>>(in_tensor, out);
-  spec.start = [in = in_tensor.bytes().data(), result = out.mutable_bytes().data(), blocks, start](
-                   MPI_Comm comm, std::vector<MPI_Request>& requests) {
+  const void* in = in_place ? MPI_IN_PLACE : static_cast<const void*>(in_tensor.bytes().data());
+  spec.start = [in, result = out.mutable_bytes().data(), blocks, start](MPI_Comm comm,
+                                                                        std::vector<MPI_Request>& requests) {
     return with_block_type(blocks, [&](MPI_Datatype type, int count) {
       MPI_Request request = MPI_REQUEST_NULL;
       const int rc = start(in, count, type, result, count, type, comm, &request);
@@ -128,15 +124,34 @@ Completion submit_exchange(cpu::Executor& executor, Communicator& group, const c
   return submit_ordered(executor, group, std::move(spec));
 }
 
+/// The gather of `tensor` into `out` once both are checked: all_gather's and all_gather_into's
+/// one path (an all_gather is a fresh output and this).
+Completion gather_into(cpu::Executor& executor, Communicator& group, const char* operation, const cpu::Tensor& tensor,
+                       const cpu::Tensor& out, const std::string& what, const ByteBlocks& blocks, bool in_place) {
+  if (tensor.nbytes() == 0) return Completion::ready_now();
+  return submit_exchange(executor, group, operation, what, tensor, out, blocks, MPI_Iallgather, in_place);
+}
+
 }  // namespace
 
 std::pair<cpu::Tensor, Completion> Backend::all_gather(Executor& executor, Group& group, Tensor tensor) {
   require_group(group, "all_gather");
   const std::string what = describe(tensor);
   const ByteBlocks blocks = byte_blocks(tensor.nbytes(), what);
-  Tensor out = Tensor::allocate(default_storage(), tensor.dtype(), gathered_shape(tensor.shape(), group.size()));
-  if (tensor.nbytes() == 0) return {std::move(out), Completion::ready_now()};
-  return {out, submit_exchange(executor, group, "all_gather", what, tensor, out, blocks, MPI_Iallgather)};
+  Tensor out =
+      Tensor::allocate(default_storage(), tensor.dtype(), engine::detail::gathered_shape(tensor.shape(), group.size()));
+  Completion done = gather_into(executor, group, "all_gather", tensor, out, what, blocks, false);
+  return {std::move(out), std::move(done)};
+}
+
+Completion Backend::all_gather_into(Executor& executor, Group& group, Tensor tensor, Tensor output) {
+  require_group(group, "all_gather_into");
+  const std::string what = describe(tensor);
+  const ByteBlocks blocks = byte_blocks(tensor.nbytes(), what);
+  const bool in_place = engine::detail::check_gather_output(
+      "all_gather_into", {tensor.dtype(), tensor.shape(), tensor.bytes().data(), tensor.nbytes()},
+      {output.dtype(), output.shape(), output.bytes().data(), output.nbytes()}, group.rank(), group.size());
+  return gather_into(executor, group, "all_gather_into", tensor, output, what, blocks, in_place);
 }
 
 std::pair<cpu::Tensor, Completion> Backend::all_to_all(Executor& executor, Group& group, Tensor tensor) {

@@ -21,6 +21,9 @@
 /// several requests of at most 2^30, and gathers of more than INT_MAX bytes per rank use a
 /// larger MPI datatype, since MPI counts are ints.
 ///
+/// all_gather_into writes a caller's output instead of allocating one (a gather per step can
+/// recycle it); all_gather is a fresh output and the same path.
+///
 /// Dtypes: all_gather and all_to_all move bytes, so every dtype; all_reduce reduces F64, F32,
 /// BF16 and F16 (user-defined MPI operations: each step adds in f32 and rounds to nearest
 /// even, as NCCL does; min and max return one of the inputs exactly), every integer type, BOOL
@@ -54,6 +57,11 @@ struct Backend : cpu::Backend {
   /// cpu::Backend::default_storage()). Throws Error(invalid_argument) for an empty group or a
   /// tensor of more than 2^31 - 1 MiB per rank.
   static std::pair<Tensor, Completion> all_gather(Executor& executor, Group& group, Tensor tensor);
+  /// Gathers `tensor` from every rank into `output` ([size * n, ...], `tensor`'s dtype), which
+  /// a caller recycles across steps instead of a new tensor per call. `tensor` may be exactly
+  /// this rank's block of `output` (MPI_IN_PLACE). Throws Error(invalid_argument) as all_gather,
+  /// and for an output of another shape or dtype or one sharing storage with `tensor` otherwise.
+  static Completion all_gather_into(Executor& executor, Group& group, Tensor tensor, Tensor output);
   /// Exchanges the `size` blocks of dim 0 of `tensor` into a new tensor of the same shape.
   /// Throws Error(invalid_argument) when dim 0 is not a multiple of the group's size.
   static std::pair<Tensor, Completion> all_to_all(Executor& executor, Group& group, Tensor tensor);
@@ -71,5 +79,6 @@ struct Backend : cpu::Backend {
 };
 
 static_assert(engine::VotingBackend<Backend>);
+static_assert(engine::GatherIntoBackend<Backend>);
 
 }  // namespace eredu::mpi
