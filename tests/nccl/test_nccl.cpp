@@ -1,9 +1,9 @@
 // eredu::nccl under mpirun (-np 1 and 2): NCCL's dtypes and their refusal, error text, empty and
 // impossible communicators — everywhere eredu_nccl builds, no device needed — and, where every
 // rank has a CUDA device of its own: every dtype and reduction against an exact reference,
-// gathers and exchanges in rank order, two collectives in stream order, refusals with a real
-// group, and a collective or a creation a peer never joins, which fails within the timeout,
-// typed, and leaves the communicator aborted.
+// gathers (into a new or a recycled output) and exchanges in rank order, two collectives in
+// stream order, refusals with a real group, and a collective or a creation a peer never joins,
+// which fails within the timeout, typed, and leaves the communicator aborted.
 
 #include <cuda_runtime_api.h>
 
@@ -190,6 +190,7 @@ nccl::Communicator make_group(const char* name, std::chrono::milliseconds timeou
 
 TEST_CASE("nccl – NCCL reduces its own dtypes and refuses every other one before anything starts", "[nccl]") {
   STATIC_REQUIRE(engine::CollectiveBackend<nccl::Backend>);
+  STATIC_REQUIRE(engine::GatherIntoBackend<nccl::Backend>);
   STATIC_REQUIRE(!std::is_copy_constructible_v<nccl::Communicator>);
   STATIC_REQUIRE(std::is_nothrow_move_constructible_v<nccl::Communicator>);
   for (std::size_t i = 0; i < dtype_count; ++i) {
@@ -314,6 +315,46 @@ TEST_CASE("nccl – all_gather concatenates every rank's tensor along dim 0 in r
     want.insert(want.end(), part.begin(), part.end());
   }
   CHECK(download(out) == want);
+}
+
+TEST_CASE("nccl – all_gather_into writes the gather into the caller's output, recycled across calls", "[nccl][gpu]") {
+  EREDU_REQUIRE_GPU_PER_RANK();
+  cuda::DeviceGuard guard(my_device());
+  nccl::Communicator group = make_group("gather_into");
+  cuda::Executor ex(my_device());
+  const int n = group.size();
+  cuda::Tensor out = cuda::Tensor::allocate(cuda::Backend::default_memory(ex.device()), DType::BF16,
+                                            {static_cast<std::uint64_t>(3 * n), 5}, ex.shared_stream());
+  for (int k = 0; k < 3; ++k) {
+    INFO("call " << k);
+    // Rank r's values in call k are rank r + k's: each call's gather differs from the last.
+    cuda::Tensor t = upload(ex, DType::BF16, {3, 5}, host_values(DType::BF16, group.rank() + k, 15));
+    auto f = engine::async_all_gather_into<nccl::Backend>(ex, group, t, out, asio::use_future);
+    const cuda::Tensor got = get_within(f);
+    CHECK(got.shares_storage_with(out));
+    std::vector<std::byte> want;
+    for (int r = 0; r < n; ++r) {
+      const std::vector<std::byte> part = host_values(DType::BF16, r + k, 15);
+      want.insert(want.end(), part.begin(), part.end());
+    }
+    CHECK(download(out) == want);
+  }
+  // A wrong shape, a wrong dtype and an input sharing the output's storage (unless a group of
+  // one, where the input is rank 0's block, the whole output) are refused before anything starts.
+  cuda::Tensor t = upload(ex, DType::BF16, {3, 5}, host_values(DType::BF16, group.rank(), 15));
+  cuda::Tensor wrong_shape = cuda::Tensor::allocate(cuda::Backend::default_memory(ex.device()), DType::BF16,
+                                                    {static_cast<std::uint64_t>(3 * n + 1), 5}, ex.shared_stream());
+  cuda::Tensor wrong_dtype = cuda::Tensor::allocate(cuda::Backend::default_memory(ex.device()), DType::F16,
+                                                    {static_cast<std::uint64_t>(3 * n), 5}, ex.shared_stream());
+  CHECK_THROWS_AS(nccl::Backend::all_gather_into(ex, group, t, wrong_shape), Error);
+  CHECK_THROWS_AS(nccl::Backend::all_gather_into(ex, group, t, wrong_dtype), Error);
+  if (n > 1) {
+    CHECK_THROWS_AS(nccl::Backend::all_gather_into(ex, group, out, out), Error);
+  } else {
+    auto f = engine::async_all_gather_into<nccl::Backend>(ex, group, t, t, asio::use_future);  // in place
+    CHECK(download(get_within(f)) == host_values(DType::BF16, 0, 15));
+  }
+  CHECK(group.usable());
 }
 
 TEST_CASE("nccl – all_to_all sends block j to rank j and returns the received blocks in rank order", "[nccl][gpu]") {

@@ -16,6 +16,7 @@
 #include "eredu/core/error.hpp"
 #include "eredu/core/unique_function.hpp"
 #include "eredu/cuda/device.hpp"
+#include "eredu/engine/detail/gather_output.hpp"
 #include "eredu/nccl/data_type.hpp"
 #include "eredu/nccl/nccl_error.hpp"
 #include "watchdog.hpp"
@@ -44,13 +45,6 @@ bool claim(Pending& p) {
 
 std::string describe(const cuda::Tensor& t) {
   return fmt::format("{} {}", dtype_name(t.dtype()), format_shape(t.shape()));
-}
-
-/// Shape of the all_gather result: dim 0 times `size` (a scalar counts as [1]).
-Shape gathered_shape(const Shape& shape, int size) {
-  Shape out = shape.empty() ? Shape{1} : shape;
-  out[0] *= static_cast<std::uint64_t>(size);
-  return out;
 }
 
 /// Refuses what no collective can take: an empty group, a tensor or executor on another device.
@@ -150,6 +144,21 @@ Completion run_collective(cuda::Executor& executor, Communicator& group, std::st
   return result;
 }
 
+/// The gather of `tensor` into `out` once both are checked: all_gather's and all_gather_into's
+/// one path (an all_gather is a fresh output and this). NCCL itself takes the in-place form
+/// (`tensor` as this rank's block of `out`) from the addresses.
+Completion gather_into(cuda::Executor& executor, Communicator& group, const char* operation, const cuda::Tensor& tensor,
+                       const cuda::Tensor& out, const std::string& what) {
+  if (tensor.nbytes() == 0) return Completion::ready_now();
+  auto keep = std::make_shared<std::pair<cuda::Tensor, cuda::Tensor>>(tensor, out);
+  return run_collective(executor, group, operation, what, std::move(keep),
+                        [in = tensor.data(), result = out.data(), n = tensor.nbytes()](
+                            ncclComm_t comm, cudaStream_t stream, const char*& call) {
+                          call = "ncclAllGather";
+                          return ncclAllGather(in, result, n, ncclUint8, comm, stream);
+                        });
+}
+
 }  // namespace
 
 std::pair<cuda::Tensor, Completion> Backend::all_reduce(Executor& executor, Group& group, Tensor tensor,
@@ -172,16 +181,23 @@ std::pair<cuda::Tensor, Completion> Backend::all_gather(Executor& executor, Grou
   const std::string what = describe(tensor);
   require_same_device(group, executor, tensor, "all_gather", what);
   Tensor out = Tensor::allocate(default_memory(executor.device()), tensor.dtype(),
-                                gathered_shape(tensor.shape(), group.size()), executor.shared_stream(), "all_gather");
-  if (tensor.nbytes() == 0) return {std::move(out), Completion::ready_now()};
-  auto keep = std::make_shared<std::pair<cuda::Tensor, cuda::Tensor>>(tensor, out);
-  Completion done = run_collective(executor, group, "all_gather", what, std::move(keep),
-                                   [in = tensor.data(), result = out.data(), n = tensor.nbytes()](
-                                       ncclComm_t comm, cudaStream_t stream, const char*& call) {
-                                     call = "ncclAllGather";
-                                     return ncclAllGather(in, result, n, ncclUint8, comm, stream);
-                                   });
+                                engine::detail::gathered_shape(tensor.shape(), group.size()), executor.shared_stream(),
+                                "all_gather");
+  Completion done = gather_into(executor, group, "all_gather", tensor, out, what);
   return {std::move(out), std::move(done)};
+}
+
+Completion Backend::all_gather_into(Executor& executor, Group& group, Tensor tensor, Tensor output) {
+  const std::string what = describe(tensor);
+  require_same_device(group, executor, tensor, "all_gather_into", what);
+  if (output && output.device() != group.device())
+    throw Error(errc::invalid_argument, {},
+                fmt::format("all_gather_into of {} on group '{}': the output is on device {}, the group on device {}",
+                            what, group.name(), output.device(), group.device()));
+  engine::detail::check_gather_output(
+      "all_gather_into", {tensor.dtype(), tensor.shape(), tensor.data(), tensor.nbytes()},
+      {output.dtype(), output.shape(), output.data(), output.nbytes()}, group.rank(), group.size());
+  return gather_into(executor, group, "all_gather_into", tensor, output, what);
 }
 
 std::pair<cuda::Tensor, Completion> Backend::all_to_all(Executor& executor, Group& group, Tensor tensor) {

@@ -15,14 +15,15 @@
 /// How a collective runs: it is enqueued on the executor (cuda::Executor::enqueue), so it
 /// starts after the work submitted to the executor before it — on the device, or once held
 /// predecessors have completed — and later work on the stream runs after it (stream semantics,
-/// NCCL's own). The NCCL call itself (ncclAllReduce in place, ncclAllGather, or one
-/// ncclSend/ncclRecv per peer in an ncclGroupStart/End group) is queued on the stream; its
-/// completion is the stream completion after it (a stream callback relayed off CUDA's thread,
-/// stream_completion.hpp). A watchdog fails the completion with CollectiveError naming the
-/// operation, the group, the rank and the size when the collective has not completed within the
-/// group's timeout, and aborts the communicator (its kernels then end; it is unusable). The NCCL
-/// call itself may keep the submitting thread while NCCL connects to the peers (it does so
-/// lazily, at a communicator's first collective), never longer than the timeout.
+/// NCCL's own). The NCCL call itself (ncclAllReduce in place, ncclAllGather into a new output
+/// or, for all_gather_into, the caller's, or one ncclSend/ncclRecv per peer in an
+/// ncclGroupStart/End group) is queued on the stream; its completion is the stream completion
+/// after it (a stream callback relayed off CUDA's thread, stream_completion.hpp). A watchdog
+/// fails the completion with CollectiveError naming the operation, the group, the rank and the
+/// size when the collective has not completed within the group's timeout, and aborts the
+/// communicator (its kernels then end; it is unusable). The NCCL call itself may keep the
+/// submitting thread while NCCL connects to the peers (it does so lazily, at a communicator's
+/// first collective), never longer than the timeout.
 ///
 /// Dtypes: all_reduce reduces F32, F16, BF16, F64, I8, U8, I32, U32, I64 and U64 (NCCL's
 /// types; sum, min, max) and refuses every other dtype with Error(invalid_argument) before
@@ -53,6 +54,12 @@ struct Backend : cuda::Backend {
   /// Gathers `tensor` from every rank into a new tensor [size * n, ...]. Throws as all_reduce
   /// (any dtype), BackendError(out_of_memory) when the result cannot be allocated.
   static std::pair<Tensor, Completion> all_gather(Executor& executor, Group& group, Tensor tensor);
+  /// Gathers `tensor` from every rank into `output` ([size * n, ...], `tensor`'s dtype, on the
+  /// group's device), which a caller recycles across steps instead of a new tensor per call.
+  /// `tensor` may be exactly this rank's block of `output` (NCCL's in-place form). Throws as
+  /// all_gather, and Error(invalid_argument) for an output of another shape, dtype or device,
+  /// or one sharing storage with `tensor` otherwise.
+  static Completion all_gather_into(Executor& executor, Group& group, Tensor tensor, Tensor output);
   /// Exchanges the `size` blocks of dim 0 of `tensor` into a new tensor of the same shape.
   /// Throws as all_gather, and Error(invalid_argument) when dim 0 is not a multiple of the
   /// group's size.
@@ -63,6 +70,6 @@ struct Backend : cuda::Backend {
   static int group_size(const Group& group) noexcept { return group.size(); }
 };
 
-static_assert(engine::CollectiveBackend<Backend>);
+static_assert(engine::GatherIntoBackend<Backend>);
 
 }  // namespace eredu::nccl
