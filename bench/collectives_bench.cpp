@@ -6,14 +6,15 @@
 //
 //   mpirun -np N collectives_bench [ROUNDS] [MIB...]     (defaults: 7 rounds; 1 4 16 64 MiB)
 //
-// Rank 0 prints one line per measurement, "<op> <MiB> <eredu|mpi> round <r> <seconds per
-// call> <GB/s>", then per op and size the medians (min-max) of both and their ratio. GB/s is
+// Rank 0 prints one line per measurement, "<op> <MiB> <variant> round <r> <seconds per call>
+// <GB/s>", then per op and size the medians (min-max) of each variant and the ratios. GB/s is
 // the tensor's bytes per call over the seconds per call (nccl-tests' "algorithm bandwidth").
 // Besides the blocking calls, MPI_Iallreduce / MPI_Iallgather + MPI_Wait (what eredu starts,
 // on its progress thread) separate eredu's own overhead from the non-blocking algorithms'.
 // Values are zeros: sums in place stay finite however many calls. For all_gather a third loop,
 // MPI_Allgather into a new output tensor per call as eredu's returns one, separates the cost
-// of that allocation from the collective's.
+// of that allocation from the collective's; and eredu_into, engine::async_all_gather_into into
+// one output allocated before the timed loops (a recycled output), is eredu without it.
 #include <mpi.h>
 
 #include <algorithm>
@@ -111,6 +112,10 @@ int main(int argc, char** argv) {
         std::memset(t.mutable_bytes().data(), 0, bytes);
         std::vector<float> plain(bytes / 4, 0.0f);
         std::vector<std::byte> gathered(bytes * static_cast<std::size_t>(size));
+        // eredu_into's output: allocated (and first touched by the warm-up) once, outside the timing.
+        cpu::Tensor recycled = reduce ? cpu::Tensor{}
+                                      : cpu::Tensor::allocate(cpu::Backend::default_storage(), DType::U8,
+                                                              {bytes * static_cast<std::size_t>(size)});
         std::vector<Variant> variants;
         variants.push_back({"eredu", [&] {
                               if (reduce)
@@ -146,6 +151,13 @@ int main(int argc, char** argv) {
                                 MPI_Allgather(t.bytes().data(), n, MPI_BYTE, out.mutable_bytes().data(), n, MPI_BYTE,
                                               comm);
                               }});
+        // eredu's gather into the caller's output, the same one every call (what a step that
+        // gathers each iteration does with all_gather_into).
+        if (!reduce)
+          variants.push_back(
+              {"eredu_into", [&] {
+                 engine::async_all_gather_into<mpi::Backend>(arena, world, t, recycled, asio::use_future).get();
+               }});
         for (int w = 0; w < 2; ++w)  // warm-up: connections, first touches, allocator
           for (Variant& v : variants) v.call();
         Row row{op, mib, {}};
@@ -174,13 +186,15 @@ int main(int argc, char** argv) {
         return q;
       };
       fmt::print("\n{} ranks, {} rounds; GB/s per call, median (min-max); ratios of the same round\n", size, rounds);
-      fmt::print("{:<11} {:>4}  {:<20} {:<20} {:<18} {:<20} {:<18} {}\n", "op", "MiB", "eredu", "MPI blocking",
-                 "eredu/blocking", "MPI non-blocking", "eredu/non-block.", "MPI into a fresh output");
+      fmt::print("{:<11} {:>4}  {:<20} {:<20} {:<18} {:<20} {:<18} {:<24} {:<20} {}\n", "op", "MiB", "eredu",
+                 "MPI blocking", "eredu/blocking", "MPI non-blocking", "eredu/non-block.", "MPI into a fresh output",
+                 "eredu into recycled", "into/blocking");
       for (Row& row : rows) {
         auto& g = row.gb_per_s;
-        fmt::print("{:<11} {:>4}  {:<20} {:<20} {:<18} {:<20} {:<18} {}\n", row.op, row.mib, text(g["eredu"]),
-                   text(g["mpi"]), text(ratio(g["eredu"], g["mpi"])), text(g["mpi_nonblocking"]),
-                   text(ratio(g["eredu"], g["mpi_nonblocking"])), text(g["mpi_fresh_output"]));
+        fmt::print("{:<11} {:>4}  {:<20} {:<20} {:<18} {:<20} {:<18} {:<24} {:<20} {}\n", row.op, row.mib,
+                   text(g["eredu"]), text(g["mpi"]), text(ratio(g["eredu"], g["mpi"])), text(g["mpi_nonblocking"]),
+                   text(ratio(g["eredu"], g["mpi_nonblocking"])), text(g["mpi_fresh_output"]), text(g["eredu_into"]),
+                   text(ratio(g["eredu_into"], g["mpi"])));
       }
     }
     MPI_Comm_free(&comm);

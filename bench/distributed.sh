@@ -13,8 +13,9 @@
 #     Per case: the load's seconds (from the document: the slowest rank's for tp), its GB/s,
 #     and the wall time of the whole command (process start, MPI start-up and exit included);
 #     for tp every rank's bytes read against its target split/NP + replicated.
-# (b) `mpirun -np NP collectives_bench ROUNDS`: eredu's all_reduce / all_gather against
-#     MPI_Allreduce / MPI_Allgather loops at 1, 4, 16 and 64 MiB.
+# (b) `mpirun -np NP collectives_bench ROUNDS`: eredu's all_reduce / all_gather (and
+#     all_gather_into a recycled output) against MPI_Allreduce / MPI_Allgather loops at 1, 4,
+#     16 and 64 MiB; its table is printed as is (the per-round lines are dropped).
 #
 # usage: bench/distributed.sh EREDU COLLECTIVES_BENCH [DIR] [rounds=7] [out.jsonl]
 #   DIR           where the checkpoint is written (default /tmp/eredu-distributed), kept for reuse
