@@ -1,6 +1,7 @@
 // The distributed hot-swap under mpirun: a version commits on every rank or on none. Each
 // rank loads its tensor-parallel shard; a failure of any kind on one rank only (missing
-// tensor, wrong shape, checksum, a file cut short under the reader, canary, cancellation)
+// tensor, wrong shape, checksum, a file cut short under the reader, canary, cancellation, a
+// checkpoint that does not open, so that rank declines)
 // leaves every rank on the old version, bit for bit, with the same error naming that rank;
 // rollback follows the same rule; and a serving loop that takes its version per step sees the
 // same generation on every rank at every step while versions are swapped under it.
@@ -190,6 +191,31 @@ TEST_CASE("mpi – a failure on one rank leaves every rank on the old version, b
       if (me) throw std::runtime_error("probe output is NaN");
       co_return;
     }});
+  }
+  SECTION("the new version does not open on one rank, which declines") {
+    // The victim never gets a source to swap from: it votes no with the open's error, and the
+    // others fail at once with that cause (not at their 30 s vote timeout). Every rank tries
+    // the missing path, to know the kind the victim's ballot carries.
+    std::exception_ptr cause;
+    try {
+      io::CheckpointSource::open(env.ctx.get_executor(), env.b.path.string() + ".gone", env.options);
+      FAIL("a missing checkpoint opened");
+    } catch (const Error& e) {
+      expected = e.kind();
+      if (me) cause = std::current_exception();
+    }
+    std::unique_ptr<io::CheckpointSource> source;
+    if (!me) source = io::CheckpointSource::open(env.ctx.get_executor(), env.b.path, env.options);
+    const auto t = std::chrono::steady_clock::now();
+    auto f = me ? env.slot.async_decline(cause, env.ctx.get_executor(), asio::use_future)
+                : env.slot.async_swap(*source, env.plan.bindings, env.context, {}, asio::use_future);
+    try {
+      run_until_ready(env.ctx, f);
+      FAIL("the swap did not fail");
+    } catch (const CollectiveError& e) {
+      error = e;
+    }
+    CHECK(std::chrono::steady_clock::now() - t < std::chrono::seconds(10));
   }
   SECTION("the swap is cancelled") {
     auto source = io::CheckpointSource::open(env.ctx.get_executor(), env.b.path, env.options);

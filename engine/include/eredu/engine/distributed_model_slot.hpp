@@ -17,6 +17,8 @@
 ///                                                              asio::use_awaitable);
 ///   co_await slot.async_rollback(source->get_executor(), asio::use_awaitable);  // back to the version before, on
 ///   every rank
+///   // a rank whose source does not open still votes, so the others fail now, not at their timeout
+///   co_await slot.async_decline(std::current_exception(), executor, asio::use_awaitable);  // throws rank_failed
 /// \endcode
 ///
 /// What a swap does on each rank, and why:
@@ -52,8 +54,8 @@
 /// unusable, as after any timeout, so no later vote or collective on it can pretend otherwise;
 /// the generations the ranks report (current()->generation) say which version each serves.
 ///
-/// Rules: call async_swap and async_rollback on every rank of the group in the same order, one
-/// at a time (await each before the next), as with any collective. Steps begin in order on a
+/// Rules: call async_swap (or, on a rank that cannot run it, async_decline) and async_rollback
+/// on every rank of the group in the same order, one at a time (await each before the next), as with any collective. Steps begin in order on a
 /// rank (version_for_step with non-decreasing steps; several threads may ask for the same
 /// step). The slot and the group must outlive the slot's operations.
 
@@ -227,6 +229,30 @@ class DistributedModelSlot {
         token, &source, std::make_shared<const WeightBindingPlan>(plan), &context, std::move(options));
   }
 
+  /// Takes part in a swap this rank cannot run — its source did not open, its shard plan or
+  /// model could not be made — by voting no with `cause`, where the other ranks call
+  /// async_swap. Without it they would wait for this rank's ballot until their vote timeout;
+  /// with it they fail at once, every rank naming this rank and `cause` (its errc and
+  /// message), and every rank keeps its version.
+  ///
+  /// @par Completion Signature
+  /// `void(std::exception_ptr, DistributedSwapReport)`, always with an error:
+  /// CollectiveError(rank_failed) naming this rank (and any other that failed);
+  /// CollectiveError(collective_error) when the vote itself failed; OrchestrationError
+  /// (swap_in_progress) while a swap runs on this rank (no ballot is cast then).
+  ///
+  /// @par Per-Operation Cancellation
+  /// none: declining is one vote.
+  ///
+  /// Runs on `executor`. A null `cause` is voted as "declined" (errc::cancelled).
+  template <asio::completion_token_for<void(std::exception_ptr, DistributedSwapReport)> Token>
+  auto async_decline(std::exception_ptr cause, const asio::any_io_executor& executor, Token&& token) {
+    // Without the caller's cancellation slot, as async_rollback: the ballot must be cast.
+    return eredu::detail::spawn_operation(
+        executor, decline(std::move(cause)),
+        asio::bind_cancellation_slot(asio::cancellation_slot(), std::forward<Token>(token)));
+  }
+
   /// Switches every rank back to the version it kept for rollback, by the same vote: all ranks
   /// or none, at the same step. The version rolled back from is kept in its place, so a second
   /// rollback goes forward again.
@@ -279,6 +305,16 @@ class DistributedModelSlot {
       next.reset();
     }
     co_return co_await vote(Decision::swap, std::move(next), mine, report);
+  }
+
+  asio::awaitable<DistributedSwapReport> decline(std::exception_ptr cause) {
+    detail::SwapClaim claim(swapping_, "a version this rank declined");
+    Ballot mine;
+    if (cause)
+      mine.fail(cause);
+    else
+      mine.fail(std::make_exception_ptr(Error(errc::cancelled, {}, "this rank declined the swap")));
+    co_return co_await vote(Decision::swap, nullptr, mine, DistributedSwapReport{});
   }
 
   asio::awaitable<DistributedSwapReport> rollback() {
