@@ -302,6 +302,7 @@ void Progress::expire(std::vector<std::shared_ptr<Operation>>& active) {
 void Progress::run() {
   std::vector<std::shared_ptr<Operation>> active;
   std::chrono::microseconds sleep{1};
+  std::chrono::steady_clock::time_point spin_until{};  // patient waits poll without sleeping until then
   for (;;) {
     std::vector<std::shared_ptr<Operation>> startable;
     std::deque<std::shared_ptr<Operation>> abandoned;
@@ -338,9 +339,10 @@ void Progress::run() {
     }
     if (progressed) {
       sleep = std::chrono::microseconds(1);
+      spin_until = std::chrono::steady_clock::now() + options_.patient_spin;
       continue;
     }
-    if (urgent) {
+    if (urgent || (waiting && std::chrono::steady_clock::now() < spin_until)) {
       // What MPI_Wait does under mpi_yield_when_idle: poll, giving the core away in between.
       std::this_thread::yield();
       continue;

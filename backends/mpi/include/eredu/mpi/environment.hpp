@@ -52,8 +52,14 @@ const char* thread_level_name(ThreadLevel level) noexcept;
 /// How the progress thread polls. While a collective is in flight it polls (MPI_Testsome) and
 /// yields the CPU between polls, as MPI_Wait does under `mpi_yield_when_idle`; while only
 /// patient operations are in flight (a vote waiting for slower ranks' loads), it sleeps between
-/// polls instead, so a rank that waits minutes for its peers costs almost no CPU.
+/// polls instead, so a rank that waits minutes for its peers costs almost no CPU — after a
+/// short spinning phase, since a vote whose ranks are all ready completes within microseconds.
 struct ProgressOptions {
+  /// How long the thread keeps polling without sleeping once a patient operation starts or
+  /// any operation progresses: a vote cast when the other ranks have voted completes at an
+  /// urgent collective's latency instead of a sleep's (a sleep is ≥ 50 µs, the kernel's timer
+  /// slack). Costs at most this much of one core per vote.
+  std::chrono::microseconds patient_spin{1000};
   /// Longest sleep between two polls while only patient operations are in flight; sleeps
   /// double from 1 µs up to it. Also bounds how late a patient operation notices completion.
   std::chrono::microseconds max_patient_sleep{200};
