@@ -55,8 +55,8 @@
 /// the generations the ranks report (current()->generation) say which version each serves.
 ///
 /// Rules: call async_swap (or, on a rank that cannot run it, async_decline) and async_rollback
-/// on every rank of the group in the same order, one at a time (await each before the next), as with any collective. Steps begin in order on a
-/// rank (version_for_step with non-decreasing steps; several threads may ask for the same
+/// on every rank of the group in the same order, one at a time (await each before the next), as with any collective.
+/// Steps begin in order on a rank (version_for_step with non-decreasing steps; several threads may ask for the same
 /// step). The slot and the group must outlive the slot's operations.
 
 #include <algorithm>
