@@ -74,6 +74,12 @@ void Environment::start(int* argc, char*** argv, const EnvironmentOptions& optio
     if (initialized) {
       MPI_Query_thread(&provided);
     } else {
+      // OpenMPI's libnbc runs an in-place MPI_Iallreduce (eredu's) on fewer than 4 ranks as a
+      // reduce to rank 0, then a broadcast: 0.32-0.53x the blocking call at 1-64 MiB on 2
+      // ranks; its ring algorithm runs at 0.91-0.99x (docs/performance.md). Unless the user
+      // chose (the environment or mpirun --mca), eredu asks for the ring; OpenMPI reads
+      // OMPI_MCA_* from the environment in MPI_Init, other MPIs ignore it.
+      ::setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", 0);
       const int rc = MPI_Init_thread(argc, argv, native_level(options.required), &provided);
       if (rc != MPI_SUCCESS) fail(fmt::format("MPI_Init_thread failed: {}", detail::mpi_error_text(rc)));
       initialized_here_ = true;
