@@ -55,9 +55,10 @@
 /// the generations the ranks report (current()->generation) say which version each serves.
 ///
 /// Rules: call async_swap (or, on a rank that cannot run it, async_decline) and async_rollback
-/// on every rank of the group in the same order, one at a time (await each before the next), as with any collective.
-/// Steps begin in order on a rank (version_for_step with non-decreasing steps; several threads may ask for the same
-/// step). The slot and the group must outlive the slot's operations.
+/// on every rank of the group in the same order, one at a time (await each before the next),
+/// as with any collective. Steps begin in order on a rank (version_for_step with
+/// non-decreasing steps; several threads may ask for the same step). The slot and the group
+/// must outlive the slot's operations.
 
 #include <algorithm>
 #include <asio/any_io_executor.hpp>
@@ -310,10 +311,7 @@ class DistributedModelSlot {
   asio::awaitable<DistributedSwapReport> decline(std::exception_ptr cause) {
     detail::SwapClaim claim(swapping_, "a version this rank declined");
     Ballot mine;
-    if (cause)
-      mine.fail(cause);
-    else
-      mine.fail(std::make_exception_ptr(Error(errc::cancelled, {}, "this rank declined the swap")));
+    mine.fail(cause ? cause : std::make_exception_ptr(Error(errc::cancelled, {}, "this rank declined the swap")));
     co_return co_await vote(Decision::swap, nullptr, mine, DistributedSwapReport{});
   }
 
