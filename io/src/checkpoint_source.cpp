@@ -399,6 +399,35 @@ std::optional<MappedView> CheckpointSource::map_resident(const TensorReadRequest
   return mapped;
 }
 
+std::optional<MappedTensor> CheckpointSource::map_tensor(const TensorReadRequest& request) const {
+  Plan plan = make_plan(request);
+  FaultInjector* faults = options_.reader.faults;
+  if ((faults && !faults->allow_mapping()) || plan.runs.size() != 1 || plan.total == 0) return std::nullopt;
+  const TensorInfo& t = *plan.tensor;
+  const OpenFile& file = files_[t.file];
+  // As map_resident: an untrusted file system's page cache can hold zeros where the file
+  // has bytes, and a weight mapped from it would serve them for as long as it lives.
+  if (!file.file_system.uring_trusted) return std::nullopt;
+  const std::uint64_t offset = t.offset + plan.runs.front().source_offset;
+  try {
+    std::shared_ptr<const MappedFile> mapped;
+    {
+      std::lock_guard lock(mapped_files_mutex_);
+      if (mapped_files_.size() < files_.size()) mapped_files_.resize(files_.size());
+      if (!mapped_files_[t.file]) mapped_files_[t.file] = std::make_shared<const MappedFile>(file);
+      mapped = mapped_files_[t.file];
+    }
+    std::optional<MappedTensor> out;
+    out.emplace(std::move(mapped), t.name, offset, plan.total);
+    if (faults) faults->on_map(t.file, offset, plan.total);
+    return out;
+  } catch (const Error& e) {
+    // No descriptor or address space left, or a file system without mmap: copy instead.
+    log::debug("not mapping {} as weight storage: {}", t.name, e.what());
+    return std::nullopt;
+  }
+}
+
 ChunkStream CheckpointSource::stream(TensorReadRequest request) {
   auto state = std::make_unique<ChunkStream::State>();
   state->plan = make_plan(request);

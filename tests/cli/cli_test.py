@@ -355,6 +355,52 @@ def case_load_verify(tmp):
     check(code == 2 and "--digest" in err and "--checksums" in err, f"gen --digest without --checksums: {code}: {err}")
 
 
+def case_weights(tmp):
+    """--weights map|map-lock: the report counts the tensors mapped, a verified mapped load checks every
+    one, map-lock reports RLIMIT_MEMLOCK, and a lock the limit refuses is a typed error naming it."""
+    ck = os.path.join(tmp, "ck")
+    gen(ck, "--checksums")
+    code, out, err = run("load", ck, "--weights", "map", "--verify", "require", "--json", expect=0)
+    if code == 0:
+        doc = document(out, "load")
+        check_vocabulary(doc, "load")
+        check(doc["weights"] == "map" and doc["tensor_mapped_count"] == doc["tensor_count"]
+              and doc["mapped_bytes"] == doc["tensor_bytes"] and doc["locked_bytes"] == 0,
+              f"load --weights map: {doc}")
+        check(doc["loads"][0]["tensor_verified_count"] == doc["tensor_count"], f"load --weights map --verify: {doc}")
+        check(doc["storage_retained_bytes"] == 0, f"load --weights map: pool memory retained: {doc}")
+    code, out, _ = run("load", ck, "--json", expect=0)
+    if code == 0:
+        doc = document(out, "load")
+        check(doc["weights"] == "copy" and doc["tensor_mapped_count"] == 0, f"load (default): {doc}")
+    code, out, _ = run("load", ck, "--weights", "map", expect=0)
+    check(re.search(r"weights +\d+ of \d+ tensors .* mapped read-only", out) is not None,
+          f"load --weights map: no weights line: {out}")
+    code, out, _ = run("load", ck, "--weights", "map-lock", "--json", expect=0)
+    if code == 0:
+        doc = document(out, "load")
+        check_vocabulary(doc, "load")
+        check(doc["locked_bytes"] == doc["tensor_bytes"] and "memlock_exempt" in doc
+              and ("memlock_limit" in doc or "memlock_limit_bytes" in doc), f"load --weights map-lock: {doc}")
+    code, _, err = run("load", ck, "--weights", "mmap")
+    check(code == 2 and "--weights" in err, f"load --weights mmap: exit {code}: {err}")
+
+    # Beyond the limit: prlimit lowers it; as root, setpriv also drops CAP_IPC_LOCK, which exempts.
+    prlimit, setpriv = shutil.which("prlimit"), shutil.which("setpriv")
+    if not prlimit or (os.geteuid() == 0 and not setpriv):
+        print("weights: prlimit/setpriv (util-linux) missing: the refused lock is not checked", file=sys.stderr)
+        return
+    prefix = [prlimit, "--memlock=65536"]
+    if os.geteuid() == 0:
+        prefix += [setpriv, "--inh-caps=-ipc_lock", "--bounding-set=-ipc_lock"]
+    p = subprocess.run([*prefix, EREDU, "load", ck, "--weights", "map-lock", "--json"], capture_output=True,
+                       text=True, timeout=300)
+    lines = [l for l in p.stdout.splitlines() if l.strip()]
+    e = json.loads(lines[-1]).get("error", {}) if lines else {}
+    check(p.returncode == 1 and e.get("kind") == "out_of_memory" and "RLIMIT_MEMLOCK is 64 KiB" in e.get("message", "")
+          and e.get("tensor"), f"load --weights map-lock under a 64 KiB limit: exit {p.returncode}: {e} {p.stderr}")
+
+
 def case_progress(tmp):
     """Drawn only on a terminal, named by phase, cleared to the end of line, within the width."""
     ck = os.path.join(tmp, "ck.safetensors")

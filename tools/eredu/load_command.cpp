@@ -19,6 +19,7 @@
 #include "eredu/cpu/catalog_module.hpp"
 #include "eredu/cpu/convert.hpp"
 #include "eredu/engine/load.hpp"
+#include "eredu/io/mapped_tensor.hpp"
 #include "interrupt.hpp"
 #include "load_options.hpp"
 #include "progress.hpp"
@@ -37,6 +38,32 @@ struct LoadRun {
   std::uint64_t bytes_verified = 0;
   std::uint64_t tensors_unverified = 0;
 };
+
+/// What --weights map left mapped (the rest was copied), counted over the bound tensors.
+struct MappedCount {
+  std::uint64_t tensors = 0;
+  std::uint64_t bytes = 0;
+  std::uint64_t locked_bytes = 0;
+};
+
+MappedCount count_mapped(const cpu::CatalogModule& model) {
+  MappedCount n;
+  for (std::size_t i = 0; i < model.size(); ++i) {
+    const cpu::Tensor& t = model.slot(i).value;
+    const io::MappedTensor* mapped = t ? t.storage()->mapping() : nullptr;
+    if (!mapped) continue;
+    ++n.tensors;
+    n.bytes += t.nbytes();
+    if (mapped->locked()) n.locked_bytes += t.nbytes();
+  }
+  return n;
+}
+
+cpu::WeightStorage weight_storage(const std::string& text) {
+  if (text == "map") return cpu::WeightStorage::mapped;
+  if (text == "map-lock") return cpu::WeightStorage::mapped_locked;
+  return cpu::WeightStorage::copied;
+}
 
 /// Redraws the progress display from the engine's counters every 100 ms until `done`. The
 /// counters count the bytes the tensors occupy after any cast; the display counts the
@@ -95,7 +122,7 @@ int run_load(const LoadOptions& o, const CommonFlags& flags) {
       cpu::StoragePoolOptions{.pages = o.pages == "huge" ? cpu::StoragePages::huge : cpu::StoragePages::small});
   // A load has the machine to itself: copying resident tensors on the arena beats the
   // kernel's copies (docs/performance.md).
-  cpu::MaterializationContext context{executor, storage, o.copies == "arena"};
+  cpu::MaterializationContext context{executor, storage, o.copies == "arena", weight_storage(o.weights)};
 
   Progress bar(!flags.quiet);
   bar.phase("open");
@@ -152,6 +179,8 @@ int run_load(const LoadOptions& o, const CommonFlags& flags) {
   }
   bar.finish();
 
+  const MappedCount mapped = count_mapped(*model);
+  const io::MemoryLockLimit lock_limit = io::memory_lock_limit();
   const std::uint64_t rss = peak_rss_bytes();
   if (flags.json) {
     JsonWriter json;
@@ -162,6 +191,15 @@ int run_load(const LoadOptions& o, const CommonFlags& flags) {
     json.field("dtype", o.dtype).field("threads", o.threads).field("kernels", cpu::convert_isa_name());
     json.field("copies", o.copies).field("pages", o.pages).bytes("budget", source->pool().budget());
     json.field("verify", o.verify).count("checksum", digest_count);
+    json.field("weights", o.weights).count("tensor_mapped", mapped.tensors).bytes("mapped", mapped.bytes);
+    json.bytes("locked", mapped.locked_bytes);
+    if (o.weights == "map-lock") {
+      if (lock_limit.limit == UINT64_MAX)
+        json.field("memlock_limit", "unlimited");
+      else
+        json.bytes("memlock_limit", lock_limit.limit);
+      json.field("memlock_exempt", lock_limit.exempt);
+    }
     json.key("loads").begin_array();
     for (const LoadRun& run : runs) {
       json.begin_object().seconds("", run.seconds).rate("", gb_per_s(source_bytes, run.seconds));
@@ -184,6 +222,15 @@ int run_load(const LoadOptions& o, const CommonFlags& flags) {
     fmt::print("  staging  high-water {} of a {} budget\n", format_bytes(source->pool().high_water()),
                format_bytes(source->pool().budget()));
     fmt::print("  memory   peak RSS {}\n", format_bytes(rss));
+    if (o.weights != "copy") {
+      fmt::print("  weights  {} of {} tensors ({}) mapped read-only from the page cache, the rest copied{}\n",
+                 mapped.tensors, catalog.size(), format_bytes(mapped.bytes),
+                 o.weights == "map-lock"
+                     ? fmt::format("; {} locked (RLIMIT_MEMLOCK {}{})", format_bytes(mapped.locked_bytes),
+                                   lock_limit.limit == UINT64_MAX ? "unlimited" : format_bytes(lock_limit.limit),
+                                   lock_limit.exempt ? ", not applied: CAP_IPC_LOCK" : "")
+                     : std::string());
+    }
     const LoadRun& last = runs.back();
     fmt::print("  verify   {}\n", verify_summary(o.verify, last.tensors_verified, last.bytes_verified,
                                                  last.tensors_unverified, digest_count));
@@ -230,6 +277,10 @@ Command add_load_command(CLI::App& app, CommonFlags& flags) {
   add_choice(*cmd, "--pages", o->pages, {"4k", "huge"},
              "pages of tensor storage: 4k (MADV_NOHUGEPAGE: the faster first touch on the machines measured) or huge "
              "(MADV_HUGEPAGE: faster recycled loads, a first touch that may wait for compaction)");
+  add_choice(*cmd, "--weights", o->weights, {"copy", "map", "map-lock"},
+             "where dtype-kept tensors live: copy (into process memory), map (the checkpoint's page-cache pages, "
+             "mapped read-only: no copy, but a file rewritten in place changes them; see docs/cli.md) or map-lock "
+             "(mapped and pinned with mlock, within RLIMIT_MEMLOCK)");
   add_verify_flags(*cmd, o->verify, o->checksums, "of every tensor as it lands (each load)");
   auto trace_path = std::make_shared<std::string>();
   add_trace_option(*cmd, *trace_path);
@@ -293,6 +344,7 @@ Command add_load_command(CLI::App& app, CommonFlags& flags) {
               throw UsageError(fmt::format("{}: digests are of whole tensors, which --tensor-parallel ranks do not read",
                                            verify->count() > 0 ? "--verify" : "--checksums"));
             if (trace->count() > 0) throw UsageError("--trace: not with --tensor-parallel");
+            if (o->weights != "copy") throw UsageError("--weights: --tensor-parallel loads copy their shards");
             return run_tensor_parallel_load(*o, f);
 #endif
           }};

@@ -42,6 +42,7 @@ struct LoadOptions {
   std::uint64_t chunk = std::uint64_t{64} << 20;
   std::string copies = "arena";
   std::string pages = "4k";
+  std::string weights = "copy";  // --weights copy|map|map-lock (cpu::WeightStorage)
   std::string verify = "off";
   std::string checksums;  // --checksums FILE
   TensorParallelOptions tensor_parallel;

@@ -16,12 +16,15 @@
 #include <vector>
 
 #include "eredu/core/error.hpp"
+#include "eredu/core/log.hpp"
 #include "eredu/core/trace.hpp"
 #include "eredu/cpu/convert.hpp"
 #include "eredu/cpu/copy_bytes.hpp"
 #include "eredu/cpu/layout.hpp"
 #include "eredu/engine/recipe_evaluator.hpp"
+#include "eredu/io/digest.hpp"
 #include "eredu/io/guarded_read.hpp"
+#include "eredu/io/mapped_tensor.hpp"
 
 namespace eredu::cpu {
 namespace {
@@ -148,6 +151,76 @@ asio::awaitable<void> read_direct(Job job, std::unique_ptr<io::TensorReadRequest
     co_return;
   }
   co_await job.source.async_read_into(*request, tensor.mutable_bytes(), asio::use_awaitable);
+}
+
+/// The alignment a tensor's storage units need to be read where they lie: the largest power
+/// of two dividing a unit's bytes, at most 8 (a quantized block holds f16 scales: 2).
+std::size_t unit_alignment(DType dtype) {
+  const std::size_t unit = dtype_block(dtype).bytes;
+  return std::min<std::size_t>(unit & (~unit + 1), 8);
+}
+
+/// Bytes of a mapped weight faulted in per task: the arena's threads fault in a large tensor
+/// together, a small one is one task.
+constexpr std::size_t map_populate_bytes = std::size_t{8} << 20;
+
+/// Faults a mapped weight's pages in (reading from the file what the page cache lacks) on the
+/// arena, or pins them (mlock, which faults them in too), so the load's end means every byte
+/// is in memory and any failure to read one is this load's typed error, not a later SIGBUS.
+asio::awaitable<void> map_weight(Job job, std::shared_ptr<const io::MappedTensor> mapped, WeightStorage weights) {
+  if (job.stop.stop_requested()) throw_stopped(mapped->tensor());
+  Completion c = job.executor.submit([mapped, weights] {
+    trace::Span span(weights == WeightStorage::mapped_locked ? "lock mapped weight" : "map weight", "cpu",
+                     trace::enabled() ? mapped->tensor() : "");
+    if (weights == WeightStorage::mapped_locked) {
+      // Const only to readers of the tensor; the mapping is this job's until it completes.
+      const_cast<io::MappedTensor&>(*mapped).lock();
+      return;
+    }
+    const std::span<const std::byte> bytes = mapped->bytes();
+    const std::size_t parts = (bytes.size() + map_populate_bytes - 1) / map_populate_bytes;
+    tbb::this_task_arena::isolate([&] {
+      tbb::parallel_for(tbb::blocked_range<std::size_t>(0, parts), [&](const tbb::blocked_range<std::size_t>& r) {
+        for (std::size_t i = r.begin(); i != r.end(); ++i) {
+          const std::size_t at = i * map_populate_bytes;
+          mapped->populate(bytes.subspan(at, std::min(map_populate_bytes, bytes.size() - at)));
+        }
+      });
+    });
+  });
+  co_await await(c);
+}
+
+/// Hashes `weight` and compares with `check`. A mapped weight is hashed inside guarded_read
+/// (serially: a fault raised on another thread would not be caught), so a page its file can
+/// no longer supply fails with the mapping's typed error instead of SIGBUS; the hasher lives
+/// outside the guard, whose jump abandons only the update in progress.
+void verify_bytes(const Tensor& weight, const io::DigestCheck& check) {
+  const io::MappedTensor* mapped = weight ? weight.storage()->mapping() : nullptr;
+  if (!mapped) return check.verify(weight.bytes());
+  io::Hasher hasher(check.kind);
+  auto update = [&] { hasher.update(weight.bytes()); };
+  if (auto fault = io::guarded_read(mapped->region(), update)) throw mapped->fault_error(*fault);
+  check.compare(hasher.hex_digest(), weight.nbytes());
+}
+
+/// copy_bytes from `weight`; a mapped weight in guarded 1 MiB blocks on the calling arena.
+void copy_weight(const Tensor& weight, std::span<std::byte> out) {
+  const io::MappedTensor* mapped = weight ? weight.storage()->mapping() : nullptr;
+  if (!mapped) return copy_bytes(weight.bytes(), out);
+  const std::span<const std::byte> in = weight.bytes();
+  constexpr std::size_t block = std::size_t{1} << 20;
+  std::atomic<const std::byte*> fault{nullptr};
+  tbb::parallel_for(tbb::blocked_range<std::size_t>(0, (in.size() + block - 1) / block),
+                    [&](const tbb::blocked_range<std::size_t>& r) {
+                      for (std::size_t b = r.begin(); b != r.end() && !fault.load(std::memory_order_relaxed); ++b) {
+                        const std::size_t at = b * block, n = std::min(block, in.size() - at);
+                        auto copy = [&] { std::memcpy(out.data() + at, in.data() + at, n); };
+                        if (auto f = io::guarded_read(mapped->region(), copy))
+                          fault.store(f->address, std::memory_order_relaxed);
+                      }
+                    });
+  if (const std::byte* at = fault.load(std::memory_order_relaxed)) throw mapped->fault_error({at});
 }
 
 /// Reads `source` in bounded chunk leases and converts each into `out` on the arena while
@@ -342,8 +415,17 @@ Materialization Backend::materialize(io::CheckpointSource& source, const io::Ten
   const io::TensorInfo& info = source.catalog().at(request.key);
   source.selected_bytes(request);  // validates the selection before anything is allocated
   Shape shape = request.selection.is_all() ? info.shape : request.selection.selected_shape(info.shape);
-  Tensor weight = Tensor::allocate(context.storage, info.dtype, std::move(shape));
   Job job{source, context.executor, context.storage, std::move(stop), context.copy_resident_on_executor};
+  if (context.weights != WeightStorage::copied) {
+    std::optional<io::MappedTensor> mapped = source.map_tensor(request);
+    // A weight whose elements the file misaligns is copied: kernels read it as typed values.
+    if (mapped && reinterpret_cast<std::uintptr_t>(mapped->bytes().data()) % unit_alignment(info.dtype) == 0) {
+      auto shared = std::make_shared<const io::MappedTensor>(std::move(*mapped));
+      Tensor weight(info.dtype, std::move(shape), std::make_shared<StorageBlock>(StorageBlock::adopt(shared)));
+      return start(source, weight, map_weight(job, std::move(shared), context.weights));
+    }
+  }
+  Tensor weight = Tensor::allocate(context.storage, info.dtype, std::move(shape));
   return start(source, weight, read_direct(job, std::make_unique<io::TensorReadRequest>(request), weight));
 }
 
@@ -369,10 +451,18 @@ void Backend::validate_bind(const Parameter& parameter, const Tensor& weight) {
     throw BackendError(errc::bind_shape_mismatch, {},
                        fmt::format("the parameter has shape {} but the weight has shape {}",
                                    format_shape(parameter.shape), format_shape(weight.shape())));
+  if (const io::MappedTensor* mapped = weight ? weight.storage()->mapping() : nullptr) {
+    // A rewritten file throws file_changed here; a replaced one leaves these bytes intact.
+    if (mapped->check_file() == io::MappedFile::State::replaced && mapped->file().first_replacement_notice())
+      log::warn(
+          "{}: the path now names another file; weights mapped from it keep the bytes of the file that was "
+          "opened (load again to serve the new one)",
+          mapped->file().path());
+  }
 }
 
 Completion Backend::verify_weight(MaterializationContext& context, const Tensor& weight, io::DigestCheck check) {
-  return context.executor.submit([weight, check = std::move(check)] { check.verify(weight.bytes()); });
+  return context.executor.submit([weight, check = std::move(check)] { verify_bytes(weight, check); });
 }
 
 Completion Backend::overwrite(Executor& executor, Parameter& slot, const Tensor& weight) {
@@ -384,9 +474,12 @@ Completion Backend::overwrite(Executor& executor, Parameter& slot, const Tensor&
                        fmt::format("the bound {} {} tensor cannot be overwritten in place by a {} {} weight",
                                    dtype_name(slot.value.dtype()), format_shape(slot.value.shape()),
                                    dtype_name(weight.dtype()), format_shape(weight.shape())));
+  if (const io::MappedTensor* mapped = slot.value.storage()->mapping())
+    throw BackendError(errc::backend_failure, {.file = mapped->file().path(), .tensor = mapped->tensor()},
+                       "the bound tensor is mapped read-only from its checkpoint file: an in-place swap needs "
+                       "weights loaded into copied storage");
   if (slot.value.shares_storage_with(weight)) return Completion::ready_now();
-  return executor.submit(
-      [destination = slot.value, weight] { copy_bytes(weight.bytes(), destination.mutable_bytes()); });
+  return executor.submit([destination = slot.value, weight] { copy_weight(weight, destination.mutable_bytes()); });
 }
 
 std::pair<Tensor, Completion> Backend::promote(Executor& executor, const HostBuffer& host, StoragePool& storage) {
@@ -406,7 +499,7 @@ std::pair<Tensor, Completion> Backend::promote(Executor& executor, const HostBuf
 std::pair<HostBuffer, Completion> Backend::demote(Executor& executor, const Tensor& weight) {
   HostBuffer host(weight.dtype(), weight.shape(), weight.nbytes());
   Completion c = executor.submit([weight, bytes = host.shared_bytes(), n = weight.nbytes()] {
-    copy_bytes(weight.bytes(), std::span<std::byte>(bytes.get(), n));
+    copy_weight(weight, std::span<std::byte>(bytes.get(), n));
   });
   return {std::move(host), std::move(c)};
 }

@@ -14,6 +14,7 @@
 
 #include "eredu/core/error.hpp"
 #include "eredu/core/trace.hpp"
+#include "eredu/io/mapped_tensor.hpp"
 
 namespace eredu::cpu {
 namespace {
@@ -108,7 +109,8 @@ StorageBlock::StorageBlock(StorageBlock&& other) noexcept
       size_(std::exchange(other.size_, 0)),
       capacity_(std::exchange(other.capacity_, 0)),
       fresh_(other.fresh_),
-      mapped_(other.mapped_) {}
+      mapped_(other.mapped_),
+      mapping_(std::move(other.mapping_)) {}
 
 StorageBlock& StorageBlock::operator=(StorageBlock&& other) noexcept {
   if (this != &other) {
@@ -119,12 +121,23 @@ StorageBlock& StorageBlock::operator=(StorageBlock&& other) noexcept {
     capacity_ = std::exchange(other.capacity_, 0);
     fresh_ = other.fresh_;
     mapped_ = other.mapped_;
+    mapping_ = std::move(other.mapping_);
   }
   return *this;
 }
 
 StorageBlock::~StorageBlock() {
-  if (data_) pool_->give_back(data_, capacity_, fresh_);
+  if (data_ && pool_) pool_->give_back(data_, capacity_, fresh_);
+}
+
+StorageBlock StorageBlock::adopt(std::shared_ptr<const io::MappedTensor> mapping) noexcept {
+  StorageBlock block;
+  const std::span<const std::byte> bytes = mapping->bytes();
+  // Written only by code that checks read_only() first: nothing writes a mapped block.
+  block.data_ = const_cast<std::byte*>(bytes.data());
+  block.size_ = block.capacity_ = bytes.size();
+  block.mapping_ = std::move(mapping);
+  return block;
 }
 
 StoragePool::StoragePool(StoragePoolOptions options) : state_(std::make_shared<detail::PoolState>(options)) {}

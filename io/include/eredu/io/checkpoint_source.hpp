@@ -28,6 +28,7 @@
 #include <exception>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <vector>
@@ -38,6 +39,7 @@
 #include "eredu/io/catalog.hpp"
 #include "eredu/io/lease.hpp"
 #include "eredu/io/lease_pool.hpp"
+#include "eredu/io/mapped_tensor.hpp"
 #include "eredu/io/mapped_view.hpp"
 #include "eredu/io/open_file.hpp"
 #include "eredu/io/reader.hpp"
@@ -144,6 +146,15 @@ class CheckpointSource {
   /// Validates the request (throws eredu::Error); callable from any thread.
   std::optional<MappedView> map_resident(const TensorReadRequest& request) const;
 
+  /// The request's selected bytes mapped read-only to be held as weight storage (see
+  /// MappedTensor for what that trades), when they are one non-empty contiguous run of a file
+  /// whose page cache the source trusts (never FUSE, NFS and the like: see map_resident) and
+  /// injected faults allow mapping; std::nullopt otherwise, also when mmap fails (the caller
+  /// copies the bytes then). The mappings of one file share one duplicated descriptor, so
+  /// they outlive the source. Validates the request (throws eredu::Error); callable from any
+  /// thread.
+  std::optional<MappedTensor> map_tensor(const TensorReadRequest& request) const;
+
   /// Selected bytes of a request, validated: throws tensor_not_found / invalid_selection.
   std::uint64_t selected_bytes(const TensorReadRequest& request) const;
 
@@ -170,6 +181,9 @@ class CheckpointSource {
   std::vector<OpenFile> files_;
   std::unique_ptr<LeasePool> pool_;  // destroyed after the reader, which may write into it
   std::unique_ptr<Reader> reader_;
+  // map_tensor's per-file descriptors and identities, made at a file's first mapping.
+  mutable std::mutex mapped_files_mutex_;
+  mutable std::vector<std::shared_ptr<const MappedFile>> mapped_files_;
 };
 
 /// Sequence of chunk leases of one request (CheckpointSource::stream). Move-only; the

@@ -4,6 +4,7 @@
 
 #include "eredu/cpu/executor.hpp"
 #include "eredu/cpu/storage_pool.hpp"
+#include "eredu/cpu/weight_storage.hpp"
 
 namespace eredu::cpu {
 
@@ -19,6 +20,9 @@ struct MaterializationContext {
   /// PrefetchPipeline computing while it loads needs (docs/performance.md has both figures).
   /// Casts of resident tensors always convert from the mapping: they need the arena anyway.
   bool copy_resident_on_executor = false;
+  /// Where dtype-kept tensors' bytes live: copied (the default), or mapped read-only from the
+  /// checkpoint file (opt-in; weight_storage.hpp says what that trades).
+  WeightStorage weights = WeightStorage::copied;
 };
 
 }  // namespace eredu::cpu

@@ -17,6 +17,10 @@
 #include <memory>
 #include <span>
 
+namespace eredu::io {
+class MappedTensor;
+}
+
 namespace eredu::cpu {
 
 namespace detail {
@@ -49,8 +53,9 @@ struct StoragePoolStats {
   std::uint64_t recycled_allocations = 0;  ///< blocks that came from the retained set
 };
 
-/// One 64-byte-aligned allocation of a pool; returns itself to the pool when destroyed.
-/// Move-only.
+/// One 64-byte-aligned allocation of a pool, which returns itself to the pool when destroyed;
+/// or a tensor's bytes mapped read-only from its checkpoint file (adopt(): mapped weights,
+/// never pooled, aligned as the file places them). Move-only.
 class StorageBlock {
  public:
   StorageBlock() noexcept = default;
@@ -59,6 +64,9 @@ class StorageBlock {
   StorageBlock(const StorageBlock&) = delete;
   StorageBlock& operator=(const StorageBlock&) = delete;
   ~StorageBlock();
+
+  /// A read-only block over `mapping`'s bytes, which it keeps mapped until destroyed.
+  static StorageBlock adopt(std::shared_ptr<const io::MappedTensor> mapping) noexcept;
 
   /// The usable bytes (exactly the requested size).
   std::span<std::byte> bytes() const noexcept { return {data_, size_}; }
@@ -72,6 +80,10 @@ class StorageBlock {
   void mark_populated() noexcept { fresh_ = false; }
   /// True when the block holds memory.
   explicit operator bool() const noexcept { return data_ != nullptr; }
+  /// The file mapping a read-only block holds the bytes of, or nullptr for pool memory.
+  const io::MappedTensor* mapping() const noexcept { return mapping_.get(); }
+  /// True for a mapped block: bytes() must not be written (the pages are the file's).
+  bool read_only() const noexcept { return mapping_ != nullptr; }
 
  private:
   friend class StoragePool;
@@ -80,7 +92,8 @@ class StorageBlock {
   std::size_t size_ = 0;
   std::size_t capacity_ = 0;  // size class actually mapped
   bool fresh_ = false;
-  bool mapped_ = false;  // mmap'd (large) or operator new'd (small)
+  bool mapped_ = false;                              // mmap'd (large) or operator new'd (small)
+  std::shared_ptr<const io::MappedTensor> mapping_;  // set by adopt(): no pool, nothing to give back
 };
 
 /// Thread-safe source of tensor storage (see file comment). Copies are handles to the
