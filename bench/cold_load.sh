@@ -29,17 +29,8 @@ run_case() {
          /usr/bin/python3 -c 'import json,sys; r=json.load(sys.stdin)["jobs"][0]["read"]; print(r["io_bytes"]/r["bw_bytes"])' ;;
   esac
 }
-for r in $(seq "$rounds"); do
-  mapfile -t order < <(/usr/bin/python3 -c 'import random, sys; r = random.Random(sys.argv[1]); c = sys.argv[2:]
-print("\n".join(r.sample(c, len(c))))' "${SEED:-1}-$r" "${cases[@]}")
-  for c in "${order[@]}"; do
-    sleep "${SETTLE:-3}"
-    drop
-    s=$(run_case "$c")
-    echo "{\"round\":$r,\"case\":\"$c\",\"seconds\":$s,\"cold\":true}" >> "$out"
-  done
-  echo "cold_load: round $r/$rounds done" >&2
-done
+source "$(dirname "$0")/rounds.sh"
+interleave cold_load "$rounds" "$out" ',"cold":true' : drop "${cases[@]}"
 /usr/bin/python3 - "$out" "$bytes" <<'PY'
 import json, sys, statistics as st
 rows = [json.loads(l) for l in open(sys.argv[1])]

@@ -39,18 +39,10 @@ run_case() {
     touch-huge) "$base" populate "$bytes" --hugepages | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["seconds"])' ;;
   esac
 }
-for r in $(seq "$rounds"); do
-  if [ -d "$ckpt" ]; then cat "$ckpt"/* > /dev/null; else cat "$ckpt" > /dev/null; fi
-  # Seeded, so a run's orders can be replayed.
-  mapfile -t order < <(/usr/bin/python3 -c 'import random, sys; r = random.Random(sys.argv[1]); c = sys.argv[2:]
-print("\n".join(r.sample(c, len(c))))' "${SEED:-1}-$r" "${cases[@]}")
-  for c in "${order[@]}"; do
-    sleep "${SETTLE:-3}"
-    s=$(run_case "$c")
-    echo "{\"round\":$r,\"case\":\"$c\",\"seconds\":$s}" >> "$out"
-  done
-  echo "first_load_ab: round $r/$rounds done" >&2
-done
+# A hot run: the checkpoint is read into the page cache before every round.
+warm() { if [ -d "$ckpt" ]; then cat "$ckpt"/* > /dev/null; else cat "$ckpt" > /dev/null; fi; }
+source "$(dirname "$0")/rounds.sh"
+interleave first_load_ab "$rounds" "$out" "" warm : "${cases[@]}"
 /usr/bin/python3 - "$out" "$bytes" <<'PY'
 import json, sys, statistics as st
 rows = [json.loads(l) for l in open(sys.argv[1])]
