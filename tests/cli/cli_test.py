@@ -382,6 +382,15 @@ def case_weights(tmp):
         check_vocabulary(doc, "load")
         check(doc["locked_bytes"] == doc["tensor_bytes"] and "memlock_exempt" in doc
               and ("memlock_limit" in doc or "memlock_limit_bytes" in doc), f"load --weights map-lock: {doc}")
+    # A hot-swap between mapped versions: served from one version at a time, the corrupt copy rejected.
+    b = os.path.join(tmp, "b")
+    gen(b, "--checksums", "--seed", "2")
+    code, out, _ = run("swap", ck, b, "--swaps", "2", "--requests", "50", "--corrupt", "--weights", "map", "--json",
+                       expect=0)
+    if code == 0:
+        swap = document(out, "swap")
+        check(swap["weights"] == "map" and swap["ok"] and swap["failed_swap"]["error_kind"] == "checksum_mismatch"
+              and all(w["verified"] for w in swap["swaps"] if w["ok"]), f"swap --weights map --corrupt: {swap}")
     code, _, err = run("load", ck, "--weights", "mmap")
     check(code == 2 and "--weights" in err, f"load --weights mmap: exit {code}: {err}")
 

@@ -26,6 +26,7 @@
 #include "shard_options.hpp"
 #include "trace_option.hpp"
 #include "verify_flags.hpp"
+#include "weights_flag.hpp"
 
 namespace eredu::cli {
 namespace {
@@ -38,32 +39,6 @@ struct LoadRun {
   std::uint64_t bytes_verified = 0;
   std::uint64_t tensors_unverified = 0;
 };
-
-/// What --weights map left mapped (the rest was copied), counted over the bound tensors.
-struct MappedCount {
-  std::uint64_t tensors = 0;
-  std::uint64_t bytes = 0;
-  std::uint64_t locked_bytes = 0;
-};
-
-MappedCount count_mapped(const cpu::CatalogModule& model) {
-  MappedCount n;
-  for (std::size_t i = 0; i < model.size(); ++i) {
-    const cpu::Tensor& t = model.slot(i).value;
-    const io::MappedTensor* mapped = t ? t.storage()->mapping() : nullptr;
-    if (!mapped) continue;
-    ++n.tensors;
-    n.bytes += t.nbytes();
-    if (mapped->locked()) n.locked_bytes += t.nbytes();
-  }
-  return n;
-}
-
-cpu::WeightStorage weight_storage(const std::string& text) {
-  if (text == "map") return cpu::WeightStorage::mapped;
-  if (text == "map-lock") return cpu::WeightStorage::mapped_locked;
-  return cpu::WeightStorage::copied;
-}
 
 /// Redraws the progress display from the engine's counters every 100 ms until `done`. The
 /// counters count the bytes the tensors occupy after any cast; the display counts the
@@ -222,15 +197,7 @@ int run_load(const LoadOptions& o, const CommonFlags& flags) {
     fmt::print("  staging  high-water {} of a {} budget\n", format_bytes(source->pool().high_water()),
                format_bytes(source->pool().budget()));
     fmt::print("  memory   peak RSS {}\n", format_bytes(rss));
-    if (o.weights != "copy") {
-      fmt::print("  weights  {} of {} tensors ({}) mapped read-only from the page cache, the rest copied{}\n",
-                 mapped.tensors, catalog.size(), format_bytes(mapped.bytes),
-                 o.weights == "map-lock"
-                     ? fmt::format("; {} locked (RLIMIT_MEMLOCK {}{})", format_bytes(mapped.locked_bytes),
-                                   lock_limit.limit == UINT64_MAX ? "unlimited" : format_bytes(lock_limit.limit),
-                                   lock_limit.exempt ? ", not applied: CAP_IPC_LOCK" : "")
-                     : std::string());
-    }
+    if (o.weights != "copy") fmt::print("  weights  {}\n", weights_summary(o.weights, mapped, catalog.size()));
     const LoadRun& last = runs.back();
     fmt::print("  verify   {}\n", verify_summary(o.verify, last.tensors_verified, last.bytes_verified,
                                                  last.tensors_unverified, digest_count));
@@ -277,10 +244,7 @@ Command add_load_command(CLI::App& app, CommonFlags& flags) {
   add_choice(*cmd, "--pages", o->pages, {"4k", "huge"},
              "pages of tensor storage: 4k (MADV_NOHUGEPAGE: the faster first touch on the machines measured) or huge "
              "(MADV_HUGEPAGE: faster recycled loads, a first touch that may wait for compaction)");
-  add_choice(*cmd, "--weights", o->weights, {"copy", "map", "map-lock"},
-             "where dtype-kept tensors live: copy (into process memory), map (the checkpoint's page-cache pages, "
-             "mapped read-only: no copy, but a file rewritten in place changes them; see docs/cli.md) or map-lock "
-             "(mapped and pinned with mlock, within RLIMIT_MEMLOCK)");
+  add_weights_flag(*cmd, o->weights);
   add_verify_flags(*cmd, o->verify, o->checksums, "of every tensor as it lands (each load)");
   auto trace_path = std::make_shared<std::string>();
   add_trace_option(*cmd, *trace_path);

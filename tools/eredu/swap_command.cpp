@@ -7,6 +7,7 @@
 #include "swap_report.hpp"
 #include "swap_scenario.hpp"
 #include "trace_option.hpp"
+#include "weights_flag.hpp"
 
 namespace eredu::cli {
 namespace {
@@ -50,6 +51,7 @@ Command add_swap_command(CLI::App& app, CommonFlags& flags) {
              "<file>.sha256.json / checksums.sha256.json of a directory) before each publication: on verifies "
              "what is recorded and warns when nothing is; require fails (exit status 1) unless every tensor of A "
              "and B has a digest; off verifies nothing");
+  add_weights_flag(*cmd, o->weights);
   cmd->add_flag("--corrupt", o->corrupt, "end with a swap to a corrupted copy of B, which must be rejected");
   auto trace_path = std::make_shared<std::string>();
   add_trace_option(*cmd, *trace_path);

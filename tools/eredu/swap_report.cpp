@@ -120,8 +120,8 @@ void print_swap_text(const SwapScenarioOptions& o, const SwapScenarioResult& r, 
   std::string verify = o.verify == "off" ? std::string("off")
                                          : fmt::format("{}: A has {} digests, B {}", o.verify, r.checksum_counts[0],
                                                        r.checksum_counts[1]);
-  fmt::print("  swaps     {}-thread arena, {} staging budget, checksums {}\n", o.swap_threads, format_bytes(o.budget),
-             verify);
+  fmt::print("  swaps     {}-thread arena, {} staging budget, checksums {}{}\n", o.swap_threads, format_bytes(o.budget),
+             verify, o.weights == "copy" ? "" : fmt::format(", weights {}", o.weights));
   fmt::print("\n  {:<13} {:>8} {:>9} {:>9} {:>9}  {:<12} {}\n", "phase", "requests", "p50 µs", "p99 µs", "max µs",
              "generations", "mismatches");
   for (const SwapPhase& ph : a.phases) {
@@ -168,6 +168,7 @@ void print_swap_json(const SwapScenarioOptions& o, const SwapScenarioResult& r, 
   json.field("cols", r.probe_cols).field("dtype", dtype_name(r.probe_dtype)).end_object();
   json.field("serve_threads", o.serve_threads).field("swap_threads", o.swap_threads);
   json.field("concurrency", o.concurrency).count("phase_request", o.requests).bytes("budget", o.budget);
+  json.field("weights", o.weights);
   json.field("verify", o.verify).count("a_checksum", r.checksum_counts[0]).count("b_checksum", r.checksum_counts[1]);
   json.seconds("", r.run_seconds).seconds("reference", r.reference_seconds);
   json.count("response", r.responses.size()).count("mismatch", a.mismatches);

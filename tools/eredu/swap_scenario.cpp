@@ -43,6 +43,7 @@
 #include "eredu/io/sha256.hpp"
 #include "interrupt.hpp"
 #include "verify_flags.hpp"
+#include "weights_flag.hpp"
 
 namespace eredu::cli {
 namespace {
@@ -472,7 +473,7 @@ SwapScenarioResult run_swap_scenario(const SwapScenarioOptions& o, Progress& pro
   if (o.serve_threads > 0) serving.emplace(static_cast<int>(o.serve_threads));
   cpu::Executor background(static_cast<int>(o.swap_threads));  // the swap's own, small arena
   cpu::StoragePool storage;
-  cpu::MaterializationContext context{background, storage};
+  cpu::MaterializationContext context{background, storage, false, weight_storage(o.weights)};
 
   asio::io_context ctx(1);
   Interrupt interrupt(ctx);

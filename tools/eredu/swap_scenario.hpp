@@ -29,6 +29,7 @@ struct SwapScenarioOptions {
   std::uint64_t work = std::uint64_t{256} << 10;   ///< multiply-adds per request
   std::string verify = "on";                       ///< on | off | require
   bool corrupt = false;                            ///< end with a swap to a corrupted copy of B
+  std::string weights = "copy";                    ///< copy | map | map-lock (cpu::WeightStorage)
 };
 
 /// What a version must answer, computed from its files with pread before serving.
