@@ -215,7 +215,13 @@ void copy_weight(const Tensor& weight, std::span<std::byte> out) {
                     [&](const tbb::blocked_range<std::size_t>& r) {
                       for (std::size_t b = r.begin(); b != r.end() && !fault.load(std::memory_order_relaxed); ++b) {
                         const std::size_t at = b * block, n = std::min(block, in.size() - at);
-                        auto copy = [&] { std::memcpy(out.data() + at, in.data() + at, n); };
+                        // The byte-copy kernel (vector loads, streaming stores), as convert_mapped
+                        // copies: no libc memcpy, which a sanitizer intercepts and a fault's jump
+                        // would leave half-way through (ThreadSanitizer then dies).
+                        auto copy = [&] {
+                          convert_serial(DType::U8, DType::U8, in.subspan(at, n), out.subspan(at, n),
+                                         ConvertStores::streaming);
+                        };
                         if (auto f = io::guarded_read(mapped->region(), copy))
                           fault.store(f->address, std::memory_order_relaxed);
                       }
