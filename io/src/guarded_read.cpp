@@ -1,5 +1,7 @@
 #include "eredu/io/guarded_read.hpp"
 
+#include <pthread.h>
+
 #include <csetjmp>
 #include <csignal>
 #include <mutex>
@@ -48,7 +50,8 @@ void on_sigbus(int sig, siginfo_t* info, void* context) {
   const auto* at = static_cast<const std::byte*>(info->si_addr);
   if (g && at >= g->begin && at < g->end) {
     last_fault = at;
-    // SA_NODEFER left SIGBUS unblocked, so the mask needs no restoring.
+    // SA_NODEFER left SIGBUS unblocked (guarded_read unblocks it after the jump, should a
+    // wrapper around this handler have blocked it).
     siglongjmp(g->resume, 1);
   }
   // Not a guarded read: behave as if this handler were not there.
@@ -100,6 +103,13 @@ std::optional<MappingFault> guarded_read(std::span<const std::byte> region, void
   Guard* const outer = active;
   if (sigsetjmp(guard.resume, 0) != 0) {
     active = outer;
+    // SA_NODEFER kept SIGBUS unblocked in our handler, but a wrapper that runs it (a
+    // sanitizer's, another library's chain) may have blocked it; blocked, the thread's next
+    // SIGBUS would kill the process. One syscall on the fault path, none on the fast path.
+    sigset_t bus;
+    sigemptyset(&bus);
+    sigaddset(&bus, SIGBUS);
+    pthread_sigmask(SIG_UNBLOCK, &bus, nullptr);
     return MappingFault{last_fault};
   }
   active = &guard;
