@@ -17,9 +17,13 @@
 #include "eredu/io/read_fault.hpp"
 #include "eredu/io/regular_file.hpp"
 #include "eredu/io/uring_reader.hpp"
+#include "posix_values.hpp"
 #include "routing_reader.hpp"
 
 namespace eredu::io {
+
+using detail::nanoseconds;
+using detail::sys_error;
 
 struct CheckpointSource::Plan {
   const TensorInfo* tensor = nullptr;
@@ -35,8 +39,6 @@ struct ChunkStream::State {
 };
 
 namespace {
-
-std::error_code sys_error(int e) { return {e, std::system_category()}; }
 
 std::uint64_t align_down(std::uint64_t v, std::uint64_t a) { return v / a * a; }
 std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
@@ -71,10 +73,6 @@ void validate(const SourceOptions& options) {
 }
 
 namespace {
-
-std::int64_t nanoseconds(const struct timespec& t) {
-  return static_cast<std::int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
-}
 
 // Opens one catalog file for reading: the same file (device and inode) whose header was
 // parsed, at the same size, never blocking on a FIFO.

@@ -9,15 +9,10 @@
 
 #include <fmt/format.h>
 
+#include "posix_values.hpp"
+
 namespace eredu::io {
-namespace {
-
-std::uint64_t page_size() {
-  static const auto size = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
-  return size;
-}
-
-}  // namespace
+using detail::page_size;
 
 MappedView::MappedView(int fd, std::uint64_t offset, std::uint64_t length, std::string path, std::string tensor,
                        std::uint64_t file_size)

@@ -14,6 +14,7 @@
 
 #include "eredu/core/error.hpp"
 #include "eredu/core/log.hpp"
+#include "posix_values.hpp"
 #include "reader_core.hpp"
 
 namespace eredu::io {
@@ -21,11 +22,13 @@ namespace eredu::io {
 using detail::Piece;
 
 namespace {
+
+using detail::sys_error;
+
 constexpr std::size_t direct_align = detail::ReaderCore::direct_align;
 constexpr std::size_t max_iovec = std::size_t{1} << 30;  // io_uring's limit per fixed buffer
 constexpr unsigned max_small_requests = 64;
 
-std::error_code sys_error(int e) { return {e, std::system_category()}; }
 }  // namespace
 
 struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
