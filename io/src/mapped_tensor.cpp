@@ -7,27 +7,23 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
+#include <cstdlib>
 #include <fstream>
-#include <string_view>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "eredu/io/open_file.hpp"
+#include "posix_values.hpp"
 
 namespace eredu::io {
 namespace {
 
-std::int64_t nanoseconds(const struct timespec& t) { return std::int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec; }
-
-std::uint64_t page_size() {
-  static const auto size = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
-  return size;
-}
-
-std::error_code sys_error(int e) { return {e, std::system_category()}; }
+using detail::nanoseconds;
+using detail::page_size;
+using detail::sys_error;
 
 /// Bytes as "1.5 GiB" for messages.
 std::string bytes_text(std::uint64_t n) {
@@ -90,20 +86,15 @@ void MappedTensor::populate(std::span<const std::byte> part) const {
     if (::madvise(const_cast<std::byte*>(base + begin), end - begin, MADV_POPULATE_READ) == 0) return;
     const int e = errno;
     if (e == EINTR || e == EAGAIN) continue;
-    if (e == EINVAL) break;  // a kernel before 5.14: touch the pages instead
     if (e == ENOMEM) {
       throw Error(errc::out_of_memory,
                   {.file = file_->path(), .tensor = tensor_, .offset = at, .os_error = sys_error(e)},
                   fmt::format("cannot map {} bytes of the file's pages", part.size()));
     }
-    struct stat st {};
-    if (::fstat(file_->fd(), &st) == 0 && static_cast<std::uint64_t>(st.st_size) < file_->size()) {
-      throw Error(errc::file_changed, {.file = file_->path(), .tensor = tensor_, .offset = at},
-                  fmt::format("the file shrank to {} bytes while its pages were mapped (it was {} bytes when opened)",
-                              st.st_size, file_->size()));
-    }
-    throw Error(errc::io_error, {.file = file_->path(), .tensor = tensor_, .offset = at, .os_error = sys_error(e)},
-                fmt::format("cannot read {} bytes of the file into the page cache", part.size()));
+    // EINVAL (a kernel before 5.14), or a page that cannot be read in (EFAULT, EIO): the
+    // guarded touch below finds that page, and fault_error names its offset and whether the
+    // file shrank.
+    break;
   }
 #endif
   // One read per page, guarded: a page the kernel cannot supply becomes a typed error.
@@ -122,7 +113,8 @@ MemoryLockLimit memory_lock_limit() noexcept {
   MemoryLockLimit m;
   struct rlimit lim {};
   m.limit = ::getrlimit(RLIMIT_MEMLOCK, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY ? lim.rlim_cur : UINT64_MAX;
-  std::ifstream status("/proc/self/status");
+  // Capabilities are per thread, and lock() runs on whichever arena thread maps the weight.
+  std::ifstream status("/proc/thread-self/status");
   for (std::string line; std::getline(status, line);) {
     if (line.starts_with("VmLck:")) m.locked = std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;  // "N kB"
     if (line.starts_with("CapEff:")) {

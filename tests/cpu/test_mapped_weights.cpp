@@ -2,7 +2,8 @@
 // page-cache pages, no pool memory) and every trade-off weight_storage.hpp states — a file
 // rewritten in place changes them and the next bind refuses it, a file replaced by a rename
 // does not, unlocked pages can be evicted and locked ones cannot, RLIMIT_MEMLOCK is checked
-// and named, an in-place swap refuses them, and a shrunk file is a typed error, not SIGBUS.
+// and named, an in-place swap refuses them, and a shrunk file is a typed error, not SIGBUS,
+// whether it shrinks after the load or while the load faults its pages in.
 
 #include <fcntl.h>
 #include <linux/capability.h>
@@ -23,6 +24,7 @@
 #include "eredu/core/error.hpp"
 #include "eredu/io/digest.hpp"
 #include "eredu/io/mapped_tensor.hpp"
+#include "eredu/io/read_fault.hpp"
 
 using namespace eredu;
 using namespace eredu::test;
@@ -272,4 +274,41 @@ TEST_CASE("eredu's reads of a mapped weight whose file shrank fail with file_cha
                        Catch::Predicate<Error>([](const Error& e) { return e.code() == errc::file_changed; }));
   CHECK_THROWS_MATCHES(cpu::Backend::validate_bind(cpu::Parameter(DType::BF16, {1024, 2304}), mapped), Error,
                        Catch::Predicate<Error>([](const Error& e) { return e.code() == errc::file_changed; }));
+}
+
+TEST_CASE("a file that shrinks while its weight is mapped fails the load with file_changed at the first lost page",
+          "[mapped]") {
+  // Shrinks the checkpoint the moment the mapping is made, so faulting its pages in fails.
+  struct Shrinker : io::FaultInjector {
+    std::filesystem::path path;
+    std::uint64_t keep = 0;
+    io::ReadFault on_complete(std::uint32_t, std::uint64_t, std::uint64_t) override { return {}; }
+    bool allow_mapping() const override { return true; }
+    void on_map(std::uint32_t, std::uint64_t offset, std::uint64_t) override {
+      keep = (offset + 8192 + 4095) / 4096 * 4096;  // two pages or so of the tensor survive
+      std::filesystem::resize_file(path, keep);
+    }
+  } shrinker;
+  CpuCheckpoint ckpt{specs()};
+  shrinker.path = ckpt.path;
+  io::SourceOptions options;
+  options.reader.faults = &shrinker;
+  asio::io_context ctx;
+  auto source = io::CheckpointSource::open(ctx.get_executor(), ckpt.path, options);
+  cpu::Executor executor{2};
+  cpu::StoragePool storage;
+  cpu::MaterializationContext mc{executor, storage, false, cpu::WeightStorage::mapped};
+  const io::TensorInfo& big = source->catalog().at("big");
+  io::TensorReadRequest request{"big"};
+  try {
+    (void)finish(ctx, cpu::Backend::materialize(*source, request, mc, {}));
+    FAIL("a weight mapped from a shrunk file loaded");
+  } catch (const Error& e) {
+    CHECK(e.code() == errc::file_changed);
+    CHECK(e.context().file == ckpt.path.string());
+    CHECK(e.context().tensor == "big");
+    REQUIRE(e.context().offset);
+    CHECK(*e.context().offset >= shrinker.keep);
+    CHECK(*e.context().offset < big.offset + big.nbytes);
+  }
 }
