@@ -155,7 +155,6 @@ int run_load(const LoadOptions& o, const CommonFlags& flags) {
   bar.finish();
 
   const MappedCount mapped = count_mapped(*model);
-  const io::MemoryLockLimit lock_limit = io::memory_lock_limit();
   const std::uint64_t rss = peak_rss_bytes();
   if (flags.json) {
     JsonWriter json;
@@ -169,6 +168,7 @@ int run_load(const LoadOptions& o, const CommonFlags& flags) {
     json.field("weights", o.weights).count("tensor_mapped", mapped.tensors).bytes("mapped", mapped.bytes);
     json.bytes("locked", mapped.locked_bytes);
     if (o.weights == "map-lock") {
+      const io::MemoryLockLimit lock_limit = io::memory_lock_limit();
       if (lock_limit.limit == UINT64_MAX)
         json.field("memlock_limit", "unlimited");
       else

@@ -167,14 +167,13 @@ constexpr std::size_t map_populate_bytes = std::size_t{8} << 20;
 /// Faults a mapped weight's pages in (reading from the file what the page cache lacks) on the
 /// arena, or pins them (mlock, which faults them in too), so the load's end means every byte
 /// is in memory and any failure to read one is this load's typed error, not a later SIGBUS.
-asio::awaitable<void> map_weight(Job job, std::shared_ptr<const io::MappedTensor> mapped, WeightStorage weights) {
+asio::awaitable<void> map_weight(Job job, std::shared_ptr<io::MappedTensor> mapped, WeightStorage weights) {
   if (job.stop.stop_requested()) throw_stopped(mapped->tensor());
   Completion c = job.executor.submit([mapped, weights] {
     trace::Span span(weights == WeightStorage::mapped_locked ? "lock mapped weight" : "map weight", "cpu",
                      trace::enabled() ? mapped->tensor() : "");
     if (weights == WeightStorage::mapped_locked) {
-      // Const only to readers of the tensor; the mapping is this job's until it completes.
-      const_cast<io::MappedTensor&>(*mapped).lock();
+      mapped->lock();
       return;
     }
     const std::span<const std::byte> bytes = mapped->bytes();
@@ -426,7 +425,8 @@ Materialization Backend::materialize(io::CheckpointSource& source, const io::Ten
     std::optional<io::MappedTensor> mapped = source.map_tensor(request);
     // A weight whose elements the file misaligns is copied: kernels read it as typed values.
     if (mapped && reinterpret_cast<std::uintptr_t>(mapped->bytes().data()) % unit_alignment(info.dtype) == 0) {
-      auto shared = std::make_shared<const io::MappedTensor>(std::move(*mapped));
+      // The tensor's handle is read-only; this job's, which pins the pages, is not.
+      auto shared = std::make_shared<io::MappedTensor>(std::move(*mapped));
       Tensor weight(info.dtype, std::move(shape), std::make_shared<StorageBlock>(StorageBlock::adopt(shared)));
       return start(source, weight, map_weight(job, std::move(shared), context.weights));
     }
