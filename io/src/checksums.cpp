@@ -66,6 +66,54 @@ void merge(std::map<std::string, TensorDigests>& into, const std::map<std::strin
   }
 }
 
+/// The sidecar member that holds shard digests (see checksums.hpp).
+constexpr std::string_view shards_member = "__shards__";
+
+/// Parses the "__shards__" member: tensor → selection text → digests (`parse_digests`).
+template <class ParseDigests>
+void parse_shards(const json::Value& value, const std::filesystem::path& path, ParseDigests& parse_digests,
+                  std::map<std::string, std::map<std::string, ShardDigests>>& into) {
+  if (value.kind() != json::Kind::object)
+    throw Error(errc::invalid_metadata, {.file = path.string(), .offset = value.offset()},
+                fmt::format("\"{}\" is a JSON {}, not an object of tensor → shard → digest", shards_member,
+                            json::kind_name(value.kind())));
+  for (const json::Member& t : value.members()) {
+    const std::string tensor(t.key.as_string());
+    if (t.value.kind() != json::Kind::object)
+      throw Error(errc::invalid_metadata, {.file = path.string(), .tensor = tensor, .offset = t.value.offset()},
+                  "the tensor's shards are not an object of selection → digest");
+    std::map<std::string, ShardDigests>& mine = into[tensor];
+    for (const json::Member& m : t.value.members()) {
+      const std::optional<Selection> selection = Selection::parse(m.key.as_string());
+      if (!selection || selection->is_all())
+        throw Error(errc::invalid_metadata, {.file = path.string(), .tensor = tensor, .offset = m.key.offset()},
+                    fmt::format("\"{}\" is not a shard's selection (like \"[0:1024, 0:4096]\")", m.key.as_string()));
+      // Keyed by the canonical text, so "[0:4,0:8]" and "[0:4, 0:8]" are one shard.
+      if (!mine.emplace(selection->to_string(), ShardDigests{*selection, parse_digests(m.value, tensor)}).second)
+        throw Error(errc::invalid_metadata, {.file = path.string(), .tensor = tensor, .offset = m.key.offset()},
+                    fmt::format("the shard {} is listed twice", selection->to_string()));
+    }
+  }
+}
+
+/// The preferred digest of `digests` when recorded, else the other; nullopt when neither is.
+std::optional<std::pair<DigestKind, std::string>> pick(const TensorDigests& digests, DigestKind preferred) {
+  const DigestKind other = preferred == DigestKind::sha256 ? DigestKind::xxh3_128 : DigestKind::sha256;
+  const DigestKind kind = digests.get(preferred) ? preferred : other;
+  if (const std::string* expected = digests.get(kind)) return std::pair{kind, *expected};
+  return std::nullopt;
+}
+
+/// `{"sha256": ..., "xxh3-128": ...}`, or the bare SHA-256 string when `plain`.
+std::string digests_json(const TensorDigests& d, bool plain) {
+  if (plain) return fmt::format("\"{}\"", d.sha256);
+  std::string fields;
+  for (DigestKind kind : kinds)
+    if (const std::string* v = d.get(kind))
+      fields += fmt::format("{}\"{}\": \"{}\"", fields.empty() ? "" : ", ", digest_name(kind), *v);
+  return "{" + fields + "}";
+}
+
 }  // namespace
 
 const std::string* TensorDigests::get(DigestKind kind) const noexcept {
@@ -75,9 +123,11 @@ const std::string* TensorDigests::get(DigestKind kind) const noexcept {
 
 void DigestCheck::compare(const std::string& actual, std::uint64_t hashed) const {
   if (actual == expected) return;
-  throw Error(errc::checksum_mismatch, {.file = file, .tensor = tensor, .offset = offset},
-              fmt::format("the tensor's {} bytes hash to {} {}, but {} was recorded", hashed, digest_name(kind), actual,
-                          expected));
+  const std::string what =
+      selection.is_all() ? std::string("the tensor's") : fmt::format("the shard {}'s", selection.to_string());
+  throw Error(
+      errc::checksum_mismatch, {.file = file, .tensor = tensor, .offset = offset},
+      fmt::format("{} {} bytes hash to {} {}, but {} was recorded", what, hashed, digest_name(kind), actual, expected));
 }
 
 void DigestCheck::verify(std::span<const std::byte> data) const { compare(digest_hex(kind, data), data.size()); }
@@ -119,16 +169,16 @@ Checksums Checksums::from_sidecar(const std::filesystem::path& path) {
       throw Error(errc::invalid_metadata, {.file = path.string()},
                   fmt::format("the checksum sidecar is a JSON {}, not an object of tensor → digest",
                               json::kind_name(root.kind())));
-    for (const json::Member& m : root.members()) {
-      const std::string tensor(m.key.as_string());
+    // One tensor's (or shard's) digests: a SHA-256 string or an object of digests by name.
+    auto parse_digests = [&](const json::Value& value, const std::string& tensor) {
       TensorDigests digests;
-      if (m.value.kind() == json::Kind::string) {
-        if (!is_digest_hex(DigestKind::sha256, m.value.as_string()))
-          throw Error(errc::invalid_metadata, {.file = path.string(), .tensor = tensor, .offset = m.value.offset()},
+      if (value.kind() == json::Kind::string) {
+        if (!is_digest_hex(DigestKind::sha256, value.as_string()))
+          throw Error(errc::invalid_metadata, {.file = path.string(), .tensor = tensor, .offset = value.offset()},
                       "the digest is not a string of 64 hex digits (SHA-256)");
-        digests.sha256 = lowered(std::string(m.value.as_string()));
-      } else if (m.value.kind() == json::Kind::object) {
-        for (const json::Member& d : m.value.members()) {
+        digests.sha256 = lowered(std::string(value.as_string()));
+      } else if (value.kind() == json::Kind::object) {
+        for (const json::Member& d : value.members()) {
           const std::optional<DigestKind> kind = digest_kind_named(d.key.as_string());
           if (!kind)
             throw Error(errc::invalid_metadata, {.file = path.string(), .tensor = tensor, .offset = d.key.offset()},
@@ -144,12 +194,21 @@ Checksums Checksums::from_sidecar(const std::filesystem::path& path) {
           into = lowered(std::string(d.value.as_string()));
         }
         if (digests.sha256.empty() && digests.xxh3_128.empty())
-          throw Error(errc::invalid_metadata, {.file = path.string(), .tensor = tensor, .offset = m.value.offset()},
+          throw Error(errc::invalid_metadata, {.file = path.string(), .tensor = tensor, .offset = value.offset()},
                       "the tensor lists no digest");
       } else {
-        throw Error(errc::invalid_metadata, {.file = path.string(), .tensor = tensor, .offset = m.value.offset()},
+        throw Error(errc::invalid_metadata, {.file = path.string(), .tensor = tensor, .offset = value.offset()},
                     "the digest is neither a string of 64 hex digits nor an object of digests");
       }
+      return digests;
+    };
+    for (const json::Member& m : root.members()) {
+      const std::string tensor(m.key.as_string());
+      if (tensor == shards_member) {
+        parse_shards(m.value, path, parse_digests, out.shards_);
+        continue;
+      }
+      TensorDigests digests = parse_digests(m.value, tensor);
       if (!out.digests_.emplace(tensor, std::move(digests)).second)
         throw Error(errc::invalid_metadata, {.file = path.string(), .tensor = tensor, .offset = m.key.offset()},
                     "the tensor is listed twice");
@@ -176,7 +235,9 @@ Checksums Checksums::discover(const std::filesystem::path& checkpoint, const Cat
   const std::filesystem::path sidecar = sidecar_path(checkpoint);
   std::error_code ec;
   if (!std::filesystem::exists(sidecar, ec)) return out;
-  merge(out.digests_, from_sidecar(sidecar).digests_, sidecar.string());
+  Checksums found = from_sidecar(sidecar);
+  merge(out.digests_, found.digests_, sidecar.string());
+  out.shards_ = std::move(found.shards_);  // shard digests live in sidecars only
   return out;
 }
 
@@ -189,6 +250,24 @@ void Checksums::add(const std::string& tensor, DigestKind kind, std::string dige
     throw Error(errc::invalid_argument, {.tensor = tensor},
                 fmt::format("\"{}\" is not a {}-hex-digit {}", digest, digest_hex_digits(kind), digest_name(kind)));
   slot(digests_[tensor], kind) = lowered(std::move(digest));
+}
+
+void Checksums::add_shard(const std::string& tensor, const Selection& selection, DigestKind kind, std::string digest) {
+  if (selection.is_all())
+    throw Error(errc::invalid_argument, {.tensor = tensor},
+                "a shard digest needs a selection of part of the tensor; the whole tensor's digest is add()'s");
+  if (!is_digest_hex(kind, digest))
+    throw Error(errc::invalid_argument, {.tensor = tensor},
+                fmt::format("\"{}\" is not a {}-hex-digit {}", digest, digest_hex_digits(kind), digest_name(kind)));
+  ShardDigests& shard = shards_[tensor][selection.to_string()];
+  shard.selection = selection;
+  slot(shard.digests, kind) = lowered(std::move(digest));
+}
+
+std::size_t Checksums::shard_count() const noexcept {
+  std::size_t n = 0;
+  for (const auto& [tensor, shards] : shards_) n += shards.size();
+  return n;
 }
 
 const std::string* Checksums::find(const std::string& tensor) const { return find(tensor, DigestKind::sha256); }
@@ -205,30 +284,66 @@ std::optional<DigestCheck> Checksums::check(const Catalog& catalog, const std::s
     throw Error(errc::tensor_not_found, {.tensor = tensor}, "a checksum names a tensor the checkpoint does not have");
   auto it = digests_.find(tensor);
   if (it == digests_.end()) return std::nullopt;
-  const DigestKind other = preferred == DigestKind::sha256 ? DigestKind::xxh3_128 : DigestKind::sha256;
-  const DigestKind kind = it->second.get(preferred) ? preferred : other;
-  const std::string* expected = it->second.get(kind);
-  if (expected == nullptr) return std::nullopt;
-  return DigestCheck{kind, *expected, catalog.file_of(*info).path, tensor, info->offset, info->nbytes};
+  auto digest = pick(it->second, preferred);
+  if (!digest) return std::nullopt;
+  return DigestCheck{digest->first, std::move(digest->second), catalog.file_of(*info).path, tensor, info->offset,
+                     info->nbytes};
+}
+
+std::optional<DigestCheck> Checksums::check(const Catalog& catalog, const std::string& tensor,
+                                            const Selection& selection, DigestKind preferred) const {
+  if (selection.is_all()) return check(catalog, tensor, preferred);
+  const TensorInfo* info = catalog.find(tensor);
+  if (info == nullptr)
+    throw Error(errc::tensor_not_found, {.tensor = tensor}, "a checksum names a tensor the checkpoint does not have");
+  std::string why = selection.check(info->shape);
+  if (why.empty()) why = selection_block_error(info->shape, info->dtype, selection);
+  if (!why.empty())
+    throw Error(errc::invalid_argument, {.tensor = tensor}, fmt::format("shard {}: {}", selection.to_string(), why));
+  auto t = shards_.find(tensor);
+  if (t == shards_.end()) return std::nullopt;
+  auto s = t->second.find(selection.to_string());
+  if (s == t->second.end()) return std::nullopt;
+  auto digest = pick(s->second.digests, preferred);
+  if (!digest) return std::nullopt;
+  const std::vector<ByteRun> runs = selection_runs(info->shape, info->dtype, selection);
+  std::uint64_t bytes = 0;
+  for (const ByteRun& r : runs) bytes += r.length;
+  return DigestCheck{digest->first,
+                     std::move(digest->second),
+                     catalog.file_of(*info).path,
+                     tensor,
+                     info->offset + (runs.empty() ? 0 : runs.front().source_offset),
+                     bytes,
+                     selection};
 }
 
 std::string Checksums::to_json() const {
-  const bool plain =
+  bool plain =
       std::all_of(digests_.begin(), digests_.end(), [](const auto& entry) { return entry.second.xxh3_128.empty(); });
+  for (const auto& [tensor, shards] : shards_)
+    for (const auto& [text, shard] : shards) plain = plain && shard.digests.xxh3_128.empty();
   std::string out = "{";
   bool first = true;
   for (const auto& [tensor, d] : digests_) {
-    out += fmt::format("{}\n  {}: ", first ? "" : ",", json::quoted(tensor));
+    out += fmt::format("{}\n  {}: {}", first ? "" : ",", json::quoted(tensor), digests_json(d, plain));
     first = false;
-    if (plain) {
-      out += fmt::format("\"{}\"", d.sha256);
-      continue;
+  }
+  if (!shards_.empty()) {
+    out += fmt::format("{}\n  \"{}\": {{", first ? "" : ",", shards_member);
+    bool first_tensor = true;
+    for (const auto& [tensor, shards] : shards_) {
+      out += fmt::format("{}\n    {}: {{", first_tensor ? "" : ",", json::quoted(tensor));
+      first_tensor = false;
+      bool first_shard = true;
+      for (const auto& [text, shard] : shards) {
+        out += fmt::format("{}\n      {}: {}", first_shard ? "" : ",", json::quoted(text),
+                           digests_json(shard.digests, plain));
+        first_shard = false;
+      }
+      out += "\n    }";
     }
-    std::string fields;
-    for (DigestKind kind : kinds)
-      if (const std::string* v = d.get(kind))
-        fields += fmt::format("{}\"{}\": \"{}\"", fields.empty() ? "" : ", ", digest_name(kind), *v);
-    out += "{" + fields + "}";
+    out += "\n  }";
   }
   out += "\n}\n";
   return out;
@@ -269,7 +384,7 @@ asio::awaitable<std::string> hash_tensor(CheckpointSource& source, const DigestC
                                          std::shared_ptr<VerifyState> state) {
   auto stopped = [&] { return state->stop || cancel.cancelled() != asio::cancellation_type::none; };
   auto hash = std::make_shared<Hasher>(check.kind);
-  const TensorReadRequest request{check.tensor, Selection::all()};
+  const TensorReadRequest request{check.tensor, check.selection};
   if (std::optional<MappedView> view = source.map_resident(request)) {
     auto mapped = std::make_shared<MappedView>(std::move(*view));
     const std::span<const std::byte> all = mapped->bytes();
@@ -349,6 +464,12 @@ asio::awaitable<std::uint64_t> verify_checksums(CheckpointSource& source, Checks
   for (const auto& [tensor, digests] : checksums.digests())
     if (std::optional<DigestCheck> c = checksums.check(source.catalog(), tensor, options.preferred))
       state->checks.push_back(std::move(*c));
+  for (const auto& [tensor, shards] : checksums.shards()) {
+    if (checksums.digests().contains(tensor)) continue;  // the whole tensor's check covers its shards
+    for (const auto& [text, shard] : shards)
+      if (std::optional<DigestCheck> c = checksums.check(source.catalog(), tensor, shard.selection, options.preferred))
+        state->checks.push_back(std::move(*c));
+  }
   // File order: a cold checkpoint is then read front to back.
   std::sort(state->checks.begin(), state->checks.end(), [&](const DigestCheck& a, const DigestCheck& b) {
     return std::tie(a.file, a.offset) < std::tie(b.file, b.offset);

@@ -53,3 +53,16 @@ TEST_CASE("selection – an empty range selects nothing", "[core][selection]") {
   Shape shape{4, 4};
   CHECK(selection_runs(shape, DType::F32, Selection::rows(shape, 2, 2)).empty());
 }
+
+TEST_CASE("selection – parse reads what to_string writes and rejects anything else", "[core][selection]") {
+  const Selection s{{{0, 4}, {2, 8}, {7, 7}}};
+  CHECK(Selection::parse(s.to_string()) == s);
+  CHECK(Selection::parse("[0:4,2:8, 7 : 7 ]") == s);
+  CHECK(Selection::parse("[all]") == Selection::all());
+  CHECK(Selection::parse("[18446744073709551615:18446744073709551615]") == Selection{{{UINT64_MAX, UINT64_MAX}}});
+  for (const char* bad : {"", "[]", "[0:4", "0:4]", "[4:0]", "[0:4,]", "[0-4]", "[-1:4]", "[0:4;2:8]", "[a:b]",
+                          "[18446744073709551616:0]", "[0:4 2:8]", "[:4]"}) {
+    CAPTURE(bad);
+    CHECK_FALSE(Selection::parse(bad).has_value());
+  }
+}

@@ -285,3 +285,95 @@ TEST_CASE("checksums – many tensors verified in parallel lanes; a bad one is n
   }
   CHECK(source->pool().in_use() == 0);
 }
+
+TEST_CASE("checksums – shard digests: recorded, kept by the sidecar, checked by re-reading, a change named",
+          "[io][checksums]") {
+  Fixture f;  // "a" is F32 [300, 17]
+  const Catalog catalog = open_catalog(f.path);
+  const Selection rows = Selection::rows({300, 17}, 100, 200);    // one contiguous run
+  const Selection columns = Selection::columns({300, 17}, 5, 9);  // a run per row
+  auto piece = [&](const Selection& selection) {
+    std::vector<std::byte> out;
+    for (const ByteRun& run : selection_runs({300, 17}, DType::F32, selection))
+      out.insert(out.end(), f.data[0].begin() + static_cast<std::ptrdiff_t>(run.source_offset),
+                 f.data[0].begin() + static_cast<std::ptrdiff_t>(run.source_offset + run.length));
+    return out;
+  };
+  Checksums sums;
+  sums.add_shard("a", rows, DigestKind::sha256, sha256_hex(piece(rows)));
+  sums.add_shard("a", columns, DigestKind::xxh3_128, digest_hex(DigestKind::xxh3_128, piece(columns)));
+  CHECK(sums.shard_count() == 2);
+  CHECK(sums.size() == 0);
+  CHECK_FALSE(sums.empty());
+  CHECK(kind_of([&] { sums.add_shard("a", Selection::all(), DigestKind::sha256, f.digest(0)); }) ==
+        errc::invalid_argument);
+  CHECK(kind_of([&] { sums.add_shard("a", rows, DigestKind::sha256, "abc"); }) == errc::invalid_argument);
+
+  // The check names the shard's first byte and its size; whole-tensor checks are unchanged.
+  const std::optional<DigestCheck> check = sums.check(catalog, "a", rows);
+  REQUIRE(check);
+  CHECK(check->selection == rows);
+  CHECK(check->offset == catalog.find("a")->offset + 100 * 17 * 4);
+  CHECK(check->bytes == 100 * 17 * 4);
+  CHECK_FALSE(sums.check(catalog, "a", Selection::rows({300, 17}, 0, 100)));  // no digest for that shard
+  CHECK_FALSE(sums.check(catalog, "a"));
+  CHECK(kind_of([&] { sums.check(catalog, "a", Selection::rows({300, 17}, 0, 301)); }) == errc::invalid_argument);
+  CHECK(kind_of([&] { sums.check(catalog, "zzz", rows); }) == errc::tensor_not_found);
+
+  // The sidecar round trip, alongside a whole-tensor digest; the text of a selection may
+  // differ in spaces.
+  sums.add("b", f.digest(1));
+  synth::write_text_file(Checksums::sidecar_path(f.path), sums.to_json());
+  const Checksums found = Checksums::discover(f.path, catalog);
+  CHECK(found.shards() == sums.shards());
+  CHECK(found.digests() == sums.digests());
+  auto sidecar = f.dir / "shards.json";
+  synth::write_text_file(
+      sidecar, fmt::format(R"({{"__shards__": {{"a": {{"[100:200,0:17]": "{}"}}}}}})", sha256_hex(piece(rows))));
+  CHECK(Checksums::from_sidecar(sidecar).check(catalog, "a", rows)->expected == sha256_hex(piece(rows)));
+  for (const char* bad :
+       {R"({"__shards__": []})", R"({"__shards__": {"a": "00"}})", R"({"__shards__": {"a": {"[all]": "00"}}})",
+        R"({"__shards__": {"a": {"rows": "00"}}})", R"({"__shards__": {"a": {"[0:1, 0:17]": "abc"}}})"}) {
+    CAPTURE(bad);
+    synth::write_text_file(sidecar, bad);
+    CHECK(kind_of([&] { Checksums::from_sidecar(sidecar); }) == errc::invalid_metadata);
+  }
+  synth::write_text_file(
+      sidecar, fmt::format(R"({{"__shards__": {{"a": {{"[0:1, 0:17]": "{0}", "[0:1,0:17]": "{0}"}}}}}})", f.digest(0)));
+  CHECK(kind_of([&] { Checksums::from_sidecar(sidecar); }) == errc::invalid_metadata);  // one shard, twice
+
+  // Re-reading checks exactly the shards' bytes, through a mapping or chunk leases.
+  asio::io_context ctx;
+  SourceOptions options;
+  options.map_resident = GENERATE(true, false);
+  options.chunk_bytes = 4 << 10;
+  auto source = CheckpointSource::open(ctx.get_executor(), f.path, options);
+  auto verify = [&](Checksums sums_to_check) {
+    return test::run_on(ctx, [](CheckpointSource& s, Checksums c) -> asio::awaitable<std::uint64_t> {
+      co_return co_await async_verify_checksums(s, std::move(c), asio::use_awaitable);
+    }(*source, std::move(sums_to_check)));
+  };
+  Checksums shards_only;
+  shards_only.add_shard("a", rows, DigestKind::sha256, sha256_hex(piece(rows)));
+  shards_only.add_shard("a", columns, DigestKind::xxh3_128, digest_hex(DigestKind::xxh3_128, piece(columns)));
+  CHECK(verify(shards_only) == piece(rows).size() + piece(columns).size());
+  // A tensor with a whole digest is checked whole: its shards add nothing to read.
+  Checksums both = shards_only;
+  both.add("a", f.digest(0));
+  CHECK(verify(both) == f.data[0].size());
+
+  std::vector<std::byte> changed = piece(columns);
+  changed[3] ^= std::byte{1};
+  Checksums wrong;
+  wrong.add_shard("a", columns, DigestKind::sha256, sha256_hex(changed));
+  try {
+    verify(wrong);
+    FAIL("a wrong shard digest passed");
+  } catch (const Error& e) {
+    CHECK(e.kind() == errc::checksum_mismatch);
+    CHECK(e.context().tensor == "a");
+    CHECK(e.context().offset == catalog.find("a")->offset + 5 * 4);
+    CHECK_THAT(std::string(e.what()), Catch::Contains("shard [0:300, 5:9]"));
+  }
+  CHECK(source->pool().in_use() == 0);
+}

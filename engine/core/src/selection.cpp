@@ -50,6 +50,39 @@ std::string Selection::to_string() const {
   return out + "]";
 }
 
+std::optional<Selection> Selection::parse(std::string_view text) {
+  if (text == "[all]") return Selection::all();
+  if (text.size() < 2 || text.front() != '[' || text.back() != ']') return std::nullopt;
+  text = text.substr(1, text.size() - 2);
+  std::size_t at = 0;
+  auto skip_spaces = [&] {
+    while (at < text.size() && text[at] == ' ') ++at;
+  };
+  // A decimal number without sign or leading '+'; fails on overflow.
+  auto number = [&](std::uint64_t& out) {
+    skip_spaces();
+    const std::size_t begin = at;
+    out = 0;
+    while (at < text.size() && text[at] >= '0' && text[at] <= '9') {
+      const auto digit = static_cast<std::uint64_t>(text[at] - '0');
+      if (out > (UINT64_MAX - digit) / 10) return false;
+      out = out * 10 + digit;
+      ++at;
+    }
+    skip_spaces();
+    return at > begin;
+  };
+  Selection out;
+  for (;;) {
+    Range r;
+    if (!number(r.start) || at >= text.size() || text[at++] != ':' || !number(r.stop) || r.start > r.stop)
+      return std::nullopt;
+    out.ranges.push_back(r);
+    if (at == text.size()) return out;
+    if (text[at++] != ',') return std::nullopt;
+  }
+}
+
 std::string selection_block_error(const Shape& shape, DType dtype, const Selection& selection) {
   if (!dtype_is_quantized(dtype) || selection.is_all() || shape.empty()) return {};
   const std::uint32_t per_block = dtype_block(dtype).elements;

@@ -12,6 +12,14 @@
 ///    members are tensors, each either a SHA-256 string — {"<tensor>": "<64 hex digits>"} —
 ///    or an object of digests by name — {"<tensor>": {"sha256": "...", "xxh3-128": "..."}};
 ///  * digests the caller adds.
+///
+/// A tensor-parallel rank reads only its part of a split tensor, which a digest of the whole
+/// tensor cannot check. Shard digests can: the digest of one selection of a tensor, over its
+/// bytes in the order a load delivers them (row-major within the selection, as stored),
+/// recorded in the sidecar under the reserved member "__shards__" — {"__shards__":
+/// {"<tensor>": {"[0:1024, 0:4096]": "<digest>" or {"sha256": ..., "xxh3-128": ...}}}}, keyed
+/// by Selection::to_string(). `eredu checksum PATH --tensor-parallel N` records those of every
+/// rank of an N-rank group, after checking the whole tensors against the digests they have.
 /// `eredu gen --checksums` writes the sidecar; tools that produce MANIFEST.json-style
 /// records can write the same object. SHA-256 is the interoperable default; XXH3-128
 /// (digest.hpp) is a fast non-cryptographic alternative.
@@ -35,6 +43,7 @@
 #include <string>
 
 #include "eredu/core/detail/spawn_operation.hpp"
+#include "eredu/core/selection.hpp"
 #include "eredu/io/catalog.hpp"
 #include "eredu/io/checkpoint_source.hpp"
 #include "eredu/io/digest.hpp"
@@ -57,13 +66,22 @@ struct DigestCheck {
   std::string expected{};                ///< lowercase hex
   std::string file{};                    ///< the tensor's file, for messages
   std::string tensor{};                  ///< the tensor's name
-  std::uint64_t offset = 0;              ///< absolute file offset of its bytes
-  std::uint64_t bytes = 0;               ///< its stored size
-  /// Throws Error(checksum_mismatch) naming file, tensor, offset, both digests and the
-  /// number of bytes hashed when `actual` differs from `expected`.
+  std::uint64_t offset = 0;              ///< absolute file offset of its (first) bytes
+  std::uint64_t bytes = 0;               ///< its stored size (of the selection, for a shard)
+  Selection selection{};                 ///< the part hashed: all, or a shard
+  /// Throws Error(checksum_mismatch) naming file, tensor, offset, the shard, both digests
+  /// and the number of bytes hashed when `actual` differs from `expected`.
   void compare(const std::string& actual, std::uint64_t hashed) const;
-  /// Hashes `data` (the tensor's bytes as stored) and compares.
+  /// Hashes `data` (the tensor's or the shard's bytes as stored) and compares.
   void verify(std::span<const std::byte> data) const;
+};
+
+/// The digests recorded for one shard of a tensor.
+struct ShardDigests {
+  Selection selection{};    ///< the shard
+  TensorDigests digests{};  ///< its digests
+  /// Same shard, same digests.
+  bool operator==(const ShardDigests&) const = default;
 };
 
 /// Tensor name → expected digests.
@@ -87,6 +105,9 @@ class Checksums {
   /// Records the digest of `kind` of `tensor` (lowercased). Throws Error(invalid_argument)
   /// for a malformed digest.
   void add(const std::string& tensor, DigestKind kind, std::string digest);
+  /// Records the digest of `kind` of the shard `selection` of `tensor` (see file comment).
+  /// Throws Error(invalid_argument) for a malformed digest or a selection of the whole tensor.
+  void add_shard(const std::string& tensor, const Selection& selection, DigestKind kind, std::string digest);
   /// The expected SHA-256 of `tensor`, or nullptr.
   const std::string* find(const std::string& tensor) const;
   /// The expected digest of `kind` of `tensor`, or nullptr.
@@ -96,18 +117,28 @@ class Checksums {
   /// lacks the tensor.
   std::optional<DigestCheck> check(const Catalog& catalog, const std::string& tensor,
                                    DigestKind preferred = DigestKind::sha256) const;
-  /// Number of tensors with a digest.
+  /// The check of the part `selection` of `tensor`: check() for the whole tensor, else its
+  /// shard digest (nullopt when none is recorded). Throws Error(tensor_not_found) as check(),
+  /// Error(invalid_argument) when the selection does not fit the tensor.
+  std::optional<DigestCheck> check(const Catalog& catalog, const std::string& tensor, const Selection& selection,
+                                   DigestKind preferred = DigestKind::sha256) const;
+  /// Number of tensors with a digest of the whole tensor.
   std::size_t size() const noexcept { return digests_.size(); }
-  /// True when no tensor has one.
-  bool empty() const noexcept { return digests_.empty(); }
+  /// Number of shard digests (each shard with one or both digests counts once).
+  std::size_t shard_count() const noexcept;
+  /// True when no tensor and no shard has one.
+  bool empty() const noexcept { return digests_.empty() && shards_.empty(); }
   /// Every tensor's digests, by tensor name.
   const std::map<std::string, TensorDigests>& digests() const noexcept { return digests_; }
+  /// Every shard's digests: tensor name → Selection::to_string() → digests.
+  const std::map<std::string, std::map<std::string, ShardDigests>>& shards() const noexcept { return shards_; }
   /// The sidecar JSON text of these digests: plain SHA-256 strings when that is all there is
   /// (the format older readers know), objects by digest name otherwise.
   std::string to_json() const;
 
  private:
   std::map<std::string, TensorDigests> digests_;
+  std::map<std::string, std::map<std::string, ShardDigests>> shards_;
 };
 
 /// How async_verify_checksums works.
@@ -124,7 +155,9 @@ asio::awaitable<std::uint64_t> verify_checksums(CheckpointSource& source, Checks
                                                 asio::any_io_executor hasher, VerifyChecksumsOptions options);
 }  // namespace detail
 
-/// Reads every tensor `checksums` lists through `source` and compares its digest, hashing
+/// Reads every tensor `checksums` lists through `source` and compares its digest — and every
+/// listed shard of a tensor that has no digest of its own (one that has is covered by it) —
+/// hashing
 /// `options.concurrency` tensors at once on `hasher` (a thread pool's executor, say; a
 /// default-constructed one means a pool of that many threads of this operation's own).
 ///

@@ -3,7 +3,9 @@
 /// Selections: the per-dimension [start, stop) ranges of a tensor-parallel shard.
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "eredu/core/shape.hpp"
@@ -37,8 +39,11 @@ struct Selection {
   Shape selected_shape(const Shape& shape) const;
   /// Empty string if the selection fits `shape`, otherwise why not.
   std::string check(const Shape& shape) const;
-  /// "[0:4, 2:8]" for messages.
+  /// "[0:4, 2:8]" for messages and as a key (the whole tensor is "[all]").
   std::string to_string() const;
+  /// The selection to_string() wrote ("[0:4, 2:8]", spaces optional, "[all]"), or nullopt
+  /// when `text` is not one (a range whose start exceeds its stop included).
+  static std::optional<Selection> parse(std::string_view text);
   friend bool operator==(const Selection&, const Selection&) = default;
 };
 
