@@ -1,10 +1,9 @@
 // The distributed hot-swap under mpirun: a version commits on every rank or on none. Each
 // rank loads its tensor-parallel shard; a failure of any kind on one rank only (missing
-// tensor, wrong shape, checksum, a file cut short under the reader, canary, cancellation, a
-// checkpoint that does not open, so that rank declines)
-// leaves every rank on the old version, bit for bit, with the same error naming that rank;
-// rollback follows the same rule; and a serving loop that takes its version per step sees the
-// same generation on every rank at every step while versions are swapped under it.
+// tensor, wrong shape, checksum (of a whole tensor or of a shard), a file cut short under the reader, canary,
+// cancellation, a checkpoint that does not open, so that rank declines) leaves every rank on the old version, bit for
+// bit, with the same error naming that rank; rollback follows the same rule; and a serving loop that takes its version
+// per step sees the same generation on every rank at every step while versions are swapped under it.
 
 #include <algorithm>
 #include <asio/bind_cancellation_slot.hpp>
@@ -174,6 +173,19 @@ TEST_CASE("mpi – a failure on one rank leaves every rank on the old version, b
     io::Checksums sums;
     for (const synth::TensorSpec& s : specs())
       sums.add(s.name, io::sha256_hex(me ? env.a.bytes(s.name) : env.b.bytes(s.name)));  // the victim's: A's
+    expected = errc::checksum_mismatch;
+    error = env.failed_swap(*source, {.checksums = sums});
+  }
+  SECTION("a shard's checksum does not match (digests of the split tensors only)") {
+    // Each rank checks the digests of its own shards: the victim's are of A's bytes.
+    auto source = io::CheckpointSource::open(env.ctx.get_executor(), env.b.path, env.options);
+    io::Checksums sums;
+    for (const engine::ShardedTensor& t : env.plan.tensors)
+      if (t.shard.kind() != engine::Shard::Kind::replicated)
+        for (const Selection& piece : t.pieces)
+          sums.add_shard(t.key, piece, io::DigestKind::sha256,
+                         io::sha256_hex((me ? env.a : env.b).selected_bytes(t.key, piece)));
+    REQUIRE(sums.shard_count() > 0);
     expected = errc::checksum_mismatch;
     error = env.failed_swap(*source, {.checksums = sums});
   }

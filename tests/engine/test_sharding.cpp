@@ -2,7 +2,8 @@
 // heads, replicated key/value heads), the per-rank plans of a Llama-shaped checkpoint, and
 // loading every rank's plan on the CPU backend: each rank's slots hold exactly its part of
 // the file's bytes, the parts of all ranks put back together are the whole tensor, and the
-// reader delivers exactly the bytes the rank's selections select.
+// reader delivers exactly the bytes the rank's selections select; shard digests check each
+// rank's part, and a changed byte fails only the rank that reads it.
 
 #include <asio/io_context.hpp>
 #include <asio/use_future.hpp>
@@ -16,6 +17,10 @@
 #include "eredu/engine/load.hpp"
 #include "eredu/engine/plan_module.hpp"
 #include "eredu/engine/sharding.hpp"
+#include "eredu/io/checksums.hpp"
+#include "eredu/io/open_catalog.hpp"
+#include "eredu/io/sha256.hpp"
+#include "eredu/synth/safetensors_writer.hpp"
 
 using namespace eredu;
 using namespace eredu::test;
@@ -245,4 +250,103 @@ TEST_CASE("sharding – a rule that cannot apply is a typed error naming the ten
     CHECK(error_of(r, 0, 2).context().tensor == "c.w");
   }
   CHECK(error_of(ShardingRules(), 2, 2).kind() == errc::invalid_argument);  // rank out of range
+}
+
+namespace {
+
+/// Shard digests of every piece of every rank of `size`, and whole digests of the replicated
+/// tensors: what `eredu checksum --tensor-parallel size` records.
+io::Checksums shard_checksums(const CpuCheckpoint& ckpt, const ShardingRules& rules, int size) {
+  io::Checksums sums;
+  const io::Catalog catalog = io::open_catalog(ckpt.path);
+  for (int rank = 0; rank < size; ++rank)
+    for (const engine::ShardedTensor& t : engine::plan_tensor_parallel(catalog, rules, rank, size).tensors) {
+      if (t.shard.kind() == Shard::Kind::replicated) {
+        sums.add(t.key, io::sha256_hex(ckpt.bytes(t.key)));
+        continue;
+      }
+      for (const Selection& piece : t.pieces)
+        sums.add_shard(t.key, piece, io::DigestKind::sha256, io::sha256_hex(ckpt.selected_bytes(t.key, piece)));
+    }
+  return sums;
+}
+
+}  // namespace
+
+TEST_CASE("sharding – shard digests verify each rank's part; a changed byte fails only the rank that reads it",
+          "[sharding][checksums]") {
+  const CpuCheckpoint good(llama_specs(), 11);
+  const ShardingRules rules = llama_rules();
+  const io::Checksums sums = shard_checksums(good, rules, 2);
+  // The sidecar keeps them: what a load reads back is what was recorded.
+  synth::write_text_file(io::Checksums::sidecar_path(good.path), sums.to_json());
+  const io::Checksums read_back = io::Checksums::discover(good.path, io::open_catalog(good.path));
+  REQUIRE(read_back.shard_count() == sums.shard_count());
+  CHECK(read_back.shards() == sums.shards());
+
+  // Loads rank `rank` of 2 of `ckpt` under require; returns the load's error, if any.
+  asio::io_context ctx;
+  auto load = [&](const CpuCheckpoint& ckpt, int rank, engine::MaterializeProgress& progress) -> std::exception_ptr {
+    auto source = io::CheckpointSource::open(ctx.get_executor(), ckpt.path, small_source_options(std::size_t{1} << 20));
+    const engine::TensorParallelPlan plan = engine::plan_tensor_parallel(source->catalog(), rules, rank, 2);
+    auto model = engine::PlanModule<cpu::Parameter>::from_tensor_parallel(plan);
+    cpu::Executor arena(2);
+    cpu::MaterializationContext context{arena, cpu::Backend::default_storage()};
+    engine::MaterializeOptions options{.progress = &progress,
+                                       .verify = {.mode = engine::VerifyMode::require, .checksums = read_back}};
+    auto done = engine::async_load<cpu::Backend>(model, *source, plan.bindings, context, options, asio::use_future);
+    try {
+      run_until_ready(ctx, done);  // rethrows the load's error
+    } catch (const std::exception& e) {
+      UNSCOPED_INFO("the load failed: " << e.what());
+      return std::current_exception();
+    }
+    return nullptr;
+  };
+  std::uint64_t pieces = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    CAPTURE(rank);
+    engine::MaterializeProgress progress;
+    CHECK_FALSE(load(good, rank, progress));
+    // Every tensor and every piece of a fused one was checked: in place, or read again.
+    std::uint64_t expected = 0;
+    for (const engine::ShardedTensor& t :
+         engine::plan_tensor_parallel(io::open_catalog(good.path), rules, rank, 2).tensors)
+      expected += t.shard.kind() == Shard::Kind::replicated ? 1 : t.pieces.size();
+    CHECK(progress.tensors_verified == expected);
+    CHECK(progress.tensors_unverified == 0);
+    pieces += expected;
+  }
+  CHECK(pieces > good.specs.size());
+
+  // One byte changed in rank 1's columns of a row-parallel weight (checked where it lands),
+  // then in rank 1's query rows of a fused qkv_proj (a concat recipe: checked by reading again).
+  struct Case {
+    const char* tensor;
+    std::size_t byte;  // within the tensor's stored bytes
+    const char* shard;
+  };
+  const Case cases[] = {
+      {"model.layers.0.mlp.down_proj.weight", 20 * 2, "[0:16, 12:24]"},               // row 0, column 20 (f16)
+      {"model.layers.1.self_attn.qkv_proj.weight", 9 * kHidden * 4, "[8:16, 0:16]"},  // row 9 (f32)
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.tensor);
+    std::vector<std::vector<std::byte>> contents = good.data;
+    for (std::size_t i = 0; i < good.specs.size(); ++i)
+      if (good.specs[i].name == c.tensor) contents[i][c.byte] ^= std::byte{0x40};
+    const CpuCheckpoint bad(llama_specs(), std::move(contents));
+    engine::MaterializeProgress progress;
+    CHECK_FALSE(load(bad, 0, progress));  // rank 0 does not read the changed byte
+    std::exception_ptr e = load(bad, 1, progress);
+    REQUIRE(e);
+    try {
+      std::rethrow_exception(e);
+    } catch (const Error& error) {
+      CHECK(error.kind() == errc::checksum_mismatch);
+      CHECK(error.context().tensor == c.tensor);
+      CHECK(error.context().file == bad.path.string());
+      CHECK_THAT(std::string(error.what()), Catch::Contains(fmt::format("shard {}", c.shard)));
+    }
+  }
 }

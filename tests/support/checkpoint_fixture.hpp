@@ -20,6 +20,7 @@
 
 #include "eredu/core/completion.hpp"
 #include "eredu/core/error.hpp"
+#include "eredu/core/selection.hpp"
 #include "eredu/io/checkpoint_source.hpp"
 #include "io/read_fixture.hpp"
 
@@ -56,6 +57,17 @@ struct TestCheckpoint {
     for (const auto& s : specs)
       if (s.name == name) return s;
     throw std::runtime_error("no tensor " + name);
+  }
+  /// The stored bytes of `selection` of tensor `name`, in the order a load delivers them
+  /// (what a shard digest covers).
+  std::vector<std::byte> selected_bytes(const std::string& name, const Selection& selection) const {
+    const synth::TensorSpec& s = spec(name);
+    const std::vector<std::byte>& full = bytes(name);
+    std::vector<std::byte> out;
+    for (const ByteRun& run : selection_runs(s.shape, s.dtype, selection))
+      out.insert(out.end(), full.begin() + static_cast<std::ptrdiff_t>(run.source_offset),
+                 full.begin() + static_cast<std::ptrdiff_t>(run.source_offset + run.length));
+    return out;
   }
 };
 

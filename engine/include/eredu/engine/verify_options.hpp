@@ -11,7 +11,9 @@
 /// a concat), and every tensor on a backend that cannot hash its weights, are checked by
 /// hashing the file's bytes again (io::async_verify_checksums, from the page cache where
 /// they are resident), concurrently with the load. A partial selection (a tensor-parallel
-/// shard) cannot be checked against a digest of the whole tensor: it counts as unverified.
+/// shard) is checked against the digest of that shard (io::Checksums, "__shards__" in the
+/// sidecar) the same ways; without one it counts as unverified, since the digest of the whole
+/// tensor cannot check part of it.
 /// Verification failing fails the load like any read error: nothing is bound or published.
 
 #include "eredu/io/checksums.hpp"

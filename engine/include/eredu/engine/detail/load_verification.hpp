@@ -33,6 +33,14 @@ struct LoadVerification {
   std::string why_unverified;                            ///< why that one is not verifiable
 };
 
+/// Adds `check` (of a whole tensor or of a shard) to the checks made by re-reading the file.
+inline void reread(io::Checksums& into, const io::DigestCheck& check) {
+  if (check.selection.is_all())
+    into.add(check.tensor, check.kind, check.expected);
+  else
+    into.add_shard(check.tensor, check.selection, check.kind, check.expected);
+}
+
 /// Decides what the load of `owners` verifies (see verify_options.hpp). Throws
 /// Error(invalid_argument) for options out of range (validate), under VerifyMode::require when a tensor read is not
 /// verifiable, and the digests' own errors (tensor_not_found...). Logs one line under `on` when nothing or not
@@ -53,12 +61,14 @@ LoadVerification plan_verification(const VerifyOptions& options, const io::Catal
     if (first) ++out.tensors;
     std::optional<io::DigestCheck> check;
     std::string why;
-    if (!selection.is_all()) {
-      why = fmt::format("it is read partially (selection {}) and its digest covers the whole tensor",
-                        selection.to_string());
-    } else if (catalog.find(key) != nullptr) {
-      check = digests.check(catalog, key, options.preferred);
-      if (!check) why = "no digest is recorded for it";
+    if (catalog.find(key) != nullptr) {
+      check = digests.check(catalog, key, selection, options.preferred);
+      if (!check && selection.is_all()) why = "no digest is recorded for it";
+      if (!check && !selection.is_all())
+        why = fmt::format(
+            "it is read partially (shard {}) and no digest of that shard is recorded (`eredu checksum PATH "
+            "--tensor-parallel N` records them)",
+            selection.to_string());
     }
     if (!check && first && catalog.find(key) != nullptr) {
       if (out.unverified++ == 0) {
@@ -77,8 +87,7 @@ LoadVerification plan_verification(const VerifyOptions& options, const io::Catal
         const DerivedWeightRecipe* node = todo.back();
         todo.pop_back();
         if (node->kind() == DerivedWeightRecipe::Kind::source) {
-          if (auto check = note(node->key(), node->selection()))
-            out.reread.add(check->tensor, check->kind, check->expected);
+          if (auto check = note(node->key(), node->selection())) reread(out.reread, *check);
         } else {
           for (const DerivedWeightRecipe& input : node->inputs()) todo.push_back(&input);
         }
@@ -87,7 +96,7 @@ LoadVerification plan_verification(const VerifyOptions& options, const io::Catal
       if constexpr (VerifyingBackend<B>) {
         out.in_place[i] = std::move(check);
       } else {
-        out.reread.add(check->tensor, check->kind, check->expected);
+        reread(out.reread, *check);
       }
     }
   }

@@ -89,7 +89,7 @@ asio::awaitable<MaterializedUnit<B>> materialize_unit(io::CheckpointSource& sour
     CompletionSource done;
     reread = done.completion();
     io::VerifyChecksumsOptions reread_options{.preferred = options.verify.preferred};
-    const std::uint64_t tensors = verification.reread.size();
+    const std::uint64_t tensors = verification.reread.size() + verification.reread.shard_count();
     // It runs to its end even when the load fails or is cancelled (it only reads and hashes);
     // the unit waits for it either way, so nothing it uses is gone before it is.
     io::async_verify_checksums(source, std::move(verification.reread), asio::any_io_executor(), reread_options,
