@@ -6,6 +6,7 @@ docs/cli.md against every command's --help. ctest runs each case as its own test
     cli_test.py ERDU_BINARY SOURCE_DIR CASE
 """
 import fcntl
+import hashlib
 import json
 import os
 import pty
@@ -19,7 +20,7 @@ import tempfile
 import termios
 
 EREDU, SOURCE, CASE = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2]), sys.argv[3]
-COMMANDS = ["inspect", "read", "load", "pipeline", "swap", "gen"]
+COMMANDS = ["inspect", "read", "load", "pipeline", "swap", "gen", "checksum"]
 failures = []
 
 
@@ -684,6 +685,127 @@ def case_gguf(tmp):
     check(code == 1 and e.get("kind") == "unsupported_version" and e.get("file") == bad, f"inspect v1.gguf: {e}")
 
 
+def safetensors_tensors(path):
+    """name -> (dtype, shape, absolute offset, bytes), from the file's own header (8-byte
+    little-endian header length, the JSON header, data offsets relative to its end)."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    return {name: (t["dtype"], t["shape"], 8 + n + t["data_offsets"][0], t["data_offsets"][1] - t["data_offsets"][0])
+            for name, t in header.items() if name != "__metadata__"}
+
+
+def parse_selection(text):
+    """"[0:128, 64:128]" -> [(0, 128), (64, 128)]."""
+    return [tuple(int(x) for x in r.split(":")) for r in text.strip("[]").split(",")]
+
+
+def selection_bytes(data, shape, element, ranges):
+    """The bytes of `ranges` of a row-major tensor `data`, in row-major order (as a load delivers them)."""
+    strides = [element] * len(shape)
+    for d in range(len(shape) - 2, -1, -1):
+        strides[d] = strides[d + 1] * shape[d + 1]
+
+    def part(d, base):
+        start, stop = ranges[d]
+        if d == len(shape) - 1:
+            return data[base + start * element:base + stop * element]
+        return b"".join(part(d + 1, base + i * strides[d]) for i in range(start, stop))
+    return part(0, 0)
+
+
+def case_checksum(tmp):
+    """eredu checksum --tensor-parallel 2: whole and shard digests equal to Python's of the file's
+    bytes, a rerun writes the same sidecar, other kinds are kept, a changed byte fails with
+    checksum_mismatch and leaves the sidecar as it was, rule options need --tensor-parallel."""
+    ck = os.path.join(tmp, "ck.safetensors")
+    sidecar = ck + ".sha256.json"
+    run("gen", ck, "--size", "4M", "-q", expect=0)  # hidden 128: 2 heads of 64, so 2 ranks split attention too
+    tensors = safetensors_tensors(ck)
+    data = open(ck, "rb").read()
+    element = {"BF16": 2, "F16": 2, "F32": 4}
+    code, out, err = run("checksum", ck, "--tensor-parallel", "2", "--json", expect=0)
+    if code != 0:
+        return
+    doc = document(out, "checksum")
+    check_vocabulary(doc, "checksum")
+    sums = json.load(open(sidecar))
+    shards = sums.pop("__shards__", {})
+    shard_total = sum(len(s) for s in shards.values())
+    check(doc["path"] == ck and doc["sidecar"] == sidecar and doc["digest"] == "sha256", f"checksum: {doc}")
+    check(doc["tensor_count"] == len(tensors) == doc["digest_count"] and doc["bytes"] == doc["tensor_bytes"]
+          == sum(t[3] for t in tensors.values()) and doc["verified_count"] == 0 and doc["shard_verified_count"] == 0,
+          f"checksum: counts {doc}")
+    tp = doc["tensor_parallel"] or {}
+    check(tp.get("rank_count") == 2 and tp.get("split_tensor_count") == len(shards) and tp.get("shard_count")
+          == shard_total == doc["shard_count"] and tp.get("dims_from") == "eredu gen's dims", f"tensor_parallel: {tp}")
+    # Every tensor's whole digest, and every shard's, is the SHA-256 of the file's bytes.
+    check(set(sums) == set(tensors), f"the sidecar's tensors differ from the file's: {set(sums) ^ set(tensors)}")
+    for name, (dtype, shape, offset, size) in tensors.items():
+        check(sums.get(name) == hashlib.sha256(data[offset:offset + size]).hexdigest(), f"{name}: whole digest")
+    downs = [n for n in tensors if n.endswith(".mlp.down_proj.weight")]
+    check(len(downs) > 0 and all(n in shards for n in downs), f"no shards of the down projections: {sorted(shards)}")
+    for name in downs:
+        rows, cols = tensors[name][1]
+        check(sorted(shards[name]) == [f"[0:{rows}, 0:{cols // 2}]", f"[0:{rows}, {cols // 2}:{cols}]"],
+              f"{name} ({rows}x{cols}): shards {sorted(shards[name])}, not two halves of dim 1")
+    check(not any(n.endswith("norm.weight") for n in shards), "a replicated norm has shard digests")
+    for name, by_selection in shards.items():
+        dtype, shape, offset, size = tensors[name]
+        for text, digest in by_selection.items():
+            want = hashlib.sha256(selection_bytes(data[offset:offset + size], shape, element[dtype],
+                                                  parse_selection(text))).hexdigest()
+            check(digest == want, f"{name} {text}: shard digest {digest}, Python's {want}")
+    # A rerun checks every recorded digest and writes the same sidecar; without --tensor-parallel
+    # the shards are kept.
+    before = open(sidecar).read()
+    code, out, _ = run("checksum", ck, "--tensor-parallel", "2", "--json", expect=0)
+    if code == 0:
+        again = document(out, "checksum")
+        check(again["verified_count"] == len(tensors) and again["shard_verified_count"] == shard_total,
+              f"rerun: verified {again['verified_count']}, {again['shard_verified_count']} shards")
+    check(open(sidecar).read() == before, "a rerun on the unchanged checkpoint changed the sidecar")
+    code, out, _ = run("checksum", ck, expect=0)
+    check("sidecar" in out and "verified" in out and open(sidecar).read() == before,
+          f"checksum without --tensor-parallel: {out} (sidecar changed: {open(sidecar).read() != before})")
+    check(not os.path.exists(sidecar + ".tmp"), "a temporary sidecar was left behind")
+    # 2 heads cannot be divided among 3 ranks: the sharding's error, nothing written.
+    code, out, err = run("checksum", ck, "--tensor-parallel", "3", "--json")
+    e = json.loads(out.strip().splitlines()[-1]).get("error", {}) if out.strip() else {}
+    check(code == 1 and e.get("kind") == "invalid_argument" and "cannot be divided among 3 ranks" in err,
+          f"checksum --tensor-parallel 3: exit {code}: {e}")
+    # Another kind is added; the recorded SHA-256 digests are checked and kept.
+    code, _, _ = run("checksum", ck, "--tensor-parallel", "2", "--digest", "xxh3-128", "-q", expect=0)
+    both = json.load(open(sidecar))
+    both_shards = both.pop("__shards__", {})
+    check(all(set(d) == {"sha256", "xxh3-128"} and d["sha256"] == sums[n] for n, d in both.items())
+          and all(set(d) == {"sha256", "xxh3-128"} and d["sha256"] == shards[n][t]
+                  for n, s in both_shards.items() for t, d in s.items()),
+          "checksum --digest xxh3-128 over a SHA-256 sidecar did not keep both")
+    before = open(sidecar).read()
+    # One byte changed inside a tensor: checksum_mismatch naming it, the sidecar untouched.
+    victim = downs[0]
+    with open(ck, "r+b") as f:
+        f.seek(tensors[victim][2] + 10)
+        byte = f.read(1)
+        f.seek(tensors[victim][2] + 10)
+        f.write(bytes([byte[0] ^ 1]))
+    code, out, err = run("checksum", ck, "--tensor-parallel", "2", "--json")
+    e = json.loads(out.strip().splitlines()[-1]).get("error", {}) if out.strip() else {}
+    check(code == 1 and e.get("kind") == "checksum_mismatch" and e.get("tensor") == victim and e.get("file") == ck
+          and e.get("offset") == tensors[victim][2] and victim in err,
+          f"checksum of a changed byte: exit {code}: {e} {err[-500:]}")
+    check(open(sidecar).read() == before and not os.path.exists(sidecar + ".tmp"),
+          "a failed checksum changed the sidecar or left its temporary file")
+    # The rule options need --tensor-parallel.
+    for args in (["--heads", "3"], ["--shard", "*.mlp.*=replicated"]):
+        code, _, err = run("checksum", ck, *args)
+        check(code == 2 and args[0] in err and "only with --tensor-parallel" in err,
+              f"checksum {' '.join(args)}: exit {code}: {err}")
+    code, _, err = run("checksum", ck, "--tensor-parallel", "0")
+    check(code == 2 and "1 to 4096" in err, f"checksum --tensor-parallel 0: exit {code}: {err}")
+
+
 def case_tensor_parallel(tmp):
     """`mpirun -np 2 eredu load --tensor-parallel` (argv after CASE: mpiexec, its flags and -np's
     flag): each rank reads split/N + replicated bytes exactly, the totals add up, --shard rules
@@ -744,6 +866,39 @@ def case_tensor_parallel(tmp):
     # --heads that do not divide the query rows: a usage error (exit 2) naming the option.
     code, _, err = mpirun(2, "load", ck, "--tensor-parallel", "--heads", "3", "-q")
     check(code == 2 and "--heads" in err and "q_proj" in err, f"--heads 3: exit {code}: {err[-500:]}")
+    # Verification: without shard digests require refuses before reading; with those of
+    # `eredu checksum --tensor-parallel 2` every rank's pieces are checked; one byte changed in
+    # rank 1's half of a row-parallel weight fails rank 1, named by the others.
+    run("checksum", ck, "-q", expect=0)  # whole-tensor digests only
+    code, out, err = mpirun(2, "load", ck, "--tensor-parallel", "--verify", "require", "-q")
+    check(code == 1 and "no digest of that shard is recorded" in err and "eredu checksum" in err,
+          f"--verify require without shard digests: exit {code}: {err[-800:]}")
+    run("checksum", ck, "--tensor-parallel", "2", "-q", expect=0)
+    code, out, err = mpirun(2, "load", ck, "--tensor-parallel", "--verify", "require", "--json", "-q")
+    check(code == 0, f"--verify require with shard digests: exit {code}: {err[-2000:]}")
+    if code == 0:
+        doc = document(out, "load")
+        check_document(doc, 2, "-np 2 --verify require")
+        for r in doc["tensor_parallel"]["ranks"]:
+            load = r["loads"][0]
+            check(load["tensor_verified_count"] > 0 and load["tensor_unverified_count"] == 0
+                  and load["verified_bytes"] == load["read_bytes"], f"--verify require: rank {r['rank']}: {load}")
+        check(doc["checksum_count"] > doc["tensor_count"] and doc["loads"][0]["tensor_unverified_count"] == 0,
+              f"--verify require: {doc['checksum_count']} digests, loads {doc['loads']}")
+    tensors = safetensors_tensors(ck)
+    down = sorted(n for n in tensors if n.endswith(".mlp.down_proj.weight"))[0]
+    dtype, shape, offset, size = tensors[down]
+    with open(ck, "r+b") as f:  # row 0, its last element: in rank 1's columns
+        f.seek(offset + size // shape[0] - 1)
+        byte = f.read(1)
+        f.seek(offset + size // shape[0] - 1)
+        f.write(bytes([byte[0] ^ 0x10]))
+    code, out, err = mpirun(2, "load", ck, "--tensor-parallel", "--verify", "on", "-q")
+    check(code == 1 and "checksum_mismatch" in err and down in err and f"[0:{shape[0]}, {shape[1] // 2}:{shape[1]}]"
+          in err and "rank 1 of 2 failed" in err, f"a changed byte in rank 1's shard: exit {code}: {err[-1500:]}")
+    with open(ck, "r+b") as f:
+        f.seek(offset + size // shape[0] - 1)
+        f.write(byte)
     # Outside mpirun: a group of one rank that reads the whole checkpoint.
     code, out, err = run("load", ck, "--tensor-parallel", "--json", "-q")
     check(code == 0, f"eredu load --tensor-parallel outside mpirun: exit {code}: {err[-2000:]}")

@@ -37,5 +37,7 @@ Command add_pipeline_command(CLI::App& app, CommonFlags& flags);
 Command add_swap_command(CLI::App& app, CommonFlags& flags);
 /// `eredu gen OUT`: writes a synthetic transformer-shaped checkpoint.
 Command add_gen_command(CLI::App& app, CommonFlags& flags);
+/// `eredu checksum PATH`: writes the checksum sidecar (whole tensors, tensor-parallel shards).
+Command add_checksum_command(CLI::App& app, CommonFlags& flags);
 
 }  // namespace eredu::cli

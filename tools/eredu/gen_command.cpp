@@ -9,15 +9,12 @@
 // --force, which removes it first, so OUT never ends up holding two checkpoints. A single
 // file is written under a temporary name and renamed, so an interrupted run leaves no
 // partial file under OUT.
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -26,6 +23,7 @@
 
 #include <fmt/format.h>
 
+#include "checksum_sidecar.hpp"
 #include "cli.hpp"
 #include "commands.hpp"
 #include "eredu/core/error.hpp"
@@ -57,55 +55,14 @@ struct GenOptions {
   bool force = false;
 };
 
-/// The digests `--digest` names: sha256, xxh3-128 or both.
-std::vector<io::DigestKind> digest_kinds(const std::string& digest) {
-  if (digest == "both") return {io::DigestKind::sha256, io::DigestKind::xxh3_128};
-  return {digest == "xxh3-128" ? io::DigestKind::xxh3_128 : io::DigestKind::sha256};
-}
-
 /// The digests of `kinds` of every tensor of the checkpoint at `out`, one read of each
-/// tensor, written as its checksum sidecar (what loads and hot-swaps verify).
+/// tensor (hash_checkpoint), written as its checksum sidecar (what loads and hot-swaps
+/// verify). A fresh checkpoint: no digest is recorded yet to check.
 fs::path write_checksums(const fs::path& out, const std::vector<io::DigestKind>& kinds, Progress& progress) {
   const io::Catalog catalog = io::open_catalog(out);
-  io::Checksums sums;
-  std::vector<std::byte> buffer(std::size_t{4} << 20);
-  std::uint64_t hashed = 0;
-  progress.phase("hash", catalog.total_bytes());
-  for (const io::TensorInfo& t : catalog.tensors()) {
-    const std::string& path = catalog.file_of(t).path;
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-      throw Error(errc::io_error, {.file = path, .os_error = std::error_code(errno, std::system_category())},
-                  "cannot open the shard to hash it");
-    std::vector<io::Hasher> hashes;
-    for (io::DigestKind kind : kinds) hashes.emplace_back(kind);
-    std::uint64_t done = 0;
-    while (done < t.nbytes) {
-      const auto want = static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), t.nbytes - done));
-      const ssize_t r = ::pread(fd, buffer.data(), want, static_cast<off_t>(t.offset + done));
-      if (r <= 0) {
-        const int err = r < 0 ? errno : 0;
-        ::close(fd);
-        throw Error(r < 0 ? errc::io_error : errc::unexpected_eof,
-                    {.file = path,
-                     .tensor = t.name,
-                     .offset = t.offset + done,
-                     .os_error = std::error_code(err, std::system_category())},
-                    "reading the tensor to hash it failed");
-      }
-      for (io::Hasher& hash : hashes) hash.update(std::span(buffer.data(), static_cast<std::size_t>(r)));
-      done += static_cast<std::uint64_t>(r);
-      progress.update(hashed + done);
-    }
-    hashed += t.nbytes;
-    ::close(fd);
-    for (io::Hasher& hash : hashes) sums.add(t.name, hash.kind(), hash.hex_digest());
-  }
+  const io::Checksums sums = hash_checkpoint(catalog, kinds, {}, io::Checksums{}, progress);
   const fs::path sidecar = io::Checksums::sidecar_path(out);
-  std::ofstream file(sidecar, std::ios::binary | std::ios::trunc);
-  file << sums.to_json();
-  file.close();
-  if (!file) throw Error(errc::io_error, {.file = sidecar.string()}, "cannot write the checksum sidecar");
+  write_sidecar(sidecar, sums);
   return sidecar;
 }
 

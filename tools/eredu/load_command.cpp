@@ -254,38 +254,10 @@ Command add_load_command(CLI::App& app, CommonFlags& flags) {
                 "load one shard per MPI rank (mpirun -np N eredu load PATH --tensor-parallel): each rank reads only "
                 "its bytes, by the Llama sharding rules and --shard; rank 0 prints every rank's figures and the "
                 "totals (builds with MPI only)");
-  const std::vector<CLI::Option*> tp_options = {
-      add_integer(*cmd, "--heads", tp.heads, std::uint64_t{1}, std::uint64_t{1} << 20,
-                  "--tensor-parallel: query heads (head size = q_proj rows / heads)", "inferred"),
-      add_integer(*cmd, "--kv-heads", tp.kv_heads, std::uint64_t{1}, std::uint64_t{1} << 20,
-                  "--tensor-parallel: key/value heads (needed with --heads for fused qkv_proj tensors)", "inferred"),
-      add_integer(*cmd, "--head-dim", tp.head_dim, std::uint64_t{1}, std::uint64_t{1} << 20,
-                  "--tensor-parallel: indices per attention head, the unit q/k/v/o are split in",
-                  "from --heads, or eredu gen's"),
-      cmd->add_option("--shard", tp.shard,
-                      "--tensor-parallel: a rule PATTERN=SPEC before the Llama rules (repeatable; first match wins); "
-                      "SPEC replicated, split:DIM[:GRANULE], column[:GRANULE], row[:GRANULE] or "
-                      "fused:DIM:PARTS[:GRANULE]")
-          ->type_name("PATTERN=SPEC")
-          ->allow_extra_args(false)
-          ->check(CLI::Validator(
-              [](std::string& text) -> std::string {
-                try {
-                  parse_shard_rule(text);
-                  return {};
-                } catch (const std::exception& e) {
-                  // CLI11 puts the option's name before the message already.
-                  std::string_view message = e.what();
-                  if (message.starts_with("--shard: ")) message.remove_prefix(9);
-                  return std::string(message);
-                }
-              },
-              "", "shard_rule"))};
+  const std::vector<CLI::Option*> tp_options = add_tensor_parallel_rule_options(*cmd, tp);
   CLI::Option* threads = cmd->get_option("--threads");
-  CLI::Option* verify = cmd->get_option("--verify");
-  CLI::Option* checksums = cmd->get_option("--checksums");
   add_common_flags(*cmd, flags, true);
-  return {cmd, [o, trace_path, tp_options, threads, verify, checksums, trace](const CommonFlags& f) {
+  return {cmd, [o, trace_path, tp_options, threads, trace](const CommonFlags& f) {
             o->threads_given = threads->count() > 0;
             if (!o->tensor_parallel.enabled) {
               for (const CLI::Option* option : tp_options)
@@ -294,19 +266,16 @@ Command add_load_command(CLI::App& app, CommonFlags& flags) {
               return run_traced(*trace_path, [&] { return run_load(*o, f); });
             }
 #ifndef EREDU_CLI_MPI
-            (void)verify, (void)checksums, (void)trace;  // what the MPI build checks
+            (void)trace;  // what the MPI build checks
             throw UsageError(
                 "--tensor-parallel: this build of eredu has no MPI (reconfigure with -DEREDU_MPI=ON or AUTO after "
                 "apt-get install libopenmpi-dev openmpi-bin)");
 #else
             // A rank holds slices of tensors: there is no whole tensor to cast in place of
-            // another, nor to hash against a whole-tensor digest, and one trace file per rank
-            // would overwrite each other.
+            // another, and one trace file per rank would overwrite each other. Its shards are
+            // verified against shard digests (`eredu checksum --tensor-parallel N`).
             if (o->dtype != "keep")
               throw UsageError("--dtype: --tensor-parallel loads keep the stored dtypes (give --dtype keep)");
-            if (verify->count() > 0 || checksums->count() > 0)
-              throw UsageError(fmt::format("{}: digests are of whole tensors, which --tensor-parallel ranks do not read",
-                                           verify->count() > 0 ? "--verify" : "--checksums"));
             if (trace->count() > 0) throw UsageError("--trace: not with --tensor-parallel");
             if (o->weights != "copy") throw UsageError("--weights: --tensor-parallel loads copy their shards");
             return run_tensor_parallel_load(*o, f);

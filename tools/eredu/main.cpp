@@ -1,4 +1,4 @@
-// eredu: inspect, read, load, stream, hot-swap and generate checkpoints from the command line.
+// eredu: inspect, read, load, stream, hot-swap, generate and checksum checkpoints from the command line.
 //
 // Exit status (docs/cli.md, options.hpp's exit_status_text): 0 success; 1 the command ran
 // and failed; 2 a usage error, reported before anything runs.
@@ -54,7 +54,8 @@ int main(int argc, char** argv) {
   CommonFlags flags;
   const std::vector<Command> commands = {add_inspect_command(app, flags), add_read_command(app, flags),
                                          add_load_command(app, flags),    add_pipeline_command(app, flags),
-                                         add_swap_command(app, flags),    add_gen_command(app, flags)};
+                                         add_swap_command(app, flags),    add_gen_command(app, flags),
+                                         add_checksum_command(app, flags)};
 
   const std::string name = command_in(argc, argv, commands);
   const std::string who = name.empty() ? "eredu" : "eredu " + name;

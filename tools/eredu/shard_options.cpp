@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "commands.hpp"
+#include "load_options.hpp"
 #include "options.hpp"
 
 namespace eredu::cli {
@@ -125,6 +126,37 @@ LlamaDims llama_dims(const io::Catalog& catalog, const HeadOptions& given, const
   if (out.sharding.heads == 0 && q && q->shape[0] % head_dim == 0) out.sharding.heads = q->shape[0] / head_dim;
   if (out.sharding.kv_heads == 0 && k && k->shape[0] % head_dim == 0) out.sharding.kv_heads = k->shape[0] / head_dim;
   return out;
+}
+
+std::vector<CLI::Option*> add_tensor_parallel_rule_options(CLI::App& command, TensorParallelOptions& options) {
+  return {
+      add_integer(command, "--heads", options.heads, std::uint64_t{1}, std::uint64_t{1} << 20,
+                  "--tensor-parallel: query heads (head size = q_proj rows / heads)", "inferred"),
+      add_integer(command, "--kv-heads", options.kv_heads, std::uint64_t{1}, std::uint64_t{1} << 20,
+                  "--tensor-parallel: key/value heads (needed with --heads for fused qkv_proj tensors)", "inferred"),
+      add_integer(command, "--head-dim", options.head_dim, std::uint64_t{1}, std::uint64_t{1} << 20,
+                  "--tensor-parallel: indices per attention head, the unit q/k/v/o are split in",
+                  "from --heads, or eredu gen's"),
+      command
+          .add_option("--shard", options.shard,
+                      "--tensor-parallel: a rule PATTERN=SPEC before the Llama rules (repeatable; first match wins); "
+                      "SPEC replicated, split:DIM[:GRANULE], column[:GRANULE], row[:GRANULE] or "
+                      "fused:DIM:PARTS[:GRANULE]")
+          ->type_name("PATTERN=SPEC")
+          ->allow_extra_args(false)
+          ->check(CLI::Validator(
+              [](std::string& text) -> std::string {
+                try {
+                  parse_shard_rule(text);
+                  return {};
+                } catch (const std::exception& e) {
+                  // CLI11 puts the option's name before the message already.
+                  std::string_view message = e.what();
+                  if (message.starts_with("--shard: ")) message.remove_prefix(9);
+                  return std::string(message);
+                }
+              },
+              "", "shard_rule"))};
 }
 
 engine::ShardingRules tensor_parallel_rules(const std::vector<std::string>& shard_rules,

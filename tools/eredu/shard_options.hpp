@@ -1,10 +1,12 @@
 #pragma once
 /// \file
-/// The sharding rules of `eredu load --tensor-parallel`: `--shard PATTERN=SPEC` rules parsed
+/// The sharding rules of `eredu load --tensor-parallel` and `eredu checksum --tensor-parallel N`:
+/// their options (--heads, --kv-heads, --head-dim, --shard), `--shard PATTERN=SPEC` rules parsed
 /// and checked while the command line is parsed, the attention dimensions of a Llama-shaped
 /// checkpoint (from --heads / --kv-heads / --head-dim, or from the shapes of a checkpoint
 /// `eredu gen` wrote), and the rules they make with engine::ShardingRules::llama.
 
+#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -16,10 +18,18 @@
 
 namespace eredu::cli {
 
+struct TensorParallelOptions;  // load_options.hpp
+
 /// One `--shard PATTERN=SPEC`: SPEC is `replicated`, `split:DIM[:GRANULE]`,
 /// `column[:GRANULE]` (split:0), `row[:GRANULE]` (split:1) or `fused:DIM:PARTS[:GRANULE]`
 /// (PARTS equal parts). Throws UsageError naming --shard and what is wrong.
 std::pair<std::string, engine::Shard> parse_shard_rule(std::string_view text);
+
+/// Adds the options that shape the sharding rules to `command` — --heads, --kv-heads,
+/// --head-dim and the repeatable --shard PATTERN=SPEC (each checked by parse_shard_rule while
+/// the command line is parsed) — storing into `options`. Returns them, for the command's
+/// check that they come only with --tensor-parallel.
+std::vector<CLI::Option*> add_tensor_parallel_rule_options(CLI::App& command, TensorParallelOptions& options);
 
 /// What the command line says about the attention heads (0: not given).
 struct HeadOptions {

@@ -1,7 +1,8 @@
 // `eredu load PATH --tensor-parallel` under `mpirun -np N`: every rank plans its shard of the
-// checkpoint (engine::plan_tensor_parallel), loads only its bytes into CPU tensors, checks
-// that its reader delivered exactly the bytes its plan selects, and rank 0 prints every
-// rank's figures and the totals. Built only with MPI (EREDU_MPI, tools/CMakeLists.txt).
+// checkpoint (engine::plan_tensor_parallel), loads only its bytes into CPU tensors, verifies
+// them under --verify against the digests of its shards (and of its replicated tensors),
+// checks that its reader delivered exactly the bytes its plan selects, and rank 0 prints
+// every rank's figures and the totals. Built only with MPI (EREDU_MPI, tools/CMakeLists.txt).
 #include <tbb/global_control.h>
 #include <unistd.h>
 
@@ -34,6 +35,7 @@
 #include "load_options.hpp"
 #include "progress.hpp"
 #include "shard_options.hpp"
+#include "verify_flags.hpp"
 
 namespace eredu::cli {
 namespace {
@@ -45,6 +47,9 @@ struct RankLoad {
   std::uint64_t read_bytes = 0;  ///< what its reader delivered during this load
   double seconds = 0;
   bool recycled = false;
+  std::uint64_t tensors_verified = 0;    ///< tensors and shards that matched their digests
+  std::uint64_t bytes_verified = 0;      ///< their bytes
+  std::uint64_t tensors_unverified = 0;  ///< tensors read without a digest to check
 };
 
 /// What each rank sends rank 0 once its loads are done (a fixed size: every rank has the same
@@ -66,22 +71,29 @@ struct RankFigures {
     for (const RankLoad& l : loads) {
       std::uint64_t s = 0;
       std::memcpy(&s, &l.seconds, sizeof s);
-      words.insert(words.end(), {l.read_bytes, s, l.recycled ? 1u : 0u});
+      words.insert(words.end(),
+                   {l.read_bytes, s, l.recycled ? 1u : 0u, l.tensors_verified, l.bytes_verified, l.tensors_unverified});
     }
     std::vector<std::byte> bytes(words.size() * sizeof(std::uint64_t));
     std::memcpy(bytes.data(), words.data(), bytes.size());
     return bytes;
   }
 
+  static constexpr std::size_t words_per_load = 6;
+
   static RankFigures unpack(const std::byte* data, std::size_t repeat) {
-    std::vector<std::uint64_t> w(fixed_words + 3 * repeat);
+    std::vector<std::uint64_t> w(fixed_words + words_per_load * repeat);
     std::memcpy(w.data(), data, w.size() * sizeof(std::uint64_t));
     RankFigures f{w[0], w[1], w[2], w[3], w[4], w[5], {}};
     for (std::size_t i = 0; i < repeat; ++i) {
+      const std::uint64_t* at = &w[fixed_words + words_per_load * i];
       RankLoad l;
-      l.read_bytes = w[fixed_words + 3 * i];
-      std::memcpy(&l.seconds, &w[fixed_words + 3 * i + 1], sizeof l.seconds);
-      l.recycled = w[fixed_words + 3 * i + 2] != 0;
+      l.read_bytes = at[0];
+      std::memcpy(&l.seconds, &at[1], sizeof l.seconds);
+      l.recycled = at[2] != 0;
+      l.tensors_verified = at[3];
+      l.bytes_verified = at[4];
+      l.tensors_unverified = at[5];
       f.loads.push_back(l);
     }
     return f;
@@ -152,6 +164,8 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
   std::shared_ptr<io::CheckpointSource> source;
   std::optional<engine::TensorParallelPlan> plan;
   LlamaDims dims;
+  engine::VerifyOptions verify;
+  std::uint64_t reread_bytes = 0;  // what verification reads again (the shards of fused tensors)
   std::exception_ptr failure;
   try {
     interrupt.doing(fmt::format("opening {}", o.path));
@@ -160,6 +174,16 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
     const TensorParallelOptions& tp = o.tensor_parallel;
     dims = llama_dims(source->catalog(), {tp.heads, tp.kv_heads, tp.head_dim}, o.path);
     plan = engine::plan_tensor_parallel(source->catalog(), tensor_parallel_rules(tp.shard, dims.sharding), rank, size);
+    // The whole-tensor check of `require` in checksums_for does not apply to shards: the
+    // engine fails a load under require when a tensor or shard this rank reads has no digest.
+    verify = verify_options(o.verify,
+                            checksums_for(o.path, source->catalog(), o.verify == "off" ? "off" : "on", o.checksums));
+    if (verify.mode != engine::VerifyMode::off)
+      for (const engine::ShardedTensor& t : plan->tensors)
+        if (t.pieces.size() > 1)  // a concat recipe: its sources are verified by reading them again
+          for (const Selection& piece : t.pieces)
+            if (auto check = verify.checksums.check(source->catalog(), t.key, piece, verify.preferred))
+              reread_bytes += check->bytes;
   } catch (...) {
     failure = std::current_exception();
   }
@@ -184,7 +208,8 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
     failure = nullptr;
     interrupt.doing(fmt::format("loading rank {} of {} of {} (load {} of {}); the module was left unbound", rank, size,
                                 o.path, r + 1, o.repeat));
-    engine::async_load<cpu::Backend>(*model, *source, plan->bindings, context, {.progress = &counters},
+    engine::async_load<cpu::Backend>(*model, *source, plan->bindings, context,
+                                     {.progress = &counters, .verify = verify},
                                      asio::bind_cancellation_slot(interrupt.slot(), [&](std::exception_ptr e) {
                                        seconds = now_seconds() - t0;
                                        failure = e;
@@ -200,10 +225,11 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
     }
     agree(world, failure, fmt::format("load {} of {}", r + 1, o.repeat));
     bar.update(source->reader().stats().bytes - before);
-    mine.loads.push_back({source->reader().stats().bytes - before, seconds, recycled});
+    mine.loads.push_back({source->reader().stats().bytes - before, seconds, recycled, counters.tensors_verified.load(),
+                          counters.bytes_verified.load(), counters.tensors_unverified.load()});
   }
   bar.finish();
-  mine.planned_read_bytes = plan->read_bytes;
+  mine.planned_read_bytes = plan->read_bytes + reread_bytes;
   mine.bound_bytes = plan->bound_bytes;
   mine.peak_rss_bytes = peak_rss_bytes();
   mine.staging_high_water_bytes = source->pool().high_water();
@@ -231,6 +257,7 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
     std::uint64_t bytes = 0;
     double seconds = 0;
     bool recycled = false;
+    std::uint64_t tensors_verified = 0, bytes_verified = 0, tensors_unverified = 0;  // summed over the ranks
   };
   std::vector<GroupLoad> group(o.repeat);
   std::uint64_t peak_rss = 0, staging = 0, retained = 0, bound = 0;
@@ -239,6 +266,9 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
       group[i].bytes += f.loads[i].read_bytes;
       group[i].seconds = std::max(group[i].seconds, f.loads[i].seconds);
       group[i].recycled |= f.loads[i].recycled;
+      group[i].tensors_verified += f.loads[i].tensors_verified;
+      group[i].bytes_verified += f.loads[i].bytes_verified;
+      group[i].tensors_unverified += f.loads[i].tensors_unverified;
     }
     peak_rss = std::max(peak_rss, f.peak_rss_bytes);
     staging = std::max(staging, f.staging_high_water_bytes);
@@ -246,6 +276,7 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
     bound += f.bound_bytes;
   }
   const GroupLoad& last = group.back();
+  const std::size_t digest_count = verify.checksums.size() + verify.checksums.shard_count();
   const std::uint64_t source_bytes = catalog.total_bytes();
 
   if (flags.json) {
@@ -256,12 +287,14 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
     json.bytes("tensor", source_bytes).bytes("", last.bytes).bytes("output", bound);
     json.field("dtype", o.dtype).field("threads", threads).field("kernels", cpu::convert_isa_name());
     json.field("copies", "reader").field("pages", o.pages).bytes("budget", source->pool().budget());
-    json.field("verify", o.verify).count("checksum", 0);
+    json.field("verify", o.verify).count("checksum", digest_count);
     json.key("loads").begin_array();
     for (const GroupLoad& g : group) {
       json.begin_object().bytes("", g.bytes).seconds("", g.seconds).rate("", gb_per_s(g.bytes, g.seconds));
-      json.field("recycled", g.recycled).count("tensor_verified", 0).bytes("verified", 0);
-      json.count("tensor_unverified", 0).end_object();
+      json.field("recycled", g.recycled)
+          .count("tensor_verified", g.tensors_verified)
+          .bytes("verified", g.bytes_verified);
+      json.count("tensor_unverified", g.tensors_unverified).end_object();
     }
     json.end_array();
     json.bytes("staging_high_water", staging).bytes("peak_rss", peak_rss).bytes("storage_retained", retained);
@@ -290,6 +323,9 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
             .seconds("", x.seconds)
             .rate("", gb_per_s(x.read_bytes, x.seconds))
             .field("recycled", x.recycled)
+            .count("tensor_verified", x.tensors_verified)
+            .bytes("verified", x.bytes_verified)
+            .count("tensor_unverified", x.tensors_unverified)
             .end_object();
       json.end_array().end_object();
     }
@@ -330,6 +366,9 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
                cpu::convert_isa_name());
     fmt::print("  staging  high-water {} of a {} budget (the largest rank's)\n", format_bytes(staging),
                format_bytes(source->pool().budget()));
+    fmt::print(
+        "  verify   {} (over all ranks; a shard counts as a tensor)\n",
+        verify_summary(o.verify, last.tensors_verified, last.bytes_verified, last.tensors_unverified, digest_count));
   }
   if (!ok)
     fmt::print(stderr, "eredu load: a rank's reader delivered other bytes than its plan selects (see the report)\n");
