@@ -15,6 +15,7 @@
 // MPI_Allgather into a new output tensor per call as eredu's returns one, separates the cost
 // of that allocation from the collective's; and eredu_into, engine::async_all_gather_into into
 // one output allocated before the timed loops (a recycled output), is eredu without it.
+// EREDU_BENCH_IDLE_SPIN_US sets mpi::ProgressOptions::idle_spin (default 200).
 #include <mpi.h>
 
 #include <algorithm>
@@ -73,7 +74,11 @@ double time_calls(MPI_Comm comm, int calls, Op&& op) {
 
 int main(int argc, char** argv) {
   // The plain MPI loop calls MPI from this thread while eredu's progress thread exists.
-  mpi::Environment env(argc, argv, {.required = mpi::ThreadLevel::multiple, .progress = {}});
+  mpi::ProgressOptions progress;
+  // EREDU_BENCH_IDLE_SPIN_US=0 measures the progress thread as it was before its idle spin.
+  if (const char* v = std::getenv("EREDU_BENCH_IDLE_SPIN_US"))
+    progress.idle_spin = std::chrono::microseconds(std::atol(v));
+  mpi::Environment env(argc, argv, {.required = mpi::ThreadLevel::multiple, .progress = progress});
   int rounds = 7;
   std::vector<std::size_t> mibs = {1, 4, 16, 64};
   if (argc > 1) rounds = std::max(1, std::atoi(argv[1]));

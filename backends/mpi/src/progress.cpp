@@ -303,6 +303,7 @@ void Progress::run() {
   std::vector<std::shared_ptr<Operation>> active;
   std::chrono::microseconds sleep{1};
   std::chrono::steady_clock::time_point spin_until{};  // patient waits poll without sleeping until then
+  std::chrono::steady_clock::time_point idle_until{};  // with nothing to do, poll for new work until then
   for (;;) {
     std::vector<std::shared_ptr<Operation>> startable;
     std::deque<std::shared_ptr<Operation>> abandoned;
@@ -315,6 +316,11 @@ void Progress::run() {
       if (stopping && startable.empty()) abandoned.swap(queue_);
       seen = generation_;
       if (startable.empty() && active.empty() && !stopping) {
+        if (Clock::now() < idle_until) {
+          lock.unlock();
+          std::this_thread::yield();
+          continue;
+        }
         cv_.wait(lock, [&] { return generation_ != seen; });
         continue;
       }
@@ -339,7 +345,9 @@ void Progress::run() {
     }
     if (progressed) {
       sleep = std::chrono::microseconds(1);
-      spin_until = std::chrono::steady_clock::now() + options_.patient_spin;
+      const Clock::time_point now = Clock::now();
+      spin_until = now + options_.patient_spin;
+      idle_until = now + options_.idle_spin;
       continue;
     }
     if (urgent || (waiting && std::chrono::steady_clock::now() < spin_until)) {
