@@ -122,6 +122,9 @@ Completion Executor::submit(UniqueFunction<void()> work) {
 
 void Executor::order_after(const Completion& completion) {
   std::lock_guard lock(mutex_);
+  // A loop of collectives orders after each one and may never submit (where the others are
+  // pruned): without this the list grows by one completion per collective, for ever.
+  prune_predecessors(predecessors_);
   predecessors_.push_back(completion);
 }
 
