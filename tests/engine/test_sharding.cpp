@@ -5,6 +5,7 @@
 // reader delivers exactly the bytes the rank's selections select; shard digests check each
 // rank's part, and a changed byte fails only the rank that reads it.
 
+#include <algorithm>
 #include <asio/io_context.hpp>
 #include <asio/use_future.hpp>
 #include <catch2/catch.hpp>
@@ -318,6 +319,38 @@ TEST_CASE("sharding – shard digests verify each rank's part; a changed byte fa
     pieces += expected;
   }
   CHECK(pieces > good.specs.size());
+
+  // The middle piece of a fused tensor without its digest (checked neither first nor alone):
+  // require refuses before any read, although the tensor's other pieces have theirs.
+  {
+    const std::string fused = "model.layers.1.self_attn.qkv_proj.weight";
+    const engine::TensorParallelPlan plan = engine::plan_tensor_parallel(io::open_catalog(good.path), rules, 1, 2);
+    const auto t = std::find_if(plan.tensors.begin(), plan.tensors.end(),
+                                [&](const engine::ShardedTensor& s) { return s.key == fused; });
+    REQUIRE(t != plan.tensors.end());
+    REQUIRE(t->pieces.size() == 3);
+    io::Checksums partial;
+    for (const auto& [tensor, digests] : read_back.digests()) partial.add(tensor, digests.sha256);
+    for (const auto& [tensor, shards] : read_back.shards())
+      for (const auto& [text, shard] : shards)
+        if (tensor != fused || !(shard.selection == t->pieces[1]))
+          partial.add_shard(tensor, shard.selection, io::DigestKind::sha256, shard.digests.sha256);
+    auto source = io::CheckpointSource::open(ctx.get_executor(), good.path, small_source_options(std::size_t{1} << 20));
+    auto model = engine::PlanModule<cpu::Parameter>::from_tensor_parallel(plan);
+    cpu::Executor arena(2);
+    cpu::MaterializationContext context{arena, cpu::Backend::default_storage()};
+    engine::MaterializeOptions options{.verify = {.mode = engine::VerifyMode::require, .checksums = partial}};
+    auto done = engine::async_load<cpu::Backend>(model, *source, plan.bindings, context, options, asio::use_future);
+    try {
+      run_until_ready(ctx, done);
+      FAIL("require passed with a piece of a fused tensor unverifiable");
+    } catch (const Error& e) {
+      CHECK(e.kind() == errc::invalid_argument);
+      CHECK(e.context().tensor == fused);
+      CHECK_THAT(std::string(e.what()), Catch::Contains(t->pieces[1].to_string()));
+    }
+    CHECK(source->reader().stats().bytes == 0);
+  }
 
   // One byte changed in rank 1's columns of a row-parallel weight (checked where it lands),
   // then in rank 1's query rows of a fused qkv_proj (a concat recipe: checked by reading again).

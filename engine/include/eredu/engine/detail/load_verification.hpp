@@ -54,27 +54,22 @@ LoadVerification plan_verification(const VerifyOptions& options, const io::Catal
   if (options.mode == VerifyMode::off) return out;
   const io::Checksums metadata = options.checksums.empty() ? io::Checksums::from_metadata(catalog) : io::Checksums{};
   const io::Checksums& digests = options.checksums.empty() ? metadata : options.checksums;
-  std::set<std::string> seen;
-  // Records one tensor read; returns its check when it is verifiable.
+  std::set<std::string> seen, unverified;
+  // Records one tensor (or one piece of it) read; returns its check when it is verifiable. A
+  // tensor counts as unverified once, when any piece of it is (a fused tensor's pieces each
+  // need their own shard digest).
   auto note = [&](const std::string& key, const Selection& selection) -> std::optional<io::DigestCheck> {
-    const bool first = seen.insert(key).second;
-    if (first) ++out.tensors;
-    std::optional<io::DigestCheck> check;
-    std::string why;
-    if (catalog.find(key) != nullptr) {
-      check = digests.check(catalog, key, selection, options.preferred);
-      if (!check && selection.is_all()) why = "no digest is recorded for it";
-      if (!check && !selection.is_all())
-        why = fmt::format(
-            "it is read partially (shard {}) and no digest of that shard is recorded (`eredu checksum PATH "
-            "--tensor-parallel N` records them)",
-            selection.to_string());
-    }
-    if (!check && first && catalog.find(key) != nullptr) {
-      if (out.unverified++ == 0) {
-        out.first_unverified = key;
-        out.why_unverified = why;
-      }
+    if (seen.insert(key).second) ++out.tensors;
+    // A key the catalog lacks is the load's own error (tensor_not_found), not verification's.
+    if (catalog.find(key) == nullptr) return std::nullopt;
+    std::optional<io::DigestCheck> check = digests.check(catalog, key, selection, options.preferred);
+    if (!check && unverified.insert(key).second && out.unverified++ == 0) {
+      out.first_unverified = key;
+      out.why_unverified = selection.is_all() ? "no digest is recorded for it"
+                                              : fmt::format(
+                                                    "it is read partially (shard {}) and no digest of that shard is "
+                                                    "recorded (`eredu checksum PATH --tensor-parallel N` records them)",
+                                                    selection.to_string());
     }
     return check;
   };
