@@ -8,6 +8,8 @@
 #include <asio/io_context.hpp>
 #include <asio/use_awaitable.hpp>
 #include <chrono>
+#include <cstdint>
+#include <filesystem>
 #include <future>
 #include <memory>
 #include <string>
@@ -16,6 +18,7 @@
 #include "eredu/cpu/backend.hpp"
 #include "eredu/engine/parameterized.hpp"
 #include "eredu/io/checkpoint_source.hpp"
+#include "eredu/io/read_fault.hpp"
 #include "support/checkpoint_fixture.hpp"
 
 namespace eredu::test {
@@ -26,6 +29,22 @@ inline tbb::global_control test_workers(tbb::global_control::max_allowed_paralle
 
 /// The CPU tests' name for the backend-neutral TestCheckpoint.
 using CpuCheckpoint = TestCheckpoint;
+
+/// A fault injector that cuts the checkpoint at `path` short the moment a mapping of it is
+/// handed out, keeping `survive` bytes (rounded up to a page) past the mapped offset: the
+/// mapping's reads then fault (SIGBUS) and must come back as typed errors. `keep` is where
+/// the file now ends (0 until a mapping was made).
+struct ShrinkOnMap : io::FaultInjector {
+  std::filesystem::path path;
+  std::uint64_t survive = 4096;
+  std::uint64_t keep = 0;
+  io::ReadFault on_complete(std::uint32_t, std::uint64_t, std::uint64_t) override { return {}; }
+  bool allow_mapping() const override { return true; }
+  void on_map(std::uint32_t, std::uint64_t offset, std::uint64_t) override {
+    keep = (offset + survive + 4095) / 4096 * 4096;
+    std::filesystem::resize_file(path, keep);
+  }
+};
 
 /// Waits (running `ctx`) for a materialization and returns its tensor or throws.
 inline cpu::Tensor finish(asio::io_context& ctx, cpu::Materialization m) {

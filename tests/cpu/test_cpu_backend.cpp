@@ -284,16 +284,8 @@ TEST_CASE("materialize – a file that shrinks under a mapped cast fails it with
           "[cpu][materialize][mapped][errors]") {
   // Shrinks the checkpoint the moment a mapping is handed out, so the conversion's reads
   // fault (SIGBUS) and must come back as an error naming file, tensor and offset.
-  struct Shrinker : io::FaultInjector {
-    std::filesystem::path path;
-    std::uint64_t keep = 0;
-    io::ReadFault on_complete(std::uint32_t, std::uint64_t, std::uint64_t) override { return {}; }
-    bool allow_mapping() const override { return true; }
-    void on_map(std::uint32_t, std::uint64_t offset, std::uint64_t) override {
-      keep = (offset + 4096 + 4095) / 4096 * 4096;  // one page or so of the tensor survives
-      std::filesystem::resize_file(path, keep);
-    }
-  } shrinker;
+  ShrinkOnMap shrinker;
+  shrinker.survive = 4096;  // one page or so of the tensor survives
   CpuCheckpoint ckpt{mixed_specs()};
   shrinker.path = ckpt.path;
   io::SourceOptions options = small_source_options();

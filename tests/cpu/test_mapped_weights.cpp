@@ -279,16 +279,8 @@ TEST_CASE("eredu's reads of a mapped weight whose file shrank fail with file_cha
 TEST_CASE("a file that shrinks while its weight is mapped fails the load with file_changed at the first lost page",
           "[mapped]") {
   // Shrinks the checkpoint the moment the mapping is made, so faulting its pages in fails.
-  struct Shrinker : io::FaultInjector {
-    std::filesystem::path path;
-    std::uint64_t keep = 0;
-    io::ReadFault on_complete(std::uint32_t, std::uint64_t, std::uint64_t) override { return {}; }
-    bool allow_mapping() const override { return true; }
-    void on_map(std::uint32_t, std::uint64_t offset, std::uint64_t) override {
-      keep = (offset + 8192 + 4095) / 4096 * 4096;  // two pages or so of the tensor survive
-      std::filesystem::resize_file(path, keep);
-    }
-  } shrinker;
+  ShrinkOnMap shrinker;
+  shrinker.survive = 8192;  // two pages or so of the tensor survive
   CpuCheckpoint ckpt{specs()};
   shrinker.path = ckpt.path;
   io::SourceOptions options;
