@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <mutex>
+#include <shared_mutex>
 #include <thread>
 
 #include <fmt/format.h>
@@ -47,13 +48,52 @@ struct PreadReader::Impl {
       core.count_syscall();
       const std::uint32_t file = p->file;
       lock.unlock();
-      detail::ReaderCore::CacheTicket ticket;
-      if (guarded) ticket = core.guard_before(file, pos, len);
-      ssize_t n = ::pread(fd, dst, len, static_cast<off_t>(pos));
-      long res = n < 0 ? -errno : static_cast<long>(n);
-      std::uint64_t trusted = res > 0 ? static_cast<std::uint64_t>(res) : 0;
+      long res = 0;
+      std::uint64_t trusted = 0;
       bool cached = false;
-      if (guarded && res > 0) trusted = core.guard_after(file, ticket, pos, trusted, cached);
+      {
+        // See PageCacheGuardLock: concurrent until the server has answered short once.
+        std::shared_lock<std::shared_mutex> shared;
+        std::unique_lock<std::shared_mutex> alone;
+        PageCacheGuardLock& g = *f.guard;
+        if (guarded) {
+          if (g.serial.load()) {
+            alone = std::unique_lock(g.lock);
+          } else {
+            shared = std::shared_lock(g.lock);
+          }
+          // Waiting may have outlasted the reader or the batch: a slow server must not
+          // hold a shutdown (a signal) for one read per waiting worker, one after another.
+          lock.lock();
+          if (stopping) return;  // the destructor completes every batch
+          if (p->batch->failure) {
+            core.on_result(*p, 0, true);  // finishes the piece of a failed batch
+            if (!core.pending.empty()) wake.notify_one();
+            continue;
+          }
+          lock.unlock();
+        }
+        detail::ReaderCore::CacheTicket ticket;
+        if (guarded) ticket = core.guard_before(file, pos, len);
+        const ssize_t n = ::pread(fd, dst, len, static_cast<off_t>(pos));
+        res = n < 0 ? -errno : static_cast<long>(n);
+        trusted = res > 0 ? static_cast<std::uint64_t>(res) : 0;
+        if (guarded && res > 0) {
+          trusted = core.guard_after(file, ticket, pos, trusted, cached);
+          // The size the kernel holds, without asking the server: below the file's, a short
+          // reply shrank it and a fallback may have run that left no page to see.
+          if (!cached && core.size_shrunk(file)) {
+            trusted = 0;
+            cached = true;
+          }
+          if (cached && !g.serial.exchange(true)) {
+            log::info(
+                "{}: the server answered a read short in page-cache mode: reading the file one request at "
+                "a time from now on",
+                f.path);
+          }
+        }
+      }
       // Bytes past `trusted` may be the page cache's, not the server's: those are read again.
       const bool suspect = res > 0 && trusted < static_cast<std::uint64_t>(res);
       long result = suspect ? static_cast<long>(trusted) : res;

@@ -1,6 +1,7 @@
 #include "reader_core.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 
 #include <fmt/format.h>
 
@@ -68,6 +69,13 @@ std::uint64_t ReaderCore::guard_after(std::uint32_t file, const CacheTicket& tic
   // The kernel's fallback began at the first byte the server did not send and left every
   // page it copied from cached: the bytes before the first cached page came from the server.
   return *first > pos ? std::min(n, *first - pos) : 0;
+}
+
+bool ReaderCore::size_shrunk(std::uint32_t file) const noexcept {
+  struct statx sx {};
+  const int fd = files[file].buffered.get();
+  if (::statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_SIZE, &sx) != 0) return false;
+  return (sx.stx_mask & STATX_SIZE) && sx.stx_size < files[file].size;
 }
 
 void ReaderCore::on_cache_suspect(Piece& p, bool cached) {

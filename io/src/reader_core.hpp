@@ -77,6 +77,10 @@ class ReaderCore {
   /// Thread-safe; no lock needed.
   std::uint64_t guard_after(std::uint32_t file, const CacheTicket& ticket, std::uint64_t pos, std::uint64_t n,
                             bool& cached) const;
+  /// Whether the size the kernel holds for `file` (statx without a server round trip) is
+  /// below its size when opened: a server's short reply in page-cache mode shrinks it until
+  /// the next attribute refresh. Thread-safe.
+  bool size_shrunk(std::uint32_t file) const noexcept;
   /// A guarded read of `p` delivered nothing that can be trusted: reads it again, shorter
   /// when a cached page was seen (a read the server answers in full needs no fallback), or
   /// fails its batch after max_cache_retries in a row.

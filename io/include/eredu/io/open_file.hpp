@@ -2,13 +2,26 @@
 /// \file
 /// eredu::io::OpenFile: one checkpoint file opened for reading, buffered and direct.
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
+#include <shared_mutex>
 #include <string>
 
 #include "eredu/io/file_system.hpp"
 #include "eredu/io/unique_fd.hpp"
 
 namespace eredu::io {
+
+/// On a file system eredu does not trust, an attribute refresh (a read reaching past the size
+/// the kernel holds, an fstat) that finds the size a server's short reply shrank restored
+/// drops every cached page of the file — the pages the page-cache guard looks for after a
+/// read's kernel fallback. Guarded reads share `lock` until such a server shows itself, then
+/// take it alone, as the source's attribute checks do from then on.
+struct PageCacheGuardLock {
+  std::shared_mutex lock;           ///< shared by guarded reads; alone once `serial`
+  std::atomic<bool> serial{false};  ///< set when a fallback or a shrunk size was seen, never cleared
+};
 
 /// A checkpoint file's descriptors. `direct` is an O_DIRECT descriptor of the same file,
 /// or empty where the file system refuses O_DIRECT or direct reads are off.
@@ -20,6 +33,9 @@ struct OpenFile {
   std::int64_t modified_ns = 0;  ///< st_mtim when opened, in ns (a later change fails reads: file_changed)
   FileSystemInfo file_system{};  ///< the file system holding it
   bool read_with_pread = false;  ///< the source's reader policy sent it to the pread reader
+  /// How the page-cache guard's reads of this file, and the source's checks of its
+  /// attributes, exclude each other (see PageCacheGuardLock).
+  std::unique_ptr<PageCacheGuardLock> guard = std::make_unique<PageCacheGuardLock>();
 };
 
 }  // namespace eredu::io
