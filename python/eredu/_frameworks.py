@@ -99,6 +99,10 @@ def to_framework(tensor, fw, post=None):
     if fw == "np":
         import numpy as np
         array = np.from_dlpack(tensor)
+        if getattr(tensor, "mapped", False):
+            # DLPack 0.6 cannot mark bytes read-only: a write to a mapped weight must raise here,
+            # not SIGSEGV. (torch, which has no read-only tensors, is refused mapped weights.)
+            array.flags.writeable = False
         if post == "bool":
             array = array.view(np.bool_)
         return array

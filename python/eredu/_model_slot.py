@@ -22,7 +22,7 @@ import os
 
 from . import _bridge, _native
 from ._errors import CanaryError
-from ._options import choice, parse_count
+from ._options import check_weights, choice, parse_count
 from ._safe_open import _Reader
 
 
@@ -80,6 +80,7 @@ class ModelSlot:
     def __init__(self, path=None, *, framework="np", dtype=None, bf16=None, unsupported="error", threads=1,
                  verify=None, canary=None, **options):
         self._rules = _Reader.options(framework, dtype, bf16, unsupported)
+        check_weights(options, self._rules[0], where="ModelSlot")
         self._options = options
         self._native = _native.ModelSlot(parse_count("threads", threads))
         self._plans = None
@@ -118,7 +119,8 @@ class ModelSlot:
         fw, cast, bf16, unsupported = self._rules
         path = os.fspath(path)
         mode = _verify_mode(verify)
-        reader = _Reader.open(path, fw, cast, bf16, unsupported, copy_resident=False, **{**self._options, **options})
+        reader = _Reader.open(path, fw, cast, bf16, unsupported, copy_resident=False, copier="ModelSlot",
+                              **{**self._options, **options})
         try:
             specs = None
             if self._plans is None or self._native.generation == 0:

@@ -13,6 +13,12 @@ An option added to the library is added here and there, nowhere else.
     direct          O_DIRECT for data not in the page cache: "auto", "on" or "off"
     chunk           largest chunk a cast reads at once
     map_resident    convert page-cache-resident tensors straight from a mapping (default True)
+    weights         where tensors kept in their stored dtype live: "copy" (process memory, the
+                    default), "map" (the checkpoint's page-cache pages, mapped read-only: no copy;
+                    numpy arrays come back read-only) or "map-lock" (mapped and pinned with mlock,
+                    within RLIMIT_MEMLOCK). Whole-checkpoint loads and safe_open only; numpy only
+                    (torch has no read-only tensors, and a write to a read-only mapping kills the
+                    process). The trade-offs are in docs/python.md.
 """
 
 import os
@@ -25,7 +31,8 @@ _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _MIB = 1 << 20
 
 OPEN_KEYS = ("budget", "threads", "depth", "request", "reader", "direct", "chunk", "map_resident", "copy_resident",
-             "_faults")
+             "weights", "_faults")
+WEIGHTS = ("copy", "map", "map-lock")
 
 
 def invalid(detail, **where):
@@ -77,6 +84,23 @@ def _checkpoint_bytes(path):
     return None
 
 
+def check_weights(options, fw, *, where=None):
+    """Refuses a `weights` keyword that cannot be honoured: a value other than WEIGHTS, a mapping for
+    torch (no read-only tensors: a write would kill the process with SIGSEGV), or any mapping where
+    `where` (a class that only copies) names the caller."""
+    value = options.get("weights")
+    if value is None or value == "copy":
+        return
+    if value not in WEIGHTS:
+        raise invalid(f"weights must be 'copy', 'map' or 'map-lock', not {value!r}")
+    if where is not None:
+        raise invalid(f"weights={value!r}: {where} copies its tensors (mapped weights are offered by load_file, "
+                      f"aload and safe_open)")
+    if fw == "pt":
+        raise invalid(f"weights={value!r} needs framework='np': torch has no read-only tensors, and a write to "
+                      f"the read-only mapping would kill the process")
+
+
 def open_options(path, options, *, copy_resident=True):
     """The extension's option dict for opening `path` with the keywords `options`."""
     unknown = sorted(set(options) - set(OPEN_KEYS))
@@ -103,6 +127,10 @@ def open_options(path, options, *, copy_resident=True):
         out["map_resident"] = bool(options["map_resident"])
     if options.get("copy_resident") is not None:
         out["copy_resident"] = bool(options["copy_resident"])
+    if options.get("weights") is not None:
+        if options["weights"] not in WEIGHTS:
+            raise invalid(f"weights must be 'copy', 'map' or 'map-lock', not {options['weights']!r}")
+        out["weights"] = options["weights"]
     if options.get("_faults") is not None:
         out["_faults"] = options["_faults"]
     return out

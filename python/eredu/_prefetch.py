@@ -133,8 +133,8 @@ class prefetch:
         passes = 0 if passes is None else parse_count("passes", passes)
         concurrent_loads = parse_count("concurrent_loads", concurrent_loads)
         budget = parse_size("budget", budget) or 0
-        self._reader = _Reader.open(path, framework, dtype, bf16, unsupported, copy_resident=False, budget=staging,
-                                    threads=threads, **options)
+        self._reader = _Reader.open(path, framework, dtype, bf16, unsupported, copy_resident=False, copier="prefetch",
+                                    budget=staging, threads=threads, **options)
         try:
             grouped, self.skipped = _group(self._reader, units)
             native_units, self._plans = [], []

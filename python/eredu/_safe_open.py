@@ -17,7 +17,8 @@ from . import _bridge, _native
 from ._errors import python_error
 from ._frameworks import plan_tensor, to_framework
 from ._indexing import selection
-from ._options import cast_target, choice, device as check_device, framework as check_framework, open_options
+from ._options import (cast_target, check_weights, choice, device as check_device, framework as check_framework,
+                       open_options)
 
 
 class TensorInfo:
@@ -62,8 +63,10 @@ class _Reader:
         return fw, cast, bf16, unsupported
 
     @classmethod
-    def open(cls, path, framework="np", dtype=None, bf16=None, unsupported="error", copy_resident=True, **options):
+    def open(cls, path, framework="np", dtype=None, bf16=None, unsupported="error", copy_resident=True, copier=None,
+             **options):
         fw, cast, bf16, unsupported = cls.options(framework, dtype, bf16, unsupported)
+        check_weights(options, fw, where=copier)
         path = os.fspath(path)
         native = _bridge.wait(_native.open(path, open_options(path, options, copy_resident=copy_resident)))
         return cls(native, fw, cast, bf16, unsupported)
@@ -72,6 +75,7 @@ class _Reader:
     async def aopen(cls, path, framework="np", dtype=None, bf16=None, unsupported="error", copy_resident=True,
                     **options):
         fw, cast, bf16, unsupported = cls.options(framework, dtype, bf16, unsupported)
+        check_weights(options, fw)
         path = os.fspath(path)
         native = await _bridge.wait_async(_native.open(path, open_options(path, options, copy_resident=copy_resident)))
         return cls(native, fw, cast, bf16, unsupported)

@@ -103,8 +103,8 @@ std::shared_ptr<Operation> Checkpoint::read(std::vector<ReadSpec> specs) {
         return;
       }
       // The context must outlive the load: the handler keeps it.
-      auto context = std::make_shared<cpu::MaterializationContext>(
-          cpu::MaterializationContext{*self->executor_, self->storage_, self->options_.copy_resident});
+      auto context = std::make_shared<cpu::MaterializationContext>(cpu::MaterializationContext{
+          *self->executor_, self->storage_, self->options_.copy_resident, self->options_.weights});
       io::CheckpointSource& source = use.source();
       engine::async_materialize<cpu::Backend>(
           source, set->plan, *context, engine::MaterializeOptions{},

@@ -200,7 +200,10 @@ void bind_dlpack_tensor(py::module_& m) {
       .def_property_readonly(
           "view", [](const DLPackTensor& t) { return tensor_view_name(t.view()); }, "stored, uint16 or raw.")
       .def_property_readonly("nbytes", &DLPackTensor::nbytes, "Bytes of data.")
-      .def_property_readonly("data_ptr", &DLPackTensor::data_ptr, "Address of the first byte.");
+      .def_property_readonly("data_ptr", &DLPackTensor::data_ptr, "Address of the first byte.")
+      .def_property_readonly("mapped", &DLPackTensor::mapped,
+                             "True when the bytes are the checkpoint's page-cache pages, mapped read-only "
+                             "(weights='map'): a write to them would kill the process.");
 }
 
 }  // namespace eredu::python

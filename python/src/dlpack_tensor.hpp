@@ -70,6 +70,9 @@ class DLPackTensor {
   std::uintptr_t data_ptr() const noexcept;
   /// The tensor itself.
   const cpu::Tensor& tensor() const noexcept { return tensor_; }
+  /// True when the bytes are a read-only mapping of the checkpoint (weights="map"): DLPack
+  /// 0.6 cannot say so, so the Python layer marks the consumer's array read-only itself.
+  bool mapped() const noexcept { return tensor_ && tensor_.storage()->mapping() != nullptr; }
 
  private:
   cpu::Tensor tensor_;

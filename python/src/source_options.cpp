@@ -76,6 +76,16 @@ OpenOptions open_options(const py::dict& options) {
       o.source.reader.register_buffers = value.cast<bool>();
     } else if (key == "copy_resident") {
       o.copy_resident = value.cast<bool>();
+    } else if (key == "weights") {
+      const std::string v = py::str(value);
+      if (v == "copy")
+        o.weights = cpu::WeightStorage::copied;
+      else if (v == "map")
+        o.weights = cpu::WeightStorage::mapped;
+      else if (v == "map-lock")
+        o.weights = cpu::WeightStorage::mapped_locked;
+      else
+        throw bad(key, fmt::format("must be copy, map or map-lock, not '{}'", v));
     } else if (key == "_faults") {
       o.faults = value.cast<std::shared_ptr<ReadGate>>();
     } else {

@@ -9,6 +9,7 @@
 
 #include <memory>
 
+#include "eredu/cpu/weight_storage.hpp"
 #include "eredu/io/checkpoint_source.hpp"
 #include "read_gate.hpp"
 
@@ -16,14 +17,15 @@ namespace eredu::python {
 
 /// How a checkpoint is opened and loaded.
 struct OpenOptions {
-  io::SourceOptions source;          ///< staging budget, reader, O_DIRECT, chunking
-  int threads = 0;                   ///< TBB arena of loads (0: the hardware's threads)
-  bool copy_resident = true;         ///< MaterializationContext::copy_resident_on_executor
-  std::shared_ptr<ReadGate> faults;  ///< test hook (forces the pread reader)
+  io::SourceOptions source;                                 ///< staging budget, reader, O_DIRECT, chunking
+  int threads = 0;                                          ///< TBB arena of loads (0: the hardware's threads)
+  bool copy_resident = true;                                ///< MaterializationContext::copy_resident_on_executor
+  cpu::WeightStorage weights = cpu::WeightStorage::copied;  ///< MaterializationContext::weights
+  std::shared_ptr<ReadGate> faults;                         ///< test hook (forces the pread reader)
 };
 
 /// Maps `options` (keys: budget, depth, request, reader, direct, chunk, map_resident,
-/// register_buffers, threads, copy_resident, _faults) onto OpenOptions. Throws
+/// register_buffers, threads, copy_resident, weights, _faults) onto OpenOptions. Throws
 /// Error(invalid_argument) naming the key for an unknown key or a bad value.
 OpenOptions open_options(const pybind11::dict& options);
 
