@@ -22,13 +22,15 @@ def _check(device):
 
 
 def load_file(filename, framework="np", dtype=None, threads=None, budget=None, *, device="cpu", bf16=None,
-              unsupported="error", **options):
+              unsupported="error", verify=False, **options):
     """Every tensor of the checkpoint at `filename` (file, directory or index), as a dict in file
     order. `dtype` converts float tensors on load; `threads` and `budget` (staging bytes) tune the
-    load; see safe_open for `bf16`, `unsupported` and the other options."""
+    load; `verify` checks the bytes against the checkpoint's recorded digests (False: never; None:
+    those it records; True: every tensor must have one); see safe_open for `bf16`, `unsupported`
+    and the other options."""
     _check(device)
     reader = _Reader.open(os.fspath(filename), framework, dtype, bf16, unsupported, threads=threads, budget=budget,
-                          **options)
+                          verify=verify, **options)
     try:
         return reader.read(list(reader.order))
     finally:
@@ -36,13 +38,13 @@ def load_file(filename, framework="np", dtype=None, threads=None, budget=None, *
 
 
 async def aload(filename, framework="np", dtype=None, threads=None, budget=None, *, device="cpu", bf16=None,
-                unsupported="error", names=None, **options):
+                unsupported="error", names=None, verify=False, **options):
     """load_file, awaitable: the asyncio loop keeps running while eredu loads. `names` loads only
     those tensors. Cancelling the task cancels the load, returns every lease and raises
     asyncio.CancelledError."""
     _check(device)
     reader = await _Reader.aopen(os.fspath(filename), framework, dtype, bf16, unsupported, threads=threads,
-                                 budget=budget, **options)
+                                 budget=budget, verify=verify, **options)
     try:
         return await reader.aread(list(reader.order if names is None else names))
     finally:
@@ -50,12 +52,12 @@ async def aload(filename, framework="np", dtype=None, threads=None, budget=None,
 
 
 async def aread(filename, name, index=None, framework="np", *, dtype=None, device="cpu", bf16=None,
-                unsupported="error", **options):
+                unsupported="error", verify=False, **options):
     """One tensor of `filename`, awaitable; with `index` (what `slice[index]` takes) only the
     selected part is read."""
     _check(device)
     reader = await _Reader.aopen(os.fspath(filename), framework, dtype, bf16, unsupported, copy_resident=False,
-                                 **options)
+                                 verify=verify, **options)
     try:
         if index is None:
             return (await reader.aread([name]))[name]

@@ -22,7 +22,7 @@ import os
 
 from . import _bridge, _native
 from ._errors import CanaryError
-from ._options import check_weights, choice, parse_count
+from ._options import check_weights, parse_count, verify_mode
 from ._safe_open import _Reader
 
 
@@ -63,8 +63,6 @@ class Version:
         return f"<eredu.Version generation {self.generation} from {self.origin!r}: {len(self)} tensors>"
 
 
-def _verify_mode(verify):
-    return {None: 1, False: 0, True: 2}[choice("verify", verify, (None, False, True))]
 
 
 class ModelSlot:
@@ -118,7 +116,7 @@ class ModelSlot:
     def _start(self, path, verify, canary, origin, blocking, options):
         fw, cast, bf16, unsupported = self._rules
         path = os.fspath(path)
-        mode = _verify_mode(verify)
+        mode = verify_mode(verify)
         reader = _Reader.open(path, fw, cast, bf16, unsupported, copy_resident=False, copier="ModelSlot",
                               **{**self._options, **options})
         try:

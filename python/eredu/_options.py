@@ -84,6 +84,14 @@ def _checkpoint_bytes(path):
     return None
 
 
+def verify_mode(verify):
+    """The extension's verification mode of a `verify` keyword: False 0 (off), None 1 (what the
+    checkpoint records a digest of), True 2 (every tensor read, or the load fails)."""
+    if verify is not None and not isinstance(verify, bool):  # 1 == True: refuse it, not guess
+        raise invalid(f"verify must be None, False or True, not {verify!r}")
+    return {None: 1, False: 0, True: 2}[verify]
+
+
 def check_weights(options, fw, *, where=None):
     """Refuses a `weights` keyword that cannot be honoured: a value other than WEIGHTS, a mapping for
     torch (no read-only tensors: a write would kill the process with SIGSEGV), or any mapping where

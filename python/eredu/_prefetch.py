@@ -124,7 +124,10 @@ class prefetch:
     """A prefetch pipeline over a checkpoint (see the module comment); iterate it, or `async for`.
 
     prefetch(path, units="layers", *, lookahead=2, budget=None, passes=1, framework="np", dtype=None,
-             bf16=None, unsupported="error", threads=None, concurrent_loads=1, staging=None, ...)
+             bf16=None, unsupported="error", threads=None, concurrent_loads=1, staging=None, verify=False, ...)
+
+    `verify` checks each unit against the checkpoint's recorded digests before it is delivered
+    (False: never; None: what is recorded; True: every tensor must have a digest).
     """
 
     def __init__(self, path, units="layers", *, lookahead=2, budget=None, passes=1, framework="np", dtype=None,
@@ -148,7 +151,8 @@ class prefetch:
                 self._plans.append(plans)
             self.units = [name for name, _ in grouped]
             self._native = _native.Prefetch(self._reader.native, native_units, lookahead, budget, passes,
-                                            concurrent_loads, parse_count("threads", threads) or 0)
+                                            concurrent_loads, parse_count("threads", threads) or 0,
+                                            self._reader.verify)
         finally:
             self._reader.native.close()  # the pipeline keeps the source open while it runs
         self._finished = False

@@ -18,7 +18,7 @@ from ._errors import python_error
 from ._frameworks import plan_tensor, to_framework
 from ._indexing import selection
 from ._options import (cast_target, check_weights, choice, device as check_device, framework as check_framework,
-                       open_options)
+                       open_options, verify_mode)
 
 
 class TensorInfo:
@@ -37,8 +37,9 @@ class _Reader:
     """An open checkpoint and the dtype rules its tensors are delivered with (shared by safe_open,
     load_file, prefetch and ModelSlot)."""
 
-    def __init__(self, native, fw, cast, bf16, unsupported):
+    def __init__(self, native, fw, cast, bf16, unsupported, verify=0):
         self.native = native
+        self.verify = verify  # the extension's mode (_options.verify_mode)
         self.fw = fw
         self.cast = cast
         self.bf16 = bf16
@@ -64,21 +65,23 @@ class _Reader:
 
     @classmethod
     def open(cls, path, framework="np", dtype=None, bf16=None, unsupported="error", copy_resident=True, copier=None,
-             **options):
+             verify=False, **options):
         fw, cast, bf16, unsupported = cls.options(framework, dtype, bf16, unsupported)
         check_weights(options, fw, where=copier)
+        mode = verify_mode(verify)
         path = os.fspath(path)
         native = _bridge.wait(_native.open(path, open_options(path, options, copy_resident=copy_resident)))
-        return cls(native, fw, cast, bf16, unsupported)
+        return cls(native, fw, cast, bf16, unsupported, mode)
 
     @classmethod
     async def aopen(cls, path, framework="np", dtype=None, bf16=None, unsupported="error", copy_resident=True,
-                    **options):
+                    verify=False, **options):
         fw, cast, bf16, unsupported = cls.options(framework, dtype, bf16, unsupported)
         check_weights(options, fw)
+        mode = verify_mode(verify)
         path = os.fspath(path)
         native = await _bridge.wait_async(_native.open(path, open_options(path, options, copy_resident=copy_resident)))
-        return cls(native, fw, cast, bf16, unsupported)
+        return cls(native, fw, cast, bf16, unsupported, mode)
 
     def info(self, name):
         try:
@@ -100,7 +103,7 @@ class _Reader:
 
     def start_read(self, names):
         specs, plans = zip(*(self.spec(n) for n in names)) if names else ((), ())
-        return self.native.read(list(specs)), list(plans)
+        return self.native.read(list(specs), self.verify), list(plans)
 
     def read(self, names):
         op, plans = self.start_read(names)
@@ -114,7 +117,7 @@ class _Reader:
         info = self.info(name)
         ranges, shape = selection(index, info.shape, name=name, file=self.files[info.file])
         spec, plan = self.spec(name, ranges=ranges, shape=shape)
-        return self.native.read([spec]), plan
+        return self.native.read([spec], self.verify), plan
 
 
 class safe_open:
@@ -127,14 +130,17 @@ class safe_open:
     `model.safetensors.index.json`) or an index file. `framework` is "np"/"numpy" or
     "pt"/"torch"/"pytorch"; `device` must be the CPU. `dtype` ("float32", "float16", "bfloat16" or
     a numpy/torch dtype) converts float tensors on load; `bf16` ("uint16" or "float32") says how
-    numpy receives BF16; `unsupported="raw"` gives the bytes of dtypes the framework cannot hold.
+    numpy receives BF16; `unsupported="raw"` gives the bytes of dtypes the framework cannot hold;
+    `verify` checks every read against the recorded digests (False: never; None: those recorded;
+    True: every read must be verifiable — a slice is only with a shard digest).
     The other keywords are eredu's options (eredu._options: staging budget, threads, reader, ...).
     """
 
     def __init__(self, filename, framework="np", device="cpu", *, dtype=None, bf16=None, unsupported="error",
-                 **options):
+                 verify=False, **options):
         check_device(device)
-        self._reader = _Reader.open(filename, framework, dtype, bf16, unsupported, copy_resident=False, **options)
+        self._reader = _Reader.open(filename, framework, dtype, bf16, unsupported, copy_resident=False, verify=verify,
+                                    **options)
         self._closed = False
 
     # --- context manager ---

@@ -92,41 +92,72 @@ Checkpoint::Use Checkpoint::use() {
   return Use(shared_from_this());
 }
 
-std::shared_ptr<Operation> Checkpoint::read(std::vector<ReadSpec> specs) {
+std::shared_ptr<const io::Checksums> Checkpoint::checksums() const {
+  std::lock_guard lock(checksums_mutex_);
+  if (!checksums_) checksums_ = std::make_shared<const io::Checksums>(io::Checksums::discover(path_, catalog_));
+  return checksums_;
+}
+
+io::Checksums Checkpoint::checksums_to_verify(int verify) const {
+  if (verify <= 0) return {};
+  io::Checksums recorded = *checksums();
+  if (verify > 1 && recorded.empty())
+    throw Error(errc::invalid_argument, {.file = path_},
+                fmt::format("verify=True, but the checkpoint records no checksums (no 'sha256:<tensor>' metadata, no "
+                            "sidecar {})",
+                            io::Checksums::sidecar_path(path_).string()));
+  return recorded;
+}
+
+engine::VerifyOptions Checkpoint::verify_options(int verify) const {
+  engine::VerifyOptions options;
+  options.checksums = checksums_to_verify(verify);
+  // verify=None verifies only what is recorded, silently when nothing is; verify=True fails
+  // before any read unless every tensor read has a digest.
+  options.mode = verify > 1                  ? engine::VerifyMode::require
+                 : options.checksums.empty() ? engine::VerifyMode::off
+                                             : engine::VerifyMode::on;
+  return options;
+}
+
+std::shared_ptr<Operation> Checkpoint::read(std::vector<ReadSpec> specs, int verify) {
+  engine::MaterializeOptions options;
+  options.verify = verify_options(verify);
   auto op = Operation::create(fmt::format("load from {}", path_));
-  Runtime::get().post([self = shared_from_this(), op, specs = std::move(specs)]() mutable {
-    try {
-      Use use = self->use();
-      auto set = std::make_shared<const TensorSet>(TensorSet::build(self->catalog_, specs));
-      if (specs.empty()) {
-        op->finish(nullptr, [] { return py::object(py::list()); });
-        return;
-      }
-      // The context must outlive the load: the handler keeps it.
-      auto context = std::make_shared<cpu::MaterializationContext>(cpu::MaterializationContext{
-          *self->executor_, self->storage_, self->options_.copy_resident, self->options_.weights});
-      io::CheckpointSource& source = use.source();
-      engine::async_materialize<cpu::Backend>(
-          source, set->plan, *context, engine::MaterializeOptions{},
-          asio::bind_cancellation_slot(
-              op->cancellation_slot(),
-              [use = std::make_shared<Use>(std::move(use)), op, set, context, specs = std::move(specs)](
-                  std::exception_ptr error, engine::MaterializedUnit<cpu::Backend> unit) mutable {
-                if (error) {
-                  op->finish(std::move(error));
-                  return;
-                }
-                std::vector<cpu::Tensor> tensors;
-                tensors.reserve(specs.size());
-                for (const engine::WeightBinding& b : set->plan.bindings()) tensors.push_back(*unit.find(b.id()));
-                op->finish(nullptr, [tensors = std::move(tensors), specs = std::move(specs)] {
-                  return py::object(export_tensors(tensors, specs));
-                });
-              }));
-    } catch (...) {
-      op->finish(std::current_exception());
-    }
-  });
+  Runtime::get().post(
+      [self = shared_from_this(), op, specs = std::move(specs), options = std::move(options)]() mutable {
+        try {
+          Use use = self->use();
+          auto set = std::make_shared<const TensorSet>(TensorSet::build(self->catalog_, specs));
+          if (specs.empty()) {
+            op->finish(nullptr, [] { return py::object(py::list()); });
+            return;
+          }
+          // The context must outlive the load: the handler keeps it.
+          auto context = std::make_shared<cpu::MaterializationContext>(cpu::MaterializationContext{
+              *self->executor_, self->storage_, self->options_.copy_resident, self->options_.weights});
+          io::CheckpointSource& source = use.source();
+          engine::async_materialize<cpu::Backend>(
+              source, set->plan, *context, std::move(options),
+              asio::bind_cancellation_slot(
+                  op->cancellation_slot(),
+                  [use = std::make_shared<Use>(std::move(use)), op, set, context, specs = std::move(specs)](
+                      std::exception_ptr error, engine::MaterializedUnit<cpu::Backend> unit) mutable {
+                    if (error) {
+                      op->finish(std::move(error));
+                      return;
+                    }
+                    std::vector<cpu::Tensor> tensors;
+                    tensors.reserve(specs.size());
+                    for (const engine::WeightBinding& b : set->plan.bindings()) tensors.push_back(*unit.find(b.id()));
+                    op->finish(nullptr, [tensors = std::move(tensors), specs = std::move(specs)] {
+                      return py::object(export_tensors(tensors, specs));
+                    });
+                  }));
+        } catch (...) {
+          op->finish(std::current_exception());
+        }
+      });
   return op;
 }
 
@@ -198,11 +229,14 @@ void bind_checkpoint(py::module_& m) {
           },
           "Every file of the checkpoint.")
       .def(
-          "read", [](Checkpoint& c, const py::object& specs) { return c.read(read_specs_from(specs)); },
-          py::arg("specs"), "Starts loading `specs` as one unit; the Operation's result is a list of Tensor.")
+          "read",
+          [](Checkpoint& c, const py::object& specs, int verify) { return c.read(read_specs_from(specs), verify); },
+          py::arg("specs"), py::arg("verify") = 0,
+          "Starts loading `specs` as one unit (verify: 0 off, 1 what has a digest, 2 everything); the Operation's "
+          "result is a list of Tensor.")
       .def("staging", &Checkpoint::staging, "The staging pool's budget, in_use, high_water and waiting.")
       .def(
-          "checksums", [](const Checkpoint& c) { return c.checksums().digests(); },
+          "checksums", [](const Checkpoint& c) { return c.checksums()->digests(); },
           "Tensor -> SHA-256 recorded in the metadata or the sidecar file.")
       .def(
           "close",

@@ -21,6 +21,7 @@
 #include "eredu/cpu/executor.hpp"
 #include "eredu/cpu/materialization_context.hpp"
 #include "eredu/cpu/storage_pool.hpp"
+#include "eredu/engine/verify_options.hpp"
 #include "eredu/io/catalog.hpp"
 #include "eredu/io/checkpoint_source.hpp"
 #include "eredu/io/checksums.hpp"
@@ -74,14 +75,25 @@ class Checkpoint : public std::enable_shared_from_this<Checkpoint> {
   const OpenOptions& options() const noexcept { return options_; }
 
   /// Loads `specs` as one unit through the engine (engine::async_materialize on the CPU
-  /// backend); the result is a list of eredu._native.Tensor in spec order. Errors: those of
-  /// TensorSet::build before any read, then the load's; cancelled; invalid_argument when closed.
-  std::shared_ptr<Operation> read(std::vector<ReadSpec> specs);
+  /// backend); the result is a list of eredu._native.Tensor in spec order. `verify` as
+  /// checksums_to_verify takes it: 1 verifies what has a digest, 2 requires every tensor read
+  /// to be verifiable. Errors: those of TensorSet::build and checksums_to_verify before any
+  /// read, then the load's (checksum_mismatch among them); cancelled; invalid_argument when
+  /// closed.
+  std::shared_ptr<Operation> read(std::vector<ReadSpec> specs, int verify = 0);
 
   /// The staging pool's budget, bytes in use, high-water mark and waiters (zeros once closed).
   pybind11::dict staging();
-  /// The digests to verify (io::Checksums::discover: metadata and sidecar).
-  io::Checksums checksums() const { return io::Checksums::discover(path_, catalog_); }
+  /// The digests the checkpoint records (io::Checksums::discover: metadata and sidecar), found
+  /// once and kept: the sidecar is read at the first call.
+  std::shared_ptr<const io::Checksums> checksums() const;
+  /// The digests a load or swap with Python's `verify` checks: none for 0 (verify=False); those
+  /// recorded for 1 (verify=None) and 2 (verify=True), which throws Error(invalid_argument)
+  /// naming the file and the sidecar looked for when there are none.
+  io::Checksums checksums_to_verify(int verify) const;
+  /// The VerifyOptions of a load with Python's `verify` (checksums_to_verify's values): off,
+  /// on over the digests recorded (off when there are none), or require.
+  engine::VerifyOptions verify_options(int verify) const;
 
   /// Closes: refuses reads started after it, and lets the source go once those started before
   /// it (in flight or queued) have ended.
@@ -100,7 +112,9 @@ class Checkpoint : public std::enable_shared_from_this<Checkpoint> {
   std::unique_ptr<cpu::Executor> executor_;
   cpu::StoragePool storage_;
   std::atomic<bool> closed_{false};
-  int uses_ = 0;  // loop thread only
+  mutable std::mutex checksums_mutex_;
+  mutable std::shared_ptr<const io::Checksums> checksums_;  // found by the first checksums()
+  int uses_ = 0;                                            // loop thread only
   // Guards source_ being let go against staging(), which reads the pool's thread-safe counters
   // from the caller's thread: the loop may be busy (a test gate can block it inside the reader).
   mutable std::mutex source_mutex_;

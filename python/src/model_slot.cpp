@@ -71,13 +71,7 @@ SlotBinding::SlotBinding(int threads)
 std::shared_ptr<Operation> SlotBinding::swap(std::shared_ptr<Checkpoint> checkpoint,
                                              std::optional<std::vector<ReadSpec>> specs, int verify,
                                              const py::object& canary_job, bool blocking, std::string origin) {
-  io::Checksums checksums;
-  if (verify > 0) checksums = checkpoint->checksums();
-  if (verify > 1 && checksums.empty())
-    throw Error(errc::invalid_argument, {.file = checkpoint->path()},
-                fmt::format("verify=True, but the checkpoint records no checksums (no 'sha256:<tensor>' metadata, no "
-                            "sidecar {})",
-                            io::Checksums::sidecar_path(checkpoint->path()).string()));
+  io::Checksums checksums = checkpoint->checksums_to_verify(verify);
   std::shared_ptr<PyHandle> canary;
   if (!canary_job.is_none()) canary = std::make_shared<PyHandle>(canary_job);
   auto op = Operation::create(fmt::format("swap to {}", checkpoint->path()));

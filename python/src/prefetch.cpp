@@ -168,21 +168,23 @@ void bind_prefetch(py::module_& m) {
       .def("release", &PrefetchUnit::release, "Gives the unit's bytes back to the pipeline's budget.");
 
   py::class_<Prefetch, std::shared_ptr<Prefetch>>(m, "Prefetch", "A prefetch pipeline over a checkpoint.")
-      .def(py::init([](std::shared_ptr<Checkpoint> checkpoint, const py::list& units, std::size_t lookahead,
-                       std::uint64_t budget, std::size_t passes, std::size_t concurrent_loads, int threads) {
-             std::vector<UnitSpec> specs;
-             for (const py::handle u : units) {
-               const py::tuple t = py::reinterpret_borrow<py::object>(u).cast<py::tuple>();
-               specs.push_back({py::str(t[0]), read_specs_from(t[1])});
-             }
-             engine::PrefetchOptions options{.lookahead = lookahead,
-                                             .resident_budget = budget,
-                                             .passes = passes,
-                                             .concurrent_loads = concurrent_loads};
-             return Prefetch::create(std::move(checkpoint), std::move(specs), options, threads);
-           }),
-           py::arg("checkpoint"), py::arg("units"), py::arg("lookahead"), py::arg("budget"), py::arg("passes"),
-           py::arg("concurrent_loads"), py::arg("threads"))
+      .def(
+          py::init([](std::shared_ptr<Checkpoint> checkpoint, const py::list& units, std::size_t lookahead,
+                      std::uint64_t budget, std::size_t passes, std::size_t concurrent_loads, int threads, int verify) {
+            std::vector<UnitSpec> specs;
+            for (const py::handle u : units) {
+              const py::tuple t = py::reinterpret_borrow<py::object>(u).cast<py::tuple>();
+              specs.push_back({py::str(t[0]), read_specs_from(t[1])});
+            }
+            engine::PrefetchOptions options{.lookahead = lookahead,
+                                            .resident_budget = budget,
+                                            .passes = passes,
+                                            .concurrent_loads = concurrent_loads,
+                                            .verify = checkpoint->verify_options(verify)};
+            return Prefetch::create(std::move(checkpoint), std::move(specs), options, threads);
+          }),
+          py::arg("checkpoint"), py::arg("units"), py::arg("lookahead"), py::arg("budget"), py::arg("passes"),
+          py::arg("concurrent_loads"), py::arg("threads"), py::arg("verify") = 0)
       .def("next", &Prefetch::next, "Starts waiting for the next unit (Operation: PrefetchUnit or None).")
       .def("close", &Prefetch::close, "Starts closing (Operation: None).")
       .def("stats", &Prefetch::stats)
