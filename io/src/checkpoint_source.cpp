@@ -213,8 +213,7 @@ void CheckpointSource::check_unchanged(const TensorInfo& tensor) const {
   const OpenFile& f = files_[tensor.file];
   struct stat st {};
   // On FUSE this fstat is a getattr that may drop the file's cached pages (PageCacheGuardLock).
-  std::unique_lock<std::shared_mutex> alone;
-  if (f.guard->serial.load()) alone = std::unique_lock(f.guard->lock);
+  const std::unique_lock<std::shared_mutex> alone = f.guard->hold_for_check();
   if (::fstat(f.buffered.get(), &st) != 0) {
     throw Error(errc::io_error, {.file = f.path, .tensor = tensor.name, .os_error = sys_error(errno)}, "cannot stat");
   }

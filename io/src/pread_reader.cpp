@@ -53,15 +53,9 @@ struct PreadReader::Impl {
       bool cached = false;
       {
         // See PageCacheGuardLock: concurrent until the server has answered short once.
-        std::shared_lock<std::shared_mutex> shared;
-        std::unique_lock<std::shared_mutex> alone;
-        PageCacheGuardLock& g = *f.guard;
+        PageCacheGuardLock::ReadHold hold;
         if (guarded) {
-          if (g.serial.load()) {
-            alone = std::unique_lock(g.lock);
-          } else {
-            shared = std::shared_lock(g.lock);
-          }
+          hold = PageCacheGuardLock::ReadHold(*f.guard);
           // Waiting may have outlasted the reader or the batch: a slow server must not
           // hold a shutdown (a signal) for one read per waiting worker, one after another.
           lock.lock();
@@ -78,21 +72,7 @@ struct PreadReader::Impl {
         const ssize_t n = ::pread(fd, dst, len, static_cast<off_t>(pos));
         res = n < 0 ? -errno : static_cast<long>(n);
         trusted = res > 0 ? static_cast<std::uint64_t>(res) : 0;
-        if (guarded && res > 0) {
-          trusted = core.guard_after(file, ticket, pos, trusted, cached);
-          // The size the kernel holds, without asking the server: below the file's, a short
-          // reply shrank it and a fallback may have run that left no page to see.
-          if (!cached && core.size_shrunk(file)) {
-            trusted = 0;
-            cached = true;
-          }
-          if (cached && !g.serial.exchange(true)) {
-            log::info(
-                "{}: the server answered a read short in page-cache mode: reading the file one request at "
-                "a time from now on",
-                f.path);
-          }
-        }
+        if (guarded && res > 0) trusted = core.trusted_after_guarded_read(file, ticket, pos, trusted, cached);
       }
       // Bytes past `trusted` may be the page cache's, not the server's: those are read again.
       const bool suspect = res > 0 && trusted < static_cast<std::uint64_t>(res);

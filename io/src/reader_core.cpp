@@ -78,6 +78,21 @@ bool ReaderCore::size_shrunk(std::uint32_t file) const noexcept {
   return (sx.stx_mask & STATX_SIZE) && sx.stx_size < files[file].size;
 }
 
+std::uint64_t ReaderCore::trusted_after_guarded_read(std::uint32_t file, const CacheTicket& ticket, std::uint64_t pos,
+                                                     std::uint64_t n, bool& cached) const {
+  std::uint64_t trusted = guard_after(file, ticket, pos, n, cached);
+  if (!cached && size_shrunk(file)) {
+    trusted = 0;
+    cached = true;
+  }
+  if (cached && files[file].guard->go_serial())
+    log::info(
+        "{}: the server answered a read short in page-cache mode: reading the file one request at a time from "
+        "now on",
+        files[file].path);
+  return trusted;
+}
+
 void ReaderCore::on_cache_suspect(Piece& p, bool cached) {
   Batch& b = *p.batch;
   if (b.failure) {

@@ -81,6 +81,13 @@ class ReaderCore {
   /// below its size when opened: a server's short reply in page-cache mode shrinks it until
   /// the next attribute refresh. Thread-safe.
   bool size_shrunk(std::uint32_t file) const noexcept;
+  /// After a guarded read of [pos, pos + n), n > 0, under the file's PageCacheGuardLock: the
+  /// leading bytes known to come from the server (guard_after), none when the kernel's size
+  /// shrank (size_shrunk: a fallback may have run and left no page to see). When either saw
+  /// the server answer short (`cached` is then true), switches the file's guarded reads to one
+  /// at a time (PageCacheGuardLock::go_serial), logging it once. Thread-safe.
+  std::uint64_t trusted_after_guarded_read(std::uint32_t file, const CacheTicket& ticket, std::uint64_t pos,
+                                           std::uint64_t n, bool& cached) const;
   /// A guarded read of `p` delivered nothing that can be trusted: reads it again, shorter
   /// when a cached page was seen (a read the server answers in full needs no fallback), or
   /// fails its batch after max_cache_retries in a row.

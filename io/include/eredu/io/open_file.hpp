@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <shared_mutex>
 #include <string>
 
@@ -21,6 +22,34 @@ namespace eredu::io {
 struct PageCacheGuardLock {
   std::shared_mutex lock;           ///< shared by guarded reads; alone once `serial`
   std::atomic<bool> serial{false};  ///< set when a fallback or a shrunk size was seen, never cleared
+
+  /// What a guarded read holds from before its guard's first look at the page cache until
+  /// after its last: the lock, shared until `serial`, then alone. Empty when
+  /// default-constructed; move-only.
+  class ReadHold {
+   public:
+    ReadHold() = default;
+    /// Waits for `guard` as a read must (see ReadHold).
+    explicit ReadHold(PageCacheGuardLock& guard) {
+      if (guard.serial.load())
+        alone_ = std::unique_lock(guard.lock);
+      else
+        shared_ = std::shared_lock(guard.lock);
+    }
+
+   private:
+    std::shared_lock<std::shared_mutex> shared_;
+    std::unique_lock<std::shared_mutex> alone_;
+  };
+
+  /// What an attribute check (an fstat: a getattr on FUSE) holds: nothing until `serial`,
+  /// then the lock alone, so that no guarded read sees the pages it may drop go.
+  std::unique_lock<std::shared_mutex> hold_for_check() {
+    return serial.load() ? std::unique_lock(lock) : std::unique_lock<std::shared_mutex>();
+  }
+  /// Records that the file's server answered a read short; true only the first time (so the
+  /// switch is logged once per file).
+  bool go_serial() noexcept { return !serial.exchange(true); }
 };
 
 /// A checkpoint file's descriptors. `direct` is an O_DIRECT descriptor of the same file,
