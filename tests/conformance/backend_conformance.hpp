@@ -20,7 +20,15 @@
 //  * bind after a successful validate_bind cannot fail; a rejected weight changes nothing;
 //  * (TransferBackend) demote then promote round-trips bytes, dtype and shape;
 //  * (InPlaceBackend) an overwrite keeps the slot's address and takes the new bytes;
-//  * (SubmissionBackend) fork, fence and retain_until_complete.
+//  * (SubmissionBackend) fork, fence and retain_until_complete;
+//  * (CollectiveBackend, over the adapter's group of one rank) all_reduce (sum, min, max) gives
+//    back its input's bytes, dtype and shape for every dtype the backend reduces, and refuses
+//    the ones it does not with Error(invalid_argument), at once and through the async form;
+//    all_gather and all_to_all are the identity into a new tensor; (GatherIntoBackend)
+//    all_gather_into writes the caller's output, in place too, and refuses another shape or
+//    dtype; a collective waits for the work submitted before it and later work waits for the
+//    collective; the initiating functions complete a callback on its executor, a future and a
+//    coroutine, with the result or the refusal.
 // A backend that cannot run here (no device) passes each runtime case with a WARN naming why.
 //
 // Reads go through the real reader with a FaultInjector installed, so mapped reads are off and
@@ -31,21 +39,34 @@
 #error "define EREDU_CONFORMANCE_ADAPTERS (the adapter types) before including backend_conformance.hpp"
 #endif
 
+#include <array>
+#include <asio/awaitable.hpp>
+#include <asio/bind_executor.hpp>
+#include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
+#include <asio/use_awaitable.hpp>
+#include <asio/use_future.hpp>
 #include <catch2/catch.hpp>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <exception>
+#include <functional>
+#include <future>
+#include <iterator>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <stop_token>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "conformance/conformance_adapter.hpp"
 #include "eredu/core/completion.hpp"
 #include "eredu/core/error.hpp"
+#include "eredu/engine/collective_backend.hpp"
 #include "eredu/engine/in_place_backend.hpp"
 #include "eredu/engine/load.hpp"
 #include "eredu/engine/materialize.hpp"
@@ -59,14 +80,15 @@
 namespace eredu::test::conformance {
 
 /// The suite's tensors: every dtype the casts take, odd sizes (the u8 tensor puts the others
-/// at odd file offsets, so chunk boundaries split elements), a tensor larger than a chunk.
+/// at odd file offsets, so chunk boundaries split elements), a tensor larger than a chunk, and
+/// an integer tensor for the collective cases' reductions.
 inline std::vector<synth::TensorSpec> specs() {
   return {
       {"odd", DType::U8, {7}},          {"q", DType::BF16, {8, 16}},        {"k", DType::BF16, {8, 16}},
       {"v", DType::BF16, {8, 16}},      {"gate", DType::F32, {4, 6}},       {"up", DType::F32, {4, 10}},
       {"big", DType::BF16, {300, 257}}, {"mat", DType::F32, {67, 131}},     {"cube", DType::F16, {3, 5, 7}},
       {"half", DType::F16, {64, 64}},   {"e4m3", DType::F8_E4M3, {16, 32}}, {"e5m2", DType::F8_E5M2, {16, 32}},
-      {"e8m0", DType::F8_E8M0, {64}},
+      {"e8m0", DType::F8_E8M0, {64}},   {"i32", DType::I32, {6, 10}},
   };
 }
 
@@ -191,6 +213,155 @@ inline engine::WeightBindingPlan plan_of(const io::Catalog& catalog, const std::
   return engine::WeightBindingPlan(std::move(b));
 }
 
+/// The suite's tensors of `dtype`, in file order: the collective cases take their inputs from
+/// the checkpoint, so every backend makes them the same way (materializing them).
+inline std::vector<synth::TensorSpec> tensors_of(DType dtype) {
+  std::vector<synth::TensorSpec> out;
+  for (const synth::TensorSpec& s : specs())
+    if (s.dtype == dtype) out.push_back(s);
+  return out;
+}
+
+/// `shape` gathered over `size` ranks — dim 0 times `size`, a scalar as [size] — computed here
+/// rather than by the code under test.
+inline Shape gathered_shape(Shape shape, int size) {
+  if (shape.empty()) shape = {1};
+  shape[0] *= static_cast<std::uint64_t>(size);
+  return shape;
+}
+
+/// How the async cases complete a collective's initiating function.
+enum class TokenKind {
+  callback,   ///< a plain callback bound to the test's loop (asio::bind_executor)
+  future,     ///< asio::use_future: the result arrives on another thread
+  coroutine,  ///< asio::use_awaitable inside a coroutine spawned on the test's loop
+};
+
+/// Every token kind, for loops.
+inline constexpr TokenKind token_kinds[] = {TokenKind::callback, TokenKind::future, TokenKind::coroutine};
+
+/// "callback", "use_future" or "coroutine", for INFO.
+inline const char* token_name(TokenKind kind) {
+  switch (kind) {
+    case TokenKind::callback:
+      return "callback";
+    case TokenKind::future:
+      return "use_future";
+    case TokenKind::coroutine:
+      return "coroutine";
+  }
+  return "unknown";
+}
+
+/// Completes `initiate(token)` — an initiating function with the token still to pass — with a
+/// token of `kind`, driving the bench's loop until it is done; returns the tensor or throws the
+/// failure. `on_loop` is set to whether the callback or the coroutine's continuation ran on the
+/// loop's thread (left false for a future, which has no loop).
+template <class A, class Initiate>
+typename A::Backend::Tensor complete_with(Bench<A>& bench, TokenKind kind, Initiate initiate, bool& on_loop) {
+  using Tensor = typename A::Backend::Tensor;
+  on_loop = false;
+  switch (kind) {
+    case TokenKind::callback: {
+      Outcome<Tensor> outcome;
+      initiate(
+          asio::bind_executor(bench.ctx, [&bench, &on_loop, h = outcome.handler()](std::exception_ptr e, Tensor t) {
+            on_loop = bench.ctx.get_executor().running_in_this_thread();
+            h(std::move(e), std::move(t));
+          }));
+      return run_until_ready(bench.ctx, outcome);
+    }
+    case TokenKind::future: {
+      std::future<Tensor> f = initiate(asio::use_future);
+      return run_until_ready(bench.ctx, f);
+    }
+    case TokenKind::coroutine: {
+      std::future<Tensor> f = asio::co_spawn(
+          bench.ctx,
+          [&]() -> asio::awaitable<Tensor> {
+            Tensor t = co_await initiate(asio::use_awaitable);
+            on_loop = bench.ctx.get_executor().running_in_this_thread();
+            co_return t;
+          },
+          asio::use_future);
+      return run_until_ready(bench.ctx, f);
+    }
+  }
+  throw std::logic_error("unknown token kind");
+}
+
+/// The eredu::Error that `initiate`, completed with a token of `kind`, fails with; throws
+/// std::logic_error when it succeeds or fails with something else.
+template <class A, class Initiate>
+Error failure_with(Bench<A>& bench, TokenKind kind, Initiate initiate) {
+  bool on_loop = false;
+  try {
+    complete_with(bench, kind, std::move(initiate), on_loop);
+  } catch (const Error& e) {
+    return e;
+  } catch (const std::exception& e) {
+    throw std::logic_error(std::string("expected an eredu::Error, got: ") + e.what());
+  }
+  throw std::logic_error(std::string("expected a refusal through ") + token_name(kind) + ", and it succeeded");
+}
+
+/// Gathers and exchanges `written` — which the executor's work held by `gate` is about to
+/// fill with `expected` — and submits later work that reads their outputs; checks that nothing
+/// of it completes while the gate holds, then opens it: a collective that started before the
+/// held work read the old bytes, and later work that started before the collective read an
+/// unwritten output, so either shows as bytes other than `expected`.
+template <class A>
+void check_collectives_keep_executor_order(Bench<A>& bench, CompletionSource& gate,
+                                           const typename A::Backend::Tensor& written,
+                                           const std::vector<std::byte>& expected) {
+  using B = typename A::Backend;
+  auto& group = bench.env->group();
+  auto [gathered, gathered_done] = B::all_gather(bench.executor(), group, written);
+  auto [exchanged, exchanged_done] = B::all_to_all(bench.executor(), group, written);
+  // Work submitted after the collectives, reading their outputs. (Not a demote and its promote
+  // together: on an arena, work submitted in turn may run at once, so the promote waits below.)
+  std::vector<Completion> later;
+  std::vector<std::function<void()>> check_later;  // run once `later` has completed
+  if constexpr (engine::TransferBackend<B>) {
+    auto [host, demoted] = B::demote(bench.executor(), gathered);
+    later.push_back(demoted);
+    auto kept = std::make_shared<std::decay_t<decltype(host)>>(std::move(host));
+    check_later.push_back([&bench, &expected, kept] {
+      auto [back, promoted] = B::promote(bench.executor(), *kept);
+      bench.wait(promoted);
+      promoted.get();
+      CHECK(A::host_bytes(back) == expected);  // what the demote read, after the gather
+    });
+  }
+  if constexpr (engine::InPlaceBackend<B>) {
+    io::TensorReadRequest v_request{"v"};
+    auto slot = A::parameter(DType::BF16, {8, 16});
+    auto v = bench.read(v_request);
+    B::validate_bind(slot, v);
+    B::bind(slot, std::move(v));
+    later.push_back(B::overwrite(bench.executor(), slot, exchanged));
+    check_later.push_back([&expected, weight = A::bound(slot)] {
+      CHECK(A::host_bytes(weight) == expected);  // what the overwrite copied, after the exchange
+    });
+  }
+  run_ready_handlers(bench.ctx);
+  CHECK_FALSE(gathered_done.ready());
+  CHECK_FALSE(exchanged_done.ready());
+  for (const Completion& c : later) CHECK_FALSE(c.ready());
+  gate.complete();
+  for (const Completion& c : later) {
+    bench.wait(c);
+    c.get();
+  }
+  for (const auto& check : check_later) check();
+  bench.wait(gathered_done);
+  gathered_done.get();
+  bench.wait(exchanged_done);
+  exchanged_done.get();
+  CHECK(A::host_bytes(gathered) == expected);
+  CHECK(A::host_bytes(exchanged) == expected);
+}
+
 }  // namespace eredu::test::conformance
 
 /// Ends a runtime case with a WARN naming why, where the adapter's backend cannot run here.
@@ -209,6 +380,12 @@ TEMPLATE_TEST_CASE("backend conformance – the backend satisfies the concepts i
   STATIC_REQUIRE(eredu::engine::SubmissionBackend<B>);
   STATIC_REQUIRE(eredu::engine::TransferBackend<B> == TestType::transfer);
   STATIC_REQUIRE(eredu::engine::InPlaceBackend<B> == TestType::in_place);
+  STATIC_REQUIRE(eredu::engine::CollectiveBackend<B> == TestType::collective);
+  STATIC_REQUIRE(eredu::engine::GatherIntoBackend<B> == TestType::gather_into);
+  if constexpr (TestType::collective) {
+    // The collective cases materialize their inputs: what collectives move is a weight.
+    STATIC_REQUIRE(std::is_same_v<typename B::Tensor, typename B::MaterializedWeight>);
+  }
   STATIC_REQUIRE(
       noexcept(B::bind(std::declval<typename B::Parameter&>(), std::declval<typename B::MaterializedWeight&&>())));
   STATIC_REQUIRE(std::is_copy_constructible_v<typename B::MaterializedWeight>);  // aliases are handles
@@ -295,8 +472,9 @@ TEMPLATE_TEST_CASE("backend conformance – a failure stops the unit, names its 
   test::conformance::Bench<TestType> bench;
 
   SECTION("an I/O error in one tensor fails the whole unit") {
-    const io::TensorInfo& half = bench.source->catalog().at("half");
-    bench.faults.begin = half.offset + half.nbytes / 2;
+    // (not named `half`: CUDA's cuda_fp16.h, which nccl.h includes, declares a global one)
+    const io::TensorInfo& failing = bench.source->catalog().at("half");
+    bench.faults.begin = failing.offset + failing.nbytes / 2;
     bench.faults.end = bench.faults.begin + 1;
     // The failing tensor first: should a neighbour's read window reach the bad byte too, the
     // first failure in plan order is still the one named.
@@ -424,7 +602,7 @@ TEMPLATE_TEST_CASE("backend conformance – an alias shares its owner's storage:
   CHECK(bench.source->pool().in_use() == 0);
 }
 
-TEMPLATE_TEST_CASE("backend conformance – bind after validate_bind cannot fail; a rejected weight changes nothing",
+TEMPLATE_TEST_CASE("backend conformance – bind after validate_bind cannot fail, and a rejected weight changes nothing",
                    "[conformance][bind]", EREDU_CONFORMANCE_ADAPTERS) {
   EREDU_CONFORMANCE_REQUIRE_BACKEND();
   using namespace eredu;
@@ -562,4 +740,310 @@ TEMPLATE_TEST_CASE("backend conformance – executors fork, fence, and retain va
   gate.complete();
   bench.wait(gate.completion());
   CHECK(watch.expired());  // and released once it has completed
+}
+
+/// Opens a collective case: a backend that does not claim CollectiveBackend passes it by
+/// checking, statically, that its adapter does not claim it either (with a WARN).
+#define EREDU_CONFORMANCE_NOT_COLLECTIVE()    \
+  STATIC_REQUIRE_FALSE(TestType::collective); \
+  WARN(TestType::name << " backend: not a CollectiveBackend: no collectives to run")
+
+TEMPLATE_TEST_CASE("backend conformance – a group of one rank is rank 0 of 1, and all_reduce gives back its input",
+                   "[conformance][collective]", EREDU_CONFORMANCE_ADAPTERS) {
+  using namespace eredu;
+  using B = typename TestType::Backend;
+  if constexpr (!engine::CollectiveBackend<B>) {
+    EREDU_CONFORMANCE_NOT_COLLECTIVE();
+  } else {
+    EREDU_CONFORMANCE_REQUIRE_BACKEND();
+    test::conformance::Bench<TestType> bench;
+    auto& group = bench.env->group();
+    REQUIRE(B::group_rank(group) == 0);
+    REQUIRE(B::group_size(group) == 1);
+    int reduced = 0;
+    for (const DType dtype : TestType::reduced_dtypes) {
+      INFO(dtype_name(dtype));
+      const std::vector<synth::TensorSpec> inputs = test::conformance::tensors_of(dtype);
+      REQUIRE_FALSE(inputs.empty());  // every dtype the adapter lists is one the suite reduces
+      for (const synth::TensorSpec& spec : inputs)
+        for (const engine::ReduceOp op : {engine::ReduceOp::sum, engine::ReduceOp::min, engine::ReduceOp::max}) {
+          INFO(spec.name << " " << engine::reduce_op_name(op));
+          io::TensorReadRequest request{spec.name};
+          auto [out, done] = B::all_reduce(bench.executor(), group, bench.read(request), op);
+          bench.wait(done);
+          done.get();
+          CHECK(TestType::dtype(out) == spec.dtype);
+          CHECK(TestType::shape(out) == spec.shape);
+          CHECK(TestType::host_bytes(out) == bench.ckpt.bytes(spec.name));
+          ++reduced;
+        }
+    }
+    CHECK(reduced >= 3 * static_cast<int>(std::size(TestType::reduced_dtypes)));
+  }
+}
+
+TEMPLATE_TEST_CASE(
+    "backend conformance – all_reduce refuses a dtype the backend does not reduce, at once and through every token",
+    "[conformance][collective][refusal]", EREDU_CONFORMANCE_ADAPTERS) {
+  using namespace eredu;
+  using B = typename TestType::Backend;
+  using test::conformance::TokenKind;
+  if constexpr (!engine::CollectiveBackend<B>) {
+    EREDU_CONFORMANCE_NOT_COLLECTIVE();
+  } else {
+    EREDU_CONFORMANCE_REQUIRE_BACKEND();
+    test::conformance::Bench<TestType> bench;
+    auto& group = bench.env->group();
+    for (const DType dtype : TestType::refused_dtypes) {
+      const std::string dtype_text(dtype_name(dtype));
+      INFO(dtype_text);
+      const std::vector<synth::TensorSpec> inputs = test::conformance::tensors_of(dtype);
+      REQUIRE_FALSE(inputs.empty());
+      io::TensorReadRequest request{inputs.front().name};
+      auto t = bench.read(request);
+      for (const engine::ReduceOp op : {engine::ReduceOp::sum, engine::ReduceOp::min, engine::ReduceOp::max}) {
+        INFO(engine::reduce_op_name(op));
+        try {
+          (void)B::all_reduce(bench.executor(), group, t, op);
+          FAIL("all_reduce started on a dtype the backend documents as refused");
+        } catch (const Error& e) {
+          CHECK(e.kind() == errc::invalid_argument);
+          CHECK_THAT(e.what(), Catch::Contains(dtype_text));
+        }
+        for (const TokenKind kind : test::conformance::token_kinds) {
+          INFO(test::conformance::token_name(kind));
+          const Error e = test::conformance::failure_with(bench, kind, [&](auto token) {
+            return engine::async_all_reduce<B>(bench.executor(), group, t, op, std::move(token));
+          });
+          CHECK(e.kind() == errc::invalid_argument);
+          CHECK_THAT(e.what(), Catch::Contains(dtype_text));
+        }
+      }
+      CHECK(TestType::host_bytes(t) == bench.ckpt.bytes(inputs.front().name));  // nothing touched it
+    }
+    // A refusal starts nothing: the group still reduces afterwards.
+    const synth::TensorSpec spec = test::conformance::tensors_of(TestType::reduced_dtypes[0]).front();
+    io::TensorReadRequest request{spec.name};
+    auto [out, done] = B::all_reduce(bench.executor(), group, bench.read(request), engine::ReduceOp::sum);
+    bench.wait(done);
+    done.get();
+    CHECK(TestType::host_bytes(out) == bench.ckpt.bytes(spec.name));
+  }
+}
+
+TEMPLATE_TEST_CASE("backend conformance – all_gather and all_to_all over one rank give their input in a new tensor",
+                   "[conformance][collective]", EREDU_CONFORMANCE_ADAPTERS) {
+  using namespace eredu;
+  using B = typename TestType::Backend;
+  if constexpr (!engine::CollectiveBackend<B>) {
+    EREDU_CONFORMANCE_NOT_COLLECTIVE();
+  } else {
+    EREDU_CONFORMANCE_REQUIRE_BACKEND();
+    test::conformance::Bench<TestType> bench;
+    auto& group = bench.env->group();
+    REQUIRE(B::group_size(group) == 1);
+    // Bytes move whatever the dtype: FP8 and integers too; 1-D, 2-D, 3-D, larger than a chunk.
+    for (const char* name : {"odd", "q", "gate", "cube", "i32", "e4m3", "e8m0", "big"}) {
+      const synth::TensorSpec& spec = bench.ckpt.spec(name);
+      INFO(name);
+      io::TensorReadRequest request{name};
+      auto t = bench.read(request);
+      {
+        auto [out, done] = B::all_gather(bench.executor(), group, t);
+        bench.wait(done);
+        done.get();
+        CHECK(TestType::dtype(out) == spec.dtype);
+        CHECK(TestType::shape(out) == test::conformance::gathered_shape(spec.shape, B::group_size(group)));
+        CHECK(TestType::host_bytes(out) == bench.ckpt.bytes(name));
+        CHECK_FALSE(TestType::same_storage(out, t));
+      }
+      {
+        auto [out, done] = B::all_to_all(bench.executor(), group, t);
+        bench.wait(done);
+        done.get();
+        CHECK(TestType::dtype(out) == spec.dtype);
+        CHECK(TestType::shape(out) == spec.shape);
+        CHECK(TestType::host_bytes(out) == bench.ckpt.bytes(name));
+        CHECK_FALSE(TestType::same_storage(out, t));
+      }
+      CHECK(TestType::host_bytes(t) == bench.ckpt.bytes(name));  // the input is only read
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE(
+    "backend conformance – all_gather_into writes the caller's output and refuses another shape or dtype",
+    "[conformance][collective][gather-into]", EREDU_CONFORMANCE_ADAPTERS) {
+  using namespace eredu;
+  using B = typename TestType::Backend;
+  using R = engine::DerivedWeightRecipe;
+  using test::conformance::TokenKind;
+  if constexpr (!engine::GatherIntoBackend<B>) {
+    STATIC_REQUIRE_FALSE(TestType::gather_into);
+    WARN(TestType::name << " backend: not a GatherIntoBackend: no caller's output to gather into");
+  } else {
+    EREDU_CONFORMANCE_REQUIRE_BACKEND();
+    test::conformance::Bench<TestType> bench;
+    auto& group = bench.env->group();
+    io::TensorReadRequest q_request{"q"}, k_request{"k"}, v_request{"v"};
+    const std::vector<std::byte> q_bytes = bench.ckpt.bytes("q");
+    const Shape q_shape = bench.ckpt.spec("q").shape;
+    auto q = bench.read(q_request);
+
+    auto out = bench.read(k_request);  // the output of the right shape and dtype, holding other bytes
+    REQUIRE(TestType::host_bytes(out) != q_bytes);
+    REQUIRE(TestType::shape(out) == test::conformance::gathered_shape(q_shape, B::group_size(group)));
+    Completion done = B::all_gather_into(bench.executor(), group, q, out);
+    bench.wait(done);
+    done.get();
+    CHECK(TestType::dtype(out) == DType::BF16);
+    CHECK(TestType::host_bytes(out) == q_bytes);
+    CHECK(TestType::host_bytes(q) == q_bytes);
+
+    // Through every token the result is the caller's output, holding the gather.
+    for (const TokenKind kind : test::conformance::token_kinds) {
+      INFO(test::conformance::token_name(kind));
+      auto target = bench.read(v_request);
+      bool on_loop = false;
+      auto got = test::conformance::complete_with(
+          bench, kind,
+          [&](auto token) {
+            return engine::async_all_gather_into<B>(bench.executor(), group, q, target, std::move(token));
+          },
+          on_loop);
+      CHECK(TestType::same_storage(got, target));
+      CHECK(TestType::host_bytes(got) == q_bytes);
+      if (kind != TokenKind::future) CHECK(on_loop);
+    }
+
+    // In place: over one rank the input is its rank's block of the output, the whole of it.
+    auto self = bench.read(v_request);
+    Completion in_place = B::all_gather_into(bench.executor(), group, self, self);
+    bench.wait(in_place);
+    in_place.get();
+    CHECK(TestType::host_bytes(self) == bench.ckpt.bytes("v"));
+
+    // The same bytes in another shape, the same shape in another dtype: refused before anything
+    // starts, and the output keeps its bytes.
+    const std::pair<const char*, R> wrong[] = {{"another shape", R::reshape(R::source("v"), {16, 8})},
+                                               {"another dtype", R::cast(R::source("v"), DType::F16)}};
+    for (const auto& [why, recipe] : wrong) {
+      INFO(why);
+      auto bad = bench.run(recipe);
+      const std::vector<std::byte> before = TestType::host_bytes(bad);
+      const std::string bad_text =
+          std::string(dtype_name(TestType::dtype(bad))) + " " + format_shape(TestType::shape(bad));
+      try {
+        (void)B::all_gather_into(bench.executor(), group, q, bad);
+        FAIL("all_gather_into started into an output of " << bad_text);
+      } catch (const Error& e) {
+        CHECK(e.kind() == errc::invalid_argument);
+        CHECK_THAT(e.what(), Catch::Contains(bad_text));
+      }
+      for (const TokenKind kind : test::conformance::token_kinds) {
+        INFO(test::conformance::token_name(kind));
+        const Error e = test::conformance::failure_with(bench, kind, [&](auto token) {
+          return engine::async_all_gather_into<B>(bench.executor(), group, q, bad, std::move(token));
+        });
+        CHECK(e.kind() == errc::invalid_argument);
+        CHECK_THAT(e.what(), Catch::Contains(bad_text));
+      }
+      CHECK(TestType::host_bytes(bad) == before);
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE(
+    "backend conformance – a collective waits for the executor's earlier work, and later work waits for it",
+    "[conformance][collective][order]", EREDU_CONFORMANCE_ADAPTERS) {
+  using namespace eredu;
+  using B = typename TestType::Backend;
+  if constexpr (!engine::CollectiveBackend<B>) {
+    EREDU_CONFORMANCE_NOT_COLLECTIVE();
+  } else {
+    EREDU_CONFORMANCE_REQUIRE_BACKEND();
+    test::conformance::Bench<TestType> bench;
+    io::TensorReadRequest q_request{"q"}, k_request{"k"};
+    const std::vector<std::byte> k_bytes = bench.ckpt.bytes("k");
+    REQUIRE(k_bytes != bench.ckpt.bytes("q"));
+    bool ran = false;
+    if constexpr (engine::InPlaceBackend<B>) {
+      // The held work overwrites a slot holding q with k; the collectives read the slot.
+      auto slot = TestType::parameter(DType::BF16, {8, 16});
+      auto q = bench.read(q_request);
+      B::validate_bind(slot, q);
+      B::bind(slot, std::move(q));
+      auto k = bench.read(k_request);
+      CompletionSource gate;
+      B::order_after(gate.completion(), bench.executor());
+      const Completion copied = B::overwrite(bench.executor(), slot, k);
+      test::conformance::check_collectives_keep_executor_order(bench, gate, TestType::bound(slot), k_bytes);
+      bench.wait(copied);
+      ran = true;
+    }
+    if constexpr (engine::TransferBackend<B>) {
+      // The held work promotes k's host copy into new storage; the collectives read it.
+      auto k = bench.read(k_request);
+      auto [host, demoted] = B::demote(bench.executor(), k);
+      bench.wait(demoted);
+      demoted.get();
+      CompletionSource gate;
+      B::order_after(gate.completion(), bench.executor());
+      auto [promoted, promoted_done] = B::promote(bench.executor(), host);
+      test::conformance::check_collectives_keep_executor_order(bench, gate, promoted, k_bytes);
+      bench.wait(promoted_done);
+      ran = true;
+    }
+    if (!ran) WARN(TestType::name << " backend: neither InPlaceBackend nor TransferBackend: no work to order after");
+  }
+}
+
+TEMPLATE_TEST_CASE(
+    "backend conformance – the collectives complete a callback on its executor, a future and a coroutine",
+    "[conformance][collective][async]", EREDU_CONFORMANCE_ADAPTERS) {
+  using namespace eredu;
+  using B = typename TestType::Backend;
+  using test::conformance::TokenKind;
+  if constexpr (!engine::CollectiveBackend<B>) {
+    EREDU_CONFORMANCE_NOT_COLLECTIVE();
+  } else {
+    EREDU_CONFORMANCE_REQUIRE_BACKEND();
+    test::conformance::Bench<TestType> bench;
+    auto& group = bench.env->group();
+    const synth::TensorSpec reduced = test::conformance::tensors_of(TestType::reduced_dtypes[0]).front();
+    const synth::TensorSpec& moved = bench.ckpt.spec("e4m3");
+    for (const TokenKind kind : test::conformance::token_kinds) {
+      INFO(test::conformance::token_name(kind));
+      io::TensorReadRequest reduced_request{reduced.name}, moved_request{moved.name};
+      bool on_loop = false;
+      auto t = bench.read(reduced_request);
+      auto sum = test::conformance::complete_with(
+          bench, kind,
+          [&](auto token) {
+            return engine::async_all_reduce<B>(bench.executor(), group, t, engine::ReduceOp::max, std::move(token));
+          },
+          on_loop);
+      CHECK(TestType::dtype(sum) == reduced.dtype);
+      CHECK(TestType::shape(sum) == reduced.shape);
+      CHECK(TestType::host_bytes(sum) == bench.ckpt.bytes(reduced.name));
+      if (kind != TokenKind::future) CHECK(on_loop);
+
+      auto f8 = bench.read(moved_request);
+      auto gathered = test::conformance::complete_with(
+          bench, kind,
+          [&](auto token) { return engine::async_all_gather<B>(bench.executor(), group, f8, std::move(token)); },
+          on_loop);
+      CHECK(TestType::shape(gathered) == test::conformance::gathered_shape(moved.shape, B::group_size(group)));
+      CHECK(TestType::host_bytes(gathered) == bench.ckpt.bytes(moved.name));
+      if (kind != TokenKind::future) CHECK(on_loop);
+
+      auto exchanged = test::conformance::complete_with(
+          bench, kind,
+          [&](auto token) { return engine::async_all_to_all<B>(bench.executor(), group, f8, std::move(token)); },
+          on_loop);
+      CHECK(TestType::shape(exchanged) == moved.shape);
+      CHECK(TestType::host_bytes(exchanged) == bench.ckpt.bytes(moved.name));
+      if (kind != TokenKind::future) CHECK(on_loop);
+    }
+  }
 }

@@ -6,6 +6,8 @@
 //   static constexpr const char* name;     // "cpu": how the WARN of an unavailable backend names it
 //   static constexpr bool transfer;        // the backend claims TransferBackend
 //   static constexpr bool in_place;        // the backend claims InPlaceBackend
+//   static constexpr bool collective;      // the backend claims CollectiveBackend
+//   static constexpr bool gather_into;     // the backend claims GatherIntoBackend
 //   static std::string unavailable();      // "" where it can run; otherwise why not ("no CUDA
 //                                          // device (...)"): every runtime case WARNs and returns
 //   struct Env {                           // made per case, after the source, destroyed before it
@@ -15,6 +17,18 @@
 //   };
 //   static std::vector<std::byte> host_bytes(const W&);  // a completed weight's bytes, on the host
 //   static const void* address(const W&);                // where those bytes live (in place = same)
+//
+// and, where `collective` is true (the collective cases run over a group of one rank, so they
+// run in a plain process; B::Tensor must be B::MaterializedWeight, since their inputs are
+// materialized from the checkpoint):
+//
+//   static constexpr std::array<DType, N> reduced_dtypes;  // what all_reduce takes, by the backend's
+//                                                          // documentation (with sum, min and max)
+//   static constexpr std::array<DType, M> refused_dtypes;  // what it documents as refused with every
+//                                                          // reduction: Error(invalid_argument)
+//   typename B::Group& Env::group();                       // a group of one rank, made by the Env
+//
+// Each dtype listed must be one of the suite's tensors (backend_conformance.hpp's specs()).
 //
 // ConformanceDefaults supplies the rest from the vocabulary eredu's backends share — weights
 // with dtype(), shape() and shares_storage_with(), parameters with a (DType, Shape)

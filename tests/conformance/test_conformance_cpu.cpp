@@ -16,6 +16,8 @@ struct CpuAdapter : ConformanceDefaults<cpu::Backend> {
   static constexpr const char* name = "cpu";  ///< for WARN messages
   static constexpr bool transfer = true;      ///< claims TransferBackend
   static constexpr bool in_place = true;      ///< claims InPlaceBackend
+  static constexpr bool collective = false;   ///< no collectives: not a CollectiveBackend
+  static constexpr bool gather_into = false;  ///< nor a GatherIntoBackend
   /// Always available.
   static std::string unavailable() { return {}; }
   /// An arena of two threads (so its work really runs in parallel) and a storage pool.

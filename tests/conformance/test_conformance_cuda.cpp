@@ -21,6 +21,8 @@ struct CudaAdapter : ConformanceDefaults<cuda::Backend> {
   static constexpr const char* name = "cuda";  ///< for WARN messages
   static constexpr bool transfer = true;       ///< claims TransferBackend
   static constexpr bool in_place = false;      ///< no overwrite: not an InPlaceBackend
+  static constexpr bool collective = false;    ///< no collectives: not a CollectiveBackend
+  static constexpr bool gather_into = false;   ///< nor a GatherIntoBackend
   /// "" with a device; otherwise why none can be used (as tests/cuda/test_cuda_gpu.cpp says it).
   static std::string unavailable() {
     return cuda::device_count() > 0 ? std::string() : "no CUDA device (" + cuda::no_device_reason() + ")";

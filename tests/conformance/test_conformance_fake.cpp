@@ -19,6 +19,8 @@ struct FakeAdapter : ConformanceDefaults<FakeBackend> {
   static constexpr const char* name = "fake";  ///< for WARN messages
   static constexpr bool transfer = true;       ///< claims TransferBackend
   static constexpr bool in_place = true;       ///< claims InPlaceBackend
+  static constexpr bool collective = false;    ///< no collectives: not a CollectiveBackend
+  static constexpr bool gather_into = false;   ///< nor a GatherIntoBackend
   /// Always available.
   static std::string unavailable() { return {}; }
   /// A device on the test's loop, reading through the pool, and one executor of it.
