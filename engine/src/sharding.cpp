@@ -62,6 +62,16 @@ bool set_match(std::string_view pattern, std::size_t& p, char c) noexcept {
 
 }  // namespace
 
+const char* replicated_reads_name(ReplicatedReads reads) noexcept {
+  switch (reads) {
+    case ReplicatedReads::every_rank:
+      return "read";
+    case ReplicatedReads::gather:
+      return "gather";
+  }
+  return "unknown";
+}
+
 Shard Shard::replicated() { return Shard(); }
 
 Shard Shard::split(std::size_t dim, std::uint64_t granule) {
@@ -200,13 +210,18 @@ ShardingRules ShardingRules::llama(const LlamaSharding& dims) {
   return rules;
 }
 
-TensorParallelPlan plan_tensor_parallel(const io::Catalog& catalog, const ShardingRules& rules, int rank, int size) {
+TensorParallelPlan plan_tensor_parallel(const io::Catalog& catalog, const ShardingRules& rules, int rank, int size,
+                                        ReplicatedReads replicated) {
   if (size < 1 || rank < 0 || rank >= size)
     throw Error(errc::invalid_argument, {},
                 fmt::format("rank {} of {} is not a rank of a tensor-parallel group", rank, size));
+  if (replicated != ReplicatedReads::every_rank && replicated != ReplicatedReads::gather)
+    throw Error(errc::invalid_argument, {},
+                fmt::format("ReplicatedReads value {} is not one of its enumerators", static_cast<int>(replicated)));
   TensorParallelPlan plan;
   plan.rank = rank;
   plan.size = size;
+  plan.replicated_reads = replicated;
   std::vector<WeightBinding> bindings;
   std::size_t index = 0;
   for (const io::TensorInfo& t : catalog.tensors()) {
@@ -224,7 +239,14 @@ TensorParallelPlan plan_tensor_parallel(const io::Catalog& catalog, const Shardi
 
     if (s.shard.kind() == Shard::Kind::replicated) {
       s.local_shape = t.shape;
-      s.pieces.push_back(Selection::all());
+      // Gathered only when the blocks are equal and whole bytes (see the header's rule):
+      // an all_gather of equal shapes is then the tensor, with no padding to cut out.
+      s.gathered = replicated == ReplicatedReads::gather && size > 1 && !t.shape.empty() && whole_bytes &&
+                   t.nbytes > 0 && t.shape[0] % static_cast<std::uint64_t>(size) == 0;
+      if (s.gathered)
+        s.pieces.push_back(along(t.shape, 0, shard_range(t.shape[0], 1, rank, size, what)));
+      else
+        s.pieces.push_back(Selection::all());
     } else {
       const std::size_t dim = s.shard.dim();
       if (dim >= t.shape.size())
@@ -268,6 +290,13 @@ TensorParallelPlan plan_tensor_parallel(const io::Catalog& catalog, const Shardi
       plan.replicated_bytes += t.nbytes;
     else
       plan.split_bytes += t.nbytes;
+    if (s.gathered) {
+      plan.gathered_bytes += t.nbytes;
+      plan.gather_received_bytes += t.nbytes - s.read_bytes;
+      ++plan.gathered_tensors;
+    } else if (s.shard.kind() == Shard::Kind::replicated) {
+      ++plan.whole_replicated_tensors;
+    }
     plan.read_bytes += s.read_bytes;
     plan.bound_bytes += bound;
 

@@ -854,6 +854,41 @@ def case_tensor_parallel(tmp):
             mlp = check_document(document(out, "load"), 2, "-np 2 --shard")
             check(mlp["replicated_bytes"] > tp["replicated_bytes"] and mlp["shard_rule_count"] == 1,
                   f"--shard '*.mlp.*_proj.weight=replicated' replicated {mlp['replicated_bytes']} bytes")
+    # --replicated gather, the embedding replicated: each rank reads 1/2 of the replicated
+    # tensors (their rows divide by 2) and receives the other half; the reader's bytes are still
+    # exactly the plan's, and the replicated bytes are read once over the ranks, not twice.
+    code, out, err = mpirun(2, "load", ck, "--tensor-parallel", "--replicated", "gather", "--shard",
+                            "model.embed_tokens.weight=replicated", "--json", "-q")
+    check(code == 0, f"--replicated gather: exit {code}: {err[-2000:]}")
+    if code == 0:
+        doc = document(out, "load")
+        check_vocabulary(doc, "--replicated gather")
+        g = doc["tensor_parallel"]
+        split, replicated, gathered = g["split_bytes"], g["replicated_bytes"], g["gathered_bytes"]
+        check(g["replicated_reads"] == "gather" and g["ok"] and g["whole_replicated_tensor_count"] == 0
+              and g["gathered_tensor_count"] == g["replicated_tensor_count"] > 0 and gathered == replicated,
+              f"--replicated gather: {g}")
+        for r in g["ranks"]:
+            check(r["read_bytes"] == r["planned_read_bytes"] == split // 2 + replicated // 2
+                  and r["gathered_bytes"] == replicated // 2,
+                  f"--replicated gather: rank {r['rank']} read {r['read_bytes']} (planned {r['planned_read_bytes']}), "
+                  f"gathered {r['gathered_bytes']}; split/2 + replicated/2 = {split // 2 + replicated // 2}")
+        check(sum(r["read_bytes"] for r in g["ranks"]) == split + replicated == doc["tensor_bytes"],
+              f"--replicated gather: the ranks read {sum(r['read_bytes'] for r in g['ranks'])} in all")
+        # The same rules, read on every rank: the replicated bytes twice, nothing gathered.
+        code, out, err = mpirun(2, "load", ck, "--tensor-parallel", "--replicated", "read", "--shard",
+                                "model.embed_tokens.weight=replicated", "--json", "-q")
+        check(code == 0, f"--replicated read: exit {code}: {err[-2000:]}")
+        if code == 0:
+            rd = check_document(document(out, "load"), 2, "--replicated read")
+            check(rd["replicated_reads"] == "read" and rd["gathered_bytes"] == 0
+                  and rd["replicated_bytes"] == replicated and all(r["gathered_bytes"] == 0 for r in rd["ranks"]),
+                  f"--replicated read: {rd}")
+    code, _, err = mpirun(2, "load", ck, "--tensor-parallel", "--replicated", "gather", "--verify", "require", "-q")
+    check(code == 2 and "--replicated gather" in err and "--verify require" in err,
+          f"--replicated gather --verify require: exit {code}: {err[-500:]}")
+    code, _, err = run("load", ck, "--replicated", "gather", "-q")
+    check(code == 2 and "--replicated: only with --tensor-parallel" in err, f"--replicated alone: exit {code}: {err}")
     # The head size does not divide the query rows: the sharding's error names tensor and rule.
     code, out, err = mpirun(2, "load", ck, "--tensor-parallel", "--head-dim", "48", "--json", "-q")
     e = document(out, "load").get("error", {}) if out.strip() else {}

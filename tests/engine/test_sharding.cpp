@@ -16,6 +16,7 @@
 #include "cpu/cpu_fixture.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/engine/load.hpp"
+#include "eredu/engine/materialize.hpp"
 #include "eredu/engine/plan_module.hpp"
 #include "eredu/engine/sharding.hpp"
 #include "eredu/io/checksums.hpp"
@@ -215,6 +216,107 @@ TEST_CASE("sharding – every rank loads exactly its part and reads exactly its 
   }
 }
 
+TEST_CASE("sharding – under ReplicatedReads::gather each rank reads 1/N of the replicated tensors it can gather",
+          "[sharding][gather]") {
+  // Replicated: rows that 2 and 4 ranks divide; rows that 2 divides but 4 does not; one row
+  // (fewer than the ranks); a scalar; a sub-byte dtype. Split: one row-split weight.
+  const CpuCheckpoint ckpt({{"a.w", DType::BF16, {8, 3}},
+                            {"b.w", DType::F32, {6}},
+                            {"c.w", DType::F32, {1, 4}},
+                            {"d.w", DType::F32, {}},
+                            {"e.w", DType::F4, {8}},
+                            {"s.w", DType::F32, {8, 2}}},
+                           3);
+  asio::io_context ctx;
+  io::SourceOptions options = small_source_options(std::size_t{1} << 20);
+  options.map_resident = false;  // every byte through the reader, so its counter is exact
+  ShardingRules rules;
+  rules.add("s.w", Shard::column_parallel());
+  const std::uint64_t replicated = synth::total_nbytes(ckpt.specs) - ckpt.bytes("s.w").size();
+  for (const int size : {1, 2, 4}) {
+    // Which tensors the rule gathers at this size (dim 0 divisible, whole bytes, not a scalar).
+    const std::map<std::string, bool> gathered_at = {{"a.w", size > 1}, {"b.w", size == 2}, {"c.w", false},
+                                                     {"d.w", false},    {"e.w", false},     {"s.w", false}};
+    std::uint64_t replicated_read = 0;  // over the ranks
+    for (int rank = 0; rank < size; ++rank) {
+      CAPTURE(size, rank);
+      auto source = io::CheckpointSource::open(ctx.get_executor(), ckpt.path, options);
+      // The default is unchanged: every replicated tensor whole on every rank.
+      const engine::TensorParallelPlan every = engine::plan_tensor_parallel(source->catalog(), rules, rank, size);
+      CHECK(every.replicated_reads == engine::ReplicatedReads::every_rank);
+      CHECK(every.gathered_tensors == 0);
+      CHECK(every.whole_replicated_tensors == 5);
+      CHECK(every.read_bytes == replicated + every.split_bytes / static_cast<std::uint64_t>(size));
+
+      const engine::TensorParallelPlan plan =
+          engine::plan_tensor_parallel(source->catalog(), rules, rank, size, engine::ReplicatedReads::gather);
+      CHECK(plan.replicated_bytes == replicated);
+      std::uint64_t gathered = 0, own_gathered = 0, sum = 0;
+      std::size_t gathered_count = 0;
+      for (const engine::ShardedTensor& t : plan.tensors) {
+        CAPTURE(t.key);
+        CHECK(t.gathered == gathered_at.at(t.key));
+        CHECK(t.local_shape == (t.key == "s.w" ? Shape{8 / static_cast<std::uint64_t>(size), 2} : t.full_shape));
+        sum += t.read_bytes;
+        if (t.shard.kind() == Shard::Kind::replicated) replicated_read += t.read_bytes;
+        if (!t.gathered) continue;
+        ++gathered_count;
+        gathered += ckpt.bytes(t.key).size();
+        own_gathered += t.read_bytes;
+        REQUIRE(t.pieces.size() == 1);
+        const Range rows = engine::shard_range(t.full_shape[0], 1, rank, size, t.key);
+        CHECK(t.pieces.front().ranges.front() == rows);
+        CHECK(t.read_bytes * static_cast<std::uint64_t>(size) == ckpt.bytes(t.key).size());
+      }
+      CHECK(sum == plan.read_bytes);
+      CHECK(plan.gathered_tensors == gathered_count);
+      CHECK(plan.whole_replicated_tensors == 5 - gathered_count);
+      CHECK(plan.gathered_bytes == gathered);
+      CHECK(plan.gather_received_bytes == gathered - own_gathered);
+      CHECK(plan.bound_bytes == every.bound_bytes);  // a gathered slot holds the whole tensor
+
+      // The reader delivers exactly the plan's bytes, and each rank's rows are its slice.
+      auto model = engine::PlanModule<cpu::Parameter>::from_tensor_parallel(plan);
+      for (const engine::ShardedTensor& t : plan.tensors) CHECK(model.find(t.parameter)->shape == t.local_shape);
+      cpu::Executor arena(2);
+      cpu::MaterializationContext context{arena, cpu::Backend::default_storage()};
+      const std::uint64_t before = source->reader().stats().bytes;
+      auto done = engine::async_materialize<cpu::Backend>(*source, plan.bindings, context, asio::use_future);
+      const engine::MaterializedUnit<cpu::Backend> unit = run_until_ready(ctx, done);
+      CHECK(source->reader().stats().bytes - before == plan.read_bytes);
+      for (const engine::ShardedTensor& t : plan.tensors) {
+        if (!t.gathered) continue;
+        CAPTURE(t.key);
+        const cpu::Tensor* rows = unit.find(engine::ParameterId(t.parameter));
+        REQUIRE(rows != nullptr);
+        const std::uint64_t row_bytes = ckpt.bytes(t.key).size() / t.full_shape[0];
+        const Range r = t.pieces.front().ranges.front();
+        REQUIRE(rows->nbytes() == r.size() * row_bytes);
+        CHECK(std::memcmp(rows->bytes().data(), ckpt.bytes(t.key).data() + r.start * row_bytes, rows->nbytes()) == 0);
+      }
+    }
+    // The gathered tensors are read once over the ranks; the others once per rank.
+    std::uint64_t once = 0, per_rank = 0;
+    for (const synth::TensorSpec& spec : ckpt.specs)
+      if (spec.name != "s.w") (gathered_at.at(spec.name) ? once : per_rank) += ckpt.bytes(spec.name).size();
+    CHECK(replicated_read == once + per_rank * static_cast<std::uint64_t>(size));
+  }
+}
+
+TEST_CASE("sharding – a ReplicatedReads outside its enumerators is a typed error", "[sharding][gather]") {
+  const CpuCheckpoint ckpt({{"a.w", DType::F32, {4}}});
+  const io::Catalog catalog = io::open_catalog(ckpt.path);
+  try {
+    engine::plan_tensor_parallel(catalog, ShardingRules(), 0, 2, static_cast<engine::ReplicatedReads>(7));
+    FAIL("expected an error");
+  } catch (const Error& e) {
+    CHECK(e.kind() == errc::invalid_argument);
+    CHECK_THAT(e.what(), Catch::Contains("ReplicatedReads"));
+  }
+  CHECK(std::string(engine::replicated_reads_name(engine::ReplicatedReads::gather)) == "gather");
+  CHECK(std::string(engine::replicated_reads_name(engine::ReplicatedReads::every_rank)) == "read");
+}
+
 TEST_CASE("sharding – a rule that cannot apply is a typed error naming the tensor", "[sharding]") {
   const CpuCheckpoint ckpt({{"a.w", DType::F32, {6, 4}}, {"b.w", DType::F32, {5}}, {"c.w", DType::F4, {8}}});
   asio::io_context ctx;
@@ -288,13 +390,23 @@ TEST_CASE("sharding – shard digests verify each rank's part; a changed byte fa
   // Loads rank `rank` of 2 of `ckpt` under require; returns the load's error, if any.
   asio::io_context ctx;
   auto load = [&](const CpuCheckpoint& ckpt, int rank, engine::MaterializeProgress& progress) -> std::exception_ptr {
-    auto source = io::CheckpointSource::open(ctx.get_executor(), ckpt.path, small_source_options(std::size_t{1} << 20));
+    io::SourceOptions source_options = small_source_options(std::size_t{1} << 20);
+    source_options.map_resident = false;  // every byte through the reader, so its counter is exact
+    auto source = io::CheckpointSource::open(ctx.get_executor(), ckpt.path, source_options);
     const engine::TensorParallelPlan plan = engine::plan_tensor_parallel(source->catalog(), rules, rank, 2);
     auto model = engine::PlanModule<cpu::Parameter>::from_tensor_parallel(plan);
     cpu::Executor arena(2);
     cpu::MaterializationContext context{arena, cpu::Backend::default_storage()};
     engine::MaterializeOptions options{.progress = &progress,
                                        .verify = {.mode = engine::VerifyMode::require, .checksums = read_back}};
+    // What verification reads again: the pieces of the fused tensors (a concat recipe), whole.
+    const std::uint64_t reread =
+        engine::verification_reread_bytes<cpu::Backend>(options.verify, source->catalog(), plan.bindings);
+    std::uint64_t fused_pieces = 0;
+    for (const engine::ShardedTensor& t : plan.tensors)
+      if (t.pieces.size() > 1) fused_pieces += t.read_bytes;
+    CHECK(fused_pieces > 0);
+    if (&ckpt == &good) CHECK(reread == fused_pieces);
     auto done = engine::async_load<cpu::Backend>(model, *source, plan.bindings, context, options, asio::use_future);
     try {
       run_until_ready(ctx, done);  // rethrows the load's error
@@ -302,6 +414,11 @@ TEST_CASE("sharding – shard digests verify each rank's part; a changed byte fa
       UNSCOPED_INFO("the load failed: " << e.what());
       return std::current_exception();
     }
+    // The plan's bytes and those read again, at least: the re-read check reads more than the
+    // pieces' bytes through the reader here (30064 bytes for 5568 + 2560 at rank 0; see
+    // io::async_verify_checksums), so an exact count holds only without fused tensors.
+    CAPTURE(plan.read_bytes, reread, fused_pieces);
+    CHECK(source->reader().stats().bytes >= plan.read_bytes + reread);
     return nullptr;
   };
   std::uint64_t pieces = 0;

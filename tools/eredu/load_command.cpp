@@ -254,7 +254,12 @@ Command add_load_command(CLI::App& app, CommonFlags& flags) {
                 "load one shard per MPI rank (mpirun -np N eredu load PATH --tensor-parallel): each rank reads only "
                 "its bytes, by the Llama sharding rules and --shard; rank 0 prints every rank's figures and the "
                 "totals (builds with MPI only)");
-  const std::vector<CLI::Option*> tp_options = add_tensor_parallel_rule_options(*cmd, tp);
+  std::vector<CLI::Option*> tp_options = add_tensor_parallel_rule_options(*cmd, tp);
+  tp_options.push_back(add_choice(
+      *cmd, "--replicated", tp.replicated, {"read", "gather"},
+      "--tensor-parallel: how replicated tensors are read: read (every rank reads them whole) or gather (on shared "
+      "storage: each rank reads 1/N of dim 0 and the ranks all-gather, so they are read once in total; a tensor "
+      "whose dim 0 the ranks do not divide is read whole)"));
   CLI::Option* threads = cmd->get_option("--threads");
   add_common_flags(*cmd, flags, true);
   return {cmd, [o, trace_path, tp_options, threads, trace](const CommonFlags& f) {
@@ -278,6 +283,12 @@ Command add_load_command(CLI::App& app, CommonFlags& flags) {
               throw UsageError("--dtype: --tensor-parallel loads keep the stored dtypes (give --dtype keep)");
             if (trace->count() > 0) throw UsageError("--trace: not with --tensor-parallel");
             if (o->weights != "copy") throw UsageError("--weights: --tensor-parallel loads copy their shards");
+            // A gathered tensor's rows have no digest of their own (eredu checksum records the
+            // shards of the default reads), so require could only refuse the load.
+            if (o->tensor_parallel.replicated == "gather" && o->verify == "require")
+              throw UsageError(
+                  "--replicated gather: --verify require cannot check the rows a rank reads of a gathered tensor (no "
+                  "digests are recorded for them); give --verify on (they count as unverified) or --replicated read");
             return run_tensor_parallel_load(*o, f);
 #endif
           }};

@@ -16,11 +16,12 @@ namespace eredu::cli {
 
 /// `--tensor-parallel` and the options that shape its sharding rules (docs/cli.md).
 struct TensorParallelOptions {
-  bool enabled = false;            ///< --tensor-parallel: one shard per MPI rank
-  std::uint64_t heads = 0;         ///< --heads: query heads (0: inferred)
-  std::uint64_t kv_heads = 0;      ///< --kv-heads: key/value heads (0: inferred)
-  std::uint64_t head_dim = 0;      ///< --head-dim: indices per head (0: inferred)
-  std::vector<std::string> shard;  ///< --shard PATTERN=SPEC rules, in order, before the Llama rules
+  bool enabled = false;             ///< --tensor-parallel: one shard per MPI rank
+  std::uint64_t heads = 0;          ///< --heads: query heads (0: inferred)
+  std::uint64_t kv_heads = 0;       ///< --kv-heads: key/value heads (0: inferred)
+  std::uint64_t head_dim = 0;       ///< --head-dim: indices per head (0: inferred)
+  std::vector<std::string> shard;   ///< --shard PATTERN=SPEC rules, in order, before the Llama rules
+  std::string replicated = "read";  ///< --replicated read|gather (engine::ReplicatedReads)
 };
 
 /// The options of `eredu load`, with their defaults.

@@ -2,7 +2,9 @@
 // checkpoint (engine::plan_tensor_parallel), loads only its bytes into CPU tensors, verifies
 // them under --verify against the digests of its shards (and of its replicated tensors),
 // checks that its reader delivered exactly the bytes its plan selects, and rank 0 prints
-// every rank's figures and the totals. Built only with MPI (EREDU_MPI, tools/CMakeLists.txt).
+// every rank's figures and the totals. Under --replicated gather each rank reads 1/N of the
+// replicated tensors and the ranks all-gather them (engine::async_gather_replicated). Built only with MPI (EREDU_MPI,
+// tools/CMakeLists.txt).
 #include <tbb/global_control.h>
 #include <unistd.h>
 
@@ -26,9 +28,12 @@
 #include "eredu/core/error.hpp"
 #include "eredu/cpu/backend.hpp"
 #include "eredu/cpu/convert.hpp"
+#include "eredu/engine/gather_replicated.hpp"
 #include "eredu/engine/load.hpp"
+#include "eredu/engine/materialize.hpp"
 #include "eredu/engine/plan_module.hpp"
 #include "eredu/engine/sharding.hpp"
+#include "eredu/mpi/backend.hpp"
 #include "eredu/mpi/communicator.hpp"
 #include "eredu/mpi/environment.hpp"
 #include "interrupt.hpp"
@@ -50,6 +55,7 @@ struct RankLoad {
   std::uint64_t tensors_verified = 0;    ///< tensors and shards that matched their digests
   std::uint64_t bytes_verified = 0;      ///< their bytes
   std::uint64_t tensors_unverified = 0;  ///< tensors read without a digest to check
+  double gather_seconds = 0;             ///< of `seconds`, the all-gather of the replicated rows (--replicated gather)
 };
 
 /// What each rank sends rank 0 once its loads are done (a fixed size: every rank has the same
@@ -61,30 +67,33 @@ struct RankFigures {
   std::uint64_t staging_high_water_bytes = 0;
   std::uint64_t storage_retained_bytes = 0;
   std::uint64_t threads = 0;
+  std::uint64_t gathered_bytes = 0;  // what each load's gather received from the other ranks
   std::vector<RankLoad> loads;
 
-  static constexpr std::size_t fixed_words = 6;
+  static constexpr std::size_t fixed_words = 7;
 
   std::vector<std::byte> pack() const {
     std::vector<std::uint64_t> words = {planned_read_bytes,     bound_bytes, peak_rss_bytes, staging_high_water_bytes,
-                                        storage_retained_bytes, threads};
+                                        storage_retained_bytes, threads,     gathered_bytes};
     for (const RankLoad& l : loads) {
       std::uint64_t s = 0;
       std::memcpy(&s, &l.seconds, sizeof s);
-      words.insert(words.end(),
-                   {l.read_bytes, s, l.recycled ? 1u : 0u, l.tensors_verified, l.bytes_verified, l.tensors_unverified});
+      std::uint64_t g = 0;
+      std::memcpy(&g, &l.gather_seconds, sizeof g);
+      words.insert(words.end(), {l.read_bytes, s, l.recycled ? 1u : 0u, l.tensors_verified, l.bytes_verified,
+                                 l.tensors_unverified, g});
     }
     std::vector<std::byte> bytes(words.size() * sizeof(std::uint64_t));
     std::memcpy(bytes.data(), words.data(), bytes.size());
     return bytes;
   }
 
-  static constexpr std::size_t words_per_load = 6;
+  static constexpr std::size_t words_per_load = 7;
 
   static RankFigures unpack(const std::byte* data, std::size_t repeat) {
     std::vector<std::uint64_t> w(fixed_words + words_per_load * repeat);
     std::memcpy(w.data(), data, w.size() * sizeof(std::uint64_t));
-    RankFigures f{w[0], w[1], w[2], w[3], w[4], w[5], {}};
+    RankFigures f{w[0], w[1], w[2], w[3], w[4], w[5], w[6], {}};
     for (std::size_t i = 0; i < repeat; ++i) {
       const std::uint64_t* at = &w[fixed_words + words_per_load * i];
       RankLoad l;
@@ -94,6 +103,7 @@ struct RankFigures {
       l.tensors_verified = at[3];
       l.bytes_verified = at[4];
       l.tensors_unverified = at[5];
+      std::memcpy(&l.gather_seconds, &at[6], sizeof l.gather_seconds);
       f.loads.push_back(l);
     }
     return f;
@@ -166,6 +176,7 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
   LlamaDims dims;
   engine::VerifyOptions verify;
   std::uint64_t reread_bytes = 0;  // what verification reads again (the shards of fused tensors)
+  const bool gather = o.tensor_parallel.replicated == "gather";
   std::exception_ptr failure;
   try {
     interrupt.doing(fmt::format("opening {}", o.path));
@@ -173,17 +184,13 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
     interrupt.check();
     const TensorParallelOptions& tp = o.tensor_parallel;
     dims = llama_dims(source->catalog(), {tp.heads, tp.kv_heads, tp.head_dim}, o.path);
-    plan = engine::plan_tensor_parallel(source->catalog(), tensor_parallel_rules(tp.shard, dims.sharding), rank, size);
+    plan = engine::plan_tensor_parallel(source->catalog(), tensor_parallel_rules(tp.shard, dims.sharding), rank, size,
+                                        gather ? engine::ReplicatedReads::gather : engine::ReplicatedReads::every_rank);
     // The whole-tensor check of `require` in checksums_for does not apply to shards: the
     // engine fails a load under require when a tensor or shard this rank reads has no digest.
     verify = verify_options(o.verify,
                             checksums_for(o.path, source->catalog(), o.verify == "off" ? "off" : "on", o.checksums));
-    if (verify.mode != engine::VerifyMode::off)
-      for (const engine::ShardedTensor& t : plan->tensors)
-        if (t.pieces.size() > 1)  // a concat recipe: its sources are verified by reading them again
-          for (const Selection& piece : t.pieces)
-            if (auto check = verify.checksums.check(source->catalog(), t.key, piece, verify.preferred))
-              reread_bytes += check->bytes;
+    reread_bytes = engine::verification_reread_bytes<cpu::Backend>(verify, source->catalog(), plan->bindings);
   } catch (...) {
     failure = std::current_exception();
   }
@@ -204,20 +211,53 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
     world.barrier().get();
     const std::uint64_t before = source->reader().stats().bytes;
     const double t0 = now_seconds();
-    double seconds = 0;
+    double seconds = 0, gather_seconds = 0;
     failure = nullptr;
     interrupt.doing(fmt::format("loading rank {} of {} of {} (load {} of {}); the module was left unbound", rank, size,
                                 o.path, r + 1, o.repeat));
-    engine::async_load<cpu::Backend>(*model, *source, plan->bindings, context,
-                                     {.progress = &counters, .verify = verify},
-                                     asio::bind_cancellation_slot(interrupt.slot(), [&](std::exception_ptr e) {
-                                       seconds = now_seconds() - t0;
-                                       failure = e;
-                                       interrupt.disarm();
-                                     }));
-    interrupt.arm();
+    std::exception_ptr gathered;
+    if (!gather) {
+      engine::async_load<cpu::Backend>(*model, *source, plan->bindings, context,
+                                       {.progress = &counters, .verify = verify},
+                                       asio::bind_cancellation_slot(interrupt.slot(), [&](std::exception_ptr e) {
+                                         seconds = now_seconds() - t0;
+                                         failure = e;
+                                         interrupt.disarm();
+                                       }));
+    } else {
+      // Read this rank's rows (and its shards), then gather: on every rank, also one whose
+      // read failed (with no unit), so that the others fail at once instead of waiting.
+      engine::MaterializedUnit<mpi::Backend> unit;
+      engine::async_materialize<mpi::Backend>(
+          *source, plan->bindings, context, {.progress = &counters, .verify = verify},
+          asio::bind_cancellation_slot(interrupt.slot(),
+                                       [&](std::exception_ptr e, engine::MaterializedUnit<mpi::Backend> u) {
+                                         failure = e;
+                                         unit = std::move(u);
+                                         interrupt.disarm();
+                                       }));
+      interrupt.arm();
+      ctx.restart();
+      ctx.run();
+      try {
+        interrupt.rethrow(failure);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      const double g0 = now_seconds();
+      engine::async_gather_replicated<mpi::Backend>(ctx.get_executor(), executor, world, *plan, std::move(unit), *model,
+                                                    {.timeout = std::chrono::hours(1), .group = "world"},
+                                                    [&](std::exception_ptr e) {
+                                                      seconds = now_seconds() - t0;
+                                                      gather_seconds = now_seconds() - g0;
+                                                      gathered = e;
+                                                    });
+    }
+    if (!gather) interrupt.arm();
     ctx.restart();
     ctx.run();
+    // The failure of the read, where there was one, says more than the gather's.
+    if (!failure) failure = gathered;
     try {
       interrupt.rethrow(failure);
     } catch (...) {
@@ -226,7 +266,7 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
     agree(world, failure, fmt::format("load {} of {}", r + 1, o.repeat));
     bar.update(source->reader().stats().bytes - before);
     mine.loads.push_back({source->reader().stats().bytes - before, seconds, recycled, counters.tensors_verified.load(),
-                          counters.bytes_verified.load(), counters.tensors_unverified.load()});
+                          counters.bytes_verified.load(), counters.tensors_unverified.load(), gather_seconds});
   }
   bar.finish();
   mine.planned_read_bytes = plan->read_bytes + reread_bytes;
@@ -235,6 +275,7 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
   mine.staging_high_water_bytes = source->pool().high_water();
   mine.storage_retained_bytes = storage.stats().retained_bytes;
   mine.threads = threads;
+  mine.gathered_bytes = plan->gather_received_bytes;
 
   auto [gathered, done] = world.all_gather_bytes(mine.pack(), std::nullopt, true);
   done.get();
@@ -305,6 +346,10 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
     json.count("shard_rule", o.tensor_parallel.shard.size());
     json.bytes("split", plan->split_bytes).bytes("replicated", plan->replicated_bytes);
     json.count("split_tensor", split_tensors).count("replicated_tensor", plan->tensors.size() - split_tensors);
+    json.field("replicated_reads", engine::replicated_reads_name(plan->replicated_reads))
+        .bytes("gathered", plan->gathered_bytes);
+    json.count("gathered_tensor", plan->gathered_tensors)
+        .count("whole_replicated_tensor", plan->whole_replicated_tensors);
     json.bytes("read", last.bytes).seconds("", last.seconds).rate("", gb_per_s(last.bytes, last.seconds));
     json.key("ranks").begin_array();
     for (int r = 0; r < size; ++r) {
@@ -313,7 +358,10 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
       json.begin_object().field("rank", r).bytes("read", l.read_bytes).bytes("planned_read", f.planned_read_bytes);
       json.field("ok", std::all_of(f.loads.begin(), f.loads.end(),
                                    [&](const RankLoad& x) { return x.read_bytes == f.planned_read_bytes; }));
-      json.bytes("bound", f.bound_bytes).seconds("", l.seconds).rate("", gb_per_s(l.read_bytes, l.seconds));
+      json.bytes("gathered", f.gathered_bytes)
+          .bytes("bound", f.bound_bytes)
+          .seconds("", l.seconds)
+          .rate("", gb_per_s(l.read_bytes, l.seconds));
       json.field("threads", f.threads).bytes("peak_rss", f.peak_rss_bytes);
       json.bytes("staging_high_water", f.staging_high_water_bytes);
       json.key("loads").begin_array();
@@ -326,6 +374,7 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
             .count("tensor_verified", x.tensors_verified)
             .bytes("verified", x.bytes_verified)
             .count("tensor_unverified", x.tensors_unverified)
+            .seconds("gather", x.gather_seconds)
             .end_object();
       json.end_array().end_object();
     }
@@ -349,14 +398,20 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
                o.tensor_parallel.shard.empty()
                    ? std::string()
                    : fmt::format(", after {} --shard rules", o.tensor_parallel.shard.size()));
+    if (gather)
+      fmt::print(
+          "  replicated gather: {} in {} tensors read 1/{} by each rank and all-gathered, {} tensors read whole\n",
+          format_bytes(plan->gathered_bytes), plan->gathered_tensors, size, plan->whole_replicated_tensors);
     for (int r = 0; r < size; ++r) {
       const RankFigures& f = ranks[static_cast<std::size_t>(r)];
       const RankLoad& l = f.loads.back();
-      fmt::print("  rank {:<3} read {} ({}) in {:.3f} s: {:.2f} GB/s, peak RSS {}, {} thread{}\n", r,
+      fmt::print("  rank {:<3} read {} ({}){} in {:.3f} s: {:.2f} GB/s, peak RSS {}, {} thread{}\n", r,
                  format_bytes(l.read_bytes),
                  l.read_bytes == f.planned_read_bytes
                      ? "= its plan"
                      : fmt::format("its plan: {}!", format_bytes(f.planned_read_bytes)),
+                 gather ? fmt::format(", gathered {} (in {:.3f} s)", format_bytes(f.gathered_bytes), l.gather_seconds)
+                        : std::string(),
                  l.seconds, gb_per_s(l.read_bytes, l.seconds), format_bytes(f.peak_rss_bytes), f.threads,
                  f.threads == 1 ? "" : "s");
     }

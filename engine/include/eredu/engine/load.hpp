@@ -16,6 +16,7 @@
 #include "eredu/core/detail/spawn_operation.hpp"
 #include "eredu/engine/bind.hpp"
 #include "eredu/engine/detail/load_unit.hpp"
+#include "eredu/engine/detail/load_verification.hpp"
 #include "eredu/engine/materialize.hpp"
 
 namespace eredu::engine {
@@ -48,6 +49,20 @@ requires Parameterized<M, typename B::Parameter>
 auto async_load(M& module, io::CheckpointSource& source, const WeightBindingPlan& plan,
                 typename B::MaterializationContext& context, Token&& token) {
   return async_load<B>(module, source, plan, context, MaterializeOptions{}, std::forward<Token>(token));
+}
+
+/// The bytes a load of `plan` on backend B reads from the file a second time to verify them
+/// under `options`: the sources of recipes (a tensor-parallel rank's fused pieces, which a
+/// concat rearranges) and, on a backend that cannot hash its weights in place, every
+/// verifiable tensor. What a reader's byte count adds to a plan's own bytes; the rule lives in
+/// detail::plan_verification, which the load itself follows. Reads nothing; logs nothing.
+/// Throws what plan_verification throws, except require's refusal (the load reports that).
+template <ParameterBackend B>
+std::uint64_t verification_reread_bytes(const VerifyOptions& options, const io::Catalog& catalog,
+                                        const WeightBindingPlan& plan) {
+  VerifyOptions relaxed = options;
+  if (relaxed.mode == VerifyMode::require) relaxed.mode = VerifyMode::on;
+  return detail::plan_verification<B>(relaxed, catalog, plan.owners(), true).reread_bytes;
 }
 
 }  // namespace eredu::engine

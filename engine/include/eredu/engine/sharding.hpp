@@ -31,6 +31,19 @@
 /// fused tensor (a QKV projection stored as one tensor) concatenates parts along its dim; each
 /// part is divided on its own and a rank's tensor is the concatenation of its piece of each, so
 /// every rank holds the q, k and v rows of the same heads.
+///
+/// Replicated tensors are read whole by every rank (ReplicatedReads::every_rank), or, on
+/// storage the ranks share, read once in total (ReplicatedReads::gather, the InstantTensor
+/// scheme): each rank reads rows shard_range(rows, 1, rank, N) of dim 0 and the group
+/// all-gathers them after the load (engine::async_gather_replicated, gather_replicated.hpp).
+/// The rule: a replicated tensor is gathered when N > 1, it has a dim 0 that N divides, whole-byte
+/// elements and at least one byte; every rank then reads exactly 1/N of it, the blocks have
+/// one shape (what an all_gather needs: no padding, no copy) and the gather in rank order is
+/// the tensor, bit for bit. Any other replicated tensor (a scalar, a dim 0 that N does not
+/// divide, fewer rows than ranks, a sub-byte dtype) is read whole by every rank, as before,
+/// and counted in TensorParallelPlan::whole_replicated_tensors. A gathered tensor's slot has
+/// its full shape from the start (ShardedTensor::local_shape): the load materializes this
+/// rank's rows and the gather binds the whole tensor, so no parameter ever changes shape.
 
 #include <cstddef>
 #include <cstdint>
@@ -142,6 +155,15 @@ class ShardingRules {
   std::optional<Shard> fallback_ = Shard::replicated();
 };
 
+/// How replicated tensors are read (see file comment).
+enum class ReplicatedReads {
+  every_rank,  ///< every rank reads every replicated tensor whole (N reads of each in total)
+  gather,      ///< each rank reads 1/N of dim 0 and the group all-gathers (one read in total)
+};
+
+/// "read" or "gather" (the names of `eredu load --replicated`), for reports.
+const char* replicated_reads_name(ReplicatedReads reads) noexcept;
+
 /// One tensor as one rank holds it.
 struct ShardedTensor {
   std::string key{};        ///< the checkpoint tensor
@@ -149,10 +171,13 @@ struct ShardedTensor {
   Shard shard{};            ///< how it is divided
   DType dtype{};            ///< its dtype
   Shape full_shape{};       ///< the checkpoint's shape
-  Shape local_shape{};      ///< the shape this rank binds
-  /// The selections this rank reads, concatenated along shard.dim() (fused: one per part).
+  Shape local_shape{};      ///< the shape this rank binds (a gathered tensor: its full shape)
+  /// The selections this rank reads, concatenated along shard.dim() (fused: one per part; a
+  /// gathered tensor: this rank's rows of dim 0).
   std::vector<Selection> pieces{};
   std::uint64_t read_bytes = 0;  ///< the bytes those selections select
+  /// Replicated, read in rows by each rank and all-gathered after the load (ReplicatedReads::gather).
+  bool gathered = false;
 };
 
 /// What one rank of a tensor-parallel group loads (see plan_tensor_parallel).
@@ -165,13 +190,23 @@ struct TensorParallelPlan {
   std::uint64_t replicated_bytes = 0;                        ///< whole bytes of replicated tensors
   std::uint64_t read_bytes = 0;                              ///< bytes this rank's selections select (what it reads)
   std::uint64_t bound_bytes = 0;                             ///< bytes this rank's parameters hold once loaded
+  ReplicatedReads replicated_reads = ReplicatedReads::every_rank;  ///< how replicated tensors are read
+  std::uint64_t gathered_bytes = 0;  ///< whole bytes of the gathered tensors (part of replicated_bytes)
+  /// Bytes of the gathered tensors this rank receives from the others (gathered_bytes less its own rows).
+  std::uint64_t gather_received_bytes = 0;
+  std::size_t gathered_tensors = 0;  ///< replicated tensors read in rows and all-gathered
+  /// Replicated tensors every rank reads whole: all of them under every_rank; under gather,
+  /// those the rule leaves out (see file comment).
+  std::size_t whole_replicated_tensors = 0;
 };
 
 /// Divides every tensor of `catalog` by `rules` for rank `rank` of `size`, reading nothing.
 /// Throws Error(invalid_argument) naming the tensor and the rule: a rank or size out of range,
 /// no rule for a tensor (with no fallback), a dim outside the tensor, a dim that does not
 /// divide (shard_range), fused parts that do not add up to the dim, or a sub-byte dtype split
-/// other than along dim 0.
-TensorParallelPlan plan_tensor_parallel(const io::Catalog& catalog, const ShardingRules& rules, int rank, int size);
+/// other than along dim 0. Under ReplicatedReads::gather, replicated tensors are gathered
+/// or read whole by the rule in the file comment; the default reads them whole on every rank.
+TensorParallelPlan plan_tensor_parallel(const io::Catalog& catalog, const ShardingRules& rules, int rank, int size,
+                                        ReplicatedReads replicated = ReplicatedReads::every_rank);
 
 }  // namespace eredu::engine

@@ -27,6 +27,7 @@ namespace eredu::engine::detail {
 struct LoadVerification {
   std::vector<std::optional<io::DigestCheck>> in_place;  ///< by owner index
   io::Checksums reread;                                  ///< checked by re-reading the file
+  std::uint64_t reread_bytes = 0;                        ///< the bytes those checks read again
   std::uint64_t tensors = 0;                             ///< distinct checkpoint tensors read
   std::uint64_t unverified = 0;                          ///< of those, not verifiable
   std::string first_unverified;                          ///< one of them, for messages
@@ -34,7 +35,9 @@ struct LoadVerification {
 };
 
 /// Adds `check` (of a whole tensor or of a shard) to the checks made by re-reading the file.
-inline void reread(io::Checksums& into, const io::DigestCheck& check) {
+inline void reread(LoadVerification& out, const io::DigestCheck& check) {
+  io::Checksums& into = out.reread;
+  out.reread_bytes += check.bytes;
   if (check.selection.is_all())
     into.add(check.tensor, check.kind, check.expected);
   else
@@ -82,7 +85,7 @@ LoadVerification plan_verification(const VerifyOptions& options, const io::Catal
         const DerivedWeightRecipe* node = todo.back();
         todo.pop_back();
         if (node->kind() == DerivedWeightRecipe::Kind::source) {
-          if (auto check = note(node->key(), node->selection())) reread(out.reread, *check);
+          if (auto check = note(node->key(), node->selection())) reread(out, *check);
         } else {
           for (const DerivedWeightRecipe& input : node->inputs()) todo.push_back(&input);
         }
@@ -91,7 +94,7 @@ LoadVerification plan_verification(const VerifyOptions& options, const io::Catal
       if constexpr (VerifyingBackend<B>) {
         out.in_place[i] = std::move(check);
       } else {
-        reread(out.reread, *check);
+        reread(out, *check);
       }
     }
   }
