@@ -19,7 +19,7 @@ TEST_CASE("trace – nothing is recorded while no recorder is installed", "[trac
   CHECK(recorder.events().empty());
 }
 
-TEST_CASE("trace – one recorder at a time; destroying it stops recording", "[trace]") {
+TEST_CASE("trace – one recorder at a time, destroying it stops recording", "[trace]") {
   {
     trace::Recorder recorder;
     CHECK_THROWS_MATCHES(trace::Recorder(), Error,

@@ -63,7 +63,7 @@ TEST_CASE("fake backend – a gate holds a realization and its lease until opene
   CHECK(env.device.stats().completed_keys == std::vector<std::string>{"b", "a"});
 }
 
-TEST_CASE("fake backend – a gate that wakes on the stop ends with cancelled; one that does not, waits",
+TEST_CASE("fake backend – a gate that wakes on the stop ends with cancelled, one that does not, waits",
           "[engine][fake]") {
   Env env;
   FakeGate interruptible = env.device.hold(FakeOp::materialize, "a", true);
@@ -145,7 +145,7 @@ TEST_CASE("fake backend – misuse is counted: finishing early, binding a weight
   CHECK(env.device.stats().live_weights == 1);  // three handles, one storage
 }
 
-TEST_CASE("fake backend – executor work waits for its predecessors; a failed one fails it", "[engine][fake]") {
+TEST_CASE("fake backend – executor work waits for its predecessors, a failed one fails it", "[engine][fake]") {
   Env env;
   FakeMaterialization a = env.start("a");
   drive_until(env.ctx, a.done);

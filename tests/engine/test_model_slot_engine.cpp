@@ -119,7 +119,7 @@ asio::awaitable<void> reject(const Model&) {
 
 }  // namespace
 
-TEST_CASE("model slot engine – a swap publishes a whole version; a reader keeps the old one until it lets go",
+TEST_CASE("model slot engine – a swap publishes a whole version, a reader keeps the old one until it lets go",
           "[engine][swap][fake]") {
   Env env;
   Slot slot(make_model);

@@ -332,7 +332,7 @@ TEST_CASE("orchestration engine – realizations completing in any order give th
   });
 }
 
-TEST_CASE("orchestration engine – async_materialize hands back every binding; dropping the unit frees them",
+TEST_CASE("orchestration engine – async_materialize hands back every binding, dropping the unit frees them",
           "[engine][orchestration][fake]") {
   Env env;
   {

@@ -156,7 +156,7 @@ TEST_CASE("pipeline engine – units arrive in order, pass after pass, and at mo
   CHECK(pipeline.stats().resident_high_water <= 3 * unit_bytes);
 }
 
-TEST_CASE("pipeline engine – loads finishing out of order are delivered in order; concurrent_loads bounds them",
+TEST_CASE("pipeline engine – loads finishing out of order are delivered in order, concurrent_loads bounds them",
           "[engine][pipeline][fake]") {
   Env env;
   std::vector<FakeGate> gates;

@@ -226,7 +226,7 @@ TEST_CASE("recipe evaluator – any other concat joins its inputs' temporaries i
                                                             });
 }
 
-TEST_CASE("recipe evaluator – a cast of a source is one cast_source; of anything else, a temporary and convert",
+TEST_CASE("recipe evaluator – a cast of a source is one cast_source, of anything else, a temporary and convert",
           "[engine][evaluator]") {
   CHECK(calls_of(R::cast(src("q"), DType::F32)) == Calls{"cast_source q BF16->F32 -> out[0:512]"});
   CHECK(calls_of(R::cast(R::source("q", Selection::rows({8, 16}, 0, 2)), DType::F16)) ==

@@ -376,7 +376,7 @@ io::Checksums shard_checksums(const CpuCheckpoint& ckpt, const ShardingRules& ru
 
 }  // namespace
 
-TEST_CASE("sharding – shard digests verify each rank's part; a changed byte fails only the rank that reads it",
+TEST_CASE("sharding – shard digests verify each rank's part, a changed byte fails only the rank that reads it",
           "[sharding][checksums]") {
   const CpuCheckpoint good(llama_specs(), 11);
   const ShardingRules rules = llama_rules();

@@ -200,7 +200,7 @@ TEST_CASE("digests – SHA-256 and XXH3-128, whole and piecewise, match their re
   CHECK_FALSE(is_digest_hex(DigestKind::xxh3_128, std::string(64, 'a')));
 }
 
-TEST_CASE("checksums – XXH3-128 digests in metadata and sidecar objects; the preferred one is checked",
+TEST_CASE("checksums – XXH3-128 digests in metadata and sidecar objects, the preferred one is checked",
           "[io][checksums]") {
   Fixture plain;
   const std::string xa = digest_hex(DigestKind::xxh3_128, plain.data[0]);
@@ -249,7 +249,7 @@ TEST_CASE("checksums – XXH3-128 digests in metadata and sidecar objects; the p
   CHECK_THAT(sha_only.to_json(), !Catch::Contains("{\"sha256\""));
 }
 
-TEST_CASE("checksums – many tensors verified in parallel lanes; a bad one is named, the rest stop", "[io][checksums]") {
+TEST_CASE("checksums – many tensors verified in parallel lanes, a bad one is named, the rest stop", "[io][checksums]") {
   test::TempDir dir;
   const auto path = dir / "many.safetensors";
   std::vector<synth::TensorSpec> specs;

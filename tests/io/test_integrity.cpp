@@ -190,7 +190,7 @@ TEST_CASE("regular files only – a FIFO, a device or a directory as checkpoint,
   CHECK(f.not_regular == "a FIFO");
 }
 
-TEST_CASE("shards – one that cannot be opened reports its errno; only a missing one says it does not exist",
+TEST_CASE("shards – one that cannot be opened reports its errno, only a missing one says it does not exist",
           "[io][inputs][messages]") {
   test::TempDir dir;
   const std::string long_name = std::string(300, 'x') + ".safetensors";  // longer than NAME_MAX
@@ -215,7 +215,7 @@ TEST_CASE("shards – one that cannot be opened reports its errno; only a missin
   CHECK_THAT(e.what(), Catch::Contains("does not exist") && Catch::Contains("for 1 tensor"));
 }
 
-TEST_CASE("symbolic links – a Hugging Face cache snapshot is followed; confine_to refuses links leaving a root",
+TEST_CASE("symbolic links – a Hugging Face cache snapshot is followed, confine_to refuses links leaving a root",
           "[io][inputs]") {
   Small s;
   test::TempDir repo;
