@@ -48,6 +48,7 @@
 #include <asio/use_future.hpp>
 #include <catch2/catch.hpp>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -59,6 +60,7 @@
 #include <stdexcept>
 #include <stop_token>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -950,6 +952,39 @@ TEMPLATE_TEST_CASE(
       }
       CHECK(TestType::host_bytes(bad) == before);
     }
+  }
+}
+
+TEMPLATE_TEST_CASE(
+    "backend conformance – a collective started right after order_after waits for that completion, as on a stream",
+    "[conformance][collective][order]", EREDU_CONFORMANCE_ADAPTERS) {
+  using namespace eredu;
+  using B = typename TestType::Backend;
+  if constexpr (!engine::CollectiveBackend<B>) {
+    EREDU_CONFORMANCE_NOT_COLLECTIVE();
+  } else {
+    EREDU_CONFORMANCE_REQUIRE_BACKEND();
+    test::conformance::Bench<TestType> bench;
+    io::TensorReadRequest q_request{"q"};
+    auto q = bench.read(q_request);
+    // No work is submitted between the order and the collective: the executor's order alone
+    // must hold it (mpi::Backend once started it at once: its fence covered submitted work only).
+    CompletionSource gate;
+    B::order_after(gate.completion(), bench.executor());
+    auto [gathered, gathered_done] = B::all_gather(bench.executor(), bench.env->group(), q);
+    const Completion point = B::submit(bench.executor());  // a submission point after the collective
+    for (int i = 0; i < 20; ++i) {
+      test::run_ready_handlers(bench.ctx);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    CHECK_FALSE(gathered_done.ready());
+    CHECK_FALSE(point.ready());
+    gate.complete();
+    bench.wait(gathered_done);
+    gathered_done.get();
+    bench.wait(point);
+    point.get();
+    CHECK(TestType::host_bytes(gathered) == bench.ckpt.bytes("q"));
   }
 }
 

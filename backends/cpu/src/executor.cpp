@@ -91,7 +91,9 @@ Executor::Executor(int concurrency)
       // loop, which never joins the arena, so every slot must be open to TBB's workers.
       arena_(std::make_unique<tbb::task_arena>(concurrency_, 0)) {}
 
-Executor::~Executor() { fence().wait(); }
+// Only the work that runs on the arena must end before it goes; a predecessor that never
+// completes (a gate nobody opens) must not hold the destructor.
+Executor::~Executor() { submitted_work().wait(); }
 
 Completion Executor::submit(UniqueFunction<void()> work) {
   auto source = std::make_shared<CompletionSource>();
@@ -129,6 +131,18 @@ void Executor::order_after(const Completion& completion) {
 }
 
 Completion Executor::fence() {
+  std::lock_guard lock(mutex_);
+  prune_finished(outstanding_);
+  prune_predecessors(predecessors_);
+  // Stream semantics: what is ordered before now includes the completions passed to
+  // order_after, not only the work submitted (a collective started after order_after(gate)
+  // must wait for the gate, as on a CUDA stream).
+  std::vector<Completion> before = outstanding_;
+  before.insert(before.end(), predecessors_.begin(), predecessors_.end());
+  return when_all(before);
+}
+
+Completion Executor::submitted_work() {
   std::lock_guard lock(mutex_);
   prune_finished(outstanding_);
   return when_all(outstanding_);

@@ -54,7 +54,9 @@ class Executor {
   /// Orders work submitted from now on after `completion` (the seed's order_after).
   void order_after(const Completion& completion);
 
-  /// A completion that finishes when all work submitted so far has.
+  /// A completion that finishes when all work submitted so far, and every completion passed
+  /// to order_after so far, has (stream semantics: what a collective or a submission point
+  /// started now comes after). It fails with the first failure among them.
   Completion fence();
 
   /// Keeps `value` alive until `completion` has finished, then destroys it on the
@@ -73,6 +75,10 @@ class Executor {
   void run_blocking(UniqueFunction<void()> fn);
 
  private:
+  /// A completion that finishes when all work submitted so far has (what the destructor
+  /// waits for: the work that runs on the arena).
+  Completion submitted_work();
+
   int concurrency_;
   std::unique_ptr<tbb::task_arena> arena_;
   std::mutex mutex_;
