@@ -247,7 +247,8 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
       const double g0 = now_seconds();
       engine::async_gather_replicated<mpi::Backend>(ctx.get_executor(), executor, world, *plan, std::move(unit), *model,
                                                     {.timeout = std::chrono::hours(1), .group = "world"},
-                                                    [&](std::exception_ptr e) {
+                                                    // g0 by value: this block ends before the handler runs.
+                                                    [&, g0](std::exception_ptr e) {
                                                       seconds = now_seconds() - t0;
                                                       gather_seconds = now_seconds() - g0;
                                                       gathered = e;
