@@ -136,9 +136,7 @@ def open_options(path, options, *, copy_resident=True):
     if options.get("copy_resident") is not None:
         out["copy_resident"] = bool(options["copy_resident"])
     if options.get("weights") is not None:
-        if options["weights"] not in WEIGHTS:
-            raise invalid(f"weights must be 'copy', 'map' or 'map-lock', not {options['weights']!r}")
-        out["weights"] = options["weights"]
+        out["weights"] = options["weights"]  # check_weights validated it (every caller runs it first)
     if options.get("_faults") is not None:
         out["_faults"] = options["_faults"]
     return out

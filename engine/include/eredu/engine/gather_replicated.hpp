@@ -66,15 +66,15 @@ namespace detail {
 /// The coroutine of async_gather_replicated (see there).
 template <class B, class M>
 asio::awaitable<void> gather_replicated(typename B::Executor* executor, typename B::Group* group,
-                                        std::shared_ptr<const TensorParallelPlan> plan, MaterializedUnit<B> unit,
-                                        M* module, GatherReplicatedOptions options) {
+                                        std::vector<std::string> gathered, MaterializedUnit<B> unit, M* module,
+                                        GatherReplicatedOptions options) {
   using Tensor = typename B::Tensor;
   const int rank = B::group_rank(*group), size = B::group_size(*group);
   // 1. Every rank says whether it holds the rows of every gathered tensor.
   std::string missing;
-  for (const ShardedTensor& t : plan->tensors)
-    if (t.gathered && !unit.contains(ParameterId(t.parameter))) {
-      missing = t.parameter;
+  for (const std::string& parameter : gathered)
+    if (!unit.contains(ParameterId(parameter))) {
+      missing = parameter;
       break;
     }
   std::vector<std::byte> ballot{missing.empty() ? std::byte{1} : std::byte{0}};
@@ -102,9 +102,8 @@ asio::awaitable<void> gather_replicated(typename B::Executor* executor, typename
   typename MaterializedUnit<B>::Weights weights = std::move(unit).release();
   std::vector<std::pair<ParameterId, Tensor>> whole;
   std::vector<Completion> done;
-  for (const ShardedTensor& t : plan->tensors) {
-    if (!t.gathered) continue;
-    ParameterId id(t.parameter);
+  for (const std::string& parameter : gathered) {
+    ParameterId id(parameter);
     std::pair<Tensor, Completion> started = B::all_gather(*executor, *group, weights.at(id));
     whole.emplace_back(std::move(id), std::move(started.first));
     done.push_back(std::move(started.second));
@@ -138,20 +137,24 @@ asio::awaitable<void> gather_replicated(typename B::Executor* executor, typename
 /// none: a rank cannot withdraw from a collective (see async_all_gather); the timeouts bound
 /// the waits instead.
 ///
-/// `executor`, `group` and `module` must outlive the operation; the plan is copied and the
-/// unit moved in. The coroutine runs on `io`; the gathers run on `executor` (after its earlier
-/// work) and allocate their outputs where B::all_gather does.
+/// `executor`, `group` and `module` must outlive the operation; the plan is read at once (the
+/// names of its gathered tensors are kept) and the unit moved in. The coroutine runs on `io`;
+/// the gathers run on `executor` (after its earlier work) and allocate their outputs where
+/// B::all_gather does.
 template <VotingBackend B, class M, asio::completion_token_for<void(std::exception_ptr)> Token>
 requires ParameterBackend<B> && Parameterized<M, typename B::Parameter> &&
     std::same_as<typename B::Tensor, typename B::MaterializedWeight>
 auto async_gather_replicated(asio::any_io_executor io, typename B::Executor& executor, typename B::Group& group,
                              const TensorParallelPlan& plan, MaterializedUnit<B> unit, M& module,
                              GatherReplicatedOptions options, Token&& token) {
-  return eredu::detail::spawn_operation(
-      std::move(io),
-      detail::gather_replicated<B>(&executor, &group, std::make_shared<const TensorParallelPlan>(plan), std::move(unit),
-                                   &module, std::move(options)),
-      std::forward<Token>(token));
+  // Only the gathered tensors' parameters, in plan order (the same order on every rank).
+  std::vector<std::string> gathered;
+  for (const ShardedTensor& t : plan.tensors)
+    if (t.gathered) gathered.push_back(t.parameter);
+  return eredu::detail::spawn_operation(std::move(io),
+                                        detail::gather_replicated<B>(&executor, &group, std::move(gathered),
+                                                                     std::move(unit), &module, std::move(options)),
+                                        std::forward<Token>(token));
 }
 
 /// async_gather_replicated with default options.
