@@ -320,6 +320,11 @@ asio::awaitable<Lease> CheckpointSource::read_chunk(const Plan& plan, std::uint6
                catalog_.file_of(t).path, t.name, e.what());
     failure = std::current_exception();
   }
+  if (windowed && !failure) {
+    // The window read the bytes around the selection too, up to the end of the file.
+    const std::uint64_t file_end = std::min<std::uint64_t>(window_start + buffer_bytes, files_[t.file].size);
+    alignment_bytes_.fetch_add(file_end - window_start - length, std::memory_order_relaxed);
+  }
   if (failure) {
     const std::uint64_t file_off = t.offset + first->source_offset + (offset - first->dest_offset);
     std::vector<ReadSegment> exact{{t.file, file_off, buffer.data() + view, length, length}};

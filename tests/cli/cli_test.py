@@ -920,6 +920,24 @@ def case_tensor_parallel(tmp):
                   and load["verified_bytes"] == load["read_bytes"], f"--verify require: rank {r['rank']}: {load}")
         check(doc["checksum_count"] > doc["tensor_count"] and doc["loads"][0]["tensor_unverified_count"] == 0,
               f"--verify require: {doc['checksum_count']} digests, loads {doc['loads']}")
+    # Fused tensors: verification reads each rank's pieces of them again, and a direct-read
+    # window around a small piece reads its neighbours' bytes too. Those are reported apart, so
+    # every rank's count is still exactly its plan's (it was not, before alignment_read).
+    fused = ("--shard", "*.self_attn.q_proj.weight=fused:0:2")
+    run("checksum", ck, "--tensor-parallel", "2", *fused, "-q", expect=0)
+    code, out, err = mpirun(2, "load", ck, "--tensor-parallel", *fused, "--verify", "require", "--json", "-q")
+    check(code == 0, f"--verify require, fused q_proj: exit {code}: {err[-2000:]}")
+    if code == 0:
+        fdoc = document(out, "load")
+        check_vocabulary(fdoc, "-np 2 --verify require, fused q_proj")
+        f = fdoc["tensor_parallel"]
+        check(f["ok"] and f["rank_count"] == 2, f"--verify require, fused q_proj: {f}")
+        for r in f["ranks"]:
+            load = r["loads"][0]
+            check(r["read_bytes"] == r["planned_read_bytes"] > load["verified_bytes"]
+                  and r["alignment_read_bytes"] == load["alignment_read_bytes"] >= 0
+                  and load["tensor_unverified_count"] == 0,
+                  f"--verify require, fused q_proj: rank {r['rank']}: {r}")
     tensors = safetensors_tensors(ck)
     down = sorted(n for n in tensors if n.endswith(".mlp.down_proj.weight"))[0]
     dtype, shape, offset, size = tensors[down]

@@ -49,7 +49,8 @@ using Model = engine::PlanModule<cpu::Parameter>;
 
 /// One rank's timed load.
 struct RankLoad {
-  std::uint64_t read_bytes = 0;  ///< what its reader delivered during this load
+  std::uint64_t read_bytes = 0;       ///< what its reader delivered during this load, alignment windows aside
+  std::uint64_t alignment_bytes = 0;  ///< what it also read only to align direct reads (verification's re-reads)
   double seconds = 0;
   bool recycled = false;
   std::uint64_t tensors_verified = 0;    ///< tensors and shards that matched their digests
@@ -81,14 +82,14 @@ struct RankFigures {
       std::uint64_t g = 0;
       std::memcpy(&g, &l.gather_seconds, sizeof g);
       words.insert(words.end(), {l.read_bytes, s, l.recycled ? 1u : 0u, l.tensors_verified, l.bytes_verified,
-                                 l.tensors_unverified, g});
+                                 l.tensors_unverified, g, l.alignment_bytes});
     }
     std::vector<std::byte> bytes(words.size() * sizeof(std::uint64_t));
     std::memcpy(bytes.data(), words.data(), bytes.size());
     return bytes;
   }
 
-  static constexpr std::size_t words_per_load = 7;
+  static constexpr std::size_t words_per_load = 8;
 
   static RankFigures unpack(const std::byte* data, std::size_t repeat) {
     std::vector<std::uint64_t> w(fixed_words + words_per_load * repeat);
@@ -104,6 +105,7 @@ struct RankFigures {
       l.bytes_verified = at[4];
       l.tensors_unverified = at[5];
       std::memcpy(&l.gather_seconds, &at[6], sizeof l.gather_seconds);
+      l.alignment_bytes = at[7];
       f.loads.push_back(l);
     }
     return f;
@@ -210,6 +212,7 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
     // The ranks start each load together, so that the slowest rank's seconds are the group's.
     world.barrier().get();
     const std::uint64_t before = source->reader().stats().bytes;
+    const std::uint64_t aligned_before = source->alignment_bytes();
     const double t0 = now_seconds();
     double seconds = 0, gather_seconds = 0;
     failure = nullptr;
@@ -265,8 +268,12 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
       failure = std::current_exception();
     }
     agree(world, failure, fmt::format("load {} of {}", r + 1, o.repeat));
-    bar.update(source->reader().stats().bytes - before);
-    mine.loads.push_back({source->reader().stats().bytes - before, seconds, recycled, counters.tensors_verified.load(),
+    // A direct-read window around a small piece (verification re-reads fused tensors' pieces)
+    // reads bytes of its neighbours too: counted apart, so the plan's figure stays exact.
+    const std::uint64_t aligned = source->alignment_bytes() - aligned_before;
+    const std::uint64_t delivered = source->reader().stats().bytes - before - aligned;
+    bar.update(delivered);
+    mine.loads.push_back({delivered, aligned, seconds, recycled, counters.tensors_verified.load(),
                           counters.bytes_verified.load(), counters.tensors_unverified.load(), gather_seconds});
   }
   bar.finish();
@@ -357,6 +364,7 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
       const RankFigures& f = ranks[static_cast<std::size_t>(r)];
       const RankLoad& l = f.loads.back();
       json.begin_object().field("rank", r).bytes("read", l.read_bytes).bytes("planned_read", f.planned_read_bytes);
+      json.bytes("alignment_read", l.alignment_bytes);
       json.field("ok", std::all_of(f.loads.begin(), f.loads.end(),
                                    [&](const RankLoad& x) { return x.read_bytes == f.planned_read_bytes; }));
       json.bytes("gathered", f.gathered_bytes)
@@ -369,6 +377,7 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
       for (const RankLoad& x : f.loads)
         json.begin_object()
             .bytes("read", x.read_bytes)
+            .bytes("alignment_read", x.alignment_bytes)
             .seconds("", x.seconds)
             .rate("", gb_per_s(x.read_bytes, x.seconds))
             .field("recycled", x.recycled)
@@ -406,15 +415,17 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
     for (int r = 0; r < size; ++r) {
       const RankFigures& f = ranks[static_cast<std::size_t>(r)];
       const RankLoad& l = f.loads.back();
-      fmt::print("  rank {:<3} read {} ({}){} in {:.3f} s: {:.2f} GB/s, peak RSS {}, {} thread{}\n", r,
-                 format_bytes(l.read_bytes),
-                 l.read_bytes == f.planned_read_bytes
-                     ? "= its plan"
-                     : fmt::format("its plan: {}!", format_bytes(f.planned_read_bytes)),
-                 gather ? fmt::format(", gathered {} (in {:.3f} s)", format_bytes(f.gathered_bytes), l.gather_seconds)
-                        : std::string(),
-                 l.seconds, gb_per_s(l.read_bytes, l.seconds), format_bytes(f.peak_rss_bytes), f.threads,
-                 f.threads == 1 ? "" : "s");
+      fmt::print(
+          "  rank {:<3} read {} ({}){}{} in {:.3f} s: {:.2f} GB/s, peak RSS {}, {} thread{}\n", r,
+          format_bytes(l.read_bytes),
+          l.read_bytes == f.planned_read_bytes ? "= its plan"
+                                               : fmt::format("its plan: {}!", format_bytes(f.planned_read_bytes)),
+          l.alignment_bytes ? fmt::format(" + {} around pieces to align direct reads", format_bytes(l.alignment_bytes))
+                            : std::string(),
+          gather ? fmt::format(", gathered {} (in {:.3f} s)", format_bytes(f.gathered_bytes), l.gather_seconds)
+                 : std::string(),
+          l.seconds, gb_per_s(l.read_bytes, l.seconds), format_bytes(f.peak_rss_bytes), f.threads,
+          f.threads == 1 ? "" : "s");
     }
     fmt::print("  total    read {} in {:.3f} s (the slowest rank): {:.2f} GB/s, peak RSS {} (the largest rank's)\n",
                format_bytes(last.bytes), last.seconds, gb_per_s(last.bytes, last.seconds), format_bytes(peak_rss));

@@ -25,6 +25,8 @@
 #include <asio/any_io_executor.hpp>
 #include <asio/async_result.hpp>
 #include <asio/awaitable.hpp>
+#include <atomic>
+#include <cstdint>
 #include <exception>
 #include <filesystem>
 #include <memory>
@@ -95,6 +97,10 @@ class CheckpointSource {
   Reader& reader() noexcept { return *reader_; }
   /// The options the source was opened with.
   const SourceOptions& options() const noexcept { return options_; }
+  /// Bytes the reader read only because a chunk's direct-read window rounds it out to the
+  /// file's alignment (bytes of neighbouring tensors, never delivered): the reader's byte
+  /// count minus this is what the source's callers asked for.
+  std::uint64_t alignment_bytes() const noexcept { return alignment_bytes_.load(std::memory_order_relaxed); }
 
   /// Reads the request's bytes into one lease; waits while the pool is full.
   ///
@@ -181,6 +187,7 @@ class CheckpointSource {
   std::vector<OpenFile> files_;
   std::unique_ptr<LeasePool> pool_;  // destroyed after the reader, which may write into it
   std::unique_ptr<Reader> reader_;
+  std::atomic<std::uint64_t> alignment_bytes_{0};
   // map_tensor's per-file descriptors and identities, made at a file's first mapping.
   mutable std::mutex mapped_files_mutex_;
   mutable std::vector<std::shared_ptr<const MappedFile>> mapped_files_;
