@@ -268,10 +268,10 @@ asio::awaitable<Lease> CheckpointSource::read_chunk(const Plan& plan, std::uint6
   std::size_t view = 0;
   const std::uint64_t end = offset + length;
   const bool one_run = first->dest_offset + first->length >= end;
+  const std::uint64_t file_off = t.offset + first->source_offset + (offset - first->dest_offset);
   std::uint64_t window_start = 0;
   if (one_run && plan.alignment) {
     // A page-aligned window around the bytes lets the reader use O_DIRECT.
-    const std::uint64_t file_off = t.offset + first->source_offset + (offset - first->dest_offset);
     window_start = align_down(file_off, plan.alignment);
     const std::uint64_t window_end = align_up(file_off + length, plan.alignment);
     if (window_end - window_start <= pool_->budget()) {
@@ -297,8 +297,9 @@ asio::awaitable<Lease> CheckpointSource::read_chunk(const Plan& plan, std::uint6
     }
     throw Error(errc::cancelled, {.file = file, .tensor = t.name}, "waiting for staging memory was cancelled");
   }
+  const std::uint64_t read_from = trace::enabled() ? trace::now_ns() : 0;
   if (view || buffer_bytes != length) {
-    segments.push_back({t.file, window_start, buffer.data(), buffer_bytes, view + length});
+    co_await read_window(t, file_off, length, window_start, buffer.data(), buffer_bytes);
   } else {
     for (auto it = first; it != plan.runs.end() && it->dest_offset < end; ++it) {
       const std::uint64_t b = std::max(offset, it->dest_offset);
@@ -306,30 +307,8 @@ asio::awaitable<Lease> CheckpointSource::read_chunk(const Plan& plan, std::uint6
       segments.push_back(
           {t.file, t.offset + it->source_offset + (b - it->dest_offset), buffer.data() + (b - offset), e - b, e - b});
     }
-  }
-  const bool windowed = view || buffer_bytes != length;
-  const std::uint64_t read_from = trace::enabled() ? trace::now_ns() : 0;
-  std::exception_ptr failure;
-  try {
-    co_await reader_->async_read(std::move(segments), executor_, asio::use_awaitable);
-  } catch (const Error& e) {
-    // A direct-read window also covers bytes of the neighbouring tensors: a failure may lie
-    // there, and must not be reported against this tensor. Read this tensor's bytes alone.
-    if (!windowed || e.kind() != errc::io_error) throw with_tensor(e, t);
-    log::debug("{}: read of the aligned window around tensor '{}' failed ({}): reading its bytes alone",
-               catalog_.file_of(t).path, t.name, e.what());
-    failure = std::current_exception();
-  }
-  if (windowed && !failure) {
-    // The window read the bytes around the selection too, up to the end of the file.
-    const std::uint64_t file_end = std::min<std::uint64_t>(window_start + buffer_bytes, files_[t.file].size);
-    alignment_bytes_.fetch_add(file_end - window_start - length, std::memory_order_relaxed);
-  }
-  if (failure) {
-    const std::uint64_t file_off = t.offset + first->source_offset + (offset - first->dest_offset);
-    std::vector<ReadSegment> exact{{t.file, file_off, buffer.data() + view, length, length}};
     try {
-      co_await reader_->async_read(std::move(exact), executor_, asio::use_awaitable);
+      co_await reader_->async_read(std::move(segments), executor_, asio::use_awaitable);
     } catch (const Error& e) {
       throw with_tensor(e, t);
     }
@@ -340,6 +319,67 @@ asio::awaitable<Lease> CheckpointSource::read_chunk(const Plan& plan, std::uint6
                   fmt::format("{}: bytes {}..{} of {}", t.name, offset, offset + length, plan.total));
   }
   co_return Lease(std::move(buffer), view, length, &t, offset, plan.total);
+}
+
+asio::awaitable<void> CheckpointSource::read_window(const TensorInfo& t, std::uint64_t file_off, std::uint64_t length,
+                                                    std::uint64_t window_start, std::byte* window,
+                                                    std::uint64_t window_bytes) {
+  const std::uint64_t view = file_off - window_start;
+  std::vector<ReadSegment> segments{{t.file, window_start, window, window_bytes, view + length}};
+  std::exception_ptr failure;
+  try {
+    co_await reader_->async_read(std::move(segments), executor_, asio::use_awaitable);
+  } catch (const Error& e) {
+    // A direct-read window also covers bytes of the neighbouring tensors: a failure may lie
+    // there, and must not be reported against this tensor. Read this tensor's bytes alone.
+    if (e.kind() != errc::io_error) throw with_tensor(e, t);
+    log::debug("{}: read of the aligned window around tensor '{}' failed ({}): reading its bytes alone",
+               catalog_.file_of(t).path, t.name, e.what());
+    failure = std::current_exception();
+  }
+  if (!failure) {
+    // The window read the bytes around the selection too, up to the end of the file.
+    const std::uint64_t file_end = std::min<std::uint64_t>(window_start + window_bytes, files_[t.file].size);
+    alignment_bytes_.fetch_add(file_end - window_start - length, std::memory_order_relaxed);
+    co_return;
+  }
+  std::vector<ReadSegment> exact{{t.file, file_off, window + view, length, length}};
+  try {
+    co_await reader_->async_read(std::move(exact), executor_, asio::use_awaitable);
+  } catch (const Error& e) {
+    throw with_tensor(e, t);
+  }
+}
+
+std::optional<DirectWindow> CheckpointSource::direct_window(const TensorReadRequest& request) const {
+  const Plan plan = make_plan(request);
+  if (plan.runs.size() != 1 || plan.total == 0 || !plan.alignment) return std::nullopt;
+  const TensorInfo& t = *plan.tensor;
+  const std::uint64_t file_off = t.offset + plan.runs.front().source_offset;
+  const std::uint64_t start = align_down(file_off, plan.alignment);
+  const std::uint64_t end = align_up(file_off + plan.total, plan.alignment);
+  if (!reader_->reads_direct(t.file, start, end - start)) return std::nullopt;
+  return DirectWindow{file_off - start, end - start};
+}
+
+asio::awaitable<void> CheckpointSource::read_window_into(std::unique_ptr<TensorReadRequest> owned,
+                                                         std::span<std::byte> window) {
+  const Plan plan = make_plan(*owned);
+  const TensorInfo& t = *plan.tensor;
+  const std::uint64_t file_off = plan.runs.empty() ? t.offset : t.offset + plan.runs.front().source_offset;
+  const std::uint64_t a = plan.alignment ? plan.alignment : 1;
+  const std::uint64_t start = align_down(file_off, a);
+  const std::uint64_t bytes = align_up(file_off + plan.total, a) - start;
+  if (plan.runs.size() != 1 || !plan.alignment || window.size() != bytes ||
+      reinterpret_cast<std::uintptr_t>(window.data()) % plan.alignment != 0) {
+    throw Error(errc::invalid_argument, {.file = catalog_.file_of(t).path, .tensor = t.name},
+                fmt::format("a direct-read window of selection {} needs one run of a file read O_DIRECT and {} bytes "
+                            "aligned to {}; got {} bytes at {}",
+                            owned->selection.to_string(), bytes, plan.alignment, window.size(),
+                            static_cast<const void*>(window.data())));
+  }
+  co_await read_window(t, file_off, plan.total, start, window.data(), window.size());
+  check_unchanged(t);
 }
 
 asio::awaitable<Lease> CheckpointSource::read_lease(std::unique_ptr<TensorReadRequest> owned) {

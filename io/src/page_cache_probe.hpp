@@ -53,7 +53,7 @@ class PageCacheProbe {
   /// True when the request [offset, offset + length) looks cached: at least two of its
   /// first, middle and last pages are. Three one-page mincore() calls cost about a
   /// microsecond; asking about every page of a 4 MiB request cost more than copying it.
-  bool mostly_resident(std::uint64_t offset, std::uint64_t length) {
+  bool mostly_resident(std::uint64_t offset, std::uint64_t length) const {
     if (!base_ || length == 0 || offset >= size_) return false;
     const std::uint64_t last = std::min(size_, offset + length) - 1;
     const std::uint64_t samples[3] = {offset, offset + (last - offset) / 2, last};

@@ -155,6 +155,10 @@ std::size_t PreadReader::direct_alignment(std::uint32_t file) const noexcept {
   return impl_->core.direct_alignment(file);
 }
 
+bool PreadReader::reads_direct(std::uint32_t file, std::uint64_t offset, std::uint64_t length) const noexcept {
+  return impl_->core.reads_direct(file, offset, length);
+}
+
 std::string PreadReader::describe() const {
   return fmt::format("pread, {} threads, requests up to {} KiB", impl_->workers.size(),
                      impl_->core.options.max_request >> 10);

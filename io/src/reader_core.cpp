@@ -266,6 +266,12 @@ std::size_t ReaderCore::direct_alignment(std::uint32_t file) const noexcept {
   return files[file].direct ? direct_align : 0;
 }
 
+bool ReaderCore::reads_direct(std::uint32_t file, std::uint64_t offset, std::uint64_t length) const noexcept {
+  if (direct_alignment(file) == 0 || !direct_enabled_[file]) return false;
+  if (options.direct == DirectMode::on) return true;
+  return !probes_[file].mostly_resident(offset, length);
+}
+
 void ReaderCore::count_request(Piece& p, bool fixed_buffer) {
   p.issued_ns = trace::enabled() ? trace::now_ns() : 0;
   std::lock_guard lock(stats_mutex_);

@@ -56,6 +56,9 @@ class ReaderCore {
   std::exception_ptr to_exception(const ReadFailure& failure) const;
   /// Direct-read alignment of `file`, 0 when it is read buffered only.
   std::size_t direct_alignment(std::uint32_t file) const noexcept;
+  /// Whether an aligned request of `file` at [offset, offset + length) would be read O_DIRECT
+  /// (want_direct's rule for a page-aligned destination).
+  bool reads_direct(std::uint32_t file, std::uint64_t offset, std::uint64_t length) const noexcept;
 
   /// What the page-cache guard noted before a read (see guard_before()).
   struct CacheTicket {

@@ -49,6 +49,10 @@ std::size_t RoutingReader::direct_alignment(std::uint32_t file) const noexcept {
   return route(file).direct_alignment(file);
 }
 
+bool RoutingReader::reads_direct(std::uint32_t file, std::uint64_t offset, std::uint64_t length) const noexcept {
+  return route(file).reads_direct(file, offset, length);
+}
+
 std::string RoutingReader::describe() const {
   const auto n = static_cast<std::size_t>(std::count(use_second_.begin(), use_second_.end(), true));
   return fmt::format("{} for {} files; {} for {} files", first_->describe(), use_second_.size() - n,

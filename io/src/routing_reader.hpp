@@ -23,6 +23,7 @@ class RoutingReader final : public Reader {
   void read(std::vector<ReadSegment> segments, ReadCallback done) override;
   ReaderStats stats() const override;
   std::size_t direct_alignment(std::uint32_t file) const noexcept override;
+  bool reads_direct(std::uint32_t file, std::uint64_t offset, std::uint64_t length) const noexcept override;
   std::string describe() const override;
 
  private:

@@ -307,6 +307,10 @@ std::size_t UringReader::direct_alignment(std::uint32_t file) const noexcept {
   return impl_->core.direct_alignment(file);
 }
 
+bool UringReader::reads_direct(std::uint32_t file, std::uint64_t offset, std::uint64_t length) const noexcept {
+  return impl_->core.reads_direct(file, offset, length);
+}
+
 std::size_t UringReader::registered_bytes() const noexcept { return impl_->reg_bytes.load(std::memory_order_relaxed); }
 
 LeasePool::ReleaseHook UringReader::pool_release_hook() {

@@ -212,6 +212,68 @@ TEST_CASE("materialize – checkpoint dtype kept: bytes land in the tensor, whol
   CHECK_THROWS_AS(cpu::Backend::materialize(*env.source, missing, env.mc, {}), Error);
 }
 
+TEST_CASE("materialize – a cold tensor at an unaligned offset is read O_DIRECT with its page window, in place",
+          "[cpu][materialize][direct]") {
+  // 16 bytes first: every tensor after it starts inside a page, aligned for its elements.
+  CpuCheckpoint ckpt({{"pad", DType::U8, {16}},
+                      {"big", DType::BF16, {300, 257}},
+                      {"wide", DType::F32, {40, 1000}},
+                      {"small", DType::F32, {100}},
+                      {"tail", DType::F16, {150, 333}}});
+  asio::io_context ctx;
+  io::SourceOptions options = small_source_options();
+  options.reader.direct = io::DirectMode::on;  // as a file not in the page cache is read
+  std::unique_ptr<io::CheckpointSource> source;
+  try {
+    source = io::CheckpointSource::open(ctx.get_executor(), ckpt.path, options);
+  } catch (const Error& e) {
+    if (e.kind() != errc::direct_io_unsupported) throw;
+    WARN("O_DIRECT is unsupported on this file system, so no window is read: " << e.what());
+    return;
+  }
+  cpu::Executor executor(2);
+  cpu::StoragePool storage;
+  for (bool windows : {true, false}) {
+    INFO("read_cold_windows " << windows);
+    cpu::MaterializationContext mc{executor, storage};
+    mc.read_cold_windows = windows;
+    const std::uint64_t aligned_before = source->alignment_bytes();
+    for (const char* name : {"big", "wide", "small", "tail"}) {
+      INFO(name);
+      const io::TensorInfo& info = source->catalog().at(name);
+      REQUIRE(info.offset % 4096 != 0);
+      cpu::Tensor t = finish(ctx, cpu::Backend::materialize(*source, io::TensorReadRequest{name}, mc, {}));
+      CHECK(to_vector(t.bytes()) == ckpt.bytes(name));
+      const auto at = reinterpret_cast<std::uintptr_t>(t.bytes().data());
+      if (windows && info.nbytes >= 64 * 1024) {
+        // Laid out like the file: the tensor's first byte sits where the file puts it in a page.
+        CHECK(at % 4096 == info.offset % 4096);
+        CHECK(t.storage()->allocation().size() % 4096 == 0);
+      } else {
+        CHECK(at % 64 == 0);  // a plain block (a small tensor is not worth a window)
+      }
+    }
+    if (windows) {
+      CHECK(source->alignment_bytes() > aligned_before);
+    } else {
+      CHECK(source->alignment_bytes() == aligned_before);
+    }
+  }
+  // A window's block goes back to the pool whole and is reused as plain storage.
+  CHECK(storage.stats().live_bytes == 0);
+  CHECK(storage.stats().retained_bytes > 0);
+  const cpu::StoragePoolStats before = storage.stats();
+  cpu::MaterializationContext mc{executor, storage};
+  options.reader.direct = io::DirectMode::automatic;
+  auto hot = io::CheckpointSource::open(ctx.get_executor(), ckpt.path, options);
+  // The file was just written and read: its pages are in the page cache, so no window.
+  CHECK_FALSE(hot->direct_window(io::TensorReadRequest{"big"}));
+  cpu::Tensor again = finish(ctx, cpu::Backend::materialize(*hot, io::TensorReadRequest{"big"}, mc, {}));
+  CHECK(to_vector(again.bytes()) == ckpt.bytes("big"));
+  CHECK(reinterpret_cast<std::uintptr_t>(again.bytes().data()) % 64 == 0);
+  CHECK(storage.stats().recycled_allocations > before.recycled_allocations);
+}
+
 TEST_CASE("materialize – a cast streams bounded chunks, converts each, splits elements correctly",
           "[cpu][materialize]") {
   io::SourceOptions options = small_source_options();

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <csetjmp>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <mutex>
@@ -429,6 +430,34 @@ TEST_CASE("checkpoint source – an EIO in a neighbour's bytes inside a direct-r
   Lease lease = run_on(ctx, source->async_read(rb, asio::use_awaitable));
   CHECK(std::vector<std::byte>(lease.bytes().begin(), lease.bytes().end()) == s.data[1]);
   lease.release();
+  // The same through a caller's window (the CPU backend's cold reads): b's bytes land at the
+  // window's lead, and a's failing bytes are not b's error.
+  const std::uint64_t aligned_before = source->alignment_bytes();
+  const std::optional<DirectWindow> w = source->direct_window(rb);
+  REQUIRE(w);
+  CHECK(w->lead == b.offset % 4096);
+  CHECK(w->bytes % 4096 == 0);
+  CHECK(w->bytes >= w->lead + b.nbytes);
+  std::unique_ptr<std::byte, decltype(&std::free)> window(static_cast<std::byte*>(std::aligned_alloc(4096, w->bytes)),
+                                                          &std::free);
+  REQUIRE(window);
+  run_on(ctx, source->async_read_window_into(rb, {window.get(), w->bytes}, asio::use_awaitable));
+  CHECK(std::vector<std::byte>(window.get() + w->lead, window.get() + w->lead + b.nbytes) == s.data[1]);
+  CHECK(source->alignment_bytes() == aligned_before);  // the window failed: b's bytes were read alone
+  faults.begin = faults.end = 0;                       // no fault: the window is read whole
+  run_on(ctx, source->async_read_window_into(rb, {window.get(), w->bytes}, asio::use_awaitable));
+  CHECK(std::vector<std::byte>(window.get() + w->lead, window.get() + w->lead + b.nbytes) == s.data[1]);
+  const std::uint64_t file_end =
+      std::min<std::uint64_t>(b.offset - w->lead + w->bytes, std::filesystem::file_size(s.path));
+  CHECK(source->alignment_bytes() - aligned_before == file_end - (b.offset - w->lead) - b.nbytes);
+  // A window of the wrong size or alignment is refused, naming the tensor.
+  Error wrong = error_of([&] {
+    run_on(ctx, source->async_read_window_into(rb, {window.get() + 8, w->bytes - 8}, asio::use_awaitable));
+  });
+  CHECK(wrong.kind() == errc::invalid_argument);
+  CHECK(wrong.context().tensor == "b");
+  faults.begin = a.offset;
+  faults.end = a.offset + a.nbytes;
   TensorReadRequest ra{"a"};
   Error e = error_of([&] { run_on(ctx, source->async_read(ra, asio::use_awaitable)); });
   CHECK(e.kind() == errc::io_error);

@@ -97,7 +97,8 @@ int run_load(const LoadOptions& o, const CommonFlags& flags) {
       cpu::StoragePoolOptions{.pages = o.pages == "huge" ? cpu::StoragePages::huge : cpu::StoragePages::small});
   // A load has the machine to itself: copying resident tensors on the arena beats the
   // kernel's copies (docs/performance.md).
-  cpu::MaterializationContext context{executor, storage, o.copies == "arena", weight_storage(o.weights)};
+  cpu::MaterializationContext context{executor, storage, o.copies == "arena", weight_storage(o.weights),
+                                      o.cold_reads == "window"};
 
   Progress bar(!flags.quiet);
   bar.phase("open");
@@ -163,7 +164,8 @@ int run_load(const LoadOptions& o, const CommonFlags& flags) {
     json.count("tensor", catalog.size()).count("file", catalog.files().size());
     json.bytes("tensor", source_bytes).bytes("", source_bytes).bytes("output", blueprint.bytes());
     json.field("dtype", o.dtype).field("threads", o.threads).field("kernels", cpu::convert_isa_name());
-    json.field("copies", o.copies).field("pages", o.pages).bytes("budget", source->pool().budget());
+    json.field("copies", o.copies).field("cold_reads", o.cold_reads).field("pages", o.pages);
+    json.bytes("budget", source->pool().budget()).bytes("alignment_read", source->alignment_bytes());
     json.field("verify", o.verify).count("checksum", digest_count);
     json.field("weights", o.weights).count("tensor_mapped", mapped.tensors).bytes("mapped", mapped.bytes);
     json.bytes("locked", mapped.locked_bytes);
@@ -241,6 +243,10 @@ Command add_load_command(CLI::App& app, CommonFlags& flags) {
             "lease size converted tensors are read and converted in");
   add_choice(*cmd, "--copies", o->copies, {"arena", "reader"},
              "who copies page-cache-resident tensors: the TBB arena, from a mapping, or the reader");
+  add_choice(
+      *cmd, "--cold-reads", o->cold_reads, {"window", "buffered"},
+      "how a tensor not in the page cache, at an offset that is not page-aligned, is read: window (its page-aligned "
+      "window of the file, O_DIRECT, into storage laid out like the file) or buffered (through the page cache)");
   add_choice(*cmd, "--pages", o->pages, {"4k", "huge"},
              "pages of tensor storage: 4k (MADV_NOHUGEPAGE: the faster first touch on the machines measured) or huge "
              "(MADV_HUGEPAGE: faster recycled loads, a first touch that may wait for compaction)");

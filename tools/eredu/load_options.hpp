@@ -42,6 +42,7 @@ struct LoadOptions {
   // Converted tensors are read in chunk leases of this size, each converted while the next is read.
   std::uint64_t chunk = std::uint64_t{64} << 20;
   std::string copies = "arena";
+  std::string cold_reads = "window";  // --cold-reads window|buffered (MaterializationContext::read_cold_windows)
   std::string pages = "4k";
   std::string weights = "copy";  // --weights copy|map|map-lock (cpu::WeightStorage)
   std::string verify = "off";

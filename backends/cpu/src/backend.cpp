@@ -153,6 +153,21 @@ asio::awaitable<void> read_direct(Job job, std::unique_ptr<io::TensorReadRequest
   co_await job.source.async_read_into(*request, tensor.mutable_bytes(), asio::use_awaitable);
 }
 
+/// A cold tensor at an unaligned file offset: its file's page-aligned window, read O_DIRECT
+/// into storage laid out like the file, so the disk writes the tensor's final memory (no
+/// page-cache pages to allocate, no copy out of them).
+asio::awaitable<void> read_window(Job job, std::unique_ptr<io::TensorReadRequest> request, io::DirectWindow window,
+                                  Tensor tensor) {
+  if (job.stop.stop_requested()) throw_stopped(request->key);
+  StorageBlock& storage = *tensor.storage();
+  co_await job.source.async_read_window_into(*request, storage.allocation().first(window.bytes), asio::use_awaitable);
+  storage.mark_populated();  // the window is the whole allocation (allocate_window)
+}
+
+/// Tensors smaller than this are not read through a window: a block of whole pages for a
+/// few KiB costs more memory than the copy it saves.
+constexpr std::uint64_t min_window_tensor_bytes = std::uint64_t{64} << 10;
+
 /// The alignment a tensor's storage units need to be read where they lie: the largest power
 /// of two dividing a unit's bytes, at most 8 (a quantized block holds f16 scales: 2).
 std::size_t unit_alignment(DType dtype) {
@@ -429,6 +444,19 @@ Materialization Backend::materialize(io::CheckpointSource& source, const io::Ten
       auto shared = std::make_shared<io::MappedTensor>(std::move(*mapped));
       Tensor weight(info.dtype, std::move(shape), std::make_shared<StorageBlock>(StorageBlock::adopt(shared)));
       return start(source, weight, map_weight(job, std::move(shared), context.weights));
+    }
+  }
+  if (context.read_cold_windows) {
+    const std::uint64_t bytes = source.selected_bytes(request);
+    std::optional<io::DirectWindow> window =
+        bytes >= min_window_tensor_bytes ? source.direct_window(request) : std::nullopt;
+    // Not when the bytes are aligned already (the plain read goes O_DIRECT itself), nor when
+    // the file misaligns the tensor's elements.
+    if (window && window->bytes != bytes && window->lead % unit_alignment(info.dtype) == 0) {
+      Tensor weight(
+          info.dtype, std::move(shape),
+          std::make_shared<StorageBlock>(context.storage.allocate_window(window->bytes, window->lead, bytes)));
+      return start(source, weight, read_window(job, std::make_unique<io::TensorReadRequest>(request), *window, weight));
     }
   }
   Tensor weight = Tensor::allocate(context.storage, info.dtype, std::move(shape));

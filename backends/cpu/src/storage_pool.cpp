@@ -108,6 +108,7 @@ StorageBlock::StorageBlock(StorageBlock&& other) noexcept
       data_(std::exchange(other.data_, nullptr)),
       size_(std::exchange(other.size_, 0)),
       capacity_(std::exchange(other.capacity_, 0)),
+      lead_(std::exchange(other.lead_, 0)),
       fresh_(other.fresh_),
       mapped_(other.mapped_),
       mapping_(std::move(other.mapping_)) {}
@@ -119,6 +120,7 @@ StorageBlock& StorageBlock::operator=(StorageBlock&& other) noexcept {
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
     capacity_ = std::exchange(other.capacity_, 0);
+    lead_ = std::exchange(other.lead_, 0);
     fresh_ = other.fresh_;
     mapped_ = other.mapped_;
     mapping_ = std::move(other.mapping_);
@@ -127,7 +129,7 @@ StorageBlock& StorageBlock::operator=(StorageBlock&& other) noexcept {
 }
 
 StorageBlock::~StorageBlock() {
-  if (data_ && pool_) pool_->give_back(data_, capacity_, fresh_);
+  if (data_ && pool_) pool_->give_back(data_ - lead_, capacity_, fresh_);
 }
 
 StorageBlock StorageBlock::adopt(std::shared_ptr<const io::MappedTensor> mapping) noexcept {
@@ -175,14 +177,28 @@ StorageBlock StoragePool::allocate(std::size_t bytes) {
   return block;
 }
 
+StorageBlock StoragePool::allocate_window(std::size_t window, std::size_t lead, std::size_t bytes) {
+  if (lead > window || bytes > window - lead) {
+    throw Error(errc::invalid_argument, {},
+                fmt::format("a window of {} bytes cannot hold {} bytes after {} bytes of lead", window, bytes, lead));
+  }
+  // Below small_limit blocks come from aligned_alloc, 64-byte aligned only: map whole pages.
+  StorageBlock block = allocate(std::max(window, small_limit));
+  block.data_ += lead;
+  block.size_ = bytes;
+  block.lead_ = lead;
+  return block;
+}
+
 void StoragePool::populate(StorageBlock& block) {
   if (!block.fresh_) return;
   std::size_t capacity = block.capacity_;
+  std::byte* const base = block.data_ - block.lead_;
   std::size_t chunks = (capacity + huge - 1) / huge;
   tbb::parallel_for(tbb::blocked_range<std::size_t>(0, chunks, 1), [&](const tbb::blocked_range<std::size_t>& r) {
     trace::Span span("populate", "cpu", trace::enabled() ? fmt::format("{} x 2 MiB", r.size()) : "");
     for (std::size_t c = r.begin(); c < r.end(); ++c) {
-      std::byte* p = block.data_ + c * huge;
+      std::byte* p = base + c * huge;
       std::size_t n = std::min(huge, capacity - c * huge);
 #ifdef MADV_POPULATE_WRITE
       if (::madvise(p, n, MADV_POPULATE_WRITE) == 0) continue;

@@ -70,6 +70,13 @@ void validate(const SourceOptions& options);
 
 class ChunkStream;
 
+/// Where a selection lies in the page-aligned window of its file that a direct read of it
+/// covers (CheckpointSource::direct_window).
+struct DirectWindow {
+  std::uint64_t lead = 0;   ///< window bytes before the selection's first byte
+  std::uint64_t bytes = 0;  ///< the window's size, whole alignment units
+};
+
 /// An open checkpoint (see file comment). Not movable: readers and leases point into it.
 class CheckpointSource {
  public:
@@ -141,6 +148,36 @@ class CheckpointSource {
         executor_, read_into(std::make_unique<TensorReadRequest>(request), destination), std::forward<Token>(token));
   }
 
+  /// The window a direct read of the request covers, when its bytes are one non-empty run of
+  /// a file the reader would read O_DIRECT now (a trusted local file system, direct reads
+  /// allowed and, under DirectMode::automatic, the window not in the page cache); std::nullopt
+  /// otherwise. For a caller that owns the final memory of a cold tensor whose file offset
+  /// is not aligned: reading the whole window into memory laid out like the file lets the
+  /// disk write it there (no page-cache copy, no page-cache pages to populate). Validates
+  /// the request (throws eredu::Error); callable from any thread.
+  std::optional<DirectWindow> direct_window(const TensorReadRequest& request) const;
+
+  /// Reads the window of the request's bytes (see direct_window) into `window`, which must be
+  /// the window's size and aligned to the file's direct-read alignment (a page): the selection
+  /// lands at `window.data() + lead`, the bytes around it are its neighbours' in the file and
+  /// count in alignment_bytes(). A failed window read (a bad sector of a neighbour, say) is
+  /// retried as the selection's bytes alone, so an error names this tensor only when its own
+  /// bytes fail.
+  ///
+  /// @par Completion Signature
+  /// `void(std::exception_ptr)`. Errors: those of async_read_into, and invalid_argument when
+  /// `window` has the wrong size or alignment or the request has no window.
+  ///
+  /// @par Per-Operation Cancellation
+  /// none: a read in flight runs to its end.
+  ///
+  /// The request is copied; the source and the memory of `window` must outlive the operation.
+  template <asio::completion_token_for<void(std::exception_ptr)> Token>
+  auto async_read_window_into(const TensorReadRequest& request, std::span<std::byte> window, Token&& token) {
+    return eredu::detail::spawn_operation(
+        executor_, read_window_into(std::make_unique<TensorReadRequest>(request), window), std::forward<Token>(token));
+  }
+
   /// A stream of bounded chunk leases covering the request, in order; for tensors larger
   /// than the pool. Validates the request at once (throws eredu::Error).
   ChunkStream stream(TensorReadRequest request);
@@ -173,6 +210,11 @@ class CheckpointSource {
   asio::awaitable<Lease> read_lease(std::unique_ptr<TensorReadRequest> request);
   asio::awaitable<void> read_into(std::unique_ptr<TensorReadRequest> request, std::span<std::byte> destination);
   asio::awaitable<Lease> read_chunk(const Plan& plan, std::uint64_t offset, std::uint64_t length);
+  asio::awaitable<void> read_window_into(std::unique_ptr<TensorReadRequest> request, std::span<std::byte> window);
+  // Reads the aligned window [window_start, window_start + window_bytes) holding `length`
+  // bytes of `t` at `file_off` into `window`; on an io_error, those bytes alone.
+  asio::awaitable<void> read_window(const TensorInfo& t, std::uint64_t file_off, std::uint64_t length,
+                                    std::uint64_t window_start, std::byte* window, std::uint64_t window_bytes);
   // The reader for `files` under `options` (marks each file's read_with_pread), logging
   // one line per file. An io_uring reader registers `pool`'s memory and hooks its release.
   static std::unique_ptr<Reader> make_reader(const asio::any_io_executor& executor, std::span<OpenFile> files,

@@ -119,6 +119,10 @@ class Reader {
   virtual ReaderStats stats() const = 0;
   /// Alignment a direct read of `file` needs (0: the file is read buffered only).
   virtual std::size_t direct_alignment(std::uint32_t file) const noexcept = 0;
+  /// Whether an aligned read of [offset, offset + length) of `file` would go O_DIRECT now:
+  /// the mode, the file system and, under DirectMode::automatic, the page cache decide
+  /// (sampled pages, as for every request). Callable from any thread.
+  virtual bool reads_direct(std::uint32_t file, std::uint64_t offset, std::uint64_t length) const noexcept = 0;
   /// Describes the configuration in one line (for logs and summaries).
   virtual std::string describe() const = 0;
 

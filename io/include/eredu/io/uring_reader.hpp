@@ -37,6 +37,7 @@ class UringReader final : public Reader {
   void read(std::vector<ReadSegment> segments, ReadCallback done) override;
   ReaderStats stats() const override;
   std::size_t direct_alignment(std::uint32_t file) const noexcept override;
+  bool reads_direct(std::uint32_t file, std::uint64_t offset, std::uint64_t length) const noexcept override;
   std::string describe() const override;
   /// Bytes of the pool registered as fixed buffers now (0 before the first staged read).
   std::size_t registered_bytes() const noexcept;

@@ -23,6 +23,12 @@ struct MaterializationContext {
   /// Where dtype-kept tensors' bytes live: copied (the default), or mapped read-only from the
   /// checkpoint file (opt-in; weight_storage.hpp says what that trades).
   WeightStorage weights = WeightStorage::copied;
+  /// Read a dtype-kept tensor that is not in the page cache, at a file offset that is not
+  /// page-aligned, as the file's page-aligned window around it, O_DIRECT, into storage laid
+  /// out like the file (its bytes then start at the file's offset within a page, aligned
+  /// for its elements, not to 64 bytes). Off: such tensors go through the page cache, one
+  /// more fresh page and one more copy per page (docs/performance.md has both).
+  bool read_cold_windows = true;
 };
 
 }  // namespace eredu::cpu

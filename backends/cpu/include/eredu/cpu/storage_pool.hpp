@@ -53,7 +53,9 @@ struct StoragePoolStats {
   std::uint64_t recycled_allocations = 0;  ///< blocks that came from the retained set
 };
 
-/// One 64-byte-aligned allocation of a pool, which returns itself to the pool when destroyed;
+/// One allocation of a pool, which returns itself to the pool when destroyed: its bytes start
+/// 64-byte aligned, or `lead` bytes into a page-aligned allocation laid out like the file
+/// (StoragePool::allocate_window: a cold tensor read O_DIRECT with its page's neighbours);
 /// or a tensor's bytes mapped read-only from its checkpoint file (adopt(): mapped weights,
 /// never pooled, aligned as the file places them). Move-only.
 class StorageBlock {
@@ -70,8 +72,14 @@ class StorageBlock {
 
   /// The usable bytes (exactly the requested size).
   std::span<std::byte> bytes() const noexcept { return {data_, size_}; }
-  /// First byte (64-byte aligned; 2 MiB aligned for large blocks).
+  /// First byte (64-byte aligned, 2 MiB aligned for large blocks; `lead` bytes after that
+  /// for a block of allocate_window).
   std::byte* data() const noexcept { return data_; }
+  /// The whole allocation the bytes lie in: from `lead` bytes before data() to the end of
+  /// its size class (what a window read fills). Empty for a mapped block.
+  std::span<std::byte> allocation() const noexcept {
+    return mapping_ ? std::span<std::byte>{} : std::span<std::byte>{data_ - lead_, capacity_};
+  }
   /// Requested size in bytes.
   std::size_t size() const noexcept { return size_; }
   /// True when the memory came from the system and has not been populated yet.
@@ -91,6 +99,7 @@ class StorageBlock {
   std::byte* data_ = nullptr;
   std::size_t size_ = 0;
   std::size_t capacity_ = 0;  // size class actually mapped
+  std::size_t lead_ = 0;      // data_ minus the allocation's start (allocate_window)
   bool fresh_ = false;
   bool mapped_ = false;                              // mmap'd (large) or operator new'd (small)
   std::shared_ptr<const io::MappedTensor> mapping_;  // set by adopt(): no pool, nothing to give back
@@ -107,6 +116,13 @@ class StoragePool {
   /// (already populated), else fresh memory (fresh() is true: call populate). Throws
   /// eredu::BackendError(out_of_memory) naming the size when the system refuses.
   StorageBlock allocate(std::size_t bytes);
+
+  /// A page-aligned block of at least `window` bytes whose data() is `lead` bytes into it and
+  /// holds `bytes` (lead + bytes <= window): memory laid out like a page-aligned window of a
+  /// file, for reading a tensor at an unaligned file offset O_DIRECT into its final place.
+  /// Recycled or fresh as allocate(). Throws as allocate(), and invalid_argument when the
+  /// sizes do not fit.
+  StorageBlock allocate_window(std::size_t window, std::size_t lead, std::size_t bytes);
 
   /// Faults a fresh block's pages in, on every thread of the calling TBB arena, 2 MiB per
   /// task (MADV_POPULATE_WRITE, or a write per page where that is unsupported). Blocking;

@@ -1,6 +1,8 @@
 #pragma once
 /// \file
-/// eredu::cpu::Tensor: a dtype, a shape and contiguous, 64-byte-aligned storage.
+/// eredu::cpu::Tensor: a dtype, a shape and contiguous storage, 64-byte aligned unless the
+/// file placed the bytes otherwise (a cold tensor read with its page window, mapped weights:
+/// aligned for the elements, at the file's offset within a page).
 ///
 /// Storage is shared between handles: a tied weight (an alias) and a reshaped view are
 /// other Tensors over the same bytes, never copies. The storage goes back to its
