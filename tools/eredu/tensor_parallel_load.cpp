@@ -167,7 +167,7 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
   cpu::Executor executor(static_cast<int>(threads));
   cpu::StoragePool storage(
       cpu::StoragePoolOptions{.pages = o.pages == "huge" ? cpu::StoragePages::huge : cpu::StoragePages::small});
-  cpu::MaterializationContext context{executor, storage, false};
+  cpu::MaterializationContext context{executor, storage, false, cpu::WeightStorage::copied, o.cold_reads == "window"};
 
   Progress bar(!flags.quiet && rank == 0);
   bar.phase("open");
@@ -335,7 +335,8 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
     json.count("tensor", catalog.size()).count("file", catalog.files().size());
     json.bytes("tensor", source_bytes).bytes("", last.bytes).bytes("output", bound);
     json.field("dtype", o.dtype).field("threads", threads).field("kernels", cpu::convert_isa_name());
-    json.field("copies", "reader").field("pages", o.pages).bytes("budget", source->pool().budget());
+    json.field("copies", "reader").field("cold_reads", o.cold_reads).field("pages", o.pages);
+    json.bytes("budget", source->pool().budget());
     json.field("verify", o.verify).count("checksum", digest_count);
     json.key("loads").begin_array();
     for (const GroupLoad& g : group) {
