@@ -351,34 +351,42 @@ asio::awaitable<void> CheckpointSource::read_window(const TensorInfo& t, std::ui
   }
 }
 
+namespace {
+
+/// The page-aligned window around a plan's bytes: none unless they are one non-empty run of a
+/// file with a direct-read alignment.
+std::optional<DirectWindow> window_of(const TensorInfo& t, const std::vector<ByteRun>& runs, std::uint64_t total,
+                                      std::uint64_t alignment) {
+  if (runs.size() != 1 || total == 0 || !alignment) return std::nullopt;
+  const std::uint64_t file_off = t.offset + runs.front().source_offset;
+  const std::uint64_t start = align_down(file_off, alignment);
+  return DirectWindow{file_off - start, align_up(file_off + total, alignment) - start};
+}
+
+}  // namespace
+
 std::optional<DirectWindow> CheckpointSource::direct_window(const TensorReadRequest& request) const {
   const Plan plan = make_plan(request);
-  if (plan.runs.size() != 1 || plan.total == 0 || !plan.alignment) return std::nullopt;
-  const TensorInfo& t = *plan.tensor;
-  const std::uint64_t file_off = t.offset + plan.runs.front().source_offset;
-  const std::uint64_t start = align_down(file_off, plan.alignment);
-  const std::uint64_t end = align_up(file_off + plan.total, plan.alignment);
-  if (!reader_->reads_direct(t.file, start, end - start)) return std::nullopt;
-  return DirectWindow{file_off - start, end - start};
+  const std::optional<DirectWindow> w = window_of(*plan.tensor, plan.runs, plan.total, plan.alignment);
+  if (!w) return std::nullopt;
+  const std::uint64_t start = plan.tensor->offset + plan.runs.front().source_offset - w->lead;
+  return reader_->reads_direct(plan.tensor->file, start, w->bytes) ? w : std::nullopt;
 }
 
 asio::awaitable<void> CheckpointSource::read_window_into(std::unique_ptr<TensorReadRequest> owned,
                                                          std::span<std::byte> window) {
   const Plan plan = make_plan(*owned);
   const TensorInfo& t = *plan.tensor;
-  const std::uint64_t file_off = plan.runs.empty() ? t.offset : t.offset + plan.runs.front().source_offset;
-  const std::uint64_t a = plan.alignment ? plan.alignment : 1;
-  const std::uint64_t start = align_down(file_off, a);
-  const std::uint64_t bytes = align_up(file_off + plan.total, a) - start;
-  if (plan.runs.size() != 1 || !plan.alignment || window.size() != bytes ||
-      reinterpret_cast<std::uintptr_t>(window.data()) % plan.alignment != 0) {
+  const std::optional<DirectWindow> w = window_of(t, plan.runs, plan.total, plan.alignment);
+  if (!w || window.size() != w->bytes || reinterpret_cast<std::uintptr_t>(window.data()) % plan.alignment != 0) {
     throw Error(errc::invalid_argument, {.file = catalog_.file_of(t).path, .tensor = t.name},
                 fmt::format("a direct-read window of selection {} needs one run of a file read O_DIRECT and {} bytes "
                             "aligned to {}; got {} bytes at {}",
-                            owned->selection.to_string(), bytes, plan.alignment, window.size(),
+                            owned->selection.to_string(), w ? w->bytes : 0, plan.alignment, window.size(),
                             static_cast<const void*>(window.data())));
   }
-  co_await read_window(t, file_off, plan.total, start, window.data(), window.size());
+  const std::uint64_t file_off = t.offset + plan.runs.front().source_offset;
+  co_await read_window(t, file_off, plan.total, file_off - w->lead, window.data(), window.size());
   check_unchanged(t);
 }
 

@@ -50,7 +50,7 @@ using Model = engine::PlanModule<cpu::Parameter>;
 /// One rank's timed load.
 struct RankLoad {
   std::uint64_t read_bytes = 0;       ///< what its reader delivered during this load, alignment windows aside
-  std::uint64_t alignment_bytes = 0;  ///< what it also read only to align direct reads (verification's re-reads)
+  std::uint64_t alignment_bytes = 0;  ///< what it also read only to align direct reads (cold windows, re-reads)
   double seconds = 0;
   bool recycled = false;
   std::uint64_t tensors_verified = 0;    ///< tensors and shards that matched their digests

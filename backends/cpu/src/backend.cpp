@@ -433,7 +433,8 @@ Materialization start(io::CheckpointSource& source, Tensor weight, asio::awaitab
 Materialization Backend::materialize(io::CheckpointSource& source, const io::TensorReadRequest& request,
                                      MaterializationContext& context, std::stop_token stop) {
   const io::TensorInfo& info = source.catalog().at(request.key);
-  source.selected_bytes(request);  // validates the selection before anything is allocated
+  // Validates the selection before anything is allocated.
+  const std::uint64_t bytes = source.selected_bytes(request);
   Shape shape = request.selection.is_all() ? info.shape : request.selection.selected_shape(info.shape);
   Job job{source, context.executor, context.storage, std::move(stop), context.copy_resident_on_executor};
   if (context.weights != WeightStorage::copied) {
@@ -447,7 +448,6 @@ Materialization Backend::materialize(io::CheckpointSource& source, const io::Ten
     }
   }
   if (context.read_cold_windows) {
-    const std::uint64_t bytes = source.selected_bytes(request);
     std::optional<io::DirectWindow> window =
         bytes >= min_window_tensor_bytes ? source.direct_window(request) : std::nullopt;
     // Not when the bytes are aligned already (the plain read goes O_DIRECT itself), nor when

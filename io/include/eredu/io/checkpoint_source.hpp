@@ -104,9 +104,10 @@ class CheckpointSource {
   Reader& reader() noexcept { return *reader_; }
   /// The options the source was opened with.
   const SourceOptions& options() const noexcept { return options_; }
-  /// Bytes the reader read only because a chunk's direct-read window rounds it out to the
-  /// file's alignment (bytes of neighbouring tensors, never delivered): the reader's byte
-  /// count minus this is what the source's callers asked for.
+  /// Bytes the reader read only because a direct-read window (a chunk's, or one of
+  /// async_read_window_into) rounds a selection out to the file's alignment: bytes of
+  /// neighbouring tensors, never delivered. The reader's byte count minus this is what the
+  /// source's callers asked for.
   std::uint64_t alignment_bytes() const noexcept { return alignment_bytes_.load(std::memory_order_relaxed); }
 
   /// Reads the request's bytes into one lease; waits while the pool is full.
