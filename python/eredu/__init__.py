@@ -18,7 +18,7 @@ from . import _native
 from ._errors import (BackendError, BudgetError, CancelledError, CanaryError, ChecksumError, CollectiveError,
                       DeclarationError,
                       Error, FormatError, InvalidArgumentError, IoError, OrchestrationError, OutOfMemoryError,
-                      RecipeError, SelectionError, StoreError, SwapInProgressError, TensorNotFoundError,
+                      RecipeError, ResourceExhaustedError, SelectionError, StoreError, SwapInProgressError, TensorNotFoundError,
                       UnsupportedDTypeError, _from_native)
 from ._loading import aload, aread, load_file
 from ._model_slot import ModelSlot, Version
@@ -57,5 +57,5 @@ __all__ = [
     "ModelSlot", "Version", "storage_stats", "set_storage_retention", "trim_storage",
     "Error", "FormatError", "StoreError", "IoError", "TensorNotFoundError", "SelectionError", "BudgetError",
     "ChecksumError", "RecipeError", "DeclarationError", "OrchestrationError", "CanaryError", "SwapInProgressError",
-    "BackendError", "CollectiveError", "OutOfMemoryError", "InvalidArgumentError", "UnsupportedDTypeError", "CancelledError",
+    "BackendError", "CollectiveError", "OutOfMemoryError", "ResourceExhaustedError", "InvalidArgumentError", "UnsupportedDTypeError", "CancelledError",
 ]

@@ -17,7 +17,8 @@ parts it names as attributes:
     │   ├── CanaryError        a hot-swap's canary rejected the new version
     │   └── SwapInProgressError
     ├── BackendError
-    │   └── OutOfMemoryError   also a MemoryError
+    │   ├── OutOfMemoryError   also a MemoryError
+    │   └── ResourceExhaustedError  also an OSError: a thread or file descriptor refused
     ├── InvalidArgumentError   also a ValueError: a bad option or argument
     ├── UnsupportedDTypeError  also a TypeError: a dtype the framework cannot hold
     └── CancelledError         also an asyncio.CancelledError
@@ -28,7 +29,8 @@ import asyncio
 __all__ = [
     "Error", "FormatError", "StoreError", "IoError", "TensorNotFoundError", "SelectionError", "BudgetError",
     "ChecksumError", "RecipeError", "DeclarationError", "OrchestrationError", "CanaryError", "SwapInProgressError",
-    "BackendError", "OutOfMemoryError", "InvalidArgumentError", "UnsupportedDTypeError", "CancelledError",
+    "BackendError", "OutOfMemoryError", "ResourceExhaustedError", "InvalidArgumentError", "UnsupportedDTypeError",
+    "CancelledError",
 ]
 
 
@@ -119,6 +121,10 @@ class OutOfMemoryError(BackendError, MemoryError):
     """Tensor storage could not be allocated."""
 
 
+class ResourceExhaustedError(BackendError, OSError):
+    """The system refused a thread, file descriptor or locked memory the operation needed."""
+
+
 class CollectiveError(Error):
     """A collective across ranks failed, timed out, or its group is unusable."""
 
@@ -145,6 +151,7 @@ _BY_KIND = {
     "canary_failed": CanaryError,
     "swap_in_progress": SwapInProgressError,
     "out_of_memory": OutOfMemoryError,
+    "resource_exhausted": ResourceExhaustedError,
     "invalid_argument": InvalidArgumentError,
     "cancelled": CancelledError,
     "unsupported_dtype": UnsupportedDTypeError,

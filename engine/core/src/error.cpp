@@ -156,6 +156,8 @@ class Category final : public std::error_category {
         return "split files disagree";
       case errc::recipe_cuts_block:
         return "layout would cut a quantized block";
+      case errc::resource_exhausted:
+        return "the system refused a resource (threads, file descriptors)";
     }
     return "unknown eredu error";
   }
@@ -245,6 +247,7 @@ const char* errc_name(errc e) noexcept {
     EREDU_ERRC_NAME(partial_block)
     EREDU_ERRC_NAME(split_mismatch)
     EREDU_ERRC_NAME(recipe_cuts_block)
+    EREDU_ERRC_NAME(resource_exhausted)
 #undef EREDU_ERRC_NAME
   }
   return "unknown";

@@ -93,6 +93,8 @@ enum class errc {
   split_mismatch,       ///< format: split GGUF: the files disagree on split.count, split.no or split.tensors.count
   recipe_cuts_block,    ///< recipe: recipe: a selection, slice, concat, permute or reshape that would cut a quantized
                         ///< block
+  // --- later additions: the process's limits ---
+  resource_exhausted,  ///< backend: the system refused a thread, file descriptor or other per-process resource
 };
 
 /// The layer a kind belongs to: which of the seed's error types it realises.
