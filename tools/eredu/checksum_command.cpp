@@ -18,6 +18,7 @@
 #include "commands.hpp"
 #include "eredu/io/checksums.hpp"
 #include "eredu/io/open_catalog.hpp"
+#include "interrupt.hpp"
 #include "load_options.hpp"
 #include "progress.hpp"
 #include "shard_options.hpp"
@@ -70,6 +71,9 @@ int run_checksum(const ChecksumOptions& o, const CommonFlags& flags) {
   const io::Checksums sums = hash_checkpoint(catalog, digest_kinds(o.digest), shards, known, progress, &stats);
   const double seconds = now_seconds() - t0;
   const fs::path sidecar = io::Checksums::sidecar_path(o.path);
+  // The last moment a signal stops the command: after it, the sidecar is in place (written
+  // whole and renamed) and the run has its result.
+  throw_if_interrupted(fmt::format("hashing {}; no sidecar was written", o.path));
   write_sidecar(sidecar, sums);
   progress.finish();
 

@@ -17,6 +17,7 @@
 
 #include "eredu/core/error.hpp"
 #include "eredu/io/unique_fd.hpp"
+#include "interrupt.hpp"
 
 namespace eredu::cli {
 namespace {
@@ -267,6 +268,8 @@ io::Checksums hash_checkpoint(const io::Catalog& catalog, std::span<const io::Di
       for (ShardStream& s : streams) s.feed(done, chunk);
       done += want;
       progress.update(seen.bytes + done);
+      // A signal stops the hashing here: one buffer (4 MiB) after it arrived.
+      if (pending_signal()) throw_if_interrupted(fmt::format("hashing {}; no sidecar was written", path));
     }
 
     // Compare with what is recorded first: a mismatch writes nothing.

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "eredu/core/error.hpp"
+#include "output_streams.hpp"
 
 namespace eredu::cli {
 namespace {
@@ -66,12 +67,17 @@ void begin_document(JsonWriter& json, std::string_view command) {
   json.begin_object().field("schema", json_schema_version).field("command", command);
 }
 
+namespace {
+bool printed = false;
+}  // namespace
+
+bool document_printed() noexcept { return printed; }
+
 void print_document(JsonWriter& json) {
   json.end_object();
-  const std::string text = json.take();
-  std::fwrite(text.data(), 1, text.size(), stdout);
-  std::fputc('\n', stdout);
-  std::fflush(stdout);
+  printed = true;
+  // Unchecked here: finish_output() reports a document that could not be written.
+  write_unchecked(stdout, json.take() + "\n");
 }
 
 std::string error_document(std::string_view command, std::exception_ptr error) {

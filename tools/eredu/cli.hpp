@@ -30,6 +30,10 @@ void begin_document(JsonWriter& json, std::string_view command);
 /// Closes the document begun with begin_document and prints it, one line, on stdout.
 void print_document(JsonWriter& json);
 
+/// True once print_document has printed the command's document (main() then prints no
+/// error document after it: one document per run).
+bool document_printed() noexcept;
+
 /// The --json document of a failure (docs/cli.md, "Errors"): `{"schema", "command",
 /// "error": {"kind", "message", "file", "parameter", "tensor", "offset", "os_error"}}`, with
 /// the parts an eredu::Error knows and null for the rest. `kind` is the errc name for an

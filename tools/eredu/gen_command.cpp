@@ -33,6 +33,7 @@
 #include "eredu/io/open_catalog.hpp"
 #include "eredu/synth/synthetic_checkpoint.hpp"
 #include "eredu/synth/synthetic_gguf.hpp"
+#include "interrupt.hpp"
 #include "progress.hpp"
 
 namespace eredu::cli {
@@ -129,8 +130,18 @@ int run_gen(const GenOptions& o, const CommonFlags& flags) {
 
   // Where the data goes: the file itself, model.safetensors in the directory, or the shards.
   const fs::path target = single_file ? out : (o.shards == 1 ? out / ("model" + extension) : out);
-  if (!single_file) fs::create_directories(out);
+  const bool made_directory = !single_file && !fs::exists(out, ec);
   const fs::path partial = single_file ? fs::path(o.out + fmt::format(".partial-{}", ::getpid())) : target;
+  // A run that does not finish (a failure, a signal) takes back everything it made: OUT
+  // held no checkpoint before (one is refused, or --force removed it), so every file of one
+  // there now is this run's, half-written or whole (two complete shards without an index
+  // are no checkpoint either).
+  auto take_back = [&] {
+    std::error_code ignored;
+    if (partial != target) fs::remove(partial, ignored);
+    for (const fs::path& p : existing_checkpoint(out, !single_file)) fs::remove(p, ignored);
+    if (made_directory) fs::remove(out, ignored);  // only if empty: nothing else is touched
+  };
 
   if (!flags.quiet && !flags.json)
     fmt::print(stderr, "generating {}: {} layers, hidden {}, intermediate {}, vocab {}, {} tensors, {}, {} shard{}\n",
@@ -139,24 +150,33 @@ int run_gen(const GenOptions& o, const CommonFlags& flags) {
   Progress progress(!flags.quiet);
   progress.phase("write", model.total_bytes);
   const double t0 = now_seconds();
+  double write_s = 0;
+  fs::path sidecar;
+  double hash_s = 0;
   try {
-    const auto on_progress = [&](std::uint64_t done, std::uint64_t) { progress.update(done); };
+    if (!single_file) fs::create_directories(out);
+    const std::string doing = fmt::format("writing {}; nothing of it was left", o.out);
+    // Called after every block written (4 MiB): a signal stops the run there.
+    const auto on_progress = [&](std::uint64_t done, std::uint64_t) {
+      throw_if_interrupted(doing);
+      progress.update(done);
+    };
     if (gguf)
       synth::write_synthetic_gguf(partial, s, on_progress);
     else
       synth::write_synthetic(partial, s, on_progress);
+    throw_if_interrupted(doing);
     if (partial != target) fs::rename(partial, target);
+    write_s = now_seconds() - t0;
+    if (o.checksums) {
+      const double th = now_seconds();
+      sidecar = write_checksums(out, digest_kinds(o.digest), progress);
+      hash_s = now_seconds() - th;
+    }
+    throw_if_interrupted(doing);
   } catch (...) {
-    if (partial != target) fs::remove(partial, ec);
+    take_back();
     throw;
-  }
-  const double write_s = now_seconds() - t0;
-  fs::path sidecar;
-  double hash_s = 0;
-  if (o.checksums) {
-    const double th = now_seconds();
-    sidecar = write_checksums(out, digest_kinds(o.digest), progress);
-    hash_s = now_seconds() - th;
   }
   progress.finish();
 

@@ -66,6 +66,8 @@ std::optional<DType> cast_of(const std::string& text) {
 io::SourceOptions source_options(const LoadOptions& o) {
   io::SourceOptions opts;
   opts.pool.budget = o.budget;
+  // Kept until the command exits (see read_command.cpp): no idle-release timer holding the loop.
+  opts.pool.release_after = std::chrono::milliseconds(0);
   opts.reader.depth = o.depth;
   opts.reader.max_request = o.request;
   opts.reader.kind = o.reader == "uring"   ? io::ReaderKind::uring

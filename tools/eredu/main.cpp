@@ -8,6 +8,7 @@
 #include <exception>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "eredu/core/log.hpp"
 #include "interrupt.hpp"
 #include "options.hpp"
+#include "output_streams.hpp"
 #include "version.hpp"
 
 namespace {
@@ -36,7 +38,12 @@ std::string command_in(int argc, char** argv, const std::vector<eredu::cli::Comm
 
 }  // namespace
 
-int main(int argc, char** argv) {
+namespace {
+
+/// The command line run: parse, run the chosen command, report its failure. Returns the exit
+/// status; every report goes through write_unchecked, so that a broken stderr cannot turn a
+/// failure into an abort.
+int run(int argc, char** argv, std::string& who) {
   using namespace eredu::cli;
   CLI::App app(description, "eredu");
   app.get_formatter()->column_width(34);
@@ -58,7 +65,7 @@ int main(int argc, char** argv) {
                                          add_checksum_command(app, flags)};
 
   const std::string name = command_in(argc, argv, commands);
-  const std::string who = name.empty() ? "eredu" : "eredu " + name;
+  who = name.empty() ? "eredu" : "eredu " + name;
   // --json is known before parsing so that a usage error can be reported as JSON too.
   const bool json = [&] {
     for (int i = 1; i < argc; ++i)
@@ -68,9 +75,13 @@ int main(int argc, char** argv) {
         return true;
     return false;
   }();
+  // A document goes out only if the command printed none: one document per run.
+  auto document = [&](const std::string& text) {
+    if (json && !document_printed()) write_unchecked(stdout, text + "\n");
+  };
   auto usage_error = [&](std::string_view message) {
-    if (json) std::puts(usage_error_document(name, message).c_str());
-    fmt::print(stderr, "{}: {}\nRun '{} --help' for usage.\n", who, message, who);
+    document(usage_error_document(name, message));
+    write_unchecked(stderr, fmt::format("{}: {}\nRun '{} --help' for usage.\n", who, message, who));
     return 2;
   };
 
@@ -81,12 +92,12 @@ int main(int argc, char** argv) {
     return usage_error(e.what());
   }
   if (completion) {
-    std::fputs(bash_completion(app).c_str(), stdout);
+    write_unchecked(stdout, bash_completion(app));
     return 0;
   }
   const auto chosen = std::find_if(commands.begin(), commands.end(), [](const Command& c) { return c.app->parsed(); });
   if (chosen == commands.end()) {
-    std::fputs(app.help().c_str(), stderr);
+    write_unchecked(stderr, app.help());
     return 2;
   }
 
@@ -97,19 +108,56 @@ int main(int argc, char** argv) {
   } catch (const UsageError& e) {
     return usage_error(e.what());
   } catch (const Interrupted& e) {
-    if (json) std::puts(interrupted_document(name, e.what()).c_str());
-    fmt::print(stderr, "{}: {}\n", who, e.what());
+    document(interrupted_document(name, e.what()));
+    write_unchecked(stderr, fmt::format("{}: {}\n", who, e.what()));
     return e.exit_code();
   } catch (...) {
     const std::exception_ptr error = std::current_exception();
-    if (json) std::puts(error_document(name, error).c_str());
+    // A report that could not be written is not the command's failure: finish_output
+    // states it (fmt::print threw it from a write to stdout).
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::system_error& e) {
+      if (stdout_failed()) {
+        remember_stdout_error(e.code().value());
+        return 1;
+      }
+    } catch (...) {}
+    // A signal that arrived while the command failed: the failure may be what the signal's
+    // cancellation caused (a read that stopped), so the interruption is what is reported.
+    if (const int signo = pending_signal()) {
+      const Interrupted interrupted(signo, "working");
+      document(interrupted_document(name, interrupted.what()));
+      write_unchecked(stderr, fmt::format("{}: {}\n", who, interrupted.what()));
+      return interrupted.exit_code();
+    }
+    document(error_document(name, error));
     try {
       std::rethrow_exception(error);
     } catch (const std::exception& e) {
-      fmt::print(stderr, "{}: {}\n", who, e.what());
+      write_unchecked(stderr, fmt::format("{}: {}\n", who, e.what()));
     } catch (...) {
-      fmt::print(stderr, "{}: an unknown exception\n", who);
+      write_unchecked(stderr, fmt::format("{}: an unknown exception\n", who));
     }
     return 1;
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace eredu::cli;
+  // Before anything can open a file or be interrupted: see output_streams.hpp, interrupt.hpp.
+  guard_standard_descriptors();
+  install_signal_handlers();
+  std::string who = "eredu";
+  int status = 1;
+  try {
+    status = run(argc, argv, who);
+  } catch (...) {
+    // Only allocation can fail here (building a report): say what can be said.
+    write_unchecked(stderr, "eredu: out of memory while reporting a failure\n");
+    status = 1;
+  }
+  return finish_output(status, who);
 }

@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
 #include <asio/io_context.hpp>
+#include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/use_future.hpp>
 #include <chrono>
@@ -195,30 +197,43 @@ struct Consumed {
   double checksum = 0;
 };
 
-/// The consumer: takes each unit in order, computes with it (or not), releases it.
+/// The consumer: takes each unit in order, computes with it (or not), releases it. However
+/// it ends (the last pass, a unit's error, a signal's cancellation at any await), it closes
+/// the pipeline before it completes: loads still running or waiting for budget stop, so the
+/// event loop has nothing left and run() returns.
 asio::awaitable<void> consume(Pipeline& pipeline, cpu::Executor& compute, bool matvec, Progress& bar,
                               const std::vector<std::uint64_t>& unit_bytes, Consumed& out) {
   const double t0 = now_seconds();
   std::uint64_t done = 0;
-  while (auto unit = co_await pipeline.async_next(asio::use_awaitable)) {
-    const double t = now_seconds();
-    if (matvec) {
-      double sum = 0;
-      Completion finished = compute.submit([&sum, &unit] { sum = matvec_unit(unit.module()); });
-      co_await finished.async_wait(asio::use_awaitable);
-      out.checksum += sum;
+  std::exception_ptr failure;
+  try {
+    while (auto unit = co_await pipeline.async_next(asio::use_awaitable)) {
+      const double t = now_seconds();
+      if (matvec) {
+        double sum = 0;
+        Completion finished = compute.submit([&sum, &unit] { sum = matvec_unit(unit.module()); });
+        co_await finished.async_wait(asio::use_awaitable);
+        out.checksum += sum;
+      }
+      out.compute_s.push_back(now_seconds() - t);
+      done += unit_bytes[unit.index()];
+      bar.update(done);
     }
-    out.compute_s.push_back(now_seconds() - t);
-    done += unit_bytes[unit.index()];
-    bar.update(done);
+    out.wall_s = now_seconds() - t0;
+  } catch (...) {
+    failure = std::current_exception();
   }
-  out.wall_s = now_seconds() - t0;
+  // After a cancellation every later await would throw at once: the close must run.
+  co_await asio::this_coro::reset_cancellation_state();
   co_await pipeline.async_close(asio::use_awaitable);
+  if (failure) std::rethrow_exception(failure);
 }
 
 int run_pipeline(const PipelineCommandOptions& o, const CommonFlags& flags) {
   io::SourceOptions opts;
   opts.pool.budget = o.staging;
+  // Kept until the command exits (see read_command.cpp): no idle-release timer holding the loop.
+  opts.pool.release_after = std::chrono::milliseconds(0);
   // Units read straight into their tensors (no staging unless a tensor needs it), with many
   // requests in flight, as `eredu load`; a small pool keeps peak RSS near the budget.
   opts.reader.depth = 8;
@@ -263,6 +278,8 @@ int run_pipeline(const PipelineCommandOptions& o, const CommonFlags& flags) {
   bar.phase("read", total_bytes, o.passes > 1 ? fmt::format("pipeline ×{}", o.passes) : std::string("pipeline"));
   Consumed consumed;
   interrupt.doing(fmt::format("streaming {} through the pipeline", o.path));
+  // Whatever the consumer is awaiting when the signal comes, every load stops now.
+  interrupt.on_signal([&pipeline] { pipeline.async_close(asio::detached); });
   std::exception_ptr failure;  // a unit's load error, its parameter named after the unit
   asio::co_spawn(ctx, consume(pipeline, compute, o.compute == "matvec", bar, g.bytes, consumed),
                  asio::bind_cancellation_slot(interrupt.slot(), [&](std::exception_ptr e) {

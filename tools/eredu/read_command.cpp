@@ -19,6 +19,7 @@
 #include "commands.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/io/checkpoint_source.hpp"
+#include "eredu/io/unique_fd.hpp"
 #include "interrupt.hpp"
 #include "progress.hpp"
 #include "trace_option.hpp"
@@ -81,31 +82,32 @@ asio::awaitable<void> read_worker(ReadState* st) {
 }
 
 // The independent path: plain pread of each tensor's byte range into a 16 MiB buffer;
-// `progress` gets the bytes hashed so far.
+// `progress` gets the bytes hashed so far. A signal stops it between reads.
 std::vector<std::uint64_t> reference_hashes(const io::Catalog& catalog,
-                                            const std::function<void(std::uint64_t)>& progress) {
+                                            const std::function<void(std::uint64_t)>& progress,
+                                            const std::string& doing) {
   std::vector<std::uint64_t> out;
   std::vector<std::byte> buf(std::size_t{16} << 20);
-  std::vector<int> fds;
-  for (const auto& f : catalog.files()) fds.push_back(::open(f.path.c_str(), O_RDONLY | O_CLOEXEC));
+  std::vector<io::UniqueFd> fds;
+  for (const auto& f : catalog.files()) fds.emplace_back(::open(f.path.c_str(), O_RDONLY | O_CLOEXEC));
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> h(XXH3_createState(), &XXH3_freeState);
+  if (!h) throw std::bad_alloc();
   std::uint64_t total = 0;
   for (const auto& t : catalog.tensors()) {
-    XXH3_state_t* h = XXH3_createState();
-    XXH3_64bits_reset(h);
+    XXH3_64bits_reset(h.get());
     std::uint64_t done = 0;
     while (done < t.nbytes) {
+      throw_if_interrupted(doing);
       std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), t.nbytes - done));
-      ssize_t n = ::pread(fds[t.file], buf.data(), want, static_cast<off_t>(t.offset + done));
+      ssize_t n = ::pread(fds[t.file].get(), buf.data(), want, static_cast<off_t>(t.offset + done));
       if (n <= 0) break;
-      XXH3_64bits_update(h, buf.data(), static_cast<std::size_t>(n));
+      XXH3_64bits_update(h.get(), buf.data(), static_cast<std::size_t>(n));
       done += static_cast<std::uint64_t>(n);
       progress(total + done);
     }
     total += t.nbytes;
-    out.push_back(done == t.nbytes ? XXH3_64bits_digest(h) : ~XXH3_64bits_digest(h));
-    XXH3_freeState(h);
+    out.push_back(done == t.nbytes ? XXH3_64bits_digest(h.get()) : ~XXH3_64bits_digest(h.get()));
   }
-  for (int fd : fds) ::close(fd);
   return out;
 }
 
@@ -125,6 +127,10 @@ int run_read(const ReadOptions& o, const CommonFlags& flags) {
   // cache-warm and reused; whole-tensor leases (--chunk 0) are what a loader that needs the
   // tensor at once gets.
   if (o.chunk) opts.chunk_bytes = o.chunk;
+  // The pool is the command's until it exits: an idle-release timer would hold the event loop
+  // a second after the last read (counted in the read's time, and keeping a signal that came
+  // then waiting for it).
+  opts.pool.release_after = std::chrono::milliseconds(0);
   const bool verify = o.verify == "on";
 
   Progress progress(!flags.quiet);
@@ -167,7 +173,9 @@ int run_read(const ReadOptions& o, const CommonFlags& flags) {
   if (verify) {
     progress.phase("verify", catalog.total_bytes());
     const double tv = now_seconds();
-    auto ref = reference_hashes(catalog, [&progress](std::uint64_t done) { progress.update(done); });
+    const std::string doing = fmt::format("verifying what was read of {} against an independent read", o.path);
+    auto ref = reference_hashes(
+        catalog, [&progress](std::uint64_t done) { progress.update(done); }, doing);
     verify_s = now_seconds() - tv;
     for (std::size_t i = 0; i < ref.size(); ++i) {
       if (ref[i] != st.hashes[i]) {

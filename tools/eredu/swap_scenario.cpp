@@ -465,6 +465,8 @@ SwapScenarioResult run_swap_scenario(const SwapScenarioOptions& o, Progress& pro
   io::SourceOptions source_options;
   // Small staging: the swap's reads must not take the memory (or the cache) serving needs.
   source_options.pool.budget = o.budget;
+  // Kept until the command exits (see read_command.cpp): no idle-release timer holding the loop.
+  source_options.pool.release_after = std::chrono::milliseconds(0);
 
   // TBB workers for both arenas beside the event-loop thread, which never joins them.
   tbb::global_control workers(tbb::global_control::max_allowed_parallelism,

@@ -78,6 +78,11 @@ asio::awaitable<MaterializedUnit<B>> materialize_unit(io::CheckpointSource& sour
       stop.request_stop();
     });
   }
+  // A cancellation emitted before this step reached co_spawn's handler, not the one above.
+  if (cancel_state.cancelled() != asio::cancellation_type::none) {
+    cancelled_by_caller->store(true);
+    stop.request_stop();
+  }
 
   // 2. Start every owner, and the re-read check beside them.
   std::vector<typename B::Materialization> in_flight;

@@ -424,6 +424,10 @@ struct PipelineState {
     co_await asio::this_coro::throw_if_cancelled(false);
     asio::cancellation_state cancel_state = co_await asio::this_coro::cancellation_state;
     if (cancel_state.slot().is_connected()) cancel_state.slot().assign([s](asio::cancellation_type) { stop(s); });
+    // A cancellation emitted before this step (between the initiation and the coroutine's
+    // start) reached co_spawn's own handler, not the one above, and no await of this
+    // coroutine throws it: without this the pipeline kept loading for a consumer that had gone.
+    if (cancel_state.cancelled() != asio::cancellation_type::none) stop(s);
     struct ClearSlot {
       asio::cancellation_state& state;
       ~ClearSlot() {
