@@ -44,12 +44,13 @@ def set_storage_retention(nbytes):
     back to the system at once). Repeated loads of the same shapes then skip populating fresh
     memory; the memory stays in the process until trim_storage()."""
     from ._options import parse_size
-    _native.set_storage_retention(0 if nbytes == 0 else parse_size("nbytes", nbytes))
+    _native.set_storage_retention(parse_size("nbytes", nbytes, optional=False))
 
 
 def trim_storage(keep=0):
     """Returns retained storage beyond `keep` bytes to the system."""
-    _native.trim_storage(keep)
+    from ._options import parse_size
+    _native.trim_storage(parse_size("keep", keep, optional=False))
 
 
 __all__ = [

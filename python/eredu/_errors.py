@@ -175,14 +175,50 @@ def _from_native(kind, family, message, detail, file, tensor, parameter, offset,
     return e
 
 
+def printable(text):
+    """`text` (a str, surrogate escapes included, or bytes) as one printable line, escaped as the C++
+    library's eredu::printable escapes names in its messages: NUL as \\0; newline, tab and carriage
+    return as \\n, \\t, \\r; other control characters and bytes that are not UTF-8 as \\xNN.
+    Names come from files and directories others may control: a message must not act on a terminal,
+    forge log lines, or fail to encode when printed."""
+    if isinstance(text, bytes):
+        raw = text
+    else:
+        try:
+            raw = str(text).encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:  # a surrogate no byte decodes to: spelled out as Python spells it
+            raw = str(text).encode("utf-8", "backslashreplace")
+    out = []
+    for ch in raw.decode("utf-8", "surrogateescape"):
+        c = ord(ch)
+        if 0xDC80 <= c <= 0xDCFF:  # a byte that is not UTF-8
+            out.append(f"\\x{c - 0xDC00:02x}")
+        elif c == 0:
+            out.append("\\0")
+        elif ch in _NAMED:
+            out.append(_NAMED[ch])
+        elif c < 0x20 or c == 0x7F:
+            out.append(f"\\x{c:02x}")
+        elif 0x80 <= c <= 0x9F:  # C1 controls, escaped byte by byte as their UTF-8 encoding
+            out.append("".join(f"\\x{b:02x}" for b in ch.encode("utf-8")))
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+_NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
 def python_error(kind, detail, *, file=None, tensor=None):
     """An error raised by the Python layer, with a message composed as the library composes its own:
-    "<file>: tensor '<name>': <detail> [<kind>]"."""
+    "<file>: tensor '<name>': <detail> [<kind>]", made printable as the library makes its own."""
     parts = []
     if file:
         parts.append(f"{file}: ")
     if tensor:
         parts.append(f"tensor '{tensor}': ")
-    message = "".join(parts) + f"{detail} [{kind}]"
+    message = printable("".join(parts) + f"{detail} [{kind}]")
     family = "store" if kind in ("invalid_selection", "tensor_not_found") else None
+    if kind == "size_overflow":
+        family = "format"
     return error_class(kind, family)(message, kind=kind, family=family, detail=detail, file=file, tensor=tensor)

@@ -10,8 +10,6 @@ resident tensors are copied (or converted, with dtype=) on a TBB arena, staging 
 budget, and a failure anywhere fails the whole load with nothing returned.
 """
 
-import os
-
 from . import _bridge
 from ._options import device as check_device
 from ._safe_open import _Reader
@@ -23,13 +21,13 @@ def _check(device):
 
 def load_file(filename, framework="np", dtype=None, threads=None, budget=None, *, device="cpu", bf16=None,
               unsupported="error", verify=False, **options):
-    """Every tensor of the checkpoint at `filename` (file, directory or index), as a dict in file
-    order. `dtype` converts float tensors on load; `threads` and `budget` (staging bytes) tune the
+    """Every tensor of the checkpoint at `filename` (file, directory or index; a str, bytes or
+    os.PathLike), as a dict in file order. `dtype` converts float tensors on load; `threads` and `budget` (staging bytes) tune the
     load; `verify` checks the bytes against the checkpoint's recorded digests (False: never; None:
     those it records; True: every tensor must have one); see safe_open for `bf16`, `unsupported`
     and the other options."""
     _check(device)
-    reader = _Reader.open(os.fspath(filename), framework, dtype, bf16, unsupported, threads=threads, budget=budget,
+    reader = _Reader.open(filename, framework, dtype, bf16, unsupported, threads=threads, budget=budget,
                           verify=verify, **options)
     try:
         return reader.read(list(reader.order))
@@ -43,7 +41,7 @@ async def aload(filename, framework="np", dtype=None, threads=None, budget=None,
     those tensors. Cancelling the task cancels the load, returns every lease and raises
     asyncio.CancelledError."""
     _check(device)
-    reader = await _Reader.aopen(os.fspath(filename), framework, dtype, bf16, unsupported, threads=threads,
+    reader = await _Reader.aopen(filename, framework, dtype, bf16, unsupported, threads=threads,
                                  budget=budget, verify=verify, **options)
     try:
         return await reader.aread(list(reader.order if names is None else names))
@@ -56,7 +54,7 @@ async def aread(filename, name, index=None, framework="np", *, dtype=None, devic
     """One tensor of `filename`, awaitable; with `index` (what `slice[index]` takes) only the
     selected part is read."""
     _check(device)
-    reader = await _Reader.aopen(os.fspath(filename), framework, dtype, bf16, unsupported, copy_resident=False,
+    reader = await _Reader.aopen(filename, framework, dtype, bf16, unsupported, copy_resident=False,
                                  verify=verify, **options)
     try:
         if index is None:

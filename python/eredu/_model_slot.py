@@ -22,7 +22,7 @@ import os
 
 from . import _bridge, _native
 from ._errors import CanaryError
-from ._options import check_weights, parse_count, verify_mode
+from ._options import check_weights, os_path, parse_count, verify_mode
 from ._safe_open import _Reader
 
 
@@ -71,7 +71,7 @@ class ModelSlot:
     ModelSlot(path=None, *, framework="np", dtype=None, bf16=None, unsupported="error", threads=1,
               verify=None, canary=None, budget=None, ...)
 
-    With a path, the first version is loaded (blocking) before the constructor returns; without
+    Paths (here and in swap) are a str, bytes or os.PathLike. With a path, the first version is loaded (blocking) before the constructor returns; without
     one, current() is None until the first swap.
     """
 
@@ -115,8 +115,10 @@ class ModelSlot:
 
     def _start(self, path, verify, canary, origin, blocking, options):
         fw, cast, bf16, unsupported = self._rules
-        path = os.fspath(path)
+        path = os_path(path)
         mode = verify_mode(verify)
+        if not origin:
+            origin = os.fsdecode(path)
         reader = _Reader.open(path, fw, cast, bf16, unsupported, copy_resident=False, copier="ModelSlot",
                               **{**self._options, **options})
         try:
@@ -134,10 +136,10 @@ class ModelSlot:
                 keys = list(self._plans)
 
                 def job(tensors, finish, is_blocking):
-                    candidate = self._version(keys, tensors, self.generation + 1, origin or path)
+                    candidate = self._version(keys, tensors, self.generation + 1, origin)
                     _bridge.run_canary(canary, candidate, finish, is_blocking, record)
 
-            op = self._native.swap(reader.native, specs, mode, job, blocking, origin or path)
+            op = self._native.swap(reader.native, specs, mode, job, blocking, origin)
         finally:
             reader.native.close()  # the swap keeps it open while it runs
         return op, record

@@ -19,8 +19,13 @@ An option added to the library is added here and there, nowhere else.
                     within RLIMIT_MEMLOCK). Whole-checkpoint loads and safe_open only; numpy only
                     (torch has no read-only tensors, and a write to a read-only mapping kills the
                     process). The trade-offs are in docs/python.md.
+
+Integer options accept the ranges in RANGES (the `eredu` command's); a bool, a float or a value
+outside its range raises InvalidArgumentError naming the option and the range. Paths are passed to
+the extension as the OS's bytes (os_path).
 """
 
+import operator
 import os
 import re
 
@@ -34,51 +39,115 @@ OPEN_KEYS = ("budget", "threads", "depth", "request", "reader", "direct", "chunk
              "weights", "_faults")
 WEIGHTS = ("copy", "map", "map-lock")
 
+# The accepted range of every integer option, inclusive: the `eredu` command's (docs/cli.md), so
+# a value that works from the shell works from Python and the other way round. Sizes are bytes.
+RANGES = {
+    "budget": (4096, 1 << 40),     # staging (and a prefetch's resident bytes): eredu load --budget
+    "staging": (4096, 1 << 40),    # a prefetch's staging: eredu pipeline --staging
+    "request": (4096, 1 << 30),    # eredu load --request
+    "chunk": (4096, 1 << 40),      # eredu load --chunk
+    "threads": (1, 1024),          # eredu load --threads, eredu swap --swap-threads
+    "depth": (1, 256),             # eredu load --depth
+    "lookahead": (1, 64),          # eredu pipeline --lookahead
+    "passes": (1, 1000000),        # eredu pipeline --passes
+    "concurrent_loads": (1, 64),   # at most lookahead + 1 units load at once anyway
+    "nbytes": (0, (1 << 64) - 1),  # set_storage_retention: a cap, kept in 64 bits
+    "keep": (0, (1 << 64) - 1),    # trim_storage
+}
+
 
 def invalid(detail, **where):
     return python_error("invalid_argument", detail, **where)
 
 
-def parse_size(name, value):
-    """Bytes from an int or a string such as "64M", "2GiB", "512k"."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise invalid(f"{name} must be a number of bytes, not {value!r}")
-    if isinstance(value, int):
-        n = value
-    elif isinstance(value, str):
-        m = _SIZE.match(value)
-        if not m:
-            raise invalid(f"{name} must be a number of bytes such as 67108864 or '64M', not {value!r}")
-        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    else:
-        raise invalid(f"{name} must be a number of bytes, not {type(value).__name__}")
-    if n <= 0:
-        raise invalid(f"{name} must be more than 0 bytes, not {value!r}")
-    return n
+def _bytes_text(n):
+    for suffix, unit in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= unit and n % unit == 0:
+            return f"{n} ({n // unit}{suffix})"
+    return str(n)
+
+
+def _range_text(name, size):
+    low, high = RANGES[name]
+    if size:
+        return f"from {_bytes_text(low)} to {_bytes_text(high)} bytes"
+    return f"from {low} to {high}"
+
+
+def _is_bool(value):
+    # numpy's bool_ is no int subclass, but operator.index accepted it in older numpy releases.
+    return isinstance(value, bool) or type(value).__name__ == "bool_"
 
 
 def parse_count(name, value):
+    """`value` (an int, or anything with __index__ such as a numpy integer) within RANGES[name]; None
+    stays None. Bools, floats and values out of range raise InvalidArgumentError naming the option and
+    its range."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise invalid(f"{name} must be a whole number, not {value!r}")
-    if value < 1:
-        raise invalid(f"{name} must be at least 1, not {value}")
-    return value
+    try:
+        if _is_bool(value):
+            raise TypeError
+        n = operator.index(value)
+    except TypeError:
+        raise invalid(f"{name} must be an integer {_range_text(name, False)}, not {value!r}") from None
+    low, high = RANGES[name]
+    if not low <= n <= high:
+        raise invalid(f"{name} must be {_range_text(name, False)}, not {n}")
+    return n
+
+
+def parse_size(name, value, *, optional=True):
+    """Bytes from an int or a string such as "64M", "2GiB", "512k", within RANGES[name]; None stays
+    None where `optional`. Anything else raises InvalidArgumentError naming the option and its range."""
+    if value is None and optional:
+        return None
+    if isinstance(value, str):
+        m = _SIZE.match(value)
+        if not m:
+            raise invalid(f"{name} must be a number of bytes such as 67108864 or '64M' "
+                          f"({_range_text(name, True)}), not {value!r}")
+        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    else:
+        try:
+            if _is_bool(value):
+                raise TypeError
+            n = operator.index(value)
+        except TypeError:
+            raise invalid(f"{name} must be a number of bytes {_range_text(name, True)}, not {value!r}") from None
+    low, high = RANGES[name]
+    if not low <= n <= high:
+        raise invalid(f"{name} must be {_range_text(name, True)}, not {value!r}")
+    return n
+
+
+def os_path(value, name="path"):
+    """The OS's bytes of a path given as str (surrogate escapes included: what os.fsdecode makes of
+    bytes that are not UTF-8), bytes or os.PathLike, as os.fsencode gives them. Paths cross into eredu
+    as bytes, so any name the file system holds can be opened. Anything else, or a path holding a NUL
+    byte (which no file name can), raises InvalidArgumentError."""
+    try:
+        raw = os.fsencode(value)
+    except TypeError:
+        raise invalid(f"{name} must be a str, bytes or os.PathLike, not {type(value).__name__}") from None
+    except UnicodeEncodeError as e:  # a lone surrogate that no bytes decode to
+        raise invalid(f"{name} {value!r} cannot be encoded as a file name ({e.reason})") from None
+    if b"\0" in raw:
+        raise invalid(f"{name} {os.fsdecode(raw)!r} contains a NUL byte, which no file name can")
+    return raw
 
 
 def _checkpoint_bytes(path):
-    """Bytes of the checkpoint's files, or None when that cannot be told cheaply."""
+    """Bytes of the checkpoint's files at `path` (the OS's bytes), or None when that cannot be told
+    cheaply."""
     try:
         if os.path.isfile(path):
-            if path.endswith(".json"):
-                path = os.path.dirname(path) or "."
+            if path.endswith(b".json"):
+                path = os.path.dirname(path) or b"."
             else:
                 return os.path.getsize(path)
         if os.path.isdir(path):
-            return sum(e.stat().st_size for e in os.scandir(path) if e.name.endswith(".safetensors") and e.is_file())
+            return sum(e.stat().st_size for e in os.scandir(path) if e.name.endswith(b".safetensors") and e.is_file())
     except OSError:
         return None
     return None
@@ -119,7 +188,7 @@ def open_options(path, options, *, copy_resident=True):
     budget = parse_size("budget", options.get("budget"))
     if budget is None:
         # No point mapping (and, with io_uring, pinning) 64 MiB to read a small file.
-        total = _checkpoint_bytes(os.fspath(path))
+        total = _checkpoint_bytes(os_path(path))
         budget = 64 * _MIB if total is None else min(64 * _MIB, max(_MIB, -(-total // _MIB) * _MIB))
     out["budget"] = budget
     out["threads"] = parse_count("threads", options.get("threads"))
@@ -131,10 +200,12 @@ def open_options(path, options, *, copy_resident=True):
         if v is not None and v not in allowed:
             raise invalid(f"{key} must be {', '.join(allowed[:-1])} or {allowed[-1]}, not {v!r}")
         out[key] = v
-    if options.get("map_resident") is not None:
-        out["map_resident"] = bool(options["map_resident"])
-    if options.get("copy_resident") is not None:
-        out["copy_resident"] = bool(options["copy_resident"])
+    for key in ("map_resident", "copy_resident"):
+        v = options.get(key)
+        if v is not None:
+            if not isinstance(v, bool):  # 0 and 1 == False and True: refuse them, not guess
+                raise invalid(f"{key} must be True or False, not {v!r}")
+            out[key] = v
     if options.get("weights") is not None:
         out["weights"] = options["weights"]  # check_weights validated it (every caller runs it first)
     if options.get("_faults") is not None:

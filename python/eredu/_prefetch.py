@@ -126,7 +126,7 @@ class prefetch:
     prefetch(path, units="layers", *, lookahead=2, budget=None, passes=1, framework="np", dtype=None,
              bf16=None, unsupported="error", threads=None, concurrent_loads=1, staging=None, verify=False, ...)
 
-    `verify` checks each unit against the checkpoint's recorded digests before it is delivered
+    `path` is a str, bytes or os.PathLike. `verify` checks each unit against the checkpoint's recorded digests before it is delivered
     (False: never; None: what is recorded; True: every tensor must have a digest).
     """
 
@@ -136,6 +136,8 @@ class prefetch:
         passes = 0 if passes is None else parse_count("passes", passes)
         concurrent_loads = parse_count("concurrent_loads", concurrent_loads)
         budget = parse_size("budget", budget) or 0
+        staging = parse_size("staging", staging)
+        threads = parse_count("threads", threads)
         self._reader = _Reader.open(path, framework, dtype, bf16, unsupported, copy_resident=False, copier="prefetch",
                                     budget=staging, threads=threads, **options)
         try:
@@ -151,7 +153,7 @@ class prefetch:
                 self._plans.append(plans)
             self.units = [name for name, _ in grouped]
             self._native = _native.Prefetch(self._reader.native, native_units, lookahead, budget, passes,
-                                            concurrent_loads, parse_count("threads", threads) or 0,
+                                            concurrent_loads, threads or 0,
                                             self._reader.verify)
         finally:
             self._reader.native.close()  # the pipeline keeps the source open while it runs

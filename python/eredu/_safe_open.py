@@ -11,14 +11,12 @@ checkpoint; `load()` reads many tensors as one concurrent unit; `aget_tensor()` 
 awaitable; `dtype=` casts on load; errors are typed (eredu.Error).
 """
 
-import os
-
 from . import _bridge, _native
 from ._errors import python_error
 from ._frameworks import plan_tensor, to_framework
 from ._indexing import selection
 from ._options import (cast_target, check_weights, choice, device as check_device, framework as check_framework,
-                       open_options, verify_mode)
+                       open_options, os_path, verify_mode)
 
 
 class TensorInfo:
@@ -69,7 +67,7 @@ class _Reader:
         fw, cast, bf16, unsupported = cls.options(framework, dtype, bf16, unsupported)
         check_weights(options, fw, where=copier)
         mode = verify_mode(verify)
-        path = os.fspath(path)
+        path = os_path(path)
         native = _bridge.wait(_native.open(path, open_options(path, options, copy_resident=copy_resident)))
         return cls(native, fw, cast, bf16, unsupported, mode)
 
@@ -79,7 +77,7 @@ class _Reader:
         fw, cast, bf16, unsupported = cls.options(framework, dtype, bf16, unsupported)
         check_weights(options, fw)
         mode = verify_mode(verify)
-        path = os.fspath(path)
+        path = os_path(path)
         native = await _bridge.wait_async(_native.open(path, open_options(path, options, copy_resident=copy_resident)))
         return cls(native, fw, cast, bf16, unsupported, mode)
 
@@ -95,7 +93,10 @@ class _Reader:
         info = self.info(name)
         plan = plan_tensor(name, info.dtype, self.fw, cast=self.cast, bf16=self.bf16, unsupported=self.unsupported,
                            file=self.files[info.file])
-        spec = {"key": name, "cast": plan.cast, "view": plan.view, "ranges": ranges, "shape": shape, "name": slot}
+        # numpy refuses arrays whose dimensions multiply (zeros left out) past 2**63 bytes, even
+        # empty ones; the extension checks that, with the file and tensor, before any read.
+        spec = {"key": name, "cast": plan.cast, "view": plan.view, "ranges": ranges, "shape": shape, "name": slot,
+                "numpy": self.fw == "np"}
         return spec, plan
 
     def convert(self, tensors, plans):
@@ -126,7 +127,7 @@ class safe_open:
     safe_open(filename, framework="np", device="cpu", *, dtype=None, bf16=None, unsupported="error",
               budget=None, threads=None, ...)
 
-    `filename` may be a `.safetensors` file, a directory (one file, or a sharded checkpoint with
+    `filename` (a str, bytes or os.PathLike: any name the file system holds) may be a `.safetensors` file, a directory (one file, or a sharded checkpoint with
     `model.safetensors.index.json`) or an index file. `framework` is "np"/"numpy" or
     "pt"/"torch"/"pytorch"; `device` must be the CPU. `dtype` ("float32", "float16", "bfloat16" or
     a numpy/torch dtype) converts float tensors on load; `bf16` ("uint16" or "float32") says how

@@ -12,6 +12,7 @@
 #include "eredu/cpu/backend.hpp"
 #include "eredu/engine/materialize.hpp"
 #include "runtime.hpp"
+#include "text.hpp"
 
 namespace eredu::python {
 
@@ -21,20 +22,26 @@ namespace {
 
 py::dict metadata_dict(const io::Metadata& metadata) {
   py::dict d;
-  for (const auto& [k, v] : metadata) d[py::str(k)] = py::str(v);
+  for (const auto& [k, v] : metadata) d[text_str(k)] = text_str(v);
   return d;
 }
 
 /// Lets `source` go on the loop thread, after the handler running now: a source is never
 /// destroyed inside a completion handler of one of its own operations.
-void destroy_on_loop(std::unique_ptr<io::CheckpointSource> source) {
+void destroy_on_loop(std::unique_ptr<io::CheckpointSource> source) noexcept {
   if (!source) return;
-  Runtime& runtime = Runtime::get();
-  if (runtime.on_loop_thread()) {
-    runtime.post([s = std::move(source)]() mutable { s.reset(); });
-    return;
+  try {
+    Runtime& runtime = Runtime::get();
+    if (runtime.on_loop_thread()) {
+      runtime.post([s = std::move(source)]() mutable { s.reset(); });
+      return;
+    }
+    runtime.run_on_loop([&source] { source.reset(); });
+  } catch (...) {
+    // No memory to post it, or a forked child without a loop: the source is leaked, as
+    // destroying it off the loop could race with its own handlers.
+    if (source) (void)source.release();
   }
-  runtime.run_on_loop([&source] { source.reset(); });
 }
 
 }  // namespace
@@ -67,22 +74,22 @@ std::shared_ptr<Operation> Checkpoint::open(std::string path, OpenOptions option
   auto op = Operation::create(fmt::format("opening {}", path));
   Runtime& runtime = Runtime::get();
   runtime.post([op, path = std::move(path), options = std::move(options), &runtime]() mutable {
-    io::SourceOptions source_options = options.source;
-    io::async_open_checkpoint(
-        runtime.executor(), path, std::move(source_options),
-        [op, path, options](std::exception_ptr error, std::unique_ptr<io::CheckpointSource> source) mutable {
-          if (error) {
-            op->finish(std::move(error));
-            return;
-          }
-          try {
-            auto checkpoint =
-                std::make_shared<Checkpoint>(Passkey{}, std::move(path), std::move(options), std::move(source));
-            op->finish(nullptr, [checkpoint] { return py::cast(checkpoint); });
-          } catch (...) {
-            op->finish(std::current_exception());
-          }
-        });
+    op->settle([&] {
+      io::SourceOptions source_options = options.source;
+      io::async_open_checkpoint(
+          runtime.executor(), path, std::move(source_options),
+          [op, path, options](std::exception_ptr error, std::unique_ptr<io::CheckpointSource> source) mutable {
+            if (error) {
+              op->finish(std::move(error));
+              return;
+            }
+            op->settle([&] {
+              auto checkpoint =
+                  std::make_shared<Checkpoint>(Passkey{}, std::move(path), std::move(options), std::move(source));
+              op->finish(nullptr, [checkpoint] { return py::cast(checkpoint); });
+            });
+          });
+    });
   });
   return op;
 }
@@ -147,11 +154,13 @@ std::shared_ptr<Operation> Checkpoint::read(std::vector<ReadSpec> specs, int ver
                       op->finish(std::move(error));
                       return;
                     }
-                    std::vector<cpu::Tensor> tensors;
-                    tensors.reserve(specs.size());
-                    for (const engine::WeightBinding& b : set->plan.bindings()) tensors.push_back(*unit.find(b.id()));
-                    op->finish(nullptr, [tensors = std::move(tensors), specs = std::move(specs)] {
-                      return py::object(export_tensors(tensors, specs));
+                    op->settle([&] {
+                      std::vector<cpu::Tensor> tensors;
+                      tensors.reserve(specs.size());
+                      for (const engine::WeightBinding& b : set->plan.bindings()) tensors.push_back(*unit.find(b.id()));
+                      op->finish(nullptr, [tensors = std::move(tensors), specs = std::move(specs)] {
+                        return py::object(export_tensors(tensors, specs));
+                      });
                     });
                   }));
         } catch (...) {
@@ -197,15 +206,17 @@ void Checkpoint::close() {
 
 void bind_checkpoint(py::module_& m) {
   py::class_<Checkpoint, std::shared_ptr<Checkpoint>>(m, "Checkpoint", "An open checkpoint (eredu._native.open).")
-      .def_property_readonly("path", &Checkpoint::path, "The path as opened.")
+      .def_property_readonly(
+          "path", [](const Checkpoint& c) { return path_str(c.path()); },
+          "The path as opened (as os.fsdecode gives it).")
       .def(
           "tensors",
           [](const Checkpoint& c) {
             py::list out;
             const io::Catalog& catalog = c.catalog();
             for (const io::TensorInfo& t : catalog.tensors())
-              out.append(py::make_tuple(t.name, std::string(dtype_name(t.dtype)), py::tuple(py::cast(t.shape)),
-                                        t.nbytes, t.file, t.offset));
+              out.append(py::make_tuple(text_str(t.name), std::string(dtype_name(t.dtype)),
+                                        py::tuple(py::cast(t.shape)), t.nbytes, t.file, t.offset));
             return out;
           },
           "(name, dtype, shape, nbytes, file index, offset) of every tensor, in file order.")
@@ -218,7 +229,7 @@ void bind_checkpoint(py::module_& m) {
             py::list out;
             for (const io::CheckpointFile& f : c.catalog().files()) {
               py::dict d;
-              d["path"] = f.path;
+              d["path"] = path_str(f.path);
               d["format"] = f.format;
               d["size"] = f.size;
               d["data_offset"] = f.data_offset;
@@ -236,8 +247,18 @@ void bind_checkpoint(py::module_& m) {
           "result is a list of Tensor.")
       .def("staging", &Checkpoint::staging, "The staging pool's budget, in_use, high_water and waiting.")
       .def(
-          "checksums", [](const Checkpoint& c) { return c.checksums()->digests(); },
-          "Tensor -> SHA-256 recorded in the metadata or the sidecar file.")
+          "checksums",
+          [](const Checkpoint& c) {
+            py::dict out;
+            for (const auto& [tensor, digests] : c.checksums()->digests()) {
+              py::dict d;
+              if (!digests.sha256.empty()) d["sha256"] = digests.sha256;
+              if (!digests.xxh3_128.empty()) d["xxh3-128"] = digests.xxh3_128;
+              out[text_str(tensor)] = d;
+            }
+            return out;
+          },
+          "Tensor -> {'sha256': hex, 'xxh3-128': hex} (those recorded) in the metadata or the sidecar file.")
       .def(
           "close",
           [](Checkpoint& c) {
@@ -249,10 +270,12 @@ void bind_checkpoint(py::module_& m) {
 
   m.def(
       "open",
-      [](std::string path, const py::dict& options) {
-        return Checkpoint::open(std::move(path), open_options(options));
+      [](const py::object& path, const py::dict& options) {
+        return Checkpoint::open(path_bytes(path, "path"), open_options(options));
       },
-      py::arg("path"), py::arg("options"), "Starts opening a checkpoint; the Operation's result is a Checkpoint.");
+      py::arg("path"), py::arg("options"),
+      "Starts opening the checkpoint at `path` (the OS's bytes, or a str os.fsencode encodes); the Operation's "
+      "result is a Checkpoint.");
 }
 
 }  // namespace eredu::python

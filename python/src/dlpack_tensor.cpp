@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <limits>
 #include <memory>
 #include <utility>
 
@@ -108,10 +110,90 @@ const char* tensor_view_name(TensorView view) noexcept {
 
 bool has_dlpack_type(DType dtype) noexcept { return dlpack_type(dtype).has_value(); }
 
+namespace {
+
+constexpr std::uint64_t int64_max = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+
+/// Bytes of one element as the consumer types it.
+std::uint64_t item_bytes(DType dtype, TensorView view) noexcept {
+  switch (view) {
+    case TensorView::stored:
+      return std::max(1u, dtype_bits(dtype) / 8);
+    case TensorView::uint16:
+      return 2;
+    case TensorView::raw:
+      return 1;
+  }
+  return 1;
+}
+
+Error overflow(const ErrorContext& context, const Shape& shape, const std::string& why) {
+  return Error(errc::size_overflow, context, fmt::format("a tensor of shape {} {}", format_shape(shape), why));
+}
+
+/// `a * b`, or an overflow error naming `shape`.
+std::uint64_t times(std::uint64_t a, std::uint64_t b, const ErrorContext& context, const Shape& shape) {
+  std::uint64_t out = 0;
+  if (__builtin_mul_overflow(a, b, &out)) throw overflow(context, shape, "has raw bytes whose count overflows 64 bits");
+  return out;
+}
+
+/// The u64 shape of the view: the raw view widens the last dimension (see file comment).
+Shape view_shape(DType dtype, TensorView view, Shape s, const ErrorContext& context) {
+  if (view != TensorView::raw) return s;
+  const unsigned bits = dtype_bits(dtype);
+  if (dtype_is_quantized(dtype) && !s.empty()) {
+    // Block types (GGUF's quantized tensors): each row becomes its blocks' bytes, as a GGUF row
+    // is stored (the catalog checked that rows are whole blocks).
+    const StorageUnits units = storage_units(s, dtype);
+    Shape out = units.shape;
+    out.back() = times(out.back(), units.unit_bytes, context, s);
+    return out;
+  }
+  if (bits == 8) return s;  // byte-sized already: the same shape
+  if (bits % 8 != 0 || s.empty()) {
+    const auto elements = checked_element_count(s);
+    const auto bytes = elements ? checked_byte_size(*elements, dtype) : std::nullopt;
+    if (!bytes) throw overflow(context, s, "has a byte count that overflows 64 bits");
+    return Shape{*bytes};
+  }
+  const Shape original = s;
+  s.back() = times(s.back(), bits / 8, context, original);
+  return s;
+}
+
+}  // namespace
+
+std::vector<std::int64_t> exported_shape(DType dtype, TensorView view, const Shape& shape, bool numpy,
+                                         const ErrorContext& context) {
+  const Shape s = view_shape(dtype, view, shape, context);
+  std::vector<std::int64_t> out;
+  out.reserve(s.size());
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] > int64_max)
+      throw overflow(context, shape,
+                     fmt::format("cannot be handed to numpy or torch: dimension {} of its view ({}) exceeds 2^63-1, "
+                                 "the largest their int64 dimensions hold",
+                                 i, s[i]));
+    out.push_back(static_cast<std::int64_t>(s[i]));
+  }
+  if (numpy) {
+    std::uint64_t bytes = item_bytes(dtype, view);
+    for (std::uint64_t d : s)
+      if (d != 0 && (__builtin_mul_overflow(bytes, d, &bytes) || bytes > int64_max))
+        throw overflow(context, shape,
+                       fmt::format("cannot be a numpy array: numpy multiplies its dimensions other than 0 and the "
+                                   "item size ({} bytes) in int64, even for an empty array, and they exceed 2^63-1 "
+                                   "(torch holds it: framework='pt')",
+                                   item_bytes(dtype, view)));
+  }
+  return out;
+}
+
 DLPackTensor::DLPackTensor(cpu::Tensor tensor, TensorView view, std::optional<Shape> shape, const std::string& name)
     : tensor_(std::move(tensor)), view_(view) {
   const DType dtype = tensor_.dtype();
-  Shape s = shape ? std::move(*shape) : tensor_.shape();
+  const Shape s = shape ? std::move(*shape) : tensor_.shape();
   if (checked_element_count(s) != checked_element_count(tensor_.shape()))
     throw Error(errc::invalid_argument, {.tensor = name},
                 fmt::format("a view of shape {} does not have the {} elements of {}", format_shape(s),
@@ -131,27 +213,11 @@ DLPackTensor::DLPackTensor(cpu::Tensor tensor, TensorView view, std::optional<Sh
                     fmt::format("a uint16 view needs a 16-bit dtype, not {}", dtype_name(dtype)));
       type_ = DLDataType{kDLUInt, 16, 1};
       break;
-    case TensorView::raw: {
+    case TensorView::raw:
       type_ = DLDataType{kDLUInt, 8, 1};
-      const unsigned bits = dtype_bits(dtype);
-      if (dtype_is_quantized(dtype) && !s.empty()) {
-        // Block types (GGUF's quantized tensors): each row becomes its blocks' bytes, as a
-        // GGUF row is stored (the catalog checked that rows are whole blocks).
-        const StorageUnits units = storage_units(s, dtype);
-        s = units.shape;
-        s.back() *= units.unit_bytes;
-      } else if (bits == 8) {
-        // byte-sized already: the same shape
-      } else if (bits % 8 != 0 || s.empty()) {
-        s = Shape{tensor_.nbytes()};
-      } else {
-        s.back() *= bits / 8;
-      }
       break;
-    }
   }
-  shape_.reserve(s.size());
-  for (std::uint64_t d : s) shape_.push_back(static_cast<std::int64_t>(d));
+  shape_ = exported_shape(dtype, view, s, false, {.tensor = name});
 }
 
 std::uintptr_t DLPackTensor::data_ptr() const noexcept {
@@ -164,8 +230,16 @@ py::capsule DLPackTensor::capsule() const {
   exported->storage = tensor_.storage();
   exported->shape = shape_;
   // Row-major element strides, spelled out: consumers differ in how they read a null pointer.
+  // Only a tensor without elements can have strides past int64 (exported_shape bounds each
+  // dimension, and a non-empty tensor's bytes its file): it gets 1s, as any stride addresses
+  // none of its elements.
   exported->strides.assign(shape_.size(), 1);
-  for (std::size_t i = shape_.size(); i-- > 1;) exported->strides[i - 1] = exported->strides[i] * shape_[i];
+  for (std::size_t i = shape_.size(); i-- > 1;) {
+    if (__builtin_mul_overflow(exported->strides[i], shape_[i], &exported->strides[i - 1])) {
+      exported->strides.assign(shape_.size(), 1);
+      break;
+    }
+  }
   DLTensor& t = exported->managed.dl_tensor;
   t.data = reinterpret_cast<void*>(data_ptr());
   t.device = DLDevice{kDLCPU, 0};

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "eredu/core/dtype.hpp"
+#include "eredu/core/error.hpp"
 #include "eredu/core/shape.hpp"
 #include "eredu/cpu/tensor.hpp"
 
@@ -47,6 +48,15 @@ const char* tensor_view_name(TensorView view) noexcept;
 
 /// True when `dtype` has a DLPack type of its own (the stored view is possible).
 bool has_dlpack_type(DType dtype) noexcept;
+
+/// The dimensions a consumer sees of a `dtype` tensor of `shape` under `view` (see file comment),
+/// as DLPack's int64. A valid safetensors shape may not fit: dimensions are u64 there, and a
+/// tensor with a zero dimension holds no bytes whatever the others are. Throws
+/// Error(size_overflow) with `context` when a dimension exceeds 2^63-1 (numpy, torch and DLPack
+/// count in int64), or, where `numpy`, when numpy could not make the array: it multiplies the
+/// dimensions other than 0, and the item size, in int64, even for an empty array.
+std::vector<std::int64_t> exported_shape(DType dtype, TensorView view, const Shape& shape, bool numpy,
+                                         const ErrorContext& context);
 
 /// One exported tensor (see file comment). Cheap to copy: copies share the storage.
 class DLPackTensor {

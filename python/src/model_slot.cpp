@@ -12,12 +12,23 @@
 #include "eredu/core/error.hpp"
 #include "eredu/engine/engine_error.hpp"
 #include "runtime.hpp"
+#include "text.hpp"
 
 namespace eredu::python {
 
 namespace py = pybind11;
 
 namespace {
+
+/// A rejection's message as UTF-8 whatever it holds: a surrogate that escapes no byte is spelled
+/// out, so that reporting a verdict cannot fail (and leave the swap waiting for one).
+std::string verdict_text(const py::object& rejection) {
+  const py::str text(rejection);
+  py::object encoded =
+      py::reinterpret_steal<py::object>(PyUnicode_AsEncodedString(text.ptr(), "utf-8", "backslashreplace"));
+  if (!encoded) throw py::error_already_set();
+  return std::string(PyBytes_AS_STRING(encoded.ptr()), static_cast<std::size_t>(PyBytes_GET_SIZE(encoded.ptr())));
+}
 
 /// The canary step: hands the new version's tensors to Python on the operation's consumer
 /// thread and waits for the verdict, which `finish(None)` (accept) or `finish(message)`
@@ -33,7 +44,7 @@ asio::awaitable<void> python_canary(std::shared_ptr<Operation> op, std::shared_p
       if (rejection.is_none())
         verdict->complete();
       else
-        verdict->fail(std::make_exception_ptr(std::runtime_error(py::str(rejection).cast<std::string>())));
+        verdict->fail(std::make_exception_ptr(std::runtime_error(verdict_text(rejection))));
     });
     try {
       job->get()(export_tensors(tensors, *specs), finish, blocking);
@@ -112,19 +123,17 @@ std::shared_ptr<Operation> SlotBinding::swap(std::shared_ptr<Checkpoint> checkpo
       io::CheckpointSource& source = use.source();
       self->slot_.async_swap(
           source, set.plan, self->context_, std::move(options),
-          asio::bind_cancellation_slot(op->cancellation_slot(),
-                                       [self, use = std::make_shared<Checkpoint::Use>(std::move(use)), op,
+          asio::bind_cancellation_slot(
+              op->cancellation_slot(), [self, use = std::make_shared<Checkpoint::Use>(std::move(use)), op,
                                         defined_here](std::exception_ptr error, engine::SwapReport report) {
-                                         // A first swap that failed leaves the slot empty: the next one defines it
-                                         // afresh.
-                                         if (error && defined_here && self->slot_.generation() == 0)
-                                           self->blueprint_.reset();
-                                         if (error) {
-                                           op->finish(std::move(error));
-                                           return;
-                                         }
-                                         op->finish(nullptr, [report] { return py::object(report_dict(report)); });
-                                       }));
+                // A first swap that failed leaves the slot empty: the next one defines it afresh.
+                if (error && defined_here && self->slot_.generation() == 0) self->blueprint_.reset();
+                if (error) {
+                  op->finish(std::move(error));
+                  return;
+                }
+                op->settle([&] { op->finish(nullptr, [report] { return py::object(report_dict(report)); }); });
+              }));
     } catch (...) {
       if (defined_here) self->blueprint_.reset();
       op->finish(std::current_exception());
@@ -136,12 +145,12 @@ std::shared_ptr<Operation> SlotBinding::swap(std::shared_ptr<Checkpoint> checkpo
 void bind_model_slot(py::module_& m) {
   py::class_<SlotVersion>(m, "SlotVersion", "A published version of a ModelSlot.")
       .def_property_readonly("generation", [](const SlotVersion& v) { return v.version->generation; })
-      .def_property_readonly("origin", [](const SlotVersion& v) { return v.version->origin; })
+      .def_property_readonly("origin", [](const SlotVersion& v) { return text_str(v.version->origin); })
       .def(
           "keys",
           [](const SlotVersion& v) {
             py::list out;
-            for (const ReadSpec& s : *v.version->model.specs) out.append(s.key);
+            for (const ReadSpec& s : *v.version->model.specs) out.append(text_str(s.key));
             return out;
           },
           "Tensor names, in slot order.")
@@ -154,10 +163,11 @@ void bind_model_slot(py::module_& m) {
       .def(
           "swap",
           [](SlotBinding& s, std::shared_ptr<Checkpoint> checkpoint, const py::object& specs, int verify,
-             const py::object& canary_job, bool blocking, std::string origin) {
+             const py::object& canary_job, bool blocking, const py::object& origin) {
             std::optional<std::vector<ReadSpec>> rules;
             if (!specs.is_none()) rules = read_specs_from(specs);
-            return s.swap(std::move(checkpoint), std::move(rules), verify, canary_job, blocking, std::move(origin));
+            return s.swap(std::move(checkpoint), std::move(rules), verify, canary_job, blocking,
+                          text_bytes(origin, "origin"));
           },
           py::arg("checkpoint"), py::arg("specs"), py::arg("verify"), py::arg("canary_job"), py::arg("blocking"),
           py::arg("origin"))

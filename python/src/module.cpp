@@ -91,5 +91,10 @@ PYBIND11_MODULE(_native, m) {
       "trim_storage", [](std::uint64_t keep) { Runtime::get().storage().trim(keep); }, py::arg("keep") = 0,
       "Returns retained storage to the system.");
   m.def(
-      "_shutdown", [] { Runtime::get().stop_delivery(); }, "atexit hook: stops delivering completions to Python.");
+      "_shutdown",
+      [] {
+        // A runtime that never started has nothing to stop (and starting one here could fail).
+        if (Runtime* runtime = Runtime::if_started()) runtime->stop_delivery();
+      },
+      "atexit hook: stops delivering completions to Python.");
 }

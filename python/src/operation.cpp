@@ -24,7 +24,7 @@ std::shared_ptr<Operation> Operation::create(std::string what) {
   return std::make_shared<Operation>(Passkey{}, std::move(what));
 }
 
-void Operation::finish(std::exception_ptr error, ResultFactory result) {
+void Operation::finish(std::exception_ptr error, ResultFactory result) noexcept {
   bool bound = false;
   {
     std::lock_guard lock(mutex_);
@@ -35,7 +35,13 @@ void Operation::finish(std::exception_ptr error, ResultFactory result) {
     bound = bound_;
   }
   changed_.notify_all();
-  if (bound) notify_loop(true);
+  if (!bound) return;
+  try {
+    notify_loop(true);
+  } catch (...) {
+    // No memory to queue the delivery: a blocking waiter has seen done_ already; an asyncio one
+    // is not told (nothing can run Python code for it without that memory).
+  }
 }
 
 void Operation::run_in_python(UniqueFunction<void()> job) {

@@ -58,7 +58,20 @@ class Operation : public std::enable_shared_from_this<Operation> {
   /// The slot to bind to the eredu operation's token (asio::bind_cancellation_slot). Loop only.
   asio::cancellation_slot cancellation_slot() { return signal_.slot(); }
   /// Finishes the operation: failed when `error` is set, else with `result`. Once; any thread.
-  void finish(std::exception_ptr error, ResultFactory result = {});
+  void finish(std::exception_ptr error, ResultFactory result = {}) noexcept;
+  /// Runs `body` (the loop-thread part of the operation: what a posted task or a completion
+  /// handler does); what it throws finishes the operation failed instead of escaping. An
+  /// exception that escaped into the loop would be dropped there, and the operation would never
+  /// finish — its waiter would hang; one that escaped into a library's noexcept completion would
+  /// end the process. A std::bad_alloc where memory is short is the usual one.
+  template <class Body>
+  void settle(Body&& body) noexcept {
+    try {
+      body();
+    } catch (...) {
+      finish(std::current_exception());
+    }
+  }
   /// Queues `job` to run on the consumer's thread with the GIL held (see file comment). A job
   /// that never runs is destroyed instead, so what it holds must say so when dropped.
   void run_in_python(UniqueFunction<void()> job);

@@ -8,6 +8,7 @@
 
 #include "eredu/core/error.hpp"
 #include "runtime.hpp"
+#include "text.hpp"
 
 namespace eredu::python {
 
@@ -114,17 +115,21 @@ std::shared_ptr<Prefetch> Prefetch::create(std::shared_ptr<Checkpoint> checkpoin
 std::shared_ptr<Operation> Prefetch::next() {
   auto op = Operation::create("prefetch next unit");
   Runtime::get().post([state = state_, op] {
-    state->parts->pipeline->async_next(asio::bind_cancellation_slot(
-        op->cancellation_slot(), [state, op](std::exception_ptr error, Pipeline::Unit unit) mutable {
-          if (error) {
-            op->finish(std::move(error));
-          } else if (!unit) {
-            op->finish(nullptr, [] { return py::object(py::none()); });
-          } else {
-            auto held = std::make_shared<PrefetchUnit>(state, std::move(unit));
-            op->finish(nullptr, [held] { return py::cast(held); });
-          }
-        }));
+    op->settle([&] {
+      state->parts->pipeline->async_next(asio::bind_cancellation_slot(
+          op->cancellation_slot(), [state, op](std::exception_ptr error, Pipeline::Unit unit) mutable {
+            op->settle([&] {
+              if (error) {
+                op->finish(std::move(error));
+              } else if (!unit) {
+                op->finish(nullptr, [] { return py::object(py::none()); });
+              } else {
+                auto held = std::make_shared<PrefetchUnit>(state, std::move(unit));
+                op->finish(nullptr, [held] { return py::cast(held); });
+              }
+            });
+          }));
+    });
   });
   return op;
 }
@@ -132,8 +137,10 @@ std::shared_ptr<Operation> Prefetch::next() {
 std::shared_ptr<Operation> Prefetch::close() {
   auto op = Operation::create("prefetch close");
   Runtime::get().post([state = state_, op] {
-    state->parts->closing = true;
-    state->parts->pipeline->async_close([state, op](std::exception_ptr error) { op->finish(std::move(error)); });
+    op->settle([&] {
+      state->parts->closing = true;
+      state->parts->pipeline->async_close([state, op](std::exception_ptr error) { op->finish(std::move(error)); });
+    });
   });
   return op;
 }
@@ -159,7 +166,7 @@ py::dict Prefetch::stats() const {
 
 void bind_prefetch(py::module_& m) {
   py::class_<PrefetchUnit, std::shared_ptr<PrefetchUnit>>(m, "PrefetchUnit", "A delivered pipeline unit.")
-      .def_property_readonly("name", &PrefetchUnit::name)
+      .def_property_readonly("name", [](const PrefetchUnit& u) { return text_str(u.name()); })
       .def_property_readonly("index", &PrefetchUnit::index)
       .def_property_readonly("pass_", &PrefetchUnit::pass)
       .def_property_readonly("stall_s", &PrefetchUnit::stall_s)
@@ -173,8 +180,10 @@ void bind_prefetch(py::module_& m) {
                       std::uint64_t budget, std::size_t passes, std::size_t concurrent_loads, int threads, int verify) {
             std::vector<UnitSpec> specs;
             for (const py::handle u : units) {
-              const py::tuple t = py::reinterpret_borrow<py::object>(u).cast<py::tuple>();
-              specs.push_back({py::str(t[0]), read_specs_from(t[1])});
+              if (!py::isinstance<py::tuple>(u) || py::len(u) != 2)
+                throw Error(errc::invalid_argument, {}, "a unit is (name, specs)");
+              const py::tuple t = py::reinterpret_borrow<py::tuple>(u);
+              specs.push_back({text_bytes(t[0], "a unit name"), read_specs_from(t[1])});
             }
             engine::PrefetchOptions options{.lookahead = lookahead,
                                             .resident_budget = budget,

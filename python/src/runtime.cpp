@@ -4,12 +4,18 @@
 
 #include <algorithm>
 #include <asio/post.hpp>
+#include <atomic>
+#include <cstdio>
 #include <exception>
 #include <future>
-#include <stdexcept>
+#include <new>
+#include <system_error>
 #include <vector>
 
+#include <fmt/format.h>
 #include <unistd.h>
+
+#include "eredu/core/error.hpp"
 
 namespace eredu::python {
 
@@ -23,17 +29,49 @@ cpu::StoragePool make_pool(std::uint64_t retained) {
   return cpu::StoragePool(cpu::StoragePoolOptions{.max_retained_bytes = retained});
 }
 
+std::atomic<Runtime*> started{nullptr};
+
+/// Starts a thread running `fn`, or throws Error(resource_exhausted) naming `which` when the
+/// system refuses it (std::thread's std::system_error: EAGAIN under RLIMIT_NPROC, or for want
+/// of address space for its stack).
+template <class Fn>
+std::thread start_thread(const char* which, Fn&& fn) {
+  try {
+    return std::thread(std::forward<Fn>(fn));
+  } catch (const std::system_error& e) {
+    throw Error(errc::resource_exhausted, {.os_error = e.code()},
+                fmt::format("eredu could not start its {} thread", which));
+  }
+}
+
 }  // namespace
 
 int Runtime::default_threads() noexcept { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
 
 Runtime& Runtime::get() {
-  static Runtime runtime;
-  if (runtime.pid_ != ::getpid())
-    throw std::runtime_error(
-        "eredu was started in the parent of this forked process, and its event loop thread does not exist here: "
-        "use eredu in processes started with the 'spawn' or 'forkserver' method");
-  return runtime;
+  Runtime* runtime = nullptr;
+  try {
+    // A constructor that throws leaves the static unconstructed: the next call tries again.
+    static Runtime instance;
+    runtime = &instance;
+  } catch (const Error&) {
+    throw;
+  } catch (const std::bad_alloc&) {
+    throw Error(errc::out_of_memory, {}, "eredu could not start its event loop: out of memory");
+  } catch (const std::system_error& e) {
+    // Asio's io_context: an eventfd or epoll descriptor the file table refused (RLIMIT_NOFILE).
+    throw Error(errc::resource_exhausted, {.os_error = e.code()}, "eredu could not start its event loop");
+  }
+  if (runtime->pid_ != ::getpid())
+    throw Error(errc::backend_failure, {},
+                "eredu was started in the parent of this forked process, and its event loop thread does not exist "
+                "here: use eredu in processes started with the 'spawn' or 'forkserver' method");
+  return *runtime;
+}
+
+Runtime* Runtime::if_started() noexcept {
+  Runtime* runtime = started.load(std::memory_order_acquire);
+  return runtime && runtime->pid_ == ::getpid() ? runtime : nullptr;  // a forked child's has no threads
 }
 
 Runtime::Runtime()
@@ -41,24 +79,40 @@ Runtime::Runtime()
       workers_(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(default_threads()) + 1),
       storage_(make_pool(0)),
       pid_(::getpid()) {
-  std::promise<std::thread::id> started;
-  std::future<std::thread::id> id = started.get_future();
-  loop_ = std::thread([this, &started] {
-    started.set_value(std::this_thread::get_id());
-    // Handlers report their own errors; one that escapes must not end the loop of the whole
-    // process, so it is dropped here and the loop goes on.
+  std::promise<std::thread::id> running;
+  std::future<std::thread::id> id = running.get_future();
+  loop_ = start_thread("event loop", [this, &running] {
+    running.set_value(std::this_thread::get_id());
+    // Handlers report their own errors (Operation::settle); one that escapes must not end the
+    // loop of the whole process, so it is dropped here, said on stderr (whatever waited for it
+    // may now wait for ever), and the loop goes on.
     for (;;) {
       try {
         context_.run();
         return;
-      } catch (...) {}
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "eredu: an exception escaped the event loop and was dropped: %s\n", e.what());
+      } catch (...) {
+        std::fputs("eredu: an exception escaped the event loop and was dropped\n", stderr);
+      }
     }
   });
   loop_id_ = id.get();
-  delivery_ = std::thread([this] { deliver_loop(); });
+  try {
+    delivery_ = start_thread("delivery", [this] { deliver_loop(); });
+  } catch (...) {
+    // No half-started runtime: a joinable std::thread destroyed unjoined would terminate the
+    // process, and the next get() starts both threads afresh.
+    work_.reset();
+    context_.stop();
+    loop_.join();
+    throw;
+  }
+  started.store(this, std::memory_order_release);
 }
 
 Runtime::~Runtime() {
+  started.store(nullptr, std::memory_order_release);
   {
     std::lock_guard lock(delivery_mutex_);
     delivery_stopped_ = true;

@@ -20,6 +20,11 @@
 /// hook, while the interpreter can still run it), the loop when the process's static objects
 /// are destroyed. A process forked after the runtime started has no loop thread: get() refuses
 /// there with a clear error (use the "spawn" start method).
+///
+/// Starting can fail where the system refuses a thread (RLIMIT_NPROC, RLIMIT_AS) or a descriptor
+/// (RLIMIT_NOFILE: the loop's eventfd): get() then throws Error(resource_exhausted), or
+/// Error(out_of_memory), having stopped whatever it had started, and the next get() tries again —
+/// so a process whose limits are lifted can load after all.
 
 // Python.h first: it sets feature macros the standard headers must see.
 #include <Python.h>
@@ -45,8 +50,11 @@ namespace eredu::python {
 /// The process-wide loop, delivery thread and storage pool (see file comment).
 class Runtime {
  public:
-  /// The runtime, started on first use. Throws std::runtime_error in a forked child.
+  /// The runtime, started on first use (see file comment for its errors). Throws
+  /// Error(backend_failure) in a forked child.
   static Runtime& get();
+  /// The runtime if it has started in this process, else null: never starts it.
+  static Runtime* if_started() noexcept;
 
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "eredu/core/error.hpp"
@@ -18,12 +19,23 @@ Error bad(const std::string& key, const std::string& why) {
   return Error(errc::invalid_argument, {}, fmt::format("option {}: {}", key, why));
 }
 
-std::uint64_t positive(const std::string& key, const py::handle& value) {
-  if (!py::isinstance<py::int_>(value) || py::isinstance<py::bool_>(value))
-    throw bad(key, fmt::format("expected a number of bytes or a count, not {}", std::string(py::repr(value))));
-  const long long v = value.cast<long long>();
-  if (v <= 0) throw bad(key, fmt::format("must be at least 1, not {}", v));
-  return static_cast<std::uint64_t>(v);
+// _options.py holds the documented ranges; this only keeps what reaches C++ within its type,
+// so that no value Python can spell is cut down to another one (or fails as pybind11's cast).
+template <class T>
+T positive(const std::string& key, const py::handle& value) {
+  constexpr auto max = static_cast<unsigned long long>(std::numeric_limits<T>::max());
+  if (PyLong_Check(value.ptr()) && !PyBool_Check(value.ptr())) {
+    const unsigned long long v = PyLong_AsUnsignedLongLong(value.ptr());
+    if (!PyErr_Occurred() && v >= 1 && v <= max) return static_cast<T>(v);
+    PyErr_Clear();  // negative, or beyond 64 bits
+  }
+  throw bad(key, fmt::format("must be an integer from 1 to {}, not {}", max, std::string(py::repr(value))));
+}
+
+bool flag(const std::string& key, const py::handle& value) {
+  if (!PyBool_Check(value.ptr()))
+    throw bad(key, fmt::format("must be True or False, not {}", std::string(py::repr(value))));
+  return value.ptr() == Py_True;
 }
 
 }  // namespace
@@ -41,15 +53,15 @@ OpenOptions open_options(const py::dict& options) {
     const std::string key = py::str(k);
     if (value.is_none()) continue;
     if (key == "budget") {
-      o.source.pool.budget = positive(key, value);
+      o.source.pool.budget = positive<std::size_t>(key, value);
     } else if (key == "depth") {
-      o.source.reader.depth = static_cast<unsigned>(positive(key, value));
+      o.source.reader.depth = positive<unsigned>(key, value);
     } else if (key == "request") {
-      o.source.reader.max_request = positive(key, value);
+      o.source.reader.max_request = positive<std::size_t>(key, value);
     } else if (key == "chunk") {
-      o.source.chunk_bytes = positive(key, value);
+      o.source.chunk_bytes = positive<std::size_t>(key, value);
     } else if (key == "threads") {
-      o.threads = static_cast<int>(positive(key, value));
+      o.threads = positive<int>(key, value);
     } else if (key == "reader") {
       const std::string v = py::str(value);
       if (v == "auto")
@@ -71,11 +83,11 @@ OpenOptions open_options(const py::dict& options) {
       else
         throw bad(key, fmt::format("must be auto, on or off, not '{}'", v));
     } else if (key == "map_resident") {
-      o.source.map_resident = value.cast<bool>();
+      o.source.map_resident = flag(key, value);
     } else if (key == "register_buffers") {
-      o.source.reader.register_buffers = value.cast<bool>();
+      o.source.reader.register_buffers = flag(key, value);
     } else if (key == "copy_resident") {
-      o.copy_resident = value.cast<bool>();
+      o.copy_resident = flag(key, value);
     } else if (key == "weights") {
       const std::string v = py::str(value);
       if (v == "copy")
@@ -87,6 +99,7 @@ OpenOptions open_options(const py::dict& options) {
       else
         throw bad(key, fmt::format("must be copy, map or map-lock, not '{}'", v));
     } else if (key == "_faults") {
+      if (!py::isinstance<ReadGate>(value)) throw bad(key, "must be an eredu._native._ReadGate");
       o.faults = value.cast<std::shared_ptr<ReadGate>>();
     } else {
       throw bad(key, "unknown option");

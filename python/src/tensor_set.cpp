@@ -8,6 +8,7 @@
 #include "eredu/core/error.hpp"
 #include "eredu/engine/parameter_id.hpp"
 #include "eredu/engine/recipe.hpp"
+#include "text.hpp"
 
 namespace eredu::python {
 
@@ -26,6 +27,15 @@ DType dtype_from(const py::handle& value) {
   return *d;
 }
 
+std::uint64_t u64(const py::handle& value, const char* what) {
+  if (PyLong_Check(value.ptr()) && !PyBool_Check(value.ptr())) {
+    const unsigned long long v = PyLong_AsUnsignedLongLong(value.ptr());
+    if (!PyErr_Occurred()) return v;
+    PyErr_Clear();
+  }
+  throw malformed(fmt::format("{} must be an integer from 0 to 2^64-1, not {}", what, std::string(py::repr(value))));
+}
+
 }  // namespace
 
 ReadSpec read_spec_from(const py::handle& spec) {
@@ -33,22 +43,23 @@ ReadSpec read_spec_from(const py::handle& spec) {
   const py::dict d = py::reinterpret_borrow<py::dict>(spec);
   ReadSpec r;
   if (!d.contains("key")) throw malformed("no key");
-  r.key = py::str(d["key"]);
-  if (d.contains("name") && !d["name"].is_none()) r.name = py::str(d["name"]);
+  r.key = text_bytes(d["key"], "a tensor name");
+  if (d.contains("name") && !d["name"].is_none()) r.name = text_bytes(d["name"], "a slot name");
   if (d.contains("cast") && !d["cast"].is_none()) r.cast = dtype_from(d["cast"]);
   if (d.contains("ranges") && !d["ranges"].is_none()) {
     for (const py::handle range : d["ranges"]) {
-      const py::tuple t = py::reinterpret_borrow<py::object>(range).cast<py::tuple>();
-      if (t.size() != 2) throw malformed("a range is (start, stop)");
-      r.selection.ranges.push_back({t[0].cast<std::uint64_t>(), t[1].cast<std::uint64_t>()});
+      if (!py::isinstance<py::tuple>(range) || py::len(range) != 2) throw malformed("a range is (start, stop)");
+      const py::tuple t = py::reinterpret_borrow<py::tuple>(range);
+      r.selection.ranges.push_back({u64(t[0], "a range's start"), u64(t[1], "a range's stop")});
     }
   }
   if (d.contains("view") && !d["view"].is_none()) r.view = tensor_view_from_name(py::str(d["view"]));
   if (d.contains("shape") && !d["shape"].is_none()) {
     Shape s;
-    for (const py::handle dim : d["shape"]) s.push_back(dim.cast<std::uint64_t>());
+    for (const py::handle dim : d["shape"]) s.push_back(u64(dim, "a dimension"));
     r.view_shape = std::move(s);
   }
+  if (d.contains("numpy") && !d["numpy"].is_none()) r.numpy = d["numpy"].ptr() == Py_True;
   return r;
 }
 
@@ -125,6 +136,8 @@ TensorSet TensorSet::build(const io::Catalog& catalog, const std::vector<ReadSpe
       throw Error(errc::invalid_argument, {.file = file, .tensor = spec.key},
                   fmt::format("a view of shape {} does not have the elements of {}", format_shape(*spec.view_shape),
                               format_shape(shape)));
+    (void)exported_shape(dtype, spec.view, spec.view_shape ? *spec.view_shape : shape, spec.numpy,
+                         {.file = file, .tensor = spec.key});
     set.module.slots.push_back({name, cpu::Parameter(dtype, shape)});
     if (__builtin_add_overflow(set.bytes, bytes, &set.bytes))
       throw Error(errc::size_overflow, {.file = file, .tensor = spec.key}, "the tensors' bytes overflow 64 bits");

@@ -35,10 +35,12 @@ struct ReadSpec {
   Selection selection;                   ///< which elements (whole tensor by default)
   TensorView view = TensorView::stored;  ///< how Python sees the bytes
   std::optional<Shape> view_shape;       ///< the shape Python sees (integer indices dropped)
+  bool numpy = false;                    ///< for numpy, which holds fewer shapes (exported_shape)
 };
 
-/// A ReadSpec from its Python form, a dict with keys key, name, cast, ranges ([(start, stop)]
-/// or None), view, shape. Throws Error(invalid_argument) for a malformed one.
+/// A ReadSpec from its Python form, a dict with keys key, name (str or bytes), cast, ranges
+/// ([(start, stop)] or None), view, shape, numpy. Throws Error(invalid_argument) for a malformed
+/// one.
 ReadSpec read_spec_from(const pybind11::handle& spec);
 /// read_spec_from for each element of a sequence.
 std::vector<ReadSpec> read_specs_from(const pybind11::handle& specs);
@@ -73,7 +75,8 @@ struct TensorSet {
 
   /// Builds both. Throws, before any read: Error(tensor_not_found), Error(invalid_selection),
   /// RecipeError (an unsupported cast), Error(invalid_argument) (a view the dtype does not
-  /// allow) — each naming file and tensor.
+  /// allow), Error(size_overflow) (a shape the framework cannot hold, exported_shape) — each
+  /// naming file and tensor.
   static TensorSet build(const io::Catalog& catalog, const std::vector<ReadSpec>& specs);
 };
 

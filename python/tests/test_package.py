@@ -40,9 +40,9 @@ def test_a_library_error_keeps_its_message_and_parts(tmp_path):
 @pytest.mark.parametrize("kwargs, words", [
     ({"framework": "tf"}, "framework must be 'np'"),
     ({"device": "cuda:0"}, "CPU memory only"),
-    ({"budget": 0}, "budget must be more than 0"),
+    ({"budget": 0}, "budget must be from 4096 (4K) to 1099511627776 (1T) bytes, not 0"),
     ({"budget": "12 parsecs"}, "budget must be a number of bytes"),
-    ({"threads": 0}, "threads must be at least 1"),
+    ({"threads": 0}, "threads must be from 1 to 1024, not 0"),
     ({"dtype": "int8"}, "dtype must be float32, float16 or bfloat16"),
     ({"reader": "mmap"}, "reader must be"),
     ({"bf16": "float64"}, "bf16 must be"),
