@@ -22,7 +22,6 @@
 
 namespace eredu::io {
 
-using detail::nanoseconds;
 using detail::sys_error;
 
 struct CheckpointSource::Plan {
@@ -98,7 +97,14 @@ OpenFile open_checkpoint_file(const CheckpointFile& file, DirectMode direct, std
     throw Error(errc::file_changed, {.file = file.path},
                 fmt::format("file is {} bytes but was {} bytes when its header was parsed", f.size, file.size));
   }
-  f.modified_ns = nanoseconds(st.st_mtim);
+  f.stamp = FileStamp::of(st);
+  // Same inode and size, yet rewritten in place since the parse: the header read may not be
+  // the one these bytes belong to.
+  if (file.stamp.known()) {
+    if (const std::string_view why = file.stamp.rewritten(f.stamp); !why.empty())
+      throw Error(errc::file_changed, {.file = file.path},
+                  fmt::format("the file was rewritten after its header was parsed: {}", why));
+  }
   f.file_system = file_system_of(opened.fd.get(), file.path);
   f.buffered = std::move(opened.fd);
   // A FUSE server's short reply in page-cache mode leaves zeros in the page cache that a
@@ -223,9 +229,10 @@ void CheckpointSource::check_unchanged(const TensorInfo& tensor) const {
                             "be the ones read",
                             st.st_size, f.size));
   }
-  if (nanoseconds(st.st_mtim) != f.modified_ns) {
-    throw Error(errc::file_changed, {.file = f.path, .tensor = tensor.name, .offset = tensor.offset},
-                "the file was modified while it was read (its modification time changed)");
+  if (const std::string_view why = f.stamp.rewritten(FileStamp::of(st)); !why.empty()) {
+    throw Error(
+        errc::file_changed, {.file = f.path, .tensor = tensor.name, .offset = tensor.offset},
+        fmt::format("the file was modified while it was read, so the tensor's bytes may mix two versions: {}", why));
   }
 }
 
@@ -437,7 +444,7 @@ std::optional<MappedView> CheckpointSource::map_resident(const TensorReadRequest
   std::optional<MappedView> mapped;
   try {
     mapped.emplace(file.buffered.get(), t.offset + plan.runs.front().source_offset, plan.total, file.path, t.name,
-                   file.size);
+                   file.size, file.stamp);
   } catch (const Error& e) {
     // A file system without mmap, or no address space left: the pool path still works.
     log::debug("not mapping {}: {}", t.name, e.what());

@@ -21,7 +21,6 @@
 namespace eredu::io {
 namespace {
 
-using detail::nanoseconds;
 using detail::page_size;
 using detail::sys_error;
 
@@ -34,7 +33,7 @@ std::string bytes_text(std::uint64_t n) {
 
 }  // namespace
 
-MappedFile::MappedFile(const OpenFile& file) : path_(file.path), size_(file.size), modified_ns_(file.modified_ns) {
+MappedFile::MappedFile(const OpenFile& file) : path_(file.path), size_(file.size), stamp_(file.stamp) {
   fd_.reset(::fcntl(file.buffered.get(), F_DUPFD_CLOEXEC, 0));
   if (!fd_) {
     throw Error(errc::io_error, {.file = path_, .os_error = sys_error(errno)},
@@ -54,13 +53,13 @@ MappedFile::State MappedFile::check(const std::string& tensor, std::uint64_t off
     throw Error(errc::io_error, {.file = path_, .tensor = tensor, .offset = offset, .os_error = sys_error(errno)},
                 "cannot stat the mapped file");
   }
-  if (static_cast<std::uint64_t>(st.st_size) != size_ || nanoseconds(st.st_mtim) != modified_ns_) {
+  const std::string_view why = stamp_.rewritten(FileStamp::of(st));
+  if (static_cast<std::uint64_t>(st.st_size) != size_ || !why.empty()) {
     throw Error(errc::file_changed, {.file = path_, .tensor = tensor, .offset = offset},
-                fmt::format("the file was rewritten in place since it was opened ({} bytes then, {} now{}): mapped "
+                fmt::format("the file was rewritten in place since it was opened ({} bytes then, {} now{}{}): mapped "
                             "weights are the file's pages, so they may no longer be the bytes loaded; replace "
                             "checkpoints by renaming a new file over the old one, or load with copied weights",
-                            size_, st.st_size,
-                            nanoseconds(st.st_mtim) != modified_ns_ ? ", and modified" : ", same modification time"));
+                            size_, st.st_size, why.empty() ? "" : "; ", why));
   }
   struct stat now {};
   if (::stat(path_.c_str(), &now) != 0 || now.st_dev != device_ || now.st_ino != inode_) return State::replaced;

@@ -15,8 +15,8 @@ namespace eredu::io {
 using detail::page_size;
 
 MappedView::MappedView(int fd, std::uint64_t offset, std::uint64_t length, std::string path, std::string tensor,
-                       std::uint64_t file_size)
-    : fd_(fd), path_(std::move(path)), tensor_(std::move(tensor)), file_size_(file_size) {
+                       std::uint64_t file_size, FileStamp stamp)
+    : fd_(fd), path_(std::move(path)), tensor_(std::move(tensor)), file_size_(file_size), stamp_(stamp) {
   if (length == 0) return;
   const std::uint64_t page = page_size();
   map_offset_ = offset / page * page;
@@ -45,7 +45,8 @@ MappedView::MappedView(MappedView&& other) noexcept
       length_(std::exchange(other.length_, 0)),
       path_(std::move(other.path_)),
       tensor_(std::move(other.tensor_)),
-      file_size_(other.file_size_) {}
+      file_size_(other.file_size_),
+      stamp_(other.stamp_) {}
 
 MappedView& MappedView::operator=(MappedView&& other) noexcept {
   if (this != &other) {
@@ -59,6 +60,7 @@ MappedView& MappedView::operator=(MappedView&& other) noexcept {
     path_ = std::move(other.path_);
     tensor_ = std::move(other.tensor_);
     file_size_ = other.file_size_;
+    stamp_ = other.stamp_;
   }
   return *this;
 }
@@ -116,6 +118,27 @@ Error MappedView::fault_error(MappingFault fault) const {
   }
   return Error(errc::io_error, {.file = path_, .tensor = tensor_, .offset = offset},
                "reading the mapped file failed (SIGBUS: the page could not be read in)");
+}
+
+void MappedView::check_unchanged() const {
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) {
+    throw Error(errc::io_error, {.file = path_, .tensor = tensor_, .os_error = detail::sys_error(errno)},
+                "cannot stat the mapped file");
+  }
+  if (static_cast<std::uint64_t>(st.st_size) != file_size_) {
+    throw Error(errc::file_changed, {.file = path_, .tensor = tensor_},
+                fmt::format("the file is now {} bytes; it was {} bytes when opened, and the tensor's bytes read from "
+                            "its mapping may not be the ones it had",
+                            st.st_size, file_size_));
+  }
+  if (!stamp_.known()) return;
+  if (const std::string_view why = stamp_.rewritten(FileStamp::of(st)); !why.empty()) {
+    throw Error(errc::file_changed, {.file = path_, .tensor = tensor_},
+                fmt::format("the file was modified while its mapping was read, so the tensor's bytes may mix two "
+                            "versions: {}",
+                            why));
+  }
 }
 
 }  // namespace eredu::io

@@ -98,6 +98,7 @@ ParsedFile parse_file(const std::string& path, const Naming& naming, const Catal
   out.file.metadata = std::move(layout.metadata);
   out.file.device = static_cast<std::uint64_t>(st.st_dev);
   out.file.inode = static_cast<std::uint64_t>(st.st_ino);
+  out.file.stamp = FileStamp::of(st);
   out.tensors = std::move(layout.tensors);
   return out;
 }

@@ -1,9 +1,13 @@
 #include "eredu/io/regular_file.hpp"
 
+#include "eredu/io/file_stamp.hpp"
+
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
+
+#include "posix_values.hpp"
 
 namespace eredu::io {
 namespace {
@@ -63,6 +67,18 @@ bool is_inside(const std::filesystem::path& real, const std::filesystem::path& r
     if (r == real.end() || *r != *b) return false;
   }
   return true;
+}
+
+FileStamp FileStamp::of(const struct ::stat& st) noexcept {
+  return {detail::nanoseconds(st.st_mtim), detail::nanoseconds(st.st_ctim), static_cast<std::uint64_t>(st.st_nlink)};
+}
+
+std::string_view FileStamp::rewritten(const FileStamp& now) const noexcept {
+  if (now.modified_ns != modified_ns) return "its modification time changed";
+  if (now.changed_ns != changed_ns && now.links == links)
+    return "its status-change time (ctime) moved though its modification time did not: it was written and its "
+           "modification time set back (as cp -p or rsync --inplace -t do), or its mode or owner changed";
+  return {};
 }
 
 }  // namespace eredu::io

@@ -3,14 +3,18 @@
 // directory, an independent pread of any byte range, and a way to run one coroutine.
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <asio/use_future.hpp>
+#include <chrono>
 #include <cstring>
 #include <random>
+#include <span>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "eredu/core/selection.hpp"
@@ -93,6 +97,35 @@ auto run_on(asio::io_context& ctx, Awaitable op) {
   ctx.restart();
   ctx.run();
   return future.get();
+}
+
+/// Rewrites `bytes` at `offset` of `path` in place (same size) and puts its access and
+/// modification times back, as `cp -p` or `rsync --inplace -t` onto the file would. Returns
+/// once the status-change time has moved: where it is coarse (a clock tick, a few ms) the
+/// write can land in the tick of the last change, so it is repeated after a pause until the
+/// ctime differs. Throws std::runtime_error when it never does (then no test can tell).
+inline void rewrite_in_place(const std::filesystem::path& path, std::uint64_t offset,
+                             std::span<const std::byte> bytes) {
+  struct stat before {};
+  if (::stat(path.c_str(), &before) != 0) throw std::runtime_error("stat failed");
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) throw std::runtime_error("open for writing failed");
+    const bool written =
+        ::pwrite(fd, bytes.data(), bytes.size(), static_cast<off_t>(offset)) == static_cast<ssize_t>(bytes.size());
+    const struct timespec times[2] = {before.st_atim, before.st_mtim};
+    const bool restored = ::futimens(fd, times) == 0;
+    struct stat after {};
+    const bool stated = ::fstat(fd, &after) == 0;
+    ::close(fd);
+    if (!written || !restored || !stated) throw std::runtime_error("rewriting the file failed");
+    if (after.st_size != before.st_size || after.st_mtim.tv_sec != before.st_mtim.tv_sec ||
+        after.st_mtim.tv_nsec != before.st_mtim.tv_nsec)
+      throw std::runtime_error("the rewrite changed the size or the modification time");
+    if (after.st_ctim.tv_sec != before.st_ctim.tv_sec || after.st_ctim.tv_nsec != before.st_ctim.tv_nsec) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  throw std::runtime_error("the status-change time never moved after a rewrite");
 }
 
 }  // namespace eredu::test

@@ -23,7 +23,9 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -32,6 +34,8 @@
 #include "eredu/core/printable.hpp"
 #include "eredu/io/checkpoint_source.hpp"
 #include "eredu/io/guarded_read.hpp"
+#include "eredu/io/mapped_tensor.hpp"
+#include "eredu/io/mapped_view.hpp"
 #include "eredu/io/open_catalog.hpp"
 #include "eredu/io/regular_file.hpp"
 #include "eredu/io/safetensors.hpp"
@@ -477,6 +481,87 @@ TEST_CASE("checkpoint source – a file modified while open fails its next read 
   Error e = error_of([&] { run_on(ctx, source->async_read(b, asio::use_awaitable)); });
   CHECK(e.kind() == errc::file_changed);
   CHECK(e.context().tensor == "b");
+}
+
+TEST_CASE(
+    "checkpoint source – a file rewritten in place at its size with its old modification time put back fails with "
+    "file_changed, never mixed bytes",
+    "[io][faults]") {
+  Small s;
+  asio::io_context ctx;
+  SourceOptions o;
+  o.pool = {.budget = 1 << 20, .huge_pages = false, .prefault = false};
+  auto source = CheckpointSource::open(ctx.get_executor(), s.path, o);
+  const TensorInfo& b = source->catalog().at("b");
+  // Read before the rewrite: the file's bytes.
+  TensorReadRequest a{"a"};
+  {
+    Lease before = run_on(ctx, source->async_read(a, asio::use_awaitable));
+    CHECK(std::memcmp(before.bytes().data(), s.data[0].data(), s.data[0].size()) == 0);
+  }
+  // A mapping and a mapped weight made before it: checked after their reads.
+  TensorReadRequest rb{"b"};
+  std::optional<MappedView> view = source->map_resident(rb);
+  std::optional<MappedTensor> weight = source->map_tensor(rb);
+  if (view) CHECK_NOTHROW(view->check_unchanged());
+  if (weight) CHECK(weight->check_file() == MappedFile::State::unchanged);
+
+  // What cp -p does to the file: same size, other bytes, the old modification time back.
+  const std::vector<std::byte> other(b.nbytes, std::byte{0x5a});
+  test::rewrite_in_place(s.path, b.offset, other);
+
+  auto check_changed = [&](const Error& e, const std::string& tensor) {
+    CHECK(e.kind() == errc::file_changed);
+    CHECK(e.context().file == s.path.string());
+    CHECK(e.context().tensor == tensor);
+    CHECK_THAT(e.what(), Catch::Contains("ctime"));
+  };
+  // Every later read: as a lease, into caller memory, of a tensor the rewrite did not touch.
+  for (const char* name : {"b", "c", "a"}) {
+    TensorReadRequest r{name};
+    check_changed(error_of([&] { run_on(ctx, source->async_read(r, asio::use_awaitable)); }), name);
+  }
+  std::vector<std::byte> into(b.nbytes);
+  check_changed(error_of([&] { run_on(ctx, source->async_read_into(rb, into, asio::use_awaitable)); }), "b");
+  if (view)
+    check_changed(error_of([&] { view->check_unchanged(); }), "b");
+  else
+    WARN("no mapping of the resident tensor here (map_resident declined): its check is not exercised");
+  if (weight)
+    check_changed(error_of([&] { (void)weight->check_file(); }), "b");
+  else
+    WARN("no mapped weight here (map_tensor declined): its check is not exercised");
+  CHECK(source->pool().in_use() == 0);  // the failed reads' leases went back
+}
+
+TEST_CASE(
+    "checkpoint source – a file replaced by rename while open keeps being read: the old inode's ctime and link "
+    "count moved, its bytes did not",
+    "[io][faults]") {
+  Small s;
+  asio::io_context ctx;
+  SourceOptions o;
+  o.pool = {.budget = 1 << 20, .huge_pages = false, .prefault = false};
+  auto source = CheckpointSource::open(ctx.get_executor(), s.path, o);
+  TensorReadRequest rb{"b"};
+  std::optional<MappedTensor> weight = source->map_tensor(rb);
+  // The documented way to replace a checkpoint: a new file renamed over the path. Unlinking
+  // the old inode moves its ctime (and its link count to 0) without touching its bytes.
+  struct stat old_status {};
+  REQUIRE(::stat(s.path.c_str(), &old_status) == 0);
+  const std::filesystem::path next = s.dir / "next.safetensors";
+  const std::vector<std::vector<std::byte>> next_data = test::random_tensor_bytes(s.specs, 6);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a coarse ctime moves too
+  synth::write_safetensors(next, s.specs, test::spans_of(next_data));
+  std::filesystem::rename(next, s.path);
+
+  Lease lease = run_on(ctx, source->async_read(rb, asio::use_awaitable));
+  REQUIRE(lease.bytes().size() == s.data[1].size());
+  CHECK(std::memcmp(lease.bytes().data(), s.data[1].data(), s.data[1].size()) == 0);
+  if (weight)
+    CHECK(weight->check_file() == MappedFile::State::replaced);
+  else
+    WARN("no mapped weight here (map_tensor declined): its check is not exercised");
 }
 
 namespace {

@@ -186,7 +186,8 @@ class CheckpointSource {
   /// A mapping of the request's selected bytes when they are one contiguous run of a file
   /// that looks resident in the page cache and options().map_resident allows it;
   /// std::nullopt otherwise, also when mmap fails (read through the pool then). A backend that converts dtypes
-  /// reads the mapping instead of a staged copy: one pass over the bytes instead of two.
+  /// reads the mapping instead of a staged copy: one pass over the bytes instead of two, then
+  /// calls MappedView::check_unchanged(), as the source's own reads check their file.
   /// Validates the request (throws eredu::Error); callable from any thread.
   std::optional<MappedView> map_resident(const TensorReadRequest& request) const;
 
@@ -220,8 +221,8 @@ class CheckpointSource {
   // one line per file. An io_uring reader registers `pool`'s memory and hooks its release.
   static std::unique_ptr<Reader> make_reader(const asio::any_io_executor& executor, std::span<OpenFile> files,
                                              LeasePool& pool, const ReaderOptions& options);
-  // Fails with file_changed when the tensor's file changed size or modification time since
-  // open: bytes just read may then not be the file's.
+  // Fails with file_changed when the tensor's file changed size since open or was rewritten
+  // (FileStamp: modification or status-change time): bytes just read may then not be the file's.
   void check_unchanged(const TensorInfo& tensor) const;
 
   asio::any_io_executor executor_;

@@ -24,6 +24,7 @@
 #include <string>
 
 #include "eredu/core/error.hpp"
+#include "eredu/io/file_stamp.hpp"
 #include "eredu/io/guarded_read.hpp"
 #include "eredu/io/mapped_view.hpp"
 #include "eredu/io/unique_fd.hpp"
@@ -38,7 +39,7 @@ struct OpenFile;
 class MappedFile {
  public:
   /// Duplicates `file`'s descriptor and records its identity (device, inode) and the size and
-  /// modification time it had when the source opened it. Throws Error(io_error).
+  /// stamp (FileStamp) it had when the source opened it. Throws Error(io_error).
   explicit MappedFile(const OpenFile& file);
 
   /// The path the file was opened by, for messages.
@@ -50,7 +51,7 @@ class MappedFile {
 
   /// What became of the file since it was opened.
   enum class State {
-    unchanged,  ///< the path still names this inode, of the same size and modification time
+    unchanged,  ///< the path still names this inode, of the same size and stamp (not rewritten)
     replaced,   ///< the path names another file now (or none): these bytes are the old ones
   };
   /// Throws Error(file_changed) naming `tensor` and `offset` when the inode itself was
@@ -66,7 +67,7 @@ class MappedFile {
   std::uint64_t device_ = 0;
   std::uint64_t inode_ = 0;
   std::uint64_t size_ = 0;
-  std::int64_t modified_ns_ = 0;
+  FileStamp stamp_{};
   mutable std::atomic<bool> replacement_noticed_{false};
 };
 

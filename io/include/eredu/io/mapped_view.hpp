@@ -5,13 +5,16 @@
 ///
 /// Read it only inside io::guarded_read (a shrunk file or a failed page-in faults), and
 /// release what has been read with release_pages() so the mapped pages, which count in the
-/// process's RSS, stay bounded by what is being converted at the moment.
+/// process's RSS, stay bounded by what is being converted at the moment. After the last
+/// read, check_unchanged() says whether the file was rewritten meanwhile: a mapping reads
+/// the file as it is at each page, so a rewrite mixes versions without any fault.
 
 #include <cstdint>
 #include <span>
 #include <string>
 
 #include "eredu/core/error.hpp"
+#include "eredu/io/file_stamp.hpp"
 #include "eredu/io/guarded_read.hpp"
 
 namespace eredu::io {
@@ -21,10 +24,12 @@ class MappedView {
  public:
   /// An empty view (no bytes, no mapping).
   MappedView() = default;
-  /// Maps the byte range read-only; `path`, `tensor` and `file_size` (the size the file had
-  /// when it was opened) are for error messages. Throws eredu::Error (io_error) when mmap fails.
+  /// Maps the byte range read-only; `path` and `tensor` are for error messages, `file_size`
+  /// and `stamp` what the file was when it was opened (compared by fault_error and
+  /// check_unchanged; a default stamp compares the size alone). Throws eredu::Error
+  /// (io_error) when mmap fails.
   MappedView(int fd, std::uint64_t offset, std::uint64_t length, std::string path, std::string tensor,
-             std::uint64_t file_size);
+             std::uint64_t file_size, FileStamp stamp = {});
   ~MappedView();
   MappedView(MappedView&& other) noexcept;
   MappedView& operator=(MappedView&& other) noexcept;
@@ -48,6 +53,10 @@ class MappedView {
   /// The typed error for `fault`: file_changed when the file is now shorter than when it was
   /// opened, io_error otherwise; names the file, the tensor and the file offset of the fault.
   Error fault_error(MappingFault fault) const;
+  /// Throws Error(file_changed) naming the file and the tensor when the file's size is not
+  /// the one it had when opened or it was rewritten since (FileStamp::rewritten): bytes read
+  /// from the view may then mix two versions. Call it after the last read. One fstat.
+  void check_unchanged() const;
 
  private:
   void reset() noexcept;
@@ -61,6 +70,7 @@ class MappedView {
   std::string path_;
   std::string tensor_;
   std::uint64_t file_size_ = 0;
+  FileStamp stamp_{};
 };
 
 }  // namespace eredu::io

@@ -9,6 +9,7 @@
 #include <shared_mutex>
 #include <string>
 
+#include "eredu/io/file_stamp.hpp"
 #include "eredu/io/file_system.hpp"
 #include "eredu/io/unique_fd.hpp"
 
@@ -59,7 +60,7 @@ struct OpenFile {
   UniqueFd buffered{};           ///< O_RDONLY descriptor
   UniqueFd direct{};             ///< O_RDONLY | O_DIRECT descriptor, or empty
   std::uint64_t size = 0;        ///< size when opened
-  std::int64_t modified_ns = 0;  ///< st_mtim when opened, in ns (a later change fails reads: file_changed)
+  FileStamp stamp{};             ///< times and links when opened (a rewrite seen later fails reads: file_changed)
   FileSystemInfo file_system{};  ///< the file system holding it
   bool read_with_pread = false;  ///< the source's reader policy sent it to the pread reader
   /// How the page-cache guard's reads of this file, and the source's checks of its

@@ -8,6 +8,7 @@
 
 #include "eredu/core/dtype.hpp"
 #include "eredu/core/shape.hpp"
+#include "eredu/io/file_stamp.hpp"
 
 namespace eredu::io {
 
@@ -23,6 +24,7 @@ struct CheckpointFile {
   Metadata metadata{};            ///< the file's own metadata
   std::uint64_t device = 0;       ///< st_dev when the header was parsed (to spot a replaced file)
   std::uint64_t inode = 0;        ///< st_ino when the header was parsed
+  FileStamp stamp{};              ///< times and links when the header was parsed (to spot a rewrite)
 };
 
 /// Where one tensor's bytes are and how to interpret them.
