@@ -1,5 +1,7 @@
 #include "eredu/io/checksums.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <asio/cancellation_state.hpp>
 #include <asio/co_spawn.hpp>
@@ -8,8 +10,7 @@
 #include <asio/thread_pool.hpp>
 #include <asio/use_awaitable.hpp>
 #include <cctype>
-#include <fstream>
-#include <iterator>
+#include <cerrno>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -25,6 +26,7 @@
 #include "eredu/io/guarded_read.hpp"
 #include "eredu/io/json_text.hpp"
 #include "eredu/io/lease.hpp"
+#include "eredu/io/regular_file.hpp"
 #include "json.hpp"
 
 namespace eredu::io {
@@ -150,15 +152,31 @@ Checksums Checksums::from_metadata(const Catalog& catalog) {
 }
 
 Checksums Checksums::from_sidecar(const std::filesystem::path& path) {
-  std::error_code ec;
-  const std::uintmax_t size = std::filesystem::file_size(path, ec);
-  if (ec) throw Error(errc::io_error, {.file = path.string(), .os_error = ec}, "cannot read the checksum sidecar");
+  // open(2) and read(2) themselves, not a stream: every failure keeps its errno, and a FIFO
+  // or device at the sidecar's path is refused instead of blocking.
+  RegularFile opened = open_regular_file(path.string());
+  if (!opened) {
+    if (!opened.not_regular.empty())
+      throw Error(errc::io_error, {.file = path.string()},
+                  fmt::format("the checksum sidecar is {}, not a regular file", opened.not_regular));
+    throw Error(errc::io_error, {.file = path.string(), .os_error = opened.error}, "cannot open the checksum sidecar");
+  }
+  const auto size = static_cast<std::uintmax_t>(opened.status.st_size);
   if (size > max_sidecar_bytes)
     throw Error(errc::invalid_metadata, {.file = path.string()},
                 fmt::format("the checksum sidecar is {} bytes, more than the {}-byte limit", size, max_sidecar_bytes));
-  std::ifstream in(path, std::ios::binary);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (!in && !in.eof()) throw Error(errc::io_error, {.file = path.string()}, "reading the checksum sidecar failed");
+  std::string text(static_cast<std::size_t>(size), '\0');
+  std::size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t r = ::read(opened.fd.get(), text.data() + got, text.size() - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0)
+      throw Error(errc::io_error, {.file = path.string(), .offset = got, .os_error = {errno, std::system_category()}},
+                  "reading the checksum sidecar failed");
+    if (r == 0) break;  // it shrank since the fstat: parse what is there
+    got += static_cast<std::size_t>(r);
+  }
+  text.resize(got);
   if (auto bad = json::find_invalid_utf8(text))
     throw Error(errc::invalid_metadata, {.file = path.string(), .offset = *bad}, "the checksum sidecar is not UTF-8");
   Checksums out;
@@ -234,7 +252,11 @@ Checksums Checksums::discover(const std::filesystem::path& checkpoint, const Cat
   Checksums out = from_metadata(catalog);
   const std::filesystem::path sidecar = sidecar_path(checkpoint);
   std::error_code ec;
-  if (!std::filesystem::exists(sidecar, ec)) return out;
+  // Only a sidecar that is absent, or whose name no file can have (a checkpoint name near
+  // NAME_MAX), is no sidecar: one whose status cannot be read (ELOOP, EACCES on its
+  // directory) may exist, and from_sidecar says why it cannot be read.
+  const bool absent = !std::filesystem::exists(sidecar, ec);
+  if (absent && (!ec || ec == std::errc::filename_too_long || ec == std::errc::not_a_directory)) return out;
   Checksums found = from_sidecar(sidecar);
   merge(out.digests_, found.digests_, sidecar.string());
   out.shards_ = std::move(found.shards_);  // shard digests live in sidecars only
@@ -318,7 +340,19 @@ std::optional<DigestCheck> Checksums::check(const Catalog& catalog, const std::s
                      selection};
 }
 
+void Checksums::check_recordable(const std::string& tensor) {
+  // JSON text cannot hold a byte that is not UTF-8 (GGUF names may have them): a sidecar that
+  // named such a tensor some other way would name a tensor the checkpoint does not have.
+  if (const auto bad = json::find_invalid_utf8(tensor))
+    throw Error(errc::invalid_argument, {.tensor = tensor},
+                fmt::format("the tensor name is not UTF-8 (byte {} of it), and a JSON checksum sidecar can only "
+                            "record UTF-8 names",
+                            *bad));
+}
+
 std::string Checksums::to_json() const {
+  for (const auto& [tensor, d] : digests_) check_recordable(tensor);
+  for (const auto& [tensor, shards] : shards_) check_recordable(tensor);
   bool plain =
       std::all_of(digests_.begin(), digests_.end(), [](const auto& entry) { return entry.second.xxh3_128.empty(); });
   for (const auto& [tensor, shards] : shards_)
@@ -403,6 +437,8 @@ asio::awaitable<std::string> hash_tensor(CheckpointSource& source, const DigestC
       };
       co_await on_hasher(hasher, std::move(window));
     }
+    // A mapping reads the file as it is at each page: a rewrite meanwhile faults nothing.
+    mapped->check_unchanged();
   } else {
     ChunkStream chunks = source.stream(request);
     // Each chunk is hashed and released before the next one is read: holding it while

@@ -2,6 +2,9 @@
 // through a source catching a tensor whose bytes changed.
 #include "eredu/io/checksums.hpp"
 
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <xxhash.h>
 #include <asio/thread_pool.hpp>
 #include <asio/use_awaitable.hpp>
@@ -10,6 +13,9 @@
 #include <cerrno>
 #include <chrono>
 #include <future>
+#include <stdexcept>
+#include <string_view>
+#include <system_error>
 
 #include <fmt/format.h>
 
@@ -120,6 +126,99 @@ TEST_CASE("checksums – verification reads through the source and names a chang
   Checksums unknown;
   unknown.add("zzz", f.digest(0));
   CHECK(kind_of([&] { verify(unknown); }) == errc::tensor_not_found);
+  CHECK(source->pool().in_use() == 0);
+}
+
+TEST_CASE(
+    "checksums – a sidecar that cannot be read says why with its errno; one that cannot be examined is not "
+    "ignored",
+    "[io][checksums]") {
+  Fixture f;
+  auto error_of = [](auto&& fn) -> Error {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return e;
+    }
+    FAIL("no eredu::Error");
+    throw std::logic_error("unreachable");
+  };
+  auto check_errno = [](const Error& e, int err) {
+    CHECK(e.kind() == errc::io_error);
+    CHECK(e.context().os_error == std::error_code(err, std::system_category()));
+    CHECK_THAT(e.what(), Catch::Contains(std::error_code(err, std::system_category()).message()));
+  };
+  // Missing: ENOENT, named.
+  check_errno(error_of([&] { Checksums::from_sidecar(f.dir / "absent.json"); }), ENOENT);
+  // A symbolic link to itself: ELOOP, at the open. discover() must not take it for no sidecar.
+  const std::filesystem::path sidecar = Checksums::sidecar_path(f.path);
+  std::filesystem::create_symlink(sidecar.filename(), sidecar);
+  check_errno(error_of([&] { Checksums::from_sidecar(sidecar); }), ELOOP);
+  check_errno(error_of([&] { Checksums::discover(f.path, open_catalog(f.path)); }), ELOOP);
+  std::filesystem::remove(sidecar);
+  // A FIFO at the path: refused at once, never waited on.
+  REQUIRE(::mkfifo(sidecar.c_str(), 0600) == 0);
+  const Error fifo = error_of([&] { Checksums::from_sidecar(sidecar); });
+  CHECK(fifo.kind() == errc::io_error);
+  CHECK_THAT(fifo.what(), Catch::Contains("FIFO"));
+  std::filesystem::remove(sidecar);
+
+  // Unreadable (EACCES): the case the message lacked its errno for. Root reads any file, so
+  // as root the check runs in a child that has given its privileges up.
+  Checksums sums;
+  sums.add("a", f.digest(0));
+  synth::write_text_file(sidecar, sums.to_json());
+  REQUIRE(::chmod(sidecar.c_str(), 0) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    if (::geteuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) ::_exit(3);
+    try {
+      Checksums::from_sidecar(sidecar);
+    } catch (const Error& e) {
+      const bool has_errno = e.kind() == errc::io_error && e.context().os_error == std::errc::permission_denied &&
+                             std::string_view(e.what()).find("Permission denied") != std::string_view::npos;
+      ::_exit(has_errno ? 0 : 1);
+    }
+    ::_exit(2);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  REQUIRE(WIFEXITED(status));
+  if (WEXITSTATUS(status) == 3)
+    WARN("cannot give up root here (setuid failed): the unreadable-sidecar case is not exercised");
+  else
+    CHECK(WEXITSTATUS(status) == 0);  // 1: an io_error without EACCES's errno text; 2: read anyway
+}
+
+TEST_CASE(
+    "checksums – a file rewritten in place since it was opened fails verification with file_changed, not as a "
+    "mismatch",
+    "[io][checksums]") {
+  Fixture f;
+  asio::io_context ctx;
+  SourceOptions options;
+  // Both ways of reading: hashing a mapping of the page cache, and chunk leases.
+  options.map_resident = GENERATE(true, false);
+  options.pool.budget = 64 << 10;
+  options.chunk_bytes = 8 << 10;
+  auto source = CheckpointSource::open(ctx.get_executor(), f.path, options);
+  const TensorInfo& a = source->catalog().at("a");
+  // cp -p's rewrite: same size, other bytes, the old modification time put back.
+  const std::vector<std::byte> other(a.nbytes, std::byte{0x33});
+  test::rewrite_in_place(f.path, a.offset, other);
+  Checksums good;
+  good.add("a", f.digest(0));
+  try {
+    test::run_on(ctx, [](CheckpointSource& s, Checksums c) -> asio::awaitable<std::uint64_t> {
+      co_return co_await async_verify_checksums(s, std::move(c), asio::use_awaitable);
+    }(*source, std::move(good)));
+    FAIL("a rewritten file verified");
+  } catch (const Error& e) {
+    CHECK(e.kind() == errc::file_changed);
+    CHECK(e.context().file == f.path.string());
+    CHECK(e.context().tensor == "a");
+  }
   CHECK(source->pool().in_use() == 0);
 }
 

@@ -168,6 +168,8 @@ std::vector<ShardPlan> shard_plans(const std::string& tensor, std::span<const io
 /// Every digest of `known` and every selection of `shards` names a tensor of `catalog` and
 /// fits it (see hash_checkpoint); throws otherwise.
 void check_inputs(const io::Catalog& catalog, const ShardSelections& shards, const io::Checksums& known) {
+  // The sidecar written at the end must be able to name every tensor: said before the hashing.
+  for (const io::TensorInfo& t : catalog.tensors()) io::Checksums::check_recordable(t.name);
   for (const auto& [tensor, digests] : known.digests()) (void)known.check(catalog, tensor);
   for (const auto& [tensor, recorded] : known.shards())
     for (const auto& [text, shard] : recorded) (void)known.check(catalog, tensor, shard.selection);

@@ -49,8 +49,9 @@ struct HashStats {
 ///  * every digest `known` records (whole or shard, of any kind), each hashed in the same pass
 ///    and compared with the file: so every digest returned was checked against the file now.
 ///
-/// Before anything is read, every digest of `known` and every selection must name a tensor of
-/// the catalog and fit it: Error(tensor_not_found), Error(invalid_argument). A recorded digest
+/// Before anything is read, every tensor's name must be one a sidecar can record
+/// (io::Checksums::check_recordable), and every digest of `known` and every selection must
+/// name a tensor of the catalog and fit it: Error(tensor_not_found), Error(invalid_argument). A recorded digest
 /// that differs from the file is Error(checksum_mismatch) naming file, tensor, offset (and
 /// the shard), thrown as soon as that tensor is hashed. A file that cannot be opened or read
 /// is Error(io_error), one that ends early Error(unexpected_eof), both naming file, tensor and

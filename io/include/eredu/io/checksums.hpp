@@ -90,13 +90,16 @@ class Checksums {
   /// The digests recorded in `catalog`'s metadata ("sha256:<tensor>", "xxh3-128:<tensor>"
   /// keys). Throws Error(invalid_metadata) for a malformed digest.
   static Checksums from_metadata(const Catalog& catalog);
-  /// The digests of a sidecar JSON file. Throws Error(io_error) when it cannot be read,
+  /// The digests of a sidecar JSON file. Throws Error(io_error) with the errno when it cannot
+  /// be opened or read (or is no regular file: never blocks on a FIFO),
   /// Error(invalid_metadata) when it is not an object of tensor → digest string or object.
   static Checksums from_sidecar(const std::filesystem::path& path);
   /// Where the sidecar of `checkpoint` lives: "<file>.sha256.json" next to a file,
   /// "<dir>/checksums.sha256.json" inside a directory (sharded checkpoints).
   static std::filesystem::path sidecar_path(const std::filesystem::path& checkpoint);
   /// Metadata digests, plus the sidecar's when it exists (a digest in both must agree).
+  /// A sidecar whose status cannot be read (a symbolic-link loop, a directory it cannot
+  /// search) is from_sidecar's io_error, not taken for none.
   static Checksums discover(const std::filesystem::path& checkpoint, const Catalog& catalog);
 
   /// Records the SHA-256 of `tensor` (lowercased). Throws Error(invalid_argument) for a
@@ -133,8 +136,12 @@ class Checksums {
   /// Every shard's digests: tensor name → Selection::to_string() → digests.
   const std::map<std::string, std::map<std::string, ShardDigests>>& shards() const noexcept { return shards_; }
   /// The sidecar JSON text of these digests: plain SHA-256 strings when that is all there is
-  /// (the format older readers know), objects by digest name otherwise.
+  /// (the format older readers know), objects by digest name otherwise. Throws what
+  /// check_recordable throws for a tensor's name.
   std::string to_json() const;
+  /// Throws Error(invalid_argument) naming `tensor` when a sidecar cannot record its name:
+  /// one that is not UTF-8 (a GGUF name may be any bytes), which JSON text cannot hold.
+  static void check_recordable(const std::string& tensor);
 
  private:
   std::map<std::string, TensorDigests> digests_;
