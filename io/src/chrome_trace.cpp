@@ -26,20 +26,20 @@ std::string chrome_trace_json(const trace::Recorder& recorder) {
   for (const auto& track : recorder.tracks()) {
     separate();
     out += fmt::format(R"({{"name":"thread_name","ph":"M","pid":1,"tid":{},"args":{{"name":)", track.thread);
-    json::append_quoted(out, track.name);
+    json::append_quoted_bytes(out, track.name);
     out += "}}";
   }
   for (const auto& e : recorder.events()) {
     separate();
     out += R"({"name":)";
-    json::append_quoted(out, e.name);
+    json::append_quoted_bytes(out, e.name);
     out += R"(,"cat":)";
-    json::append_quoted(out, e.category);
+    json::append_quoted_bytes(out, e.category);
     out += fmt::format(R"(,"ph":"X","pid":1,"tid":{},"ts":{:.3f},"dur":{:.3f})", e.thread, micros(e.begin_ns),
                        static_cast<double>(e.end_ns - e.begin_ns) / 1000.0);
     if (!e.detail.empty()) {
       out += R"(,"args":{"detail":)";
-      json::append_quoted(out, e.detail);
+      json::append_quoted_bytes(out, e.detail);
       out += '}';
     }
     out += '}';

@@ -464,22 +464,6 @@ std::string float_json(double d, bool single) {
   return single ? fmt::format("{}", static_cast<float>(d)) : fmt::format("{}", d);
 }
 
-// `s` with every invalid UTF-8 sequence replaced by U+FFFD, so it can be quoted as JSON.
-std::string valid_utf8(std::string_view s) {
-  std::string out;
-  while (!s.empty()) {
-    const auto bad = json::find_invalid_utf8(s);
-    if (!bad) {
-      out += s;
-      break;
-    }
-    out += s.substr(0, *bad);
-    out += "\xEF\xBF\xBD";
-    s.remove_prefix(*bad + 1);
-  }
-  return out;
-}
-
 }  // namespace
 
 std::string_view value_type_name(ValueType t) noexcept {
@@ -578,7 +562,7 @@ std::string Value::element_json(std::uint64_t i) const {
     case ValueType::boolean:
       return bytes[i] != 0 ? "true" : "false";
     case ValueType::string:
-      return json::quoted(valid_utf8(strings[i]));
+      return json::quoted_bytes(strings[i]);
     case ValueType::array:
       break;
   }

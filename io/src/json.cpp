@@ -9,6 +9,37 @@
 
 namespace eredu::io::json {
 
+namespace {
+
+// Length of the well-formed UTF-8 sequence at s[i] (s[i] >= 0x80): 2..4, or 0 when none starts
+// there. The ranges of the second byte follow the Unicode table of well-formed sequences
+// (Table 3-7), which excludes overlong forms, surrogates and values above U+10FFFF.
+std::size_t utf8_sequence_length(const unsigned char* s, std::size_t n, std::size_t i) noexcept {
+  const unsigned c = s[i];
+  std::size_t len;
+  unsigned lo = 0x80, hi = 0xBF;
+  if (c >= 0xC2 && c <= 0xDF) {
+    len = 2;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    len = 3;
+    if (c == 0xE0) lo = 0xA0;
+    if (c == 0xED) hi = 0x9F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    len = 4;
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;
+  } else {
+    return 0;
+  }
+  if (i + 1 >= n || s[i + 1] < lo || s[i + 1] > hi) return 0;
+  for (std::size_t k = 2; k < len; ++k) {
+    if (i + k >= n || (s[i + k] & 0xC0) != 0x80) return 0;
+  }
+  return len;
+}
+
+}  // namespace
+
 std::optional<std::size_t> find_invalid_utf8(std::string_view bytes) noexcept {
   const auto* s = reinterpret_cast<const unsigned char*>(bytes.data());
   const std::size_t n = bytes.size();
@@ -22,32 +53,12 @@ std::optional<std::size_t> find_invalid_utf8(std::string_view bytes) noexcept {
       i += 8;
     }
     if (i >= n) break;
-    const unsigned c = s[i];
-    if (c < 0x80) {
+    if (s[i] < 0x80) {
       ++i;
       continue;
     }
-    // Ranges of the second byte follow the Unicode table of well-formed sequences
-    // (Table 3-7), which excludes overlong forms, surrogates and values above U+10FFFF.
-    std::size_t len;
-    unsigned lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) {
-      len = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      len = 3;
-      if (c == 0xE0) lo = 0xA0;
-      if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      len = 4;
-      if (c == 0xF0) lo = 0x90;
-      if (c == 0xF4) hi = 0x8F;
-    } else {
-      return i;
-    }
-    if (i + 1 >= n || s[i + 1] < lo || s[i + 1] > hi) return i;
-    for (std::size_t k = 2; k < len; ++k) {
-      if (i + k >= n || (s[i + k] & 0xC0) != 0x80) return i;
-    }
+    const std::size_t len = utf8_sequence_length(s, n, i);
+    if (len == 0) return i;
     i += len;
   }
   return std::nullopt;
@@ -514,41 +525,94 @@ Range<Member> Value::members() const noexcept {
   return Range<Member>(doc_, index_ + 1, size());
 }
 
+namespace {
+
+constexpr char hex_digits[] = "0123456789abcdef";
+
+// Appends ASCII byte `c` as serde_json writes it inside a string: quote, backslash,
+// \b \f \n \r \t, \u00xx (lowercase) for other control bytes, anything else verbatim.
+void append_escaped_ascii(std::string& out, unsigned char c) {
+  switch (c) {
+    case '"':
+      out += "\\\"";
+      break;
+    case '\\':
+      out += "\\\\";
+      break;
+    case '\b':
+      out += "\\b";
+      break;
+    case '\f':
+      out += "\\f";
+      break;
+    case '\n':
+      out += "\\n";
+      break;
+    case '\r':
+      out += "\\r";
+      break;
+    case '\t':
+      out += "\\t";
+      break;
+    default:
+      if (c < 0x20) {
+        out += "\\u00";
+        out.push_back(hex_digits[c >> 4]);
+        out.push_back(hex_digits[c & 0xF]);
+      } else {
+        out.push_back(static_cast<char>(c));
+      }
+  }
+}
+
+// Appends \uXXXX for a code point of the Basic Multilingual Plane.
+void append_u_escape(std::string& out, unsigned code) {
+  out += "\\u";
+  for (int shift = 12; shift >= 0; shift -= 4) out.push_back(hex_digits[(code >> shift) & 0xF]);
+}
+
+}  // namespace
+
 void append_quoted(std::string& out, std::string_view s) {
-  static constexpr char hex[] = "0123456789abcdef";
   out.push_back('"');
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20) {
-          out += "\\u00";
-          out.push_back(hex[c >> 4]);
-          out.push_back(hex[c & 0xF]);
-        } else {
-          out.push_back(static_cast<char>(c));
-        }
+  for (unsigned char c : s) append_escaped_ascii(out, c);
+  out.push_back('"');
+}
+
+void append_quoted_bytes(std::string& out, std::string_view bytes) {
+  const auto* s = reinterpret_cast<const unsigned char*>(bytes.data());
+  const std::size_t n = bytes.size();
+  out.push_back('"');
+  for (std::size_t i = 0; i < n;) {
+    const unsigned char c = s[i];
+    if (c < 0x80) {
+      // DEL is valid JSON as it is, but would reach a terminal that prints the document.
+      if (c == 0x7F)
+        append_u_escape(out, c);
+      else
+        append_escaped_ascii(out, c);
+      ++i;
+      continue;
     }
+    const std::size_t len = utf8_sequence_length(s, n, i);
+    if (len == 0) {
+      // Not UTF-8, which JSON text cannot hold: written as eredu::printable writes it in
+      // messages (\xNN), so a name reads the same in a document and on stderr.
+      out += "\\\\x";
+      out.push_back(hex_digits[c >> 4]);
+      out.push_back(hex_digits[c & 0xF]);
+      ++i;
+      continue;
+    }
+    if (len == 2 && c == 0xC2 && s[i + 1] < 0xA0) {
+      append_u_escape(out, s[i + 1]);  // a C1 control: 0x9B is CSI on some terminals
+    } else if (len == 3 && c == 0xE2 && s[i + 1] == 0x80 && (s[i + 2] == 0xA8 || s[i + 2] == 0xA9)) {
+      // U+2028, U+2029: line ends to JavaScript before ES2019 and to some line readers.
+      append_u_escape(out, 0x2028u + (s[i + 2] - 0xA8u));
+    } else {
+      out.append(bytes.substr(i, len));
+    }
+    i += len;
   }
   out.push_back('"');
 }

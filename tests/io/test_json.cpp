@@ -4,6 +4,9 @@
 
 #include <string>
 
+#include "eredu/core/printable.hpp"
+#include "eredu/io/json_text.hpp"
+
 namespace json = eredu::io::json;
 
 namespace {
@@ -114,4 +117,26 @@ TEST_CASE("json – UTF-8 validation refuses overlong forms and surrogates", "[i
   CHECK(find_invalid_utf8("\xF5\x80\x80\x80") == 0u);
   CHECK(find_invalid_utf8("ab\xE2\x82") == 2u);
   CHECK(find_invalid_utf8("\x80") == 0u);
+}
+
+TEST_CASE("json – any bytes quote to valid UTF-8 JSON: controls escaped, invalid bytes as printable writes them",
+          "[io][json]") {
+  using json::quoted_bytes;
+  // Valid text reads back unchanged; controls, DEL, C1 and the line separators are \u escapes.
+  const std::string valid = std::string("a\"b\\c\x1b[2J\0z\n\t\x7f", 14) + "\xC2\x9B\xE2\x80\xA8\xE2\x80\xA9 é€😀";
+  const std::string text = quoted_bytes(valid);
+  CHECK(text ==
+        "\"a\\\"b\\\\c\\u001b[2J\\u0000z\\n\\t\\u007f\\u009b\\u2028\\u2029 \xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80\"");
+  CHECK(json::Document::parse(text).root().as_string() == valid);
+  // ASCII only but for the valid multi-byte characters: no raw control byte reaches a terminal.
+  for (char c : text) CHECK((static_cast<unsigned char>(c) >= 0x20 && c != 0x7f));
+
+  // Not UTF-8 (a lone byte, a truncated sequence, an overlong form, a surrogate): each byte
+  // as \xNN, the text eredu::printable writes in messages, so the two read the same.
+  const std::string invalid = "p\xFF/q\xE2\x82.r\xC0\xAFs\xED\xA0\x80t";
+  const std::string quoted = quoted_bytes(invalid);
+  CHECK_FALSE(json::find_invalid_utf8(quoted));
+  const std::string decoded(json::Document::parse(quoted).root().as_string());
+  CHECK(decoded == "p\\xff/q\\xe2\\x82.r\\xc0\\xafs\\xed\\xa0\\x80t");
+  CHECK(decoded == eredu::printable(invalid));
 }

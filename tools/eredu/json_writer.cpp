@@ -67,7 +67,7 @@ JsonWriter& JsonWriter::key(std::string_view name) {
   assert(!scopes_.empty() && scopes_.back() == Scope::object && !key_pending_);
   if (!first_.back()) out_ += ',';
   first_.back() = false;
-  io::json::append_quoted(out_, name);
+  io::json::append_quoted_bytes(out_, name);
   out_ += ':';
   key_pending_ = true;
   return *this;
@@ -75,7 +75,7 @@ JsonWriter& JsonWriter::key(std::string_view name) {
 
 JsonWriter& JsonWriter::value(std::string_view s) {
   before_value();
-  io::json::append_quoted(out_, s);
+  io::json::append_quoted_bytes(out_, s);
   if (scopes_.empty()) done_ = true;
   return *this;
 }

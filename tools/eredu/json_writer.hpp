@@ -5,10 +5,14 @@
 ///
 /// It writes compact JSON text in document order into a string, placing commas and
 /// escaping strings itself, so a caller cannot produce invalid JSON by forgetting a comma
-/// or a quote. The field vocabulary of docs/cli.md is part of the API: sizes, times, rates
-/// and counts are written through bytes(), seconds(), rate() and count(), which add the
-/// unit suffix (`_bytes`, `_seconds`, `_gb_per_s`, `_count`), so the same kind of figure
-/// gets the same kind of name in every command.
+/// or a quote. Keys and string values may hold any bytes (paths, tensor names, messages):
+/// io::json::append_quoted_bytes encodes them, so every document is valid UTF-8 JSON, and a
+/// byte that is not UTF-8 reads `\xNN`, as in eredu::printable's messages (docs/cli.md).
+///
+/// The field vocabulary of docs/cli.md is part of the API: sizes, times, rates and counts
+/// are written through bytes(), seconds(), rate() and count(), which add the unit suffix
+/// (`_bytes`, `_seconds`, `_gb_per_s`, `_count`), so the same kind of figure gets the same
+/// kind of name in every command.
 ///
 /// take() hands out the text written so far and keeps the nesting state, so a long array
 /// (trace events, say) can be streamed to a file in pieces instead of held whole.
@@ -37,10 +41,11 @@ class JsonWriter {
   JsonWriter& begin_array();
   /// Closes the innermost array.
   JsonWriter& end_array();
-  /// Writes a member name inside an object; the next call writes its value.
+  /// Writes a member name (any bytes, see the file comment) inside an object; the next call
+  /// writes its value.
   JsonWriter& key(std::string_view name);
 
-  /// A string value, escaped as serde_json does (io::json::append_quoted).
+  /// A string value of any bytes (io::json::append_quoted_bytes: see the file comment).
   JsonWriter& value(std::string_view s);
   /// A string value (keeps string literals from converting to bool).
   JsonWriter& value(const char* s) { return value(std::string_view(s)); }
@@ -79,7 +84,8 @@ class JsonWriter {
   JsonWriter& rate(std::string_view name, double gb_per_s);
   /// A number of things: member "<name>_count", or "count".
   JsonWriter& count(std::string_view name, std::uint64_t n);
-  /// `json`, which must already be one valid JSON value (e.g. a GGUF value's to_json()), as is.
+  /// `json`, which must already be one valid UTF-8 JSON value (e.g. a GGUF value's
+  /// to_json()), as is.
   JsonWriter& json_value(std::string_view json) { return raw_value(json); }
 
   /// The text written since the last take(); the writer keeps its nesting state, so

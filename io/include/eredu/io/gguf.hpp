@@ -102,8 +102,8 @@ struct Value {
   std::optional<std::int64_t> as_i64() const noexcept;
   /// The string of a string scalar, else nullopt.
   std::optional<std::string_view> as_string() const noexcept;
-  /// Element `i` as JSON text (numbers in shortest round-trip form, strings quoted; a string
-  /// that is not valid UTF-8 has its invalid bytes replaced by U+FFFD).
+  /// Element `i` as JSON text (numbers in shortest round-trip form, strings quoted by
+  /// json::append_quoted_bytes: a byte that is not UTF-8 reads `\xNN`).
   std::string element_json(std::uint64_t i) const;
   /// The whole value as compact JSON text (an array as a JSON array).
   std::string to_json() const;
