@@ -14,12 +14,14 @@
 #include <optional>
 #include <string>
 #include <system_error>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "cli.hpp"
 #include "commands.hpp"
 #include "eredu/core/error.hpp"
+#include "eredu/core/printable.hpp"
 #include "eredu/io/gguf.hpp"
 #include "eredu/io/open_catalog.hpp"
 
@@ -158,14 +160,20 @@ int run_inspect(const InspectOptions& o, const CommonFlags& flags) {
     print_document(json);
     return 0;
   }
+  // Names and paths come from the checkpoint: escaped (printable), so an escape sequence
+  // cannot act on the terminal and a newline cannot split a row.
+  std::vector<std::string> names;
+  names.reserve(catalog.size());
   std::size_t name_w = 4;
-  for (const auto& t : catalog.tensors()) name_w = std::max(name_w, t.name.size());
+  for (const auto& t : catalog.tensors()) name_w = std::max(name_w, names.emplace_back(printable(t.name)).size());
   name_w = std::min<std::size_t>(name_w, 60);
+  std::vector<std::string> file_names;
+  for (const auto& f : files) file_names.push_back(printable(std::filesystem::path(f.path).filename().string()));
   fmt::print("{:<{}}  {:<11}  {:<20}  {:>14}  {}\n", "name", name_w, "dtype", "shape", "bytes", "file");
-  for (const auto& t : catalog.tensors()) {
-    std::string file = std::filesystem::path(files[t.file].path).filename().string();
-    fmt::print("{:<{}}  {:<11}  {:<20}  {:>14}  {}\n", t.name, name_w, dtype_name(t.dtype), format_shape(t.shape),
-               t.nbytes, file);
+  for (std::size_t i = 0; i < catalog.size(); ++i) {
+    const io::TensorInfo& t = catalog.tensors()[i];
+    fmt::print("{:<{}}  {:<11}  {:<20}  {:>14}  {}\n", names[i], name_w, dtype_name(t.dtype), format_shape(t.shape),
+               t.nbytes, file_names[t.file]);
   }
   fmt::print("\n{} tensors, {} ({} bytes) in {} file{}", catalog.size(), format_bytes(catalog.total_bytes()),
              catalog.total_bytes(), files.size(), files.size() == 1 ? "" : "s");
@@ -175,7 +183,8 @@ int run_inspect(const InspectOptions& o, const CommonFlags& flags) {
     const char* ft = s.file_type ? llama_file_type_name(*s.file_type) : nullptr;
     fmt::print(
         "\nGGUF: architecture {}, {} blocks, file type {}, {} key-value pairs (--json lists them all)\n",
-        s.architecture.empty() ? "(none)" : s.architecture, s.blocks ? std::to_string(*s.blocks) : "(unknown)",
+        s.architecture.empty() ? "(none)" : printable(s.architecture),
+        s.blocks ? std::to_string(*s.blocks) : "(unknown)",
         s.file_type ? fmt::format("{}{}", *s.file_type, ft ? fmt::format(" ({})", ft) : std::string()) : "(none)",
         catalog.metadata().size());
     fmt::print("types:");
@@ -185,7 +194,7 @@ int run_inspect(const InspectOptions& o, const CommonFlags& flags) {
   }
   if (!catalog.metadata().empty()) {
     fmt::print("; metadata:");
-    for (const auto& [k, v] : catalog.metadata()) fmt::print(" {}={}", k, v);
+    for (const auto& [k, v] : catalog.metadata()) fmt::print(" {}={}", printable(k), printable(v));
   }
   fmt::print("\n");
   return 0;

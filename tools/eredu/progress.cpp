@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "cli.hpp"
+#include "eredu/core/printable.hpp"
 
 namespace eredu::cli {
 namespace {
@@ -46,7 +47,8 @@ int Progress::terminal_width() {
 }
 
 void Progress::phase(std::string_view name, std::uint64_t total_bytes, std::string_view context) {
-  label_ = context.empty() ? std::string(name) : fmt::format("{} · {}", context, name);
+  // A context may name a file: escaped, so it cannot act on the terminal or break the line.
+  label_ = context.empty() ? std::string(name) : fmt::format("{} · {}", printable(context), name);
   total_ = total_bytes;
   done_ = 0;
   start_ = now_seconds();

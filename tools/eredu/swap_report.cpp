@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "cli.hpp"
+#include "eredu/core/printable.hpp"
 
 namespace eredu::cli {
 namespace {
@@ -111,10 +112,11 @@ SwapAnalysis analyze_swap(const SwapScenarioOptions& o, const SwapScenarioResult
 }
 
 void print_swap_text(const SwapScenarioOptions& o, const SwapScenarioResult& r, const SwapAnalysis& a) {
-  fmt::print("serving {} ({} tensors, {}), swapping with {}\n", r.paths[0], r.tensor_count, format_bytes(r.bytes),
-             r.paths[1]);
+  // Paths and tensor names come from the user's files: escaped, as in every message.
+  fmt::print("serving {} ({} tensors, {}), swapping with {}\n", printable(r.paths[0]), r.tensor_count,
+             format_bytes(r.bytes), printable(r.paths[1]));
   fmt::print(
-      "  requests  {} clients, y = {}[0:{}, :] · x ({} multiply-adds), {}\n", o.concurrency, r.probe_tensor,
+      "  requests  {} clients, y = {}[0:{}, :] · x ({} multiply-adds), {}\n", o.concurrency, printable(r.probe_tensor),
       r.probe_rows, r.probe_rows * r.probe_cols,
       o.serve_threads ? fmt::format("on a {}-thread arena", o.serve_threads) : std::string("inline on the loop"));
   std::string verify = o.verify == "off" ? std::string("off")
@@ -139,8 +141,8 @@ void print_swap_text(const SwapScenarioOptions& o, const SwapScenarioResult& r, 
       fmt::print("  swap {:<3} → generation {}: load {:.3f} s, {}, canary {:.3f} s, publish pause {} ns\n", i + 1,
                  s.report.generation, s.report.load_s, verified, s.report.canary_s, s.report.publish_pause.count());
     else
-      fmt::print("  swap {:<3} to {} rejected after {:.3f} s [{}]: {}\n", i + 1, s.target, s.seconds, s.error_kind,
-                 s.error);
+      fmt::print("  swap {:<3} to {} rejected after {:.3f} s [{}]: {}\n", i + 1, printable(s.target), s.seconds,
+                 s.error_kind, printable(s.error));
   }
   fmt::print("\n  publish pause  p50 {:.0f} ns, p99 {:.0f} ns, max {:.0f} ns over {} swaps\n",
              a.publish_pause.p50 * 1e9, a.publish_pause.p99 * 1e9, a.publish_pause.max * 1e9, a.publish_pause.count);
