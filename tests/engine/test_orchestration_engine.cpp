@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "eredu/core/error.hpp"
 #include "eredu/engine/engine_error.hpp"
 #include "eredu/engine/load.hpp"
@@ -268,6 +270,46 @@ TEST_CASE("orchestration engine – cancellation stops every realization, waits 
   CHECK(s.live_weights == 0);
   CHECK(s.binds == 0);
   CHECK(env.source->pool().in_use() == 0);
+  CHECK(nothing_bound(model));
+}
+
+TEST_CASE("orchestration engine – a cancellation after the start window filled starts nothing more",
+          "[engine][orchestration][fake][cancel]") {
+  // More owners than the window of realizations in flight: the orchestration waits for room
+  // between starts, and Asio clears the coroutine's cancellation slot after every such wait.
+  // A cancellation then must still stop the unit, and the owners not started stay unstarted
+  // (a unit of 100 000 tiny tensors ended only once every one had been read).
+  constexpr std::size_t owners = engine::detail::max_realizations_in_flight * 3;
+  std::vector<synth::TensorSpec> tensors;
+  std::vector<SlotDeclaration> slots;
+  std::vector<WeightBinding> plan_bindings;
+  for (std::size_t i = 0; i < owners; ++i) {
+    const std::string key = fmt::format("t{}", i);
+    tensors.push_back({key, DType::F32, {2}});
+    slots.push_back({key + ".weight", DType::F32, {2}});
+    plan_bindings.push_back(WeightBinding::tensor(key + ".weight", key, Selection::all(), 8));
+  }
+  TestCheckpoint ckpt{tensors};
+  asio::io_context ctx;
+  auto source = io::CheckpointSource::open(ctx.get_executor(), ckpt.path, small_source_options());
+  FakeDevice device(ctx.get_executor(), FakeReads::bypass);
+  device.delay(FakeOp::materialize, "", 3);  // each realization takes a few turns of the loop
+  Module model(slots);
+  asio::cancellation_signal cancel;
+  Outcome<void> done;
+  engine::async_load<FakeBackend>(model, *source, WeightBindingPlan(plan_bindings), device,
+                                  asio::bind_cancellation_slot(cancel.slot(), done.handler()));
+  // Past the first window: the orchestration has waited for room at least once.
+  run_until(ctx, [&] { return device.stats().started > engine::detail::max_realizations_in_flight + 8; });
+  REQUIRE_FALSE(done.ready());
+  cancel.emit(asio::cancellation_type::terminal);
+  const Error e = failure_of(ctx, done);
+  CHECK(e.kind() == errc::cancelled);
+  const FakeStats s = device.stats();
+  CHECK(s.started < owners);
+  CHECK(s.in_flight == 0);
+  CHECK(s.live_weights == 0);
+  CHECK(s.binds == 0);
   CHECK(nothing_bound(model));
 }
 

@@ -278,6 +278,42 @@ TEST_CASE("pipeline engine – cancelling async_next waits for a load that canno
   env.close(pipeline);
 }
 
+TEST_CASE("pipeline engine – a cancellation after async_next has waited once still stops the pipeline",
+          "[engine][pipeline][fake][cancel]") {
+  // async_next waits for a unit to start (the look-ahead is full), then for its load. Asio
+  // clears the coroutine's cancellation slot when the first wait completes; a cancellation
+  // during the second must still stop the pipeline (it used to be lost: the consumer was told
+  // nothing until the held load finished on its own, and a consumer gone by then left the
+  // producer waiting for budget for ever).
+  Env env;
+  FakeGate unit2 = env.device.hold(FakeOp::materialize, "layers.2.a", /*wake_on_stop=*/true);
+  Pipeline pipeline(*env.source, units(), make_layer, env.device, {.lookahead = 1, .passes = 0});
+  run_ready_handlers(env.ctx);
+  CHECK(env.started() == seq({0, 1}));
+  Pipeline::Unit u0 = env.next(pipeline);
+  Pipeline::Unit u1 = env.next(pipeline);
+
+  asio::cancellation_signal cancel;
+  Outcome<Pipeline::Unit> f;
+  pipeline.async_next(asio::bind_cancellation_slot(cancel.slot(), f.handler()));
+  run_ready_handlers(env.ctx);
+  CHECK_FALSE(f.ready());  // nothing started: the consumer holds K + 1 units
+  u0.release();            // room for unit 2, which the gate holds
+  run_ready_handlers(env.ctx);
+  CHECK(env.started() == seq({0, 1, 2}));
+  CHECK_FALSE(f.ready());
+  cancel.emit(asio::cancellation_type::terminal);
+  run_ready_handlers(env.ctx);
+  REQUIRE(f.ready());  // the held load woke on the stop and returned
+  CHECK(failure_of(env.ctx, f).kind() == errc::cancelled);
+  CHECK_FALSE(unit2.is_open());
+  CHECK(env.stats().in_flight == 0);
+  unit2.open();
+  env.check_unit(u1.module(), 1);
+  u1.release();
+  env.close(pipeline);
+}
+
 TEST_CASE("pipeline engine – closing stops held loads and completes only once every one has returned",
           "[engine][pipeline][fake][cancel]") {
   Env env;

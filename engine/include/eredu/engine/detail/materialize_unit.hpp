@@ -6,9 +6,12 @@
 /// The order of events, and why:
 ///  1. The plan is checked against the catalog (every recipe inferred, every declared byte
 ///     count compared) before any read: a bad plan costs no I/O.
-///  2. Every owner's realization is started at once: reads, conversions and recipe execution
-///     of different tensors overlap, limited only by the lease pool (staging) and the reader's
-///     queue depth.
+///  2. The owners' realizations are started in order, up to max_realizations_in_flight at a
+///     time: reads, conversions and recipe execution of different tensors overlap, limited by
+///     the lease pool (staging) and the reader's queue depth. The window is far above what a
+///     reader keeps in flight, so it costs no overlap; it is what lets a stop end a unit of
+///     100 000 tiny tensors at once, since the realizations not started are never started
+///     (started ones queue reads a stop cannot recall).
 ///  3. When one fails, the others are told to stop (std::stop_token) and the orchestration
 ///     waits until every one has completed — so every lease is back in its pool and no
 ///     backend work still writes into a weight — before it reports the first root-cause
@@ -27,12 +30,15 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <stop_token>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "eredu/core/async_event.hpp"
 #include "eredu/core/completion.hpp"
+#include "eredu/core/detail/ignore_cancellation.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/engine/detail/load_verification.hpp"
 #include "eredu/engine/materialize_options.hpp"
@@ -44,6 +50,9 @@
 #include "eredu/io/checksums.hpp"
 
 namespace eredu::engine::detail {
+
+/// Realizations of one unit started and not yet complete, at most (see step 2 above).
+inline constexpr std::size_t max_realizations_in_flight = 256;
 
 /// Realizes every binding of `plan` on backend B (see file comment). A terminal cancellation
 /// of the calling coroutine stops every realization at its next step; the unit is then awaited
@@ -70,19 +79,35 @@ asio::awaitable<MaterializedUnit<B>> materialize_unit(io::CheckpointSource& sour
   // realization at its next step; the unit is then awaited whole, like any failure.
   std::stop_source stop;
   auto cancelled_by_caller = std::make_shared<std::atomic<bool>>(false);
+  // The window of step 2: realizations completed so far, and an event set at each completion
+  // (and at a stop) for the coroutine waiting to start the next one. Shared: a completion's
+  // callback may still run once the coroutine is gone.
+  struct Window {
+    std::mutex mutex;
+    std::size_t completed = 0;
+    AsyncEvent progressed;
+  };
+  auto window = std::make_shared<Window>();
   co_await asio::this_coro::throw_if_cancelled(false);
   asio::cancellation_state cancel_state = co_await asio::this_coro::cancellation_state;
-  if (cancel_state.slot().is_connected()) {
-    cancel_state.slot().assign([stop, cancelled_by_caller](asio::cancellation_type) mutable {
+  // Puts the stop in the coroutine's cancellation slot, and stops now if a cancellation came
+  // while it was not there: before this step (it reached co_spawn's handler), or during a
+  // wait (Asio clears the slot whenever an awaited operation completes, so this runs again
+  // after every wait).
+  auto listen = [&] {
+    if (cancel_state.slot().is_connected()) {
+      cancel_state.slot().assign([stop, cancelled_by_caller, window](asio::cancellation_type) mutable {
+        cancelled_by_caller->store(true);
+        stop.request_stop();
+        window->progressed.set();
+      });
+    }
+    if (cancel_state.cancelled() != asio::cancellation_type::none) {
       cancelled_by_caller->store(true);
       stop.request_stop();
-    });
-  }
-  // A cancellation emitted before this step reached co_spawn's handler, not the one above.
-  if (cancel_state.cancelled() != asio::cancellation_type::none) {
-    cancelled_by_caller->store(true);
-    stop.request_stop();
-  }
+    }
+  };
+  listen();
 
   // 2. Start every owner, and the re-read check beside them.
   std::vector<typename B::Materialization> in_flight;
@@ -112,6 +137,22 @@ asio::awaitable<MaterializedUnit<B>> materialize_unit(io::CheckpointSource& sour
   std::exception_ptr start_error;
   std::size_t started = 0;
   for (; started < owners.size(); ++started) {
+    // Room in the window, unless the unit is stopping: then nothing more starts.
+    for (;;) {
+      {
+        std::lock_guard lock(window->mutex);
+        if (stop.stop_requested() || started - window->completed < max_realizations_in_flight) break;
+        window->progressed.reset();
+      }
+      // Not the coroutine's cancellation slot: the handler assigned above must stay there.
+      try {
+        co_await window->progressed.async_wait(eredu::detail::use_awaitable_ignoring_cancellation());
+      } catch (...) {
+        // Only a destroyed event fails a wait, and this one lives as long as the window.
+      }
+      listen();
+    }
+    if (stop.stop_requested()) break;
     const WeightBinding& owner = *owners[started];
     try {
       if (const DerivedWeightRecipe* recipe = owner.recipe()) {
@@ -158,13 +199,16 @@ asio::awaitable<MaterializedUnit<B>> materialize_unit(io::CheckpointSource& sour
     }
     owner_done.push_back(done);
     std::uint64_t bytes = inferred[started].bytes;
-    done.on_complete([stop, progress = options.progress, bytes](std::exception_ptr e) mutable {
+    done.on_complete([stop, progress = options.progress, bytes, window](std::exception_ptr e) mutable {
       if (e) {
         stop.request_stop();
       } else if (progress) {
         progress->owners_done.fetch_add(1, std::memory_order_relaxed);
         progress->bytes_done.fetch_add(bytes, std::memory_order_relaxed);
       }
+      std::lock_guard lock(window->mutex);
+      ++window->completed;
+      window->progressed.set();
     });
   }
 

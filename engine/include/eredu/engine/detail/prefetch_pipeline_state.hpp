@@ -423,11 +423,17 @@ struct PipelineState {
     const PipelineClock::time_point asked = PipelineClock::now();
     co_await asio::this_coro::throw_if_cancelled(false);
     asio::cancellation_state cancel_state = co_await asio::this_coro::cancellation_state;
-    if (cancel_state.slot().is_connected()) cancel_state.slot().assign([s](asio::cancellation_type) { stop(s); });
-    // A cancellation emitted before this step (between the initiation and the coroutine's
-    // start) reached co_spawn's own handler, not the one above, and no await of this
-    // coroutine throws it: without this the pipeline kept loading for a consumer that had gone.
-    if (cancel_state.cancelled() != asio::cancellation_type::none) stop(s);
+    // Puts stop() in the coroutine's cancellation slot, and stops now if a cancellation came
+    // while it was not there: before this step (between the initiation and the coroutine's
+    // start, it reached co_spawn's own handler), or during a wait (Asio clears the slot when
+    // an awaited operation completes, so this runs again after every wait). No await of this
+    // coroutine throws a cancellation: without this the pipeline kept loading for a consumer
+    // that had gone.
+    auto listen = [&] {
+      if (cancel_state.slot().is_connected()) cancel_state.slot().assign([s](asio::cancellation_type) { stop(s); });
+      if (cancel_state.cancelled() != asio::cancellation_type::none) stop(s);
+    };
+    listen();
     struct ClearSlot {
       asio::cancellation_state& state;
       ~ClearSlot() {
@@ -478,9 +484,11 @@ struct PipelineState {
       if (end) co_return nullptr;
       if (!slot) {
         co_await settle(s->consumer_wake);
+        listen();
         continue;
       }
       co_await settle(loaded);
+      listen();
 
       std::exception_ptr failure;
       {
