@@ -16,6 +16,7 @@
 #include "checksum_sidecar.hpp"
 #include "cli.hpp"
 #include "commands.hpp"
+#include "eredu/core/printable.hpp"
 #include "eredu/io/checksums.hpp"
 #include "eredu/io/open_catalog.hpp"
 #include "interrupt.hpp"
@@ -102,9 +103,11 @@ int run_checksum(const ChecksumOptions& o, const CommonFlags& flags) {
     return 0;
   }
   fmt::print("checksum {} ({} tensors, {} file{}) of {} in {:.3f} s: {:.2f} GB/s\n", format_bytes(stats.bytes),
-             stats.tensors, file_count, file_count == 1 ? "" : "s", o.path, seconds, gb_per_s(stats.bytes, seconds));
-  fmt::print("  sidecar  {}: {} whole-tensor digest{}, {} shard digest{} ({})\n", sidecar.string(), digest_count,
-             digest_count == 1 ? "" : "s", sums.shard_count(), sums.shard_count() == 1 ? "" : "s", kinds_text(sums));
+             stats.tensors, file_count, file_count == 1 ? "" : "s", printable(o.path), seconds,
+             gb_per_s(stats.bytes, seconds));
+  fmt::print("  sidecar  {}: {} whole-tensor digest{}, {} shard digest{} ({})\n", printable(sidecar.string()),
+             digest_count, digest_count == 1 ? "" : "s", sums.shard_count(), sums.shard_count() == 1 ? "" : "s",
+             kinds_text(sums));
   if (dims)
     fmt::print("  shards   --tensor-parallel {}: {} shard{} of {} split tensor{} (head dim {}, {})\n",
                o.tensor_parallel, asked_shards, asked_shards == 1 ? "" : "s", shards.size(),

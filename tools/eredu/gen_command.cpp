@@ -27,6 +27,7 @@
 #include "cli.hpp"
 #include "commands.hpp"
 #include "eredu/core/error.hpp"
+#include "eredu/core/printable.hpp"
 #include "eredu/io/checksums.hpp"
 #include "eredu/io/digest.hpp"
 #include "eredu/io/gguf.hpp"
@@ -145,7 +146,7 @@ int run_gen(const GenOptions& o, const CommonFlags& flags) {
 
   if (!flags.quiet && !flags.json)
     fmt::print(stderr, "generating {}: {} layers, hidden {}, intermediate {}, vocab {}, {} tensors, {}, {} shard{}\n",
-               o.out, model.layers, model.hidden, model.intermediate, model.vocab, model.tensors.size(),
+               printable(o.out), model.layers, model.hidden, model.intermediate, model.vocab, model.tensors.size(),
                format_bytes(model.total_bytes), o.shards, o.shards == 1 ? "" : "s");
   Progress progress(!flags.quiet);
   progress.phase("write", model.total_bytes);
@@ -201,7 +202,7 @@ int run_gen(const GenOptions& o, const CommonFlags& flags) {
                  o.digest == "both"     ? "SHA-256 and XXH3-128"
                  : o.digest == "sha256" ? "SHA-256"
                                         : "XXH3-128",
-                 sidecar.string());
+                 printable(sidecar.string()));
   }
   return 0;
 }

@@ -18,6 +18,7 @@
 #include "commands.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/core/log.hpp"
+#include "eredu/core/printable.hpp"
 #include "interrupt.hpp"
 #include "options.hpp"
 #include "output_streams.hpp"
@@ -81,7 +82,7 @@ int run(int argc, char** argv, std::string& who) {
   };
   auto usage_error = [&](std::string_view message) {
     document(usage_error_document(name, message));
-    write_unchecked(stderr, fmt::format("{}: {}\nRun '{} --help' for usage.\n", who, message, who));
+    write_unchecked(stderr, fmt::format("{}: {}\nRun '{} --help' for usage.\n", who, eredu::printable(message), who));
     return 2;
   };
 
@@ -109,7 +110,7 @@ int run(int argc, char** argv, std::string& who) {
     return usage_error(e.what());
   } catch (const Interrupted& e) {
     document(interrupted_document(name, e.what()));
-    write_unchecked(stderr, fmt::format("{}: {}\n", who, e.what()));
+    write_unchecked(stderr, fmt::format("{}: {}\n", who, eredu::printable(e.what())));
     return e.exit_code();
   } catch (...) {
     const std::exception_ptr error = std::current_exception();
@@ -128,14 +129,15 @@ int run(int argc, char** argv, std::string& who) {
     if (const int signo = pending_signal()) {
       const Interrupted interrupted(signo, "working");
       document(interrupted_document(name, interrupted.what()));
-      write_unchecked(stderr, fmt::format("{}: {}\n", who, interrupted.what()));
+      write_unchecked(stderr, fmt::format("{}: {}\n", who, eredu::printable(interrupted.what())));
       return interrupted.exit_code();
     }
     document(error_document(name, error));
     try {
       std::rethrow_exception(error);
     } catch (const std::exception& e) {
-      write_unchecked(stderr, fmt::format("{}: {}\n", who, e.what()));
+      // An eredu::Error's message is printable already; a std::filesystem_error's holds raw paths.
+      write_unchecked(stderr, fmt::format("{}: {}\n", who, eredu::printable(e.what())));
     } catch (...) {
       write_unchecked(stderr, fmt::format("{}: an unknown exception\n", who));
     }

@@ -30,6 +30,7 @@
 #include "cli.hpp"
 #include "commands.hpp"
 #include "eredu/core/error.hpp"
+#include "eredu/core/printable.hpp"
 #include "eredu/cpu/backend.hpp"
 #include "eredu/cpu/float_formats.hpp"
 #include "eredu/engine/parameter_id.hpp"
@@ -322,8 +323,8 @@ int run_pipeline(const PipelineCommandOptions& o, const CommonFlags& flags) {
     print_document(json);
   } else {
     fmt::print("pipeline {} units ({} layers × {} pass{}) of {}: {} in {:.3f} s: {:.2f} GB/s\n", stats.delivered,
-               unit_count, o.passes, o.passes == 1 ? "" : "es", o.path, format_bytes(total_bytes), consumed.wall_s,
-               rate);
+               unit_count, o.passes, o.passes == 1 ? "" : "es", printable(o.path), format_bytes(total_bytes),
+               consumed.wall_s, rate);
     fmt::print("  units    {} tensors in layers, largest unit {}; {} tensors outside layers skipped ({})\n",
                g.layer_tensors, format_bytes(largest), g.skipped_tensors, format_bytes(g.skipped_bytes));
     fmt::print(

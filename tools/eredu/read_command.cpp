@@ -18,6 +18,7 @@
 #include "cli.hpp"
 #include "commands.hpp"
 #include "eredu/core/error.hpp"
+#include "eredu/core/printable.hpp"
 #include "eredu/io/checkpoint_source.hpp"
 #include "eredu/io/unique_fd.hpp"
 #include "interrupt.hpp"
@@ -220,7 +221,7 @@ int run_read(const ReadOptions& o, const CommonFlags& flags) {
                    verify_s);
       } else {
         fmt::print("  verify   {} tensors DIFFER from the independent pread pass, first: {}\n", mismatches,
-                   first_mismatch);
+                   printable(first_mismatch));
       }
     } else {
       fmt::print("  verify   off: nothing was compared\n");

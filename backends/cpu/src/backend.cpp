@@ -122,6 +122,9 @@ asio::awaitable<void> convert_mapped(const Job& job, io::MappedView view, const 
       if (const std::byte* at = fault.load(std::memory_order_relaxed)) throw view.fault_error({at});
       view.release_pages(part);
     }
+    // A mapping reads the file as it is at each page: a rewrite in place meanwhile (cp -p)
+    // faults nothing, and would mix two versions.
+    view.check_unchanged();
   });
   co_await await(c);
 }
