@@ -54,7 +54,8 @@ struct CommonFlags {
 /// The exit status every command follows (printed at the end of every --help).
 inline constexpr const char* exit_status_text =
     "Exit status: 0 success; 1 the command ran and failed (an eredu error, a mismatch, a budget exceeded, a "
-    "rejected swap, nothing verifiable under --verify require); 2 a usage error.";
+    "rejected swap, nothing verifiable under --verify require, output that stdout or stderr could not take); 2 a "
+    "usage error; 129, 130, 143 interrupted by SIGHUP, SIGINT, SIGTERM.";
 
 /// Adds the subcommand `name` to `app`: `summary` is its line in `eredu --help`, `details`
 /// (with the exit status) ends its own --help.
