@@ -2,8 +2,12 @@
 
 #include <sys/resource.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <new>
+#include <string_view>
+#include <system_error>
 
 #include <fmt/format.h>
 
@@ -78,6 +82,28 @@ void print_document(JsonWriter& json) {
   printed = true;
   // Unchecked here: finish_output() reports a document that could not be written.
   write_unchecked(stdout, json.take() + "\n");
+}
+
+std::exception_ptr typed_failure(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error&) {
+    return error;
+  } catch (const std::bad_alloc&) {
+    return std::make_exception_ptr(Error(errc::out_of_memory, {}, "memory was refused"));
+  } catch (const std::system_error& e) {
+    // Asio reports errno values in its own category, which is the system's on POSIX.
+    const int n = e.code().value();
+    const std::string_view category = e.code().category().name();
+    const bool posix = category == "generic" || category == "system" || category == "asio.system";
+    if (posix && (n == EAGAIN || n == EMFILE || n == ENFILE || n == ENOMEM))
+      return std::make_exception_ptr(Error(errc::resource_exhausted,
+                                           {.os_error = std::error_code(n, std::generic_category())},
+                                           fmt::format("the system refused what the command needed: {}", e.what())));
+    return error;
+  } catch (...) {
+    return error;
+  }
 }
 
 std::string error_document(std::string_view command, std::exception_ptr error) {

@@ -40,6 +40,11 @@ bool document_printed() noexcept;
 /// eredu::Error, "usage" for a command-line error, "failure" for anything else.
 std::string error_document(std::string_view command, std::exception_ptr error);
 
+/// `error`, or for what the system refused, an eredu::Error of its kind: out_of_memory for
+/// std::bad_alloc, resource_exhausted for a std::system_error of EAGAIN, EMFILE, ENFILE or
+/// ENOMEM (a thread or a descriptor refused: std::thread, Asio's io_context, TBB's workers).
+std::exception_ptr typed_failure(std::exception_ptr error);
+
 /// The same for a command ended by SIGINT or SIGTERM: kind "interrupted".
 std::string interrupted_document(std::string_view command, std::string_view message);
 

@@ -113,11 +113,14 @@ int run(int argc, char** argv, std::string& who) {
     write_unchecked(stderr, fmt::format("{}: {}\n", who, eredu::printable(e.what())));
     return e.exit_code();
   } catch (...) {
-    const std::exception_ptr error = std::current_exception();
+    // What the system refused (a thread, a descriptor, memory) is reported by its kind.
+    const std::exception_ptr error = typed_failure(std::current_exception());
     // A report that could not be written is not the command's failure: finish_output
     // states it (fmt::print threw it from a write to stdout).
     try {
       std::rethrow_exception(error);
+    } catch (const eredu::Error&) {
+      // The command's own failure, reported below.
     } catch (const std::system_error& e) {
       if (stdout_failed()) {
         remember_stdout_error(e.code().value());
