@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The signal matrix: every verb of `eredu` × SIGINT, SIGTERM and SIGHUP, each delivered at a
 seeded random moment of the run, 21 moments per verb (7 per signal, in text and --json
-alternately): 7 verbs × 21 = 147 cells.
+alternately): 7 verbs × 21 = 147 cells, and one run under nohup (a SIGHUP its parent
+ignores stays ignored): 148 cells.
 
 The moments are spread over the whole run: the run's length T is measured first (one run
 without a signal), and moment k of 21 is drawn uniformly from [k, k+1) × 1.15 T / 21, so
@@ -41,6 +42,13 @@ SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
 EXIT_BOUND_S = 1.0
 HANG_S = 10.0
 EARLY_S = 0.05
+
+
+def default_signals():
+    """In the child: the default action for the matrix's signals. A shell that runs the suite
+    in the background ignores SIGINT, and eredu keeps what its parent ignores (nohup)."""
+    for s in SIGNALS:
+        signal.signal(s, signal.SIG_DFL)
 
 
 def eredu(*args, **kw):
@@ -142,6 +150,24 @@ def judge(verb, json_mode, signo, sent_after, rc, out, err, exit_after):
     return None
 
 
+def nohup_cell(a):
+    """`nohup`: a SIGHUP the parent ignores stays ignored, and the run ends normally. Returns
+    why it failed, or None."""
+    def ignore_hup():
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    p = subprocess.Popen([EREDU, "read", a, "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         stdin=subprocess.DEVNULL, preexec_fn=ignore_hup)
+    time.sleep(0.05)
+    p.send_signal(signal.SIGHUP)
+    try:
+        _, err = p.communicate(timeout=HANG_S)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        return "hung"
+    return None if p.returncode == 0 else f"exit {p.returncode} after an ignored SIGHUP: {err[-600:]!r}"
+
+
 def main():
     rng = random.Random(SEED)
     root = tempfile.mkdtemp(prefix="eredu-signals-")
@@ -149,6 +175,13 @@ def main():
     try:
         a, b = setup(root)
         table = verbs(root, a, b)
+        why = nohup_cell(a)
+        if why:
+            failed += 1
+            print(f"FAIL read under nohup (SIGHUP ignored by the parent): {why}", flush=True)
+        else:
+            passed += 1
+            print("ok   read under nohup (SIGHUP ignored by the parent): exit 0", flush=True)
         for verb, make_args in table.items():
             # The run's length without a signal (the longer of two).
             lengths = []
@@ -175,7 +208,8 @@ def main():
                 with open(os.path.join(cell, "stdout"), "w+b") as out, \
                         open(os.path.join(cell, "stderr"), "w+b") as err:
                     start = time.monotonic()
-                    p = subprocess.Popen([EREDU, *argv], stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)
+                    p = subprocess.Popen([EREDU, *argv], stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
+                                         preexec_fn=default_signals)
                     deadline = start + delay
                     while p.poll() is None and time.monotonic() < deadline:
                         time.sleep(min(0.002, max(0.0, deadline - time.monotonic())))

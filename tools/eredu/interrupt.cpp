@@ -66,7 +66,13 @@ void install_signal_handlers() noexcept {
   // Restarted system calls: the commands poll the flag, and a read or write interrupted
   // half-way (EINTR from a FUSE file, a short write) would be an error of its own.
   sa.sa_flags = SA_RESTART;
-  for (int s : handled) ::sigaction(s, &sa, nullptr);
+  for (int s : handled) {
+    // A signal the parent set to be ignored stays ignored: `nohup eredu ...` must survive the
+    // hangup, and a background job of a non-interactive shell ignores SIGINT.
+    struct sigaction was {};
+    if (::sigaction(s, nullptr, &was) == 0 && was.sa_handler == SIG_IGN) continue;
+    ::sigaction(s, &sa, nullptr);
+  }
   ::signal(SIGPIPE, SIG_IGN);
 }
 

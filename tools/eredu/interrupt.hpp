@@ -26,7 +26,8 @@
 
 namespace eredu::cli {
 
-/// Installs the process's handler for SIGINT, SIGTERM and SIGHUP (see the file comment) and
+/// Installs the process's handler for SIGINT, SIGTERM and SIGHUP, except for those the parent
+/// set to be ignored (nohup), which stay ignored (see the file comment), and
 /// ignores SIGPIPE, so that a closed pipe fails a write (EPIPE) the command reports instead of
 /// killing it silently. Call first in main(); never throws (without a self-pipe, the commands
 /// poll for the signal instead).

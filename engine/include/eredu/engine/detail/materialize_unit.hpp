@@ -6,12 +6,13 @@
 /// The order of events, and why:
 ///  1. The plan is checked against the catalog (every recipe inferred, every declared byte
 ///     count compared) before any read: a bad plan costs no I/O.
-///  2. The owners' realizations are started in order, up to max_realizations_in_flight at a
-///     time: reads, conversions and recipe execution of different tensors overlap, limited by
-///     the lease pool (staging) and the reader's queue depth. The window is far above what a
-///     reader keeps in flight, so it costs no overlap; it is what lets a stop end a unit of
-///     100 000 tiny tensors at once, since the realizations not started are never started
-///     (started ones queue reads a stop cannot recall).
+///  2. The owners' realizations are started in order, up to max_realizations_in_flight and
+///     max_bytes_in_flight at a time: reads, conversions and recipe execution of different
+///     tensors overlap, limited by the lease pool (staging) and the reader's queue depth. The
+///     window is above what a reader keeps in flight, so it costs no overlap; it is what lets
+///     a stop end a unit at once, since the realizations not started are never started, and
+///     started ones queue reads a stop cannot recall (a unit of 100 000 tiny tensors, or 2 GiB
+///     of large ones, otherwise read to its end after the stop).
 ///  3. When one fails, the others are told to stop (std::stop_token) and the orchestration
 ///     waits until every one has completed — so every lease is back in its pool and no
 ///     backend work still writes into a weight — before it reports the first root-cause
@@ -53,6 +54,10 @@ namespace eredu::engine::detail {
 
 /// Realizations of one unit started and not yet complete, at most (see step 2 above).
 inline constexpr std::size_t max_realizations_in_flight = 256;
+/// Bytes of the realizations started and not yet complete, at most, unless one realization
+/// alone is larger (see step 2 above): four times what a reader keeps in flight by default
+/// (depth 8 × 8 MiB), and what a local disk reads in about a tenth of a second.
+inline constexpr std::uint64_t max_bytes_in_flight = std::uint64_t{256} << 20;
 
 /// Realizes every binding of `plan` on backend B (see file comment). A terminal cancellation
 /// of the calling coroutine stops every realization at its next step; the unit is then awaited
@@ -85,6 +90,7 @@ asio::awaitable<MaterializedUnit<B>> materialize_unit(io::CheckpointSource& sour
   struct Window {
     std::mutex mutex;
     std::size_t completed = 0;
+    std::uint64_t bytes = 0;  // of the realizations started and not complete
     AsyncEvent progressed;
   };
   auto window = std::make_shared<Window>();
@@ -141,7 +147,9 @@ asio::awaitable<MaterializedUnit<B>> materialize_unit(io::CheckpointSource& sour
     for (;;) {
       {
         std::lock_guard lock(window->mutex);
-        if (stop.stop_requested() || started - window->completed < max_realizations_in_flight) break;
+        const bool room = started - window->completed < max_realizations_in_flight &&
+                          (window->bytes == 0 || window->bytes + inferred[started].bytes <= max_bytes_in_flight);
+        if (stop.stop_requested() || room) break;
         window->progressed.reset();
       }
       // Not the coroutine's cancellation slot: the handler assigned above must stay there.
@@ -153,6 +161,11 @@ asio::awaitable<MaterializedUnit<B>> materialize_unit(io::CheckpointSource& sour
       listen();
     }
     if (stop.stop_requested()) break;
+    const std::uint64_t owner_bytes = inferred[started].bytes;
+    {
+      std::lock_guard lock(window->mutex);
+      window->bytes += owner_bytes;
+    }
     const WeightBinding& owner = *owners[started];
     try {
       if (const DerivedWeightRecipe* recipe = owner.recipe()) {
@@ -198,8 +211,7 @@ asio::awaitable<MaterializedUnit<B>> materialize_unit(io::CheckpointSource& sour
       }
     }
     owner_done.push_back(done);
-    std::uint64_t bytes = inferred[started].bytes;
-    done.on_complete([stop, progress = options.progress, bytes, window](std::exception_ptr e) mutable {
+    done.on_complete([stop, progress = options.progress, bytes = owner_bytes, window](std::exception_ptr e) mutable {
       if (e) {
         stop.request_stop();
       } else if (progress) {
@@ -208,6 +220,7 @@ asio::awaitable<MaterializedUnit<B>> materialize_unit(io::CheckpointSource& sour
       }
       std::lock_guard lock(window->mutex);
       ++window->completed;
+      window->bytes -= bytes;
       window->progressed.set();
     });
   }
