@@ -4,14 +4,47 @@
 #include <asio/io_context.hpp>
 #include <asio/use_awaitable.hpp>
 #include <catch2/catch.hpp>
+#include <cstdlib>
+#include <new>
 #include <stdexcept>
 #include <thread>
 
 #include "eredu/core/error.hpp"
 
+// Allocation failure on demand, per thread: this executable's operator new throws
+// std::bad_alloc on a thread that set `refuse_allocations`, as it does when the address space
+// is exhausted (RLIMIT_AS). Replaced with the matching deletes, so that sanitizers see
+// malloc/free pairs.
+namespace {
+thread_local bool refuse_allocations = false;
+}  // namespace
+
+#if defined(__GNUC__) && !defined(__clang__)
+// g++ pairs the inlined replacement new (malloc) with the replacement delete (free) across
+// call sites and calls them mismatched: they are the matching pair.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+
+void* operator new(std::size_t n) {
+  if (refuse_allocations) throw std::bad_alloc();
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
 using namespace eredu;
 
 namespace {
+
+/// Refuses every allocation of the calling thread while alive.
+struct RefuseAllocations {
+  RefuseAllocations() { refuse_allocations = true; }
+  ~RefuseAllocations() { refuse_allocations = false; }
+  RefuseAllocations(const RefuseAllocations&) = delete;
+  RefuseAllocations& operator=(const RefuseAllocations&) = delete;
+};
+
 errc kind_of(const std::exception_ptr& e) {
   try {
     std::rethrow_exception(e);
@@ -101,4 +134,71 @@ TEST_CASE("completion – when_all waits for every input and reports the root ca
   CHECK(when_all({}).ready());
   std::vector<Completion> ok{Completion::ready_now(), Completion::ready_now()};
   CHECK_FALSE(when_all(ok).error());
+}
+
+TEST_CASE("completion – a callback that throws is dropped, the others run and the process goes on",
+          "[core][completion][limits]") {
+  CompletionSource source;
+  Completion c = source.completion();
+  int ran = 0;
+  CompletionSource downstream;  // held by the failing callback: it fails when that is dropped
+  Completion chained = downstream.completion();
+  c.on_complete([held = std::move(downstream)](std::exception_ptr) mutable {
+    throw std::bad_alloc();  // what an allocation inside a callback throws under RLIMIT_AS
+  });
+  c.on_complete([&](std::exception_ptr) { ++ran; });
+  source.complete();  // noexcept: std::terminate if the exception escaped
+  CHECK(c.ready());
+  CHECK(ran == 1);
+  REQUIRE(chained.ready());
+  CHECK(kind_of(chained.error()) == errc::cancelled);
+}
+
+TEST_CASE("completion – typed_failure: std::bad_alloc becomes out_of_memory, other errors pass unchanged",
+          "[core][completion][limits]") {
+  CHECK_FALSE(typed_failure(nullptr));
+  const std::exception_ptr oom = typed_failure(std::make_exception_ptr(std::bad_alloc()));
+  CHECK(kind_of(oom) == errc::out_of_memory);
+  CHECK(kind_of(out_of_memory_error()) == errc::out_of_memory);
+  const std::exception_ptr other = std::make_exception_ptr(std::runtime_error("x"));
+  CHECK(typed_failure(other) == other);
+}
+
+TEST_CASE("completion – a source destroyed on a thread that cannot allocate still fails its completion",
+          "[core][completion][limits]") {
+  Completion c;
+  {
+    auto source = std::make_unique<CompletionSource>();
+    c = source->completion();
+    RefuseAllocations refuse;
+    source.reset();  // the destructor builds no error: a prebuilt one is used
+  }
+  REQUIRE(c.ready());
+  CHECK(kind_of(c.error()) == errc::cancelled);
+}
+
+TEST_CASE("completion – async_wait's delivery allocates nothing on the completing thread",
+          "[core][completion][limits]") {
+  // The memory for the post is reserved when the coroutine starts waiting: a TBB worker that
+  // completes the work while memory has run out still resumes it (before, the post's
+  // std::bad_alloc escaped the noexcept completion and aborted the process).
+  asio::io_context ctx;
+  CompletionSource source;
+  Completion c = source.completion();
+  bool resumed = false;
+  asio::co_spawn(
+      ctx,
+      [](Completion done, bool& flag) -> asio::awaitable<void> {
+        co_await done.async_wait(asio::use_awaitable);
+        flag = true;
+      }(c, resumed),
+      [](std::exception_ptr) {});
+  ctx.poll();  // waiting now
+  std::thread producer([s = std::move(source)]() mutable {
+    RefuseAllocations refuse;
+    s.complete();
+  });
+  producer.join();
+  ctx.run();
+  CHECK(resumed);
 }

@@ -60,7 +60,9 @@ class Completion {
 
   /// Runs `fn(error)` once the work has finished: inline on the completing thread, or
   /// inline now if it already has. For short bookkeeping only (releasing retained values,
-  /// chaining): never resume user code here; that is what async_wait is for.
+  /// chaining): never resume user code here; that is what async_wait is for. An exception
+  /// `fn` throws on the completing thread is logged and dropped (completing cannot fail):
+  /// a callback that can fail must report it through a completion of its own.
   void on_complete(UniqueFunction<void(std::exception_ptr)> fn) const;
 
   /// Waits asynchronously for the work to finish.
@@ -115,6 +117,16 @@ class CompletionSource {
  private:
   std::shared_ptr<detail::CompletionState> state_;
 };
+
+/// `error` as a completion's failure: a std::bad_alloc becomes eredu::Error(out_of_memory)
+/// (one built when the process started, when there is no memory to build another); any
+/// other error is returned as it is. For the code that completes work on a thread where no
+/// exception may escape (a TBB worker, a reader's thread).
+std::exception_ptr typed_failure(std::exception_ptr error) noexcept;
+
+/// eredu::Error(out_of_memory), built when the process started: what a failed allocation
+/// is reported as where reporting must not allocate (a destructor, a worker thread).
+std::exception_ptr out_of_memory_error() noexcept;
 
 /// A completion that finishes when every one of `completions` has; its error is the first
 /// failure in span order that is not eredu::errc::cancelled (the root cause, not the
