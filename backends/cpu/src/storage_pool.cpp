@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <new>
 #include <system_error>
 #include <vector>
 
@@ -85,16 +86,22 @@ struct PoolState {
   std::map<std::size_t, std::vector<std::byte*>> retained;  // capacity -> populated blocks
   StoragePoolStats stats;
 
-  /// Takes a freed block back; keeps it while under the retention limit.
-  void give_back(std::byte* data, std::size_t capacity, bool fresh) {
+  /// Takes a freed block back; keeps it while under the retention limit. Called from
+  /// StorageBlock's destructor, where an exception would end the process.
+  void give_back(std::byte* data, std::size_t capacity, bool fresh) noexcept {
     {
       std::lock_guard lock(mutex);
       stats.live_bytes -= capacity;
       // A never-populated block is no cheaper to reuse than new memory: return it.
       if (!fresh && stats.retained_bytes + capacity <= options.max_retained_bytes) {
-        retained[capacity].push_back(data);
-        stats.retained_bytes += capacity;
-        return;
+        try {
+          retained[capacity].push_back(data);
+          stats.retained_bytes += capacity;
+          return;
+        } catch (const std::bad_alloc&) {
+          // No memory to remember the block (a map node, a longer list): returning it to
+          // the system is what memory this short needs anyway.
+        }
       }
     }
     free_block(data, capacity);

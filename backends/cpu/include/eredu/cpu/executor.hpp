@@ -16,6 +16,7 @@
 
 #include <tbb/task_arena.h>
 
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -26,9 +27,21 @@
 
 namespace eredu::cpu {
 
+namespace detail {
+/// One submitted piece of work and its completion (defined in executor.cpp).
+struct ExecutorJob;
+}  // namespace detail
+
 /// A TBB arena that runs submitted work and reports each as a Completion. Not movable
 /// (tasks refer to it); own it through std::unique_ptr to pass it around. The destructor
 /// waits for the work already submitted.
+///
+/// When the system refuses what the arena needs (a worker thread: RLIMIT_NPROC, a pids
+/// limit, the address space for its stack; or memory), the call that needed it fails with
+/// eredu::Error(resource_exhausted) or (out_of_memory): the constructor, or the submitted
+/// work's completion. A refusal while queueing work leaves TBB's arena unusable (its demand
+/// bookkeeping stays mid-update, and a later call would wait for ever), so the executor
+/// closes: the work not yet run, and everything submitted later, fails with the same error.
 class Executor {
  public:
   /// Value of `concurrency` that means "every hardware thread".
@@ -74,16 +87,27 @@ class Executor {
   /// inside it then use this arena's threads). For synchronous callers and tests.
   void run_blocking(UniqueFunction<void()> fn);
 
+  /// The error the executor closed with (see the class comment), or null while it is usable.
+  std::exception_ptr closed_error() const;
+
  private:
-  /// A completion that finishes when all work submitted so far has (what the destructor
-  /// waits for: the work that runs on the arena).
-  Completion submitted_work();
+  friend struct detail::ExecutorJob;  // a job closes its executor when TBB refuses a thread
+
+  /// Queues `job` on the arena, or fails it if the executor is closed or closes now.
+  void enqueue(const std::shared_ptr<detail::ExecutorJob>& job) noexcept;
+  /// Closes the executor with `error` (the first error wins) and fails every job not yet
+  /// taken by a worker. Returns the error the executor is closed with.
+  std::exception_ptr close(std::exception_ptr error) noexcept;
 
   int concurrency_;
   std::unique_ptr<tbb::task_arena> arena_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;  // guards predecessors_, jobs_ and closed_
   std::vector<Completion> predecessors_;
-  std::vector<Completion> outstanding_;
+  std::vector<std::shared_ptr<detail::ExecutorJob>> jobs_;  // submitted, not known to be finished
+  std::exception_ptr closed_;
+  // Serialises calls into the arena, so that none is under way when one fails and the
+  // executor closes: TBB would make it wait for ever for the failed call's bookkeeping.
+  std::mutex enqueue_mutex_;
 };
 
 }  // namespace eredu::cpu
