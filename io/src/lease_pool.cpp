@@ -8,11 +8,15 @@
 #include <asio/strand.hpp>
 #include <cerrno>
 #include <cstring>
+#include <iterator>
+#include <list>
+#include <new>
 #include <thread>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "eredu/core/completion.hpp"
 #include "eredu/core/error.hpp"
 
 namespace eredu::io {
@@ -34,7 +38,9 @@ void prefault(std::span<std::byte> region) {
     try {
       workers.emplace_back(touch);
     } catch (const std::system_error&) {
-      touch();  // no thread to spare (a small ulimit -v): touch this part here
+      touch();  // no thread to spare (a small ulimit -v, RLIMIT_NPROC): touch this part here
+    } catch (const std::bad_alloc&) {
+      touch();
     }
   }
   for (auto& w : workers) w.join();
@@ -174,16 +180,24 @@ LeasePool::LeasePool(asio::any_io_executor executor, LeasePoolOptions options)
   // Reserved, not populated: the pages appear as the first reads write into them.
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) {
-    throw Error(errc::io_error, {.os_error = std::error_code(errno, std::system_category())},
+    const int e = errno;
+    // ENOMEM is the address space running out (RLIMIT_AS, a full map count), not a device.
+    throw Error(e == ENOMEM ? errc::out_of_memory : errc::io_error,
+                {.os_error = std::error_code(e, std::system_category())},
                 fmt::format("cannot map a staging pool of {} bytes", size));
   }
   memory_ = {static_cast<std::byte*>(p), size};
+  try {
+    free_.emplace(0, size);
+  } catch (...) {
+    ::munmap(p, size);
+    std::rethrow_exception(typed_failure(std::current_exception()));
+  }
   if (options.huge_pages) ::madvise(p, size, MADV_HUGEPAGE);  // advisory: failure is harmless
   if (options.prefault) {
     prefault(memory_);
     populated_ = true;
   }
-  free_.emplace(0, size);
 }
 
 LeasePool::~LeasePool() {
@@ -214,16 +228,21 @@ std::size_t LeasePool::waiting() const {
   return waiters_.size();
 }
 
+// free_ maps offset -> length. Besides the free ranges (length > 0, coalesced) it holds one
+// entry of length 0 at the offset of every block handed out: the node its release turns into
+// a free range. release() runs in destructors and on any thread, where it must not allocate
+// (an exception there ends the process); so the node a release needs is made here, where a
+// failed allocation is the acquiring call's exception.
 std::byte* LeasePool::allocate_locked(std::size_t block) {
   // First fit from the low end: recently released low blocks are reused first, so a
   // steady stream of reads keeps touching the same (cache- and TLB-warm) memory.
   for (auto it = free_.begin(); it != free_.end(); ++it) {
     if (it->second < block) continue;
-    std::size_t offset = it->first;
-    std::size_t rest = it->second - block;
-    free_.erase(it);
-    if (rest) free_.emplace(offset + block, rest);
-    populated_ = true;  // what the reader writes into it now populates its pages
+    const std::size_t offset = it->first;
+    const std::size_t rest = it->second - block;
+    if (rest) free_.emplace(offset + block, rest);  // first: if it throws, nothing changed
+    it->second = 0;                                 // the free range's node stays as the block's
+    populated_ = true;                              // what the reader writes into it now populates its pages
     std::size_t now = in_use_.fetch_add(block, std::memory_order_relaxed) + block;
     std::size_t hw = high_water_.load(std::memory_order_relaxed);
     while (now > hw && !high_water_.compare_exchange_weak(hw, now, std::memory_order_relaxed)) {}
@@ -278,41 +297,66 @@ void LeasePool::cancel_waiter(std::uint64_t id) {
 }
 
 void LeasePool::release(std::byte* data, std::size_t size) noexcept {
-  std::vector<std::pair<AcquireHandler, StagingBuffer>> ready;
-  bool idle = false;
-  {
+  bool released = false;
+  if (data) {
     std::lock_guard lock(mutex_);
-    if (data) {
-      in_use_.fetch_sub(size, std::memory_order_relaxed);
-      std::size_t offset = static_cast<std::size_t>(data - memory_.data());
-      auto next = free_.lower_bound(offset);
-      // Coalesce with the following and the preceding free ranges.
-      if (next != free_.end() && next->first == offset + size) {
-        size += next->second;
-        next = free_.erase(next);
-      }
-      if (next != free_.begin()) {
-        auto prev = std::prev(next);
-        if (prev->first + prev->second == offset) {
-          offset = prev->first;
-          size += prev->second;
-          free_.erase(prev);
-        }
-      }
-      free_.emplace(offset, size);
+    in_use_.fetch_sub(size, std::memory_order_relaxed);
+    std::size_t offset = static_cast<std::size_t>(data - memory_.data());
+    // The block's own entry (see allocate_locked) becomes the free range: no allocation.
+    auto node = free_.find(offset);
+    node->second = size;
+    // Coalesce with the following and the preceding free ranges, never with the entry of
+    // the block that follows (length 0, at the offset this one ends).
+    auto next = std::next(node);
+    if (next != free_.end() && next->first == offset + size && next->second > 0) {
+      node->second += next->second;
+      free_.erase(next);
     }
-    while (!waiters_.empty()) {
-      auto* p = allocate_locked(waiters_.front().bytes);
-      if (!p) break;
-      ready.emplace_back(std::move(waiters_.front().done), StagingBuffer(this, p, waiters_.front().bytes));
-      waiters_.pop_front();
+    if (node != free_.begin()) {
+      auto prev = std::prev(node);
+      if (prev->second > 0 && prev->first + prev->second == offset) {
+        prev->second += node->second;
+        free_.erase(node);
+      }
     }
-    if (data && in_use() == 0 && keep_resident_ == 0) {
+    released = true;
+  }
+  // Waiters are served in order, one per pass, each taken off the list by splicing (no
+  // allocation) and called outside the lock: its handler may acquire or release again.
+  for (;;) {
+    std::list<Waiter> served;
+    std::byte* p = nullptr;
+    bool no_memory = false;
+    {
+      std::lock_guard lock(mutex_);
+      if (waiters_.empty()) break;
+      try {
+        p = allocate_locked(waiters_.front().bytes);
+      } catch (...) {
+        no_memory = true;  // no node for the remainder of the free range it would split
+      }
+      if (!p && !no_memory) break;
+      served.splice(served.end(), waiters_, waiters_.begin());
+    }
+    Waiter& w = served.front();
+    try {
+      if (p)
+        w.done(nullptr, StagingBuffer(this, p, w.bytes));
+      else
+        w.done(out_of_memory_error(), StagingBuffer{});
+    } catch (...) {
+      // A handler that could not even be posted (its own allocation failed): that waiter's
+      // result is lost, the other waiters are still served.
+    }
+  }
+  bool idle = false;
+  if (released) {
+    std::lock_guard lock(mutex_);
+    if (in_use() == 0 && keep_resident_ == 0) {
       idle_since_ = std::chrono::steady_clock::now();
       idle = true;
     }
   }
-  for (auto& [done, buffer] : ready) done(nullptr, std::move(buffer));
   if (idle) {
     try {
       schedule_release();

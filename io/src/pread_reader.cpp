@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <condition_variable>
 #include <mutex>
+#include <new>
 #include <shared_mutex>
 #include <thread>
 
 #include <fmt/format.h>
 
+#include "eredu/core/completion.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/core/log.hpp"
 #include "eredu/core/trace.hpp"
@@ -19,6 +21,46 @@ namespace eredu::io {
 
 using detail::Piece;
 
+namespace {
+
+/// A batch's callback as the workers hold it. Called, it never throws: it runs on a worker
+/// thread, inside the reader core's bookkeeping, where an exception would end the process or
+/// strand the batch's other pieces. Destroyed without having been called (an exception
+/// unwound past the batch, most likely std::bad_alloc), it reports out_of_memory, so that the
+/// read's owner is never left waiting.
+class SureCallback {
+ public:
+  explicit SureCallback(ReadCallback inner) : inner_(std::move(inner)) {}
+  SureCallback(SureCallback&&) noexcept = default;
+  SureCallback& operator=(SureCallback&&) = delete;
+  SureCallback(const SureCallback&) = delete;
+  SureCallback& operator=(const SureCallback&) = delete;
+  ~SureCallback() {
+    if (inner_) call(out_of_memory_error());
+  }
+
+  void operator()(std::exception_ptr error) noexcept { call(std::move(error)); }
+
+ private:
+  void call(std::exception_ptr error) noexcept {
+    ReadCallback inner = std::move(inner_);
+    inner_ = ReadCallback{};
+    try {
+      inner(typed_failure(std::move(error)));
+    } catch (const std::exception& e) {
+      // The callback could not even hand the result on (no memory to post it): what was
+      // waiting for it is lost, but this worker and the other batches go on.
+      try {
+        log::warn("the pread reader could not deliver a read's result: {}", e.what());
+      } catch (...) {}
+    } catch (...) {}
+  }
+
+  ReadCallback inner_;
+};
+
+}  // namespace
+
 struct PreadReader::Impl {
   Impl(std::span<OpenFile> files, const ReaderOptions& options) : core(files, options) {}
 
@@ -27,6 +69,25 @@ struct PreadReader::Impl {
   detail::ReaderCore core;
   bool stopping = false;
   std::vector<std::thread> workers;
+
+  // A worker thread's body: nothing may escape it (std::terminate). The reader core's
+  // bookkeeping allocates only to describe a failure (a read error's message, a trace
+  // record); such an allocation failing is logged and the worker goes on.
+  void run(unsigned index) noexcept {
+    try {
+      trace::name_this_thread(fmt::format("pread worker {}", index));
+    } catch (...) {}
+    for (;;) {
+      try {
+        worker();
+        return;
+      } catch (const std::exception& e) {
+        try {
+          log::warn("a pread worker failed while finishing a read: {}", e.what());
+        } catch (...) {}
+      } catch (...) {}
+    }
+  }
 
   void worker() {
     std::unique_lock lock(mutex);
@@ -108,20 +169,22 @@ PreadReader::PreadReader(std::span<OpenFile> files, const ReaderOptions& options
   std::error_code failure;
   for (unsigned i = 0; i < wanted; ++i) {
     try {
-      impl_->workers.emplace_back([this, i] {
-        trace::name_this_thread(fmt::format("pread worker {}", i));
-        impl_->worker();
-      });
+      impl_->workers.emplace_back([this, i] { impl_->run(i); });
     } catch (const std::system_error& e) {
-      // Out of threads or address space (a small `ulimit -v`, a container's pids limit):
-      // fewer workers read as correctly, only with less parallelism.
+      // Out of threads or address space (a small `ulimit -v`, RLIMIT_NPROC, a container's
+      // pids limit): fewer workers read as correctly, only with less parallelism.
       failure = e.code();
+      break;
+    } catch (const std::bad_alloc&) {
+      failure = std::make_error_code(std::errc::not_enough_memory);
       break;
     }
   }
   if (impl_->workers.empty()) {
-    throw Error(errc::io_error, {.os_error = failure},
-                fmt::format("the pread reader cannot start any of its {} worker threads", wanted));
+    throw Error(errc::resource_exhausted, {.os_error = failure},
+                fmt::format("the pread reader cannot start any of its {} worker threads (threads are limited by "
+                            "RLIMIT_NPROC or a container's pids limit, and each needs address space for its stack)",
+                            wanted));
   }
   if (impl_->workers.size() < wanted) {
     log::warn("the pread reader started {} of its {} worker threads ({}): reading with fewer", impl_->workers.size(),
@@ -145,7 +208,7 @@ void PreadReader::read(std::vector<ReadSegment> segments, ReadCallback done) {
     done(impl_->core.to_exception(detail::ReadFailure{make_error_code(errc::cancelled), {}, 0, 0, "reader shut down"}));
     return;
   }
-  impl_->core.add(segments, std::move(done));
+  impl_->core.add(segments, SureCallback(std::move(done)));
   impl_->wake.notify_all();
 }
 

@@ -8,6 +8,7 @@
 #include <asio/post.hpp>
 #include <asio/strand.hpp>
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
 
 #include <fmt/format.h>
@@ -28,6 +29,8 @@ using detail::sys_error;
 constexpr std::size_t direct_align = detail::ReaderCore::direct_align;
 constexpr std::size_t max_iovec = std::size_t{1} << 30;  // io_uring's limit per fixed buffer
 constexpr unsigned max_small_requests = 64;
+// Reads of one piece io_uring cancels in a row before it fails: see Impl::handle.
+constexpr unsigned max_worker_refusals = 8;
 
 }  // namespace
 
@@ -47,7 +50,8 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
   std::uint64_t in_flight_bytes = 0;
   unsigned submit_failures = 0;
   bool closed = false;
-  bool armed = false;  // an eventfd wait is queued on the loop
+  bool armed = false;            // an eventfd wait is queued on the loop
+  bool workers_refused = false;  // io-wq could not start a thread: no more IOSQE_ASYNC
 
   Impl(asio::any_io_executor ex, std::span<OpenFile> f, const ReaderOptions& o)
       : strand(asio::make_strand(ex)), core(f, o), event_desc(ex) {}
@@ -72,7 +76,13 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
     if (int r = io_uring_register_eventfd(&ring, efd); r < 0) {
       throw Error(errc::uring_unavailable, {.os_error = sys_error(-r)}, "io_uring_register_eventfd failed");
     }
-    event_desc.assign(::dup(efd));
+    const int watched = ::dup(efd);
+    if (watched < 0) {
+      // Out of descriptors (RLIMIT_NOFILE): with ReaderKind::automatic the pread reader,
+      // which needs none of its own, reads instead.
+      throw Error(errc::uring_unavailable, {.os_error = sys_error(errno)}, "dup of the io_uring eventfd failed");
+    }
+    event_desc.assign(watched);
     register_files();
     // The pool's memory is registered when the first read into it is submitted, not here:
     // registering pins (and so populates) every page, and most loads never stage anything.
@@ -186,7 +196,7 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
       if (files_registered) sqe->flags |= IOSQE_FIXED_FILE;
       // A buffered read of cached data is a memcpy done inside io_uring_enter on this thread;
       // punted to io-wq, the requests in flight copy on several cores at once.
-      if (!p->direct && core.options.parallel_buffered_copies) sqe->flags |= IOSQE_ASYNC;
+      if (!p->direct && core.options.parallel_buffered_copies && !workers_refused) sqe->flags |= IOSQE_ASYNC;
       io_uring_sqe_set_data(sqe, p);
       ++in_flight;
       ++queued;
@@ -228,6 +238,28 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
   void handle(Piece& p, long res) {
     --in_flight;
     in_flight_bytes -= p.submitted;
+    // This reader cancels nothing: io_uring cancels a request it queued for its worker
+    // threads (io-wq) when it cannot start one (RLIMIT_NPROC, a pids limit). Such reads are
+    // issued again without IOSQE_ASYNC, which most complete without a worker (page-cache
+    // copies inline, O_DIRECT through the block layer); a read that still needs one fails.
+    if (res == -ECANCELED && !closed) {
+      if (!workers_refused) {
+        workers_refused = true;
+        log::warn(
+            "io_uring could not start a worker thread for a read (threads are limited by RLIMIT_NPROC or a "
+            "container's pids limit): reading without its workers");
+      }
+      if (p.requeues < max_worker_refusals) {
+        res = -EAGAIN;  // requeued at the front, as an interrupted read is
+      } else {
+        core.fail(*p.batch,
+                  {make_error_code(errc::resource_exhausted), sys_error(ECANCELED), p.file, p.offset + p.done,
+                   fmt::format("io_uring cancelled a read of {} bytes at offset {} of {} {} times in a row: it cannot "
+                               "start the worker thread the read needs (threads are limited by RLIMIT_NPROC or a "
+                               "container's pids limit)",
+                               p.length - p.done, p.offset + p.done, core.files[p.file].path, p.requeues + 1)});
+      }
+    }
     core.on_result(p, res);
   }
 
