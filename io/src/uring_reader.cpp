@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
+#include <exception>
 
 #include <fmt/format.h>
 
@@ -147,10 +148,16 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
   // Submits and reaps until neither makes progress: page-cache hits complete inside the
   // submit call, so they are handled here without a round trip through the event loop.
   void drive() {
-    for (;;) {
-      bool submitted = submit_pending();
-      unsigned reaped = reap();
-      if (!submitted && reaped == 0) break;
+    try {
+      for (;;) {
+        bool submitted = submit_pending();
+        unsigned reaped = reap();
+        if (!submitted && reaped == 0) break;
+      }
+    } catch (...) {
+      // The reads still in flight must be reaped whoever catches this.
+      if (in_flight > 0 && !armed && !closed) arm();
+      throw;
     }
     // Wait on the eventfd only while the kernel holds requests: an idle reader must not
     // keep its io_context's run() from returning.
@@ -223,15 +230,25 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
   unsigned reap() {
     io_uring_cqe* cqes[64];
     unsigned total = 0;
+    // Every reaped completion is handled and consumed even if handling one throws (an
+    // allocation describing a failure): one left unconsumed would be handled again, and one
+    // consumed unhandled would leave `in_flight` for shutdown() to wait on for ever. The first
+    // exception then leaves through the event loop, as the command's failure.
+    std::exception_ptr failure;
     while (unsigned n = io_uring_peek_batch_cqe(&ring, cqes, 64)) {
       for (unsigned i = 0; i < n; ++i) {
         auto* p = static_cast<Piece*>(io_uring_cqe_get_data(cqes[i]));
         int res = cqes[i]->res;
-        handle(*p, res);
+        try {
+          handle(*p, res);
+        } catch (...) {
+          if (!failure) failure = std::current_exception();
+        }
       }
       io_uring_cq_advance(&ring, n);
       total += n;
     }
+    if (failure) std::rethrow_exception(failure);
     return total;
   }
 

@@ -25,13 +25,27 @@ thread_local bool refuse_allocations = false;
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 #endif
 
+namespace {
+void* allocate(std::size_t n) noexcept { return refuse_allocations ? nullptr : std::malloc(n ? n : 1); }
+}  // namespace
+
+// Every unaligned form, so that none pairs with a sanitizer's own (ASan checks the pairs).
 void* operator new(std::size_t n) {
-  if (refuse_allocations) throw std::bad_alloc();
-  if (void* p = std::malloc(n ? n : 1)) return p;
+  if (void* p = allocate(n)) return p;
   throw std::bad_alloc();
 }
+void* operator new[](std::size_t n) {
+  if (void* p = allocate(n)) return p;
+  throw std::bad_alloc();
+}
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept { return allocate(n); }
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept { return allocate(n); }
 void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
 
 using namespace eredu;
 
