@@ -32,7 +32,7 @@
 #include <fmt/format.h>
 
 #include "eredu/cpu/backend.hpp"
-#include "eredu/engine/collective_backend.hpp"
+#include "eredu/engine/backend/collective_backend.hpp"
 #include "eredu/mpi/backend.hpp"
 #include "eredu/mpi/communicator.hpp"
 #include "eredu/mpi/environment.hpp"

@@ -38,7 +38,7 @@
 #include "eredu/cuda/backend.hpp"
 #include "eredu/cuda/cuda_error.hpp"
 #include "eredu/cuda/device.hpp"
-#include "eredu/io/checkpoint_source.hpp"
+#include "eredu/io/reading/checkpoint_source.hpp"
 #include "eredu/synth/synthetic_checkpoint.hpp"
 
 namespace {

@@ -29,7 +29,7 @@
 #include "eredu/core/error.hpp"
 #include "eredu/cpu/backend.hpp"
 #include "eredu/cpu/convert.hpp"
-#include "eredu/io/checkpoint_source.hpp"
+#include "eredu/io/reading/checkpoint_source.hpp"
 #include "eredu/synth/gguf_writer.hpp"
 #include "eredu/synth/synthetic_gguf.hpp"
 

@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "eredu/io/open_catalog.hpp"
+#include "eredu/io/formats/open_catalog.hpp"
 
 int main(int argc, char** argv) {
   if (argc < 2) {

@@ -16,7 +16,7 @@ install(TARGETS eredu eredu_core eredu_io eredu_engine eredu_cpu eredu_synth EXP
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-install(DIRECTORY engine/core/include/ engine/include/ io/include/ backends/cpu/include/ tools/synth/include/
+install(DIRECTORY core/include/ engine/include/ io/include/ backends/cpu/include/ tools/synth/include/
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(EXPORT eredu-targets NAMESPACE eredu:: DESTINATION ${EREDU_INSTALL_CMAKEDIR})
 # eredu::cuda in an export set of its own, included only when a consumer asks for the cuda

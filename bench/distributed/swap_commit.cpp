@@ -29,10 +29,10 @@
 #include <fmt/format.h>
 
 #include "eredu/cpu/backend.hpp"
-#include "eredu/engine/distributed_model_slot.hpp"
-#include "eredu/engine/group_vote.hpp"
-#include "eredu/engine/plan_module.hpp"
-#include "eredu/io/checkpoint_source.hpp"
+#include "eredu/engine/description/plan_module.hpp"
+#include "eredu/engine/parallel/group_vote.hpp"
+#include "eredu/engine/serving/distributed_model_slot.hpp"
+#include "eredu/io/reading/checkpoint_source.hpp"
 #include "eredu/mpi/backend.hpp"
 #include "eredu/mpi/communicator.hpp"
 #include "eredu/mpi/environment.hpp"

@@ -46,10 +46,10 @@
 
 #include "eredu/core/error.hpp"
 #include "eredu/cpu/backend.hpp"
-#include "eredu/engine/load.hpp"
-#include "eredu/engine/prefetch_pipeline.hpp"
-#include "eredu/io/checkpoint_source.hpp"
-#include "eredu/io/unique_fd.hpp"
+#include "eredu/engine/orchestration/load.hpp"
+#include "eredu/engine/serving/prefetch_pipeline.hpp"
+#include "eredu/io/reading/checkpoint_source.hpp"
+#include "eredu/io/reading/unique_fd.hpp"
 #include "mlp_stack.hpp"
 
 using namespace eredu;

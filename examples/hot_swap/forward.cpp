@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 
 #include "eredu/cpu/float_formats.hpp"
-#include "eredu/io/sha256.hpp"
+#include "eredu/io/integrity/sha256.hpp"
 
 namespace eredu::example {
 namespace {

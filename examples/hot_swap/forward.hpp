@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "../load_unit/model.hpp"
-#include "eredu/io/catalog.hpp"
+#include "eredu/io/formats/catalog.hpp"
 
 namespace eredu::example {
 

@@ -32,8 +32,8 @@
 #include "eredu/core/error.hpp"
 #include "eredu/cpu/backend.hpp"
 #include "eredu/cpu/float_formats.hpp"
-#include "eredu/engine/load.hpp"
-#include "eredu/io/checkpoint_source.hpp"
+#include "eredu/engine/orchestration/load.hpp"
+#include "eredu/io/reading/checkpoint_source.hpp"
 #include "eredu/synth/synthetic_checkpoint.hpp"
 #include "model.hpp"
 

@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 
 #include "eredu/core/error.hpp"
-#include "eredu/engine/bindings_from_recipe_set.hpp"
+#include "eredu/engine/description/bindings_from_recipe_set.hpp"
 
 namespace eredu::example {
 namespace {

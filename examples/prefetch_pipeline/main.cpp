@@ -32,9 +32,9 @@
 #include "../common/temp_dir.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/cpu/backend.hpp"
-#include "eredu/engine/load.hpp"
-#include "eredu/engine/prefetch_pipeline.hpp"
-#include "eredu/io/checkpoint_source.hpp"
+#include "eredu/engine/orchestration/load.hpp"
+#include "eredu/engine/serving/prefetch_pipeline.hpp"
+#include "eredu/io/reading/checkpoint_source.hpp"
 #include "mlp_stack.hpp"
 
 using namespace eredu;

@@ -12,8 +12,8 @@
 #include <fmt/format.h>
 
 #include "eredu/core/error.hpp"
-#include "eredu/engine/weight_binding.hpp"
-#include "eredu/engine/weight_binding_plan.hpp"
+#include "eredu/engine/description/weight_binding.hpp"
+#include "eredu/engine/description/weight_binding_plan.hpp"
 #include "eredu/synth/safetensors_writer.hpp"
 #include "eredu/synth/synthetic_checkpoint.hpp"
 

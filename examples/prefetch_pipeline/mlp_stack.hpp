@@ -23,9 +23,9 @@
 
 #include "eredu/core/dtype.hpp"
 #include "eredu/cpu/parameter.hpp"
-#include "eredu/engine/parameterized.hpp"
-#include "eredu/engine/prefetch_pipeline.hpp"
-#include "eredu/io/catalog.hpp"
+#include "eredu/engine/description/parameterized.hpp"
+#include "eredu/engine/serving/prefetch_pipeline.hpp"
+#include "eredu/io/formats/catalog.hpp"
 
 namespace eredu::example {
 

@@ -8,9 +8,9 @@
 #include <fmt/format.h>
 
 #include "eredu/core/error.hpp"
-#include "eredu/io/checksums.hpp"
-#include "eredu/io/open_catalog.hpp"
-#include "eredu/io/sha256.hpp"
+#include "eredu/io/formats/open_catalog.hpp"
+#include "eredu/io/integrity/checksums.hpp"
+#include "eredu/io/integrity/sha256.hpp"
 #include "eredu/synth/synthetic_checkpoint.hpp"
 
 namespace eredu::example {

@@ -25,9 +25,9 @@
 #include <vector>
 
 #include "eredu/cpu/parameter.hpp"
-#include "eredu/engine/plan_module.hpp"
-#include "eredu/engine/sharding.hpp"
-#include "eredu/io/catalog.hpp"
+#include "eredu/engine/description/plan_module.hpp"
+#include "eredu/engine/parallel/sharding.hpp"
+#include "eredu/io/formats/catalog.hpp"
 #include "eredu/synth/safetensors_writer.hpp"
 
 namespace eredu::example {

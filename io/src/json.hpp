@@ -21,7 +21,7 @@
 #include <string>
 #include <string_view>
 #include <vector>
-#include "eredu/io/json_text.hpp"
+#include "eredu/io/formats/json_text.hpp"
 
 namespace eredu::io::json {
 

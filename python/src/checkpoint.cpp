@@ -10,7 +10,7 @@
 
 #include "eredu/core/error.hpp"
 #include "eredu/cpu/backend.hpp"
-#include "eredu/engine/materialize.hpp"
+#include "eredu/engine/orchestration/materialize.hpp"
 #include "runtime.hpp"
 #include "text.hpp"
 

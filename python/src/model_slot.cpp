@@ -10,7 +10,7 @@
 
 #include "eredu/core/completion.hpp"
 #include "eredu/core/error.hpp"
-#include "eredu/engine/engine_error.hpp"
+#include "eredu/engine/orchestration/engine_error.hpp"
 #include "runtime.hpp"
 #include "text.hpp"
 

@@ -24,7 +24,7 @@
 
 #include "checkpoint.hpp"
 #include "eredu/cpu/backend.hpp"
-#include "eredu/engine/model_slot.hpp"
+#include "eredu/engine/serving/model_slot.hpp"
 #include "operation.hpp"
 #include "py_handle.hpp"
 #include "tensor_set.hpp"

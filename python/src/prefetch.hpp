@@ -20,7 +20,7 @@
 
 #include "checkpoint.hpp"
 #include "eredu/cpu/backend.hpp"
-#include "eredu/engine/prefetch_pipeline.hpp"
+#include "eredu/engine/serving/prefetch_pipeline.hpp"
 #include "operation.hpp"
 #include "tensor_set.hpp"
 

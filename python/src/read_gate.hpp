@@ -21,7 +21,7 @@
 #include <tuple>
 #include <vector>
 
-#include "eredu/io/read_fault.hpp"
+#include "eredu/io/reading/read_fault.hpp"
 
 namespace eredu::python {
 

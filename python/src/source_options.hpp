@@ -10,7 +10,7 @@
 #include <memory>
 
 #include "eredu/cpu/weight_storage.hpp"
-#include "eredu/io/checkpoint_source.hpp"
+#include "eredu/io/reading/checkpoint_source.hpp"
 #include "read_gate.hpp"
 
 namespace eredu::python {

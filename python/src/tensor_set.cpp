@@ -6,8 +6,8 @@
 #include <utility>
 
 #include "eredu/core/error.hpp"
-#include "eredu/engine/parameter_id.hpp"
-#include "eredu/engine/recipe.hpp"
+#include "eredu/engine/description/parameter_id.hpp"
+#include "eredu/engine/description/recipe.hpp"
 #include "text.hpp"
 
 namespace eredu::python {

@@ -21,9 +21,9 @@
 #include "dlpack_tensor.hpp"
 #include "eredu/core/selection.hpp"
 #include "eredu/cpu/parameter.hpp"
-#include "eredu/engine/parameterized.hpp"
-#include "eredu/engine/weight_binding_plan.hpp"
-#include "eredu/io/catalog.hpp"
+#include "eredu/engine/description/parameterized.hpp"
+#include "eredu/engine/description/weight_binding_plan.hpp"
+#include "eredu/io/formats/catalog.hpp"
 
 namespace eredu::python {
 

@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "eredu/cpu/backend.hpp"
-#include "eredu/engine/parameterized.hpp"
-#include "eredu/io/checkpoint_source.hpp"
-#include "eredu/io/read_fault.hpp"
+#include "eredu/engine/description/parameterized.hpp"
+#include "eredu/io/reading/checkpoint_source.hpp"
+#include "eredu/io/reading/read_fault.hpp"
 #include "support/checkpoint_fixture.hpp"
 
 namespace eredu::test {

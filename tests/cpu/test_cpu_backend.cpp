@@ -19,7 +19,7 @@
 #include "eredu/core/error.hpp"
 #include "eredu/cpu/convert.hpp"
 #include "eredu/cpu/layout.hpp"
-#include "eredu/engine/engine_error.hpp"
+#include "eredu/engine/orchestration/engine_error.hpp"
 
 #include <fmt/format.h>
 

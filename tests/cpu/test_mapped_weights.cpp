@@ -22,9 +22,9 @@
 
 #include "cpu/cpu_fixture.hpp"
 #include "eredu/core/error.hpp"
-#include "eredu/io/digest.hpp"
-#include "eredu/io/mapped_tensor.hpp"
-#include "eredu/io/read_fault.hpp"
+#include "eredu/io/integrity/digest.hpp"
+#include "eredu/io/mapping/mapped_tensor.hpp"
+#include "eredu/io/reading/read_fault.hpp"
 
 using namespace eredu;
 using namespace eredu::test;

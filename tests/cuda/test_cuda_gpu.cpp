@@ -21,9 +21,9 @@
 #include "eredu/cuda/cuda_error.hpp"
 #include "eredu/cuda/device.hpp"
 #include "eredu/cuda/kernels.hpp"
-#include "eredu/engine/materialize.hpp"
-#include "eredu/engine/weight_binding_plan.hpp"
-#include "eredu/io/open_catalog.hpp"
+#include "eredu/engine/description/weight_binding_plan.hpp"
+#include "eredu/engine/orchestration/materialize.hpp"
+#include "eredu/io/formats/open_catalog.hpp"
 #include "gguf/gguf_fixture.hpp"
 
 using namespace eredu;

@@ -18,9 +18,9 @@
 #include "eredu/cuda/device.hpp"
 #include "eredu/cuda/event.hpp"
 #include "eredu/cuda/stream_completion.hpp"
-#include "eredu/engine/parameter_backend.hpp"
-#include "eredu/engine/submission_backend.hpp"
-#include "eredu/engine/transfer_backend.hpp"
+#include "eredu/engine/backend/parameter_backend.hpp"
+#include "eredu/engine/backend/submission_backend.hpp"
+#include "eredu/engine/backend/transfer_backend.hpp"
 
 using namespace eredu;
 

@@ -25,7 +25,7 @@
 #include "eredu/core/collective_error.hpp"
 #include "eredu/core/float_formats.hpp"
 #include "eredu/cpu/executor.hpp"
-#include "eredu/engine/collective_backend.hpp"
+#include "eredu/engine/backend/collective_backend.hpp"
 #include "eredu/mpi/backend.hpp"
 
 using namespace eredu;

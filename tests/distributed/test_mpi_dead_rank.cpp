@@ -14,7 +14,7 @@
 #include "distributed/mpi_fixture.hpp"
 #include "eredu/core/collective_error.hpp"
 #include "eredu/cpu/executor.hpp"
-#include "eredu/engine/collective_backend.hpp"
+#include "eredu/engine/backend/collective_backend.hpp"
 #include "eredu/mpi/backend.hpp"
 
 using namespace eredu;

@@ -17,12 +17,12 @@
 #include "cpu/cpu_fixture.hpp"
 #include "distributed/mpi_fixture.hpp"
 #include "eredu/core/collective_error.hpp"
-#include "eredu/engine/collective_backend.hpp"
-#include "eredu/engine/gather_replicated.hpp"
-#include "eredu/engine/load.hpp"
-#include "eredu/engine/materialize.hpp"
-#include "eredu/engine/plan_module.hpp"
-#include "eredu/engine/sharding.hpp"
+#include "eredu/engine/backend/collective_backend.hpp"
+#include "eredu/engine/description/plan_module.hpp"
+#include "eredu/engine/orchestration/load.hpp"
+#include "eredu/engine/orchestration/materialize.hpp"
+#include "eredu/engine/parallel/gather_replicated.hpp"
+#include "eredu/engine/parallel/sharding.hpp"
 #include "eredu/mpi/backend.hpp"
 
 using namespace eredu;

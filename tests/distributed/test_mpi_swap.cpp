@@ -26,11 +26,11 @@
 #include "cpu/cpu_fixture.hpp"
 #include "distributed/mpi_fixture.hpp"
 #include "eredu/core/collective_error.hpp"
-#include "eredu/engine/collective_backend.hpp"
-#include "eredu/engine/distributed_model_slot.hpp"
-#include "eredu/engine/plan_module.hpp"
-#include "eredu/engine/sharding.hpp"
-#include "eredu/io/sha256.hpp"
+#include "eredu/engine/backend/collective_backend.hpp"
+#include "eredu/engine/description/plan_module.hpp"
+#include "eredu/engine/parallel/sharding.hpp"
+#include "eredu/engine/serving/distributed_model_slot.hpp"
+#include "eredu/io/integrity/sha256.hpp"
 #include "eredu/mpi/backend.hpp"
 
 using namespace eredu;

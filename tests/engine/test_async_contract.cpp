@@ -5,11 +5,11 @@
 // as in Asio's own unit tests; the test cases check what the compiler can, and run a
 // deferred load whose arguments are gone before it starts.
 
-#include "eredu/engine/in_place_model_slot.hpp"
-#include "eredu/engine/load.hpp"
-#include "eredu/engine/materialize.hpp"
-#include "eredu/engine/model_slot.hpp"
-#include "eredu/engine/prefetch_pipeline.hpp"
+#include "eredu/engine/orchestration/load.hpp"
+#include "eredu/engine/orchestration/materialize.hpp"
+#include "eredu/engine/serving/in_place_model_slot.hpp"
+#include "eredu/engine/serving/model_slot.hpp"
+#include "eredu/engine/serving/prefetch_pipeline.hpp"
 
 #include <asio/awaitable.hpp>
 #include <asio/experimental/deferred.hpp>
@@ -30,10 +30,10 @@
 #include "cpu/cpu_fixture.hpp"
 #include "eredu/core/async_event.hpp"
 #include "eredu/core/completion.hpp"
-#include "eredu/io/checkpoint_source.hpp"
-#include "eredu/io/checksums.hpp"
-#include "eredu/io/lease_pool.hpp"
-#include "eredu/io/reader.hpp"
+#include "eredu/io/integrity/checksums.hpp"
+#include "eredu/io/reading/checkpoint_source.hpp"
+#include "eredu/io/reading/lease_pool.hpp"
+#include "eredu/io/reading/reader.hpp"
 
 using namespace eredu;
 using namespace eredu::test;

@@ -1,10 +1,10 @@
 // Weight bindings, binding plans (declaration checks, byte checks against the catalog),
 // atomic recipe sets and their lowering into bindings.
 
-#include "eredu/engine/atomic_recipe_set.hpp"
-#include "eredu/engine/bindings_from_recipe_set.hpp"
-#include "eredu/engine/weight_binding.hpp"
-#include "eredu/engine/weight_binding_plan.hpp"
+#include "eredu/engine/description/atomic_recipe_set.hpp"
+#include "eredu/engine/description/bindings_from_recipe_set.hpp"
+#include "eredu/engine/description/weight_binding.hpp"
+#include "eredu/engine/description/weight_binding_plan.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "eredu/core/error.hpp"
-#include "eredu/engine/engine_error.hpp"
+#include "eredu/engine/orchestration/engine_error.hpp"
 
 using namespace eredu;
 using namespace eredu::engine;

@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "eredu/core/error.hpp"
-#include "eredu/engine/in_place_backend.hpp"
-#include "eredu/engine/parameter_backend.hpp"
-#include "eredu/engine/submission_backend.hpp"
-#include "eredu/engine/transfer_backend.hpp"
+#include "eredu/engine/backend/in_place_backend.hpp"
+#include "eredu/engine/backend/parameter_backend.hpp"
+#include "eredu/engine/backend/submission_backend.hpp"
+#include "eredu/engine/backend/transfer_backend.hpp"
 #include "support/checkpoint_fixture.hpp"
 
 using namespace eredu;

@@ -21,9 +21,9 @@
 #include "cpu/cpu_fixture.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/cpu/convert.hpp"
-#include "eredu/engine/in_place_model_slot.hpp"
-#include "eredu/engine/model_slot.hpp"
-#include "eredu/io/sha256.hpp"
+#include "eredu/engine/serving/in_place_model_slot.hpp"
+#include "eredu/engine/serving/model_slot.hpp"
+#include "eredu/io/integrity/sha256.hpp"
 
 using namespace eredu;
 using namespace eredu::test;

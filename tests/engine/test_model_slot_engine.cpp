@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "eredu/core/error.hpp"
-#include "eredu/engine/in_place_model_slot.hpp"
-#include "eredu/engine/model_slot.hpp"
+#include "eredu/engine/serving/in_place_model_slot.hpp"
+#include "eredu/engine/serving/model_slot.hpp"
 #include "support/checkpoint_fixture.hpp"
 #include "support/fake_backend.hpp"
 #include "support/reference_recipe.hpp"

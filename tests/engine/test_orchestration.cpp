@@ -15,14 +15,14 @@
 #include "eredu/core/error.hpp"
 #include "eredu/core/log.hpp"
 #include "eredu/cpu/convert.hpp"
-#include "eredu/engine/bindings_from_recipe_set.hpp"
-#include "eredu/engine/engine_error.hpp"
-#include "eredu/engine/load.hpp"
-#include "eredu/engine/parameter_backend.hpp"
-#include "eredu/engine/transfer_backend.hpp"
-#include "eredu/engine/verifying_backend.hpp"
-#include "eredu/io/digest.hpp"
-#include "eredu/io/sha256.hpp"
+#include "eredu/engine/backend/parameter_backend.hpp"
+#include "eredu/engine/backend/transfer_backend.hpp"
+#include "eredu/engine/backend/verifying_backend.hpp"
+#include "eredu/engine/description/bindings_from_recipe_set.hpp"
+#include "eredu/engine/orchestration/engine_error.hpp"
+#include "eredu/engine/orchestration/load.hpp"
+#include "eredu/io/integrity/digest.hpp"
+#include "eredu/io/integrity/sha256.hpp"
 
 using namespace eredu;
 using namespace eredu::test;

@@ -16,9 +16,9 @@
 #include <fmt/format.h>
 
 #include "eredu/core/error.hpp"
-#include "eredu/engine/engine_error.hpp"
-#include "eredu/engine/load.hpp"
-#include "eredu/engine/materialize.hpp"
+#include "eredu/engine/orchestration/engine_error.hpp"
+#include "eredu/engine/orchestration/load.hpp"
+#include "eredu/engine/orchestration/materialize.hpp"
 #include "support/checkpoint_fixture.hpp"
 #include "support/fake_backend.hpp"
 #include "support/reference_recipe.hpp"

@@ -1,8 +1,8 @@
 // Parameter identity (ParameterId) and Parameterized modules with const and mutable visitors.
 
-#include "eredu/engine/parameter_id.hpp"
-#include "eredu/engine/parameter_metadata.hpp"
-#include "eredu/engine/parameterized.hpp"
+#include "eredu/engine/description/parameter_id.hpp"
+#include "eredu/engine/description/parameter_metadata.hpp"
+#include "eredu/engine/description/parameterized.hpp"
 
 #include <fmt/format.h>
 #include <catch2/catch.hpp>
@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "eredu/core/error.hpp"
-#include "eredu/engine/engine_error.hpp"
+#include "eredu/engine/orchestration/engine_error.hpp"
 
 using namespace eredu;
 using namespace eredu::engine;

@@ -18,8 +18,8 @@
 #include "cpu/cpu_fixture.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/cpu/convert.hpp"
-#include "eredu/engine/prefetch_pipeline.hpp"
-#include "eredu/io/sha256.hpp"
+#include "eredu/engine/serving/prefetch_pipeline.hpp"
+#include "eredu/io/integrity/sha256.hpp"
 
 using namespace eredu;
 using namespace eredu::test;

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "eredu/core/error.hpp"
-#include "eredu/engine/prefetch_pipeline.hpp"
+#include "eredu/engine/serving/prefetch_pipeline.hpp"
 #include "support/checkpoint_fixture.hpp"
 #include "support/fake_backend.hpp"
 #include "support/reference_recipe.hpp"

@@ -1,7 +1,7 @@
 // Derived-weight recipes: metadata inference of every node kind on a real safetensors file,
 // every RecipeError kind with its message, sharing and structural equality.
 
-#include "eredu/engine/recipe.hpp"
+#include "eredu/engine/description/recipe.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "eredu/core/error.hpp"
-#include "eredu/engine/engine_error.hpp"
-#include "eredu/io/open_catalog.hpp"
+#include "eredu/engine/orchestration/engine_error.hpp"
+#include "eredu/io/formats/open_catalog.hpp"
 #include "eredu/synth/safetensors_writer.hpp"
 #include "support/temp_dir.hpp"
 

@@ -2,7 +2,7 @@
 // the folding decisions once for every backend — what is read straight into the output,
 // what goes through a temporary, in which order, and what is refused before any read.
 
-#include "eredu/engine/recipe_evaluator.hpp"
+#include "eredu/engine/description/recipe_evaluator.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -21,7 +21,7 @@
 #include <fmt/ranges.h>
 
 #include "eredu/core/error.hpp"
-#include "eredu/io/open_catalog.hpp"
+#include "eredu/io/formats/open_catalog.hpp"
 #include "eredu/synth/safetensors_writer.hpp"
 #include "support/temp_dir.hpp"
 

@@ -15,13 +15,13 @@
 
 #include "cpu/cpu_fixture.hpp"
 #include "eredu/core/error.hpp"
-#include "eredu/engine/load.hpp"
-#include "eredu/engine/materialize.hpp"
-#include "eredu/engine/plan_module.hpp"
-#include "eredu/engine/sharding.hpp"
-#include "eredu/io/checksums.hpp"
-#include "eredu/io/open_catalog.hpp"
-#include "eredu/io/sha256.hpp"
+#include "eredu/engine/description/plan_module.hpp"
+#include "eredu/engine/orchestration/load.hpp"
+#include "eredu/engine/orchestration/materialize.hpp"
+#include "eredu/engine/parallel/sharding.hpp"
+#include "eredu/io/formats/open_catalog.hpp"
+#include "eredu/io/integrity/checksums.hpp"
+#include "eredu/io/integrity/sha256.hpp"
 #include "eredu/synth/safetensors_writer.hpp"
 
 using namespace eredu;

@@ -34,12 +34,12 @@
 #include "eredu/core/error.hpp"
 #include "eredu/core/log.hpp"
 #include "eredu/cpu/catalog_module.hpp"
-#include "eredu/engine/in_place_model_slot.hpp"
-#include "eredu/engine/load.hpp"
-#include "eredu/engine/model_slot.hpp"
-#include "eredu/engine/prefetch_pipeline.hpp"
-#include "eredu/io/checkpoint_source.hpp"
-#include "eredu/io/open_catalog.hpp"
+#include "eredu/engine/orchestration/load.hpp"
+#include "eredu/engine/serving/in_place_model_slot.hpp"
+#include "eredu/engine/serving/model_slot.hpp"
+#include "eredu/engine/serving/prefetch_pipeline.hpp"
+#include "eredu/io/formats/open_catalog.hpp"
+#include "eredu/io/reading/checkpoint_source.hpp"
 #include "faultfs/faultfs_mount.hpp"
 
 using namespace eredu;

@@ -38,7 +38,7 @@
 
 #include "eredu/core/error.hpp"
 #include "eredu/core/log.hpp"
-#include "eredu/io/checkpoint_source.hpp"
+#include "eredu/io/reading/checkpoint_source.hpp"
 
 namespace {
 

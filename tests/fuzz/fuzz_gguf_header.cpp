@@ -10,7 +10,7 @@
 #include <span>
 
 #include "eredu/core/error.hpp"
-#include "eredu/io/gguf.hpp"
+#include "eredu/io/formats/gguf.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(data), size);

@@ -9,7 +9,7 @@
 #include <span>
 
 #include "eredu/core/error.hpp"
-#include "eredu/io/safetensors.hpp"
+#include "eredu/io/formats/safetensors.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(data), size);

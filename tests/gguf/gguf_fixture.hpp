@@ -16,7 +16,7 @@
 #include <string_view>
 #include <vector>
 
-#include "eredu/io/sha256.hpp"
+#include "eredu/io/integrity/sha256.hpp"
 #include "json.hpp"
 #include "support/temp_dir.hpp"
 

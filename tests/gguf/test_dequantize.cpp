@@ -12,8 +12,8 @@
 #include "cpu/cpu_fixture.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/cpu/convert.hpp"
-#include "eredu/engine/recipe.hpp"
-#include "eredu/io/open_catalog.hpp"
+#include "eredu/engine/description/recipe.hpp"
+#include "eredu/io/formats/open_catalog.hpp"
 #include "gguf/gguf_fixture.hpp"
 
 using namespace eredu;

@@ -1,6 +1,6 @@
 // The GGUF parser: ggml's fixtures and real files against their manifests, every check of
 // ggml's gguf.cpp on hand-made files, the writer's round trip, and split GGUF sets.
-#include "eredu/io/gguf.hpp"
+#include "eredu/io/formats/gguf.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -9,8 +9,8 @@
 #include <functional>
 
 #include "eredu/core/error.hpp"
-#include "eredu/io/open_catalog.hpp"
-#include "eredu/io/split_gguf.hpp"
+#include "eredu/io/formats/open_catalog.hpp"
+#include "eredu/io/formats/split_gguf.hpp"
 #include "eredu/synth/gguf_writer.hpp"
 #include "eredu/synth/synthetic_gguf.hpp"
 #include "gguf/gguf_fixture.hpp"

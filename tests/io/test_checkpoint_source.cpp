@@ -1,6 +1,6 @@
 // Both readers (io_uring, pread) under every O_DIRECT mode must deliver exactly the bytes a
 // reference pread sees, and turn every injected fault into a typed error.
-#include "eredu/io/checkpoint_source.hpp"
+#include "eredu/io/reading/checkpoint_source.hpp"
 
 #include <asio/experimental/deferred.hpp>
 #include <asio/use_awaitable.hpp>
@@ -11,8 +11,8 @@
 
 #include "eredu/core/error.hpp"
 #include "eredu/core/log.hpp"
-#include "eredu/io/pread_reader.hpp"
-#include "eredu/io/uring_reader.hpp"
+#include "eredu/io/reading/pread_reader.hpp"
+#include "eredu/io/reading/uring_reader.hpp"
 #include "io/read_fixture.hpp"
 
 using namespace eredu;

@@ -1,6 +1,6 @@
 // io::Checksums: digests from metadata and sidecars, their validation, and verification
 // through a source catching a tensor whose bytes changed.
-#include "eredu/io/checksums.hpp"
+#include "eredu/io/integrity/checksums.hpp"
 
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -20,9 +20,9 @@
 #include <fmt/format.h>
 
 #include "eredu/core/error.hpp"
-#include "eredu/io/digest.hpp"
-#include "eredu/io/open_catalog.hpp"
-#include "eredu/io/sha256.hpp"
+#include "eredu/io/formats/open_catalog.hpp"
+#include "eredu/io/integrity/digest.hpp"
+#include "eredu/io/integrity/sha256.hpp"
 #include "eredu/synth/safetensors_writer.hpp"
 #include "io/read_fixture.hpp"
 

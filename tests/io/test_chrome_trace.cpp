@@ -3,7 +3,7 @@
 
 #include "eredu/core/error.hpp"
 #include "eredu/core/trace.hpp"
-#include "eredu/io/chrome_trace.hpp"
+#include "eredu/io/formats/chrome_trace.hpp"
 
 using namespace eredu;
 

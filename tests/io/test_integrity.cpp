@@ -4,7 +4,7 @@
 // terminal, a GGUF file given to the safetensors parser, options out of range, a pread
 // reader short of threads, EAGAIN storms, window reads failing in a neighbour, and the
 // SIGBUS guard next to an application's own handler.
-#include "eredu/io/file_system.hpp"
+#include "eredu/io/reading/file_system.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -32,13 +32,13 @@
 #include "eredu/core/error.hpp"
 #include "eredu/core/log.hpp"
 #include "eredu/core/printable.hpp"
-#include "eredu/io/checkpoint_source.hpp"
-#include "eredu/io/guarded_read.hpp"
-#include "eredu/io/mapped_tensor.hpp"
-#include "eredu/io/mapped_view.hpp"
-#include "eredu/io/open_catalog.hpp"
-#include "eredu/io/regular_file.hpp"
-#include "eredu/io/safetensors.hpp"
+#include "eredu/io/formats/open_catalog.hpp"
+#include "eredu/io/formats/safetensors.hpp"
+#include "eredu/io/mapping/guarded_read.hpp"
+#include "eredu/io/mapping/mapped_tensor.hpp"
+#include "eredu/io/mapping/mapped_view.hpp"
+#include "eredu/io/reading/checkpoint_source.hpp"
+#include "eredu/io/reading/regular_file.hpp"
 #include "io/read_fixture.hpp"
 #include "support/st_bytes.hpp"
 

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "eredu/core/printable.hpp"
-#include "eredu/io/json_text.hpp"
+#include "eredu/io/formats/json_text.hpp"
 
 namespace json = eredu::io::json;
 

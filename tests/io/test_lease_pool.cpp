@@ -1,4 +1,4 @@
-#include "eredu/io/lease_pool.hpp"
+#include "eredu/io/reading/lease_pool.hpp"
 
 #include <sys/mman.h>
 

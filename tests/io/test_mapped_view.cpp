@@ -1,7 +1,7 @@
 // Mapped reads of resident tensors: a MappedView holds exactly the tensor's bytes, and a
 // file that shrinks under it becomes a typed error through guarded_read, never a SIGBUS
 // that kills the process.
-#include "eredu/io/mapped_view.hpp"
+#include "eredu/io/mapping/mapped_view.hpp"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -11,9 +11,9 @@
 #include <cstring>
 #include <filesystem>
 
-#include "eredu/io/checkpoint_source.hpp"
-#include "eredu/io/guarded_read.hpp"
-#include "eredu/io/read_fault.hpp"
+#include "eredu/io/mapping/guarded_read.hpp"
+#include "eredu/io/reading/checkpoint_source.hpp"
+#include "eredu/io/reading/read_fault.hpp"
 #include "io/read_fixture.hpp"
 
 using namespace eredu;

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "eredu/core/error.hpp"
-#include "eredu/io/open_catalog.hpp"
-#include "eredu/io/safetensors.hpp"
-#include "eredu/io/sha256.hpp"
+#include "eredu/io/formats/open_catalog.hpp"
+#include "eredu/io/formats/safetensors.hpp"
+#include "eredu/io/integrity/sha256.hpp"
 #include "json.hpp"
 #include "support/temp_dir.hpp"
 

@@ -1,4 +1,4 @@
-#include "eredu/io/safetensors.hpp"
+#include "eredu/io/formats/safetensors.hpp"
 
 #include <fcntl.h>
 #include <fmt/format.h>

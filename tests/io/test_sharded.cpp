@@ -1,4 +1,4 @@
-#include "eredu/io/sharded_index.hpp"
+#include "eredu/io/formats/sharded_index.hpp"
 
 #include <fmt/format.h>
 #include <sys/stat.h>
@@ -9,7 +9,7 @@
 #include <string>
 
 #include "eredu/core/error.hpp"
-#include "eredu/io/open_catalog.hpp"
+#include "eredu/io/formats/open_catalog.hpp"
 #include "support/st_bytes.hpp"
 #include "support/temp_dir.hpp"
 

@@ -25,7 +25,7 @@
 #include "eredu/core/float_formats.hpp"
 #include "eredu/cuda/device.hpp"
 #include "eredu/cuda/executor.hpp"
-#include "eredu/engine/collective_backend.hpp"
+#include "eredu/engine/backend/collective_backend.hpp"
 #include "eredu/nccl/backend.hpp"
 #include "eredu/nccl/communicator.hpp"
 #include "eredu/nccl/data_type.hpp"

@@ -21,7 +21,7 @@
 #include "eredu/core/completion.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/core/selection.hpp"
-#include "eredu/io/checkpoint_source.hpp"
+#include "eredu/io/reading/checkpoint_source.hpp"
 #include "io/read_fixture.hpp"
 
 namespace eredu::test {

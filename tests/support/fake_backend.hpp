@@ -60,9 +60,9 @@
 #include "eredu/core/completion.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/core/unique_function.hpp"
-#include "eredu/engine/recipe.hpp"
-#include "eredu/io/checkpoint_source.hpp"
-#include "eredu/io/tensor_read_request.hpp"
+#include "eredu/engine/description/recipe.hpp"
+#include "eredu/io/reading/checkpoint_source.hpp"
+#include "eredu/io/reading/tensor_read_request.hpp"
 #include "io/read_fixture.hpp"
 #include "support/reference_recipe.hpp"
 

@@ -24,8 +24,8 @@
 #include "eredu/core/dtype.hpp"
 #include "eredu/core/selection.hpp"
 #include "eredu/core/shape.hpp"
-#include "eredu/engine/recipe.hpp"
-#include "eredu/io/catalog.hpp"
+#include "eredu/engine/description/recipe.hpp"
+#include "eredu/io/formats/catalog.hpp"
 
 namespace eredu::test {
 

@@ -13,7 +13,7 @@
 
 #include "eredu/core/dtype.hpp"
 #include "eredu/core/shape.hpp"
-#include "eredu/engine/parameterized.hpp"
+#include "eredu/engine/description/parameterized.hpp"
 
 namespace eredu::test {
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "eredu/core/error.hpp"
-#include "eredu/io/open_catalog.hpp"
+#include "eredu/io/formats/open_catalog.hpp"
 #include "support/temp_dir.hpp"
 
 using namespace eredu;

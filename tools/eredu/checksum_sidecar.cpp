@@ -16,7 +16,7 @@
 #include <fmt/format.h>
 
 #include "eredu/core/error.hpp"
-#include "eredu/io/unique_fd.hpp"
+#include "eredu/io/reading/unique_fd.hpp"
 #include "interrupt.hpp"
 
 namespace eredu::cli {

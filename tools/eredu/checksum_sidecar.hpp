@@ -3,7 +3,7 @@
 /// The checksum sidecar of a checkpoint as `eredu checksum` and `eredu gen --checksums` write
 /// it: every tensor hashed in one read (hash_checkpoint), the shard selections of every rank
 /// of a tensor-parallel group (tensor_parallel_selections), and the sidecar written
-/// atomically (write_sidecar). The format is io::Checksums' (eredu/io/checksums.hpp).
+/// atomically (write_sidecar). The format is io::Checksums' (eredu/io/integrity/checksums.hpp).
 
 #include <cstdint>
 #include <filesystem>
@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "eredu/core/selection.hpp"
-#include "eredu/engine/sharding.hpp"
-#include "eredu/io/catalog.hpp"
-#include "eredu/io/checksums.hpp"
-#include "eredu/io/digest.hpp"
+#include "eredu/engine/parallel/sharding.hpp"
+#include "eredu/io/formats/catalog.hpp"
+#include "eredu/io/integrity/checksums.hpp"
+#include "eredu/io/integrity/digest.hpp"
 #include "progress.hpp"
 
 namespace eredu::cli {

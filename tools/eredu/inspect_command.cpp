@@ -22,8 +22,8 @@
 #include "commands.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/core/printable.hpp"
-#include "eredu/io/gguf.hpp"
-#include "eredu/io/open_catalog.hpp"
+#include "eredu/io/formats/gguf.hpp"
+#include "eredu/io/formats/open_catalog.hpp"
 
 namespace eredu::cli {
 namespace {

@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "eredu/io/json_text.hpp"
+#include "eredu/io/formats/json_text.hpp"
 
 namespace eredu::cli {
 

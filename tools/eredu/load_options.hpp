@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "eredu/io/checkpoint_source.hpp"
+#include "eredu/io/reading/checkpoint_source.hpp"
 #include "options.hpp"
 
 namespace eredu::cli {

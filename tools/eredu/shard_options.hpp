@@ -13,8 +13,8 @@
 #include <utility>
 #include <vector>
 
-#include "eredu/engine/sharding.hpp"
-#include "eredu/io/catalog.hpp"
+#include "eredu/engine/parallel/sharding.hpp"
+#include "eredu/io/formats/catalog.hpp"
 
 namespace eredu::cli {
 

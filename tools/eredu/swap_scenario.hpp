@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "eredu/cpu/storage_pool.hpp"
-#include "eredu/engine/model_slot.hpp"
+#include "eredu/engine/serving/model_slot.hpp"
 #include "progress.hpp"
 
 namespace eredu::cli {

@@ -5,7 +5,7 @@
 
 #include "eredu/core/log.hpp"
 #include "eredu/core/trace.hpp"
-#include "eredu/io/chrome_trace.hpp"
+#include "eredu/io/formats/chrome_trace.hpp"
 
 namespace eredu::cli {
 

@@ -8,9 +8,9 @@
 #include <cstdint>
 #include <string>
 
-#include "eredu/engine/verify_options.hpp"
-#include "eredu/io/catalog.hpp"
-#include "eredu/io/checksums.hpp"
+#include "eredu/engine/orchestration/verify_options.hpp"
+#include "eredu/io/formats/catalog.hpp"
+#include "eredu/io/integrity/checksums.hpp"
 
 namespace eredu::cli {
 

@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 
 #include "cli.hpp"
-#include "eredu/io/mapped_tensor.hpp"
+#include "eredu/io/mapping/mapped_tensor.hpp"
 #include "options.hpp"
 
 namespace eredu::cli {

@@ -21,10 +21,10 @@
 #include "eredu/cpu/convert.hpp"
 #include "eredu/cpu/copy_bytes.hpp"
 #include "eredu/cpu/layout.hpp"
-#include "eredu/engine/recipe_evaluator.hpp"
-#include "eredu/io/digest.hpp"
-#include "eredu/io/guarded_read.hpp"
-#include "eredu/io/mapped_tensor.hpp"
+#include "eredu/engine/description/recipe_evaluator.hpp"
+#include "eredu/io/integrity/digest.hpp"
+#include "eredu/io/mapping/guarded_read.hpp"
+#include "eredu/io/mapping/mapped_tensor.hpp"
 
 namespace eredu::cpu {
 namespace {

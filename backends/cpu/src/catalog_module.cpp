@@ -2,8 +2,8 @@
 
 #include <fmt/format.h>
 
-#include "eredu/engine/parameter_id.hpp"
-#include "eredu/engine/recipe.hpp"
+#include "eredu/engine/description/parameter_id.hpp"
+#include "eredu/engine/description/recipe.hpp"
 
 namespace eredu::cpu {
 

@@ -15,7 +15,7 @@
 
 #include "eredu/core/error.hpp"
 #include "eredu/core/trace.hpp"
-#include "eredu/io/mapped_tensor.hpp"
+#include "eredu/io/mapping/mapped_tensor.hpp"
 
 namespace eredu::cpu {
 namespace {

@@ -17,10 +17,10 @@
 #include "eredu/core/log.hpp"
 #include "eredu/cuda/cuda_error.hpp"
 #include "eredu/cuda/kernels.hpp"
-#include "eredu/engine/parameter_backend.hpp"
-#include "eredu/engine/recipe_evaluator.hpp"
-#include "eredu/engine/submission_backend.hpp"
-#include "eredu/engine/transfer_backend.hpp"
+#include "eredu/engine/backend/parameter_backend.hpp"
+#include "eredu/engine/backend/submission_backend.hpp"
+#include "eredu/engine/backend/transfer_backend.hpp"
+#include "eredu/engine/description/recipe_evaluator.hpp"
 
 namespace eredu::cuda {
 

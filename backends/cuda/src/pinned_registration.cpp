@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "eredu/cuda/cuda_error.hpp"
-#include "eredu/io/checkpoint_source.hpp"
+#include "eredu/io/reading/checkpoint_source.hpp"
 
 namespace eredu::cuda {
 

@@ -18,9 +18,9 @@
 
 #include "eredu/cpu/backend.hpp"
 #include "eredu/cpu/catalog_module.hpp"
-#include "eredu/engine/load.hpp"
-#include "eredu/engine/model_slot.hpp"
-#include "eredu/engine/prefetch_pipeline.hpp"
+#include "eredu/engine/orchestration/load.hpp"
+#include "eredu/engine/serving/model_slot.hpp"
+#include "eredu/engine/serving/prefetch_pipeline.hpp"
 #include "eredu/synth/synthetic_checkpoint.hpp"
 
 namespace {

@@ -9,7 +9,7 @@
 
 #include "eredu/cuda/device.hpp"
 #include "eredu/cuda/executor.hpp"
-#include "eredu/engine/collective_backend.hpp"
+#include "eredu/engine/backend/collective_backend.hpp"
 #include "eredu/mpi/communicator.hpp"
 #include "eredu/mpi/environment.hpp"
 #include "eredu/nccl/backend.hpp"

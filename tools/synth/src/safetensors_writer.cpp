@@ -12,7 +12,7 @@
 #include <fmt/format.h>
 
 #include "eredu/core/error.hpp"
-#include "eredu/io/json_text.hpp"
+#include "eredu/io/formats/json_text.hpp"
 
 namespace eredu::synth {
 namespace {

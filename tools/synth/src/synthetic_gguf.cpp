@@ -7,7 +7,7 @@
 #include <string>
 
 #include "eredu/core/error.hpp"
-#include "eredu/io/split_gguf.hpp"
+#include "eredu/io/formats/split_gguf.hpp"
 
 namespace eredu::synth {
 namespace {

@@ -30,9 +30,9 @@
 #include "eredu/cpu/materialization_context.hpp"
 #include "eredu/cpu/parameter.hpp"
 #include "eredu/cpu/tensor.hpp"
-#include "eredu/engine/recipe.hpp"
-#include "eredu/io/checkpoint_source.hpp"
-#include "eredu/io/checksums.hpp"
+#include "eredu/engine/description/recipe.hpp"
+#include "eredu/io/integrity/checksums.hpp"
+#include "eredu/io/reading/checkpoint_source.hpp"
 
 namespace eredu::cpu {
 

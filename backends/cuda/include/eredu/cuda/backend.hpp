@@ -35,8 +35,8 @@
 #include "eredu/cuda/materialization_context.hpp"
 #include "eredu/cuda/parameter.hpp"
 #include "eredu/cuda/tensor.hpp"
-#include "eredu/engine/recipe.hpp"
-#include "eredu/io/checkpoint_source.hpp"
+#include "eredu/engine/description/recipe.hpp"
+#include "eredu/io/reading/checkpoint_source.hpp"
 
 namespace eredu::cuda {
 

@@ -14,7 +14,7 @@
 #include <optional>
 #include <span>
 
-#include "eredu/io/lease_pool.hpp"
+#include "eredu/io/reading/lease_pool.hpp"
 
 namespace eredu::io {
 class CheckpointSource;

@@ -38,8 +38,8 @@
 #include "eredu/core/completion.hpp"
 #include "eredu/cpu/backend.hpp"
 #include "eredu/cpu/tensor.hpp"
-#include "eredu/engine/collective_backend.hpp"
-#include "eredu/engine/group_vote.hpp"
+#include "eredu/engine/backend/collective_backend.hpp"
+#include "eredu/engine/parallel/group_vote.hpp"
 #include "eredu/mpi/communicator.hpp"
 
 namespace eredu::mpi {

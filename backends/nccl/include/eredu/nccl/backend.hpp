@@ -36,7 +36,7 @@
 #include "eredu/core/completion.hpp"
 #include "eredu/cuda/backend.hpp"
 #include "eredu/cuda/tensor.hpp"
-#include "eredu/engine/collective_backend.hpp"
+#include "eredu/engine/backend/collective_backend.hpp"
 #include "eredu/nccl/communicator.hpp"
 
 namespace eredu::nccl {

@@ -10,7 +10,7 @@
 #include <optional>
 
 #include "eredu/core/dtype.hpp"
-#include "eredu/engine/collective_backend.hpp"
+#include "eredu/engine/backend/collective_backend.hpp"
 
 namespace eredu::nccl {
 

@@ -5,8 +5,8 @@
 #include <asio/awaitable.hpp>
 #include <memory>
 
-#include "eredu/engine/bind.hpp"
 #include "eredu/engine/detail/materialize_unit.hpp"
+#include "eredu/engine/orchestration/bind.hpp"
 
 namespace eredu::engine::detail {
 

@@ -14,11 +14,11 @@
 
 #include "eredu/core/error.hpp"
 #include "eredu/core/log.hpp"
-#include "eredu/engine/verify_options.hpp"
-#include "eredu/engine/verifying_backend.hpp"
-#include "eredu/engine/weight_binding.hpp"
-#include "eredu/io/catalog.hpp"
-#include "eredu/io/checksums.hpp"
+#include "eredu/engine/backend/verifying_backend.hpp"
+#include "eredu/engine/description/weight_binding.hpp"
+#include "eredu/engine/orchestration/verify_options.hpp"
+#include "eredu/io/formats/catalog.hpp"
+#include "eredu/io/integrity/checksums.hpp"
 
 namespace eredu::engine::detail {
 

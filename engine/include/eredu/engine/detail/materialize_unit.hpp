@@ -41,14 +41,14 @@
 #include "eredu/core/completion.hpp"
 #include "eredu/core/detail/ignore_cancellation.hpp"
 #include "eredu/core/error.hpp"
+#include "eredu/engine/backend/parameter_backend.hpp"
+#include "eredu/engine/description/parameter_error.hpp"
+#include "eredu/engine/description/weight_binding_plan.hpp"
 #include "eredu/engine/detail/load_verification.hpp"
-#include "eredu/engine/materialize_options.hpp"
-#include "eredu/engine/materialized_unit.hpp"
-#include "eredu/engine/parameter_backend.hpp"
-#include "eredu/engine/parameter_error.hpp"
-#include "eredu/engine/weight_binding_plan.hpp"
-#include "eredu/io/checkpoint_source.hpp"
-#include "eredu/io/checksums.hpp"
+#include "eredu/engine/orchestration/materialize_options.hpp"
+#include "eredu/engine/orchestration/materialized_unit.hpp"
+#include "eredu/io/integrity/checksums.hpp"
+#include "eredu/io/reading/checkpoint_source.hpp"
 
 namespace eredu::engine::detail {
 

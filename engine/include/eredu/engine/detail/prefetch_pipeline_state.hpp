@@ -39,12 +39,12 @@
 #include "eredu/core/detail/ignore_cancellation.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/core/trace.hpp"
-#include "eredu/engine/bind.hpp"
+#include "eredu/engine/description/parameter_error.hpp"
+#include "eredu/engine/description/weight_binding_plan.hpp"
 #include "eredu/engine/detail/materialize_unit.hpp"
 #include "eredu/engine/detail/unit_parking.hpp"
-#include "eredu/engine/parameter_error.hpp"
-#include "eredu/engine/prefetch_options.hpp"
-#include "eredu/engine/weight_binding_plan.hpp"
+#include "eredu/engine/orchestration/bind.hpp"
+#include "eredu/engine/serving/prefetch_options.hpp"
 
 namespace eredu::engine::detail {
 

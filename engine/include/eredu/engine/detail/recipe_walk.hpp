@@ -17,10 +17,10 @@
 
 #include "eredu/core/error.hpp"
 #include "eredu/core/selection.hpp"
-#include "eredu/engine/recipe.hpp"
-#include "eredu/engine/recipe_evaluator.hpp"
-#include "eredu/io/catalog.hpp"
-#include "eredu/io/tensor_read_request.hpp"
+#include "eredu/engine/description/recipe.hpp"
+#include "eredu/engine/description/recipe_evaluator.hpp"
+#include "eredu/io/formats/catalog.hpp"
+#include "eredu/io/reading/tensor_read_request.hpp"
 
 namespace eredu::engine::detail {
 

@@ -23,13 +23,13 @@
 
 #include "eredu/core/error.hpp"
 #include "eredu/core/trace.hpp"
+#include "eredu/engine/description/weight_binding_plan.hpp"
 #include "eredu/engine/detail/load_unit.hpp"
-#include "eredu/engine/engine_error.hpp"
-#include "eredu/engine/materialize_options.hpp"
-#include "eredu/engine/swap_options.hpp"
-#include "eredu/engine/weight_binding_plan.hpp"
-#include "eredu/io/checkpoint_source.hpp"
-#include "eredu/io/checksums.hpp"
+#include "eredu/engine/orchestration/engine_error.hpp"
+#include "eredu/engine/orchestration/materialize_options.hpp"
+#include "eredu/engine/serving/swap_options.hpp"
+#include "eredu/io/integrity/checksums.hpp"
+#include "eredu/io/reading/checkpoint_source.hpp"
 
 namespace eredu::engine::detail {
 

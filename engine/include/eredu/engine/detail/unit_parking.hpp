@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "eredu/core/completion.hpp"
-#include "eredu/engine/materialized_unit.hpp"
-#include "eredu/engine/parameter_id.hpp"
-#include "eredu/engine/transfer_backend.hpp"
-#include "eredu/engine/weight_binding_plan.hpp"
+#include "eredu/engine/backend/transfer_backend.hpp"
+#include "eredu/engine/description/parameter_id.hpp"
+#include "eredu/engine/description/weight_binding_plan.hpp"
+#include "eredu/engine/orchestration/materialized_unit.hpp"
 
 namespace eredu::engine::detail {
 

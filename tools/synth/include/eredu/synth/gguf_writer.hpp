@@ -19,8 +19,8 @@
 #include <string_view>
 #include <vector>
 
-#include "eredu/io/gguf.hpp"
-#include "eredu/io/unique_fd.hpp"
+#include "eredu/io/formats/gguf.hpp"
+#include "eredu/io/reading/unique_fd.hpp"
 #include "eredu/synth/safetensors_writer.hpp"
 
 namespace eredu::synth {

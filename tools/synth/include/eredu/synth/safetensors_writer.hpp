@@ -24,8 +24,8 @@
 
 #include "eredu/core/dtype.hpp"
 #include "eredu/core/shape.hpp"
-#include "eredu/io/tensor_info.hpp"
-#include "eredu/io/unique_fd.hpp"
+#include "eredu/io/formats/tensor_info.hpp"
+#include "eredu/io/reading/unique_fd.hpp"
 
 namespace eredu::synth {
 

@@ -1,0 +1,47 @@
+#pragma once
+/// \file
+/// What a hot-swap takes and reports, for ModelSlot and InPlaceModelSlot alike: per-swap
+/// options (origin, checksums, canary, progress) and the report of a successful swap.
+
+#include <asio/awaitable.hpp>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "eredu/engine/orchestration/materialize_options.hpp"
+#include "eredu/io/integrity/checksums.hpp"
+
+namespace eredu::engine {
+
+/// Per-swap options.
+template <class Model>
+struct SwapOptions {
+  /// Label recorded in the version (a path, a revision).
+  std::string origin{};
+  /// Digests to verify before publishing (empty: none). They are checked inside the load,
+  /// each tensor as it lands (engine::VerifyOptions); a mismatch fails the swap.
+  io::Checksums checksums{};
+  /// Checks the new model before it is published; throwing rejects it (canary_failed).
+  std::function<asio::awaitable<void>(const Model&)> canary{};
+  /// Load progress counters, if set; must outlive the swap.
+  MaterializeProgress* progress = nullptr;
+};
+
+/// What a successful swap did and how long each step took.
+struct SwapReport {
+  std::uint64_t generation = 0;      ///< the version now serving
+  std::uint64_t bytes = 0;           ///< bytes the new version's weights occupy
+  std::uint64_t verified_bytes = 0;  ///< stored bytes whose digest was checked
+  double load_s = 0;                 ///< step 1, which includes verifying the checksums
+  /// Step 2, kept for reports: 0, because checksums are verified inside the load (load_s).
+  double verify_s = 0;
+  double canary_s = 0;  ///< step 3
+  /// ModelSlot: the publication itself (readers never wait); InPlaceModelSlot: the
+  /// drain of requests in flight plus the copy, during which new reads wait.
+  std::chrono::nanoseconds publish_pause{0};
+  /// InPlaceModelSlot only: the part of publish_pause spent waiting for requests in flight.
+  std::chrono::nanoseconds readers_drained{0};
+};
+
+}  // namespace eredu::engine
