@@ -643,4 +643,15 @@ TEST_CASE("cpu executor – TBB refused a worker thread: the work fails typed, t
   CHECK(kind_of(later.error()) == kind);
   CHECK_THROWS_AS(ex.run_blocking([] {}), Error);
   CHECK(ran == 0);
+  if (kind == errc::resource_exhausted) {
+    // The refused worker is lost to TBB's process-wide pool for good: a new executor refuses
+    // at once instead of queueing work no worker may ever run.
+    std::exception_ptr refused;
+    try {
+      cpu::Executor again(2);
+    } catch (...) {
+      refused = std::current_exception();
+    }
+    CHECK(kind_of(refused) == errc::resource_exhausted);
+  }
 }

@@ -77,10 +77,37 @@ bool is_thread_refusal(const std::exception_ptr& error) noexcept {
   return false;
 }
 
+/// Set once TBB failed to start a worker thread anywhere in the process. oneTBB 2021's private
+/// RML server pops a sleeping worker and its unit of demand before launching it, and a launch
+/// that throws (src/tbb/private_server.cpp, wake_or_launch) leaves that worker "starting" for
+/// ever, out of the sleep list: the pool has lost it. On a 2-core machine the pool has one
+/// worker, so work queued afterwards on any arena would wait for ever (seen: a Python load
+/// after RLIMIT_NPROC was lifted hung in 1 run of 3 under load).
+std::atomic<bool> worker_pool_damaged{false};
+
+/// The error of every executor call once the pool is damaged.
+std::exception_ptr damaged_pool_error() noexcept {
+  try {
+    return std::make_exception_ptr(
+        Error(errc::resource_exhausted, {},
+              "cpu::Executor: the system refused a TBB worker thread earlier in this process, and oneTBB never "
+              "starts that worker again, so work queued now might never run: restart the process once the thread "
+              "limit (RLIMIT_NPROC, a container's pids limit) leaves room"));
+  } catch (...) {
+    return typed_failure(std::current_exception());
+  }
+}
+
+/// Records a refused worker thread (see worker_pool_damaged).
+void note_refusal(const std::exception_ptr& error) noexcept {
+  if (is_thread_refusal(error)) worker_pool_damaged.store(true, std::memory_order_release);
+}
+
 /// What a failed call into TBB (an exception from initialize, enqueue or a spawn inside
 /// work) means for the caller: memory (out_of_memory) or a resource the system refused
 /// (resource_exhausted), naming what was being done and TBB's own words.
 std::exception_ptr refusal_error(const std::exception_ptr& error, const char* doing) noexcept {
+  note_refusal(error);
   try {
     try {
       std::rethrow_exception(error);
@@ -175,6 +202,7 @@ int checked_concurrency(int concurrency) {
 }  // namespace
 
 Executor::Executor(int concurrency) : concurrency_(checked_concurrency(concurrency)) {
+  if (worker_pool_damaged.load(std::memory_order_acquire)) std::rethrow_exception(damaged_pool_error());
   try {
     // No slot reserved for an application thread: work arrives by enqueue from the event
     // loop, which never joins the arena, so every slot must be open to TBB's workers.
@@ -258,6 +286,12 @@ void Executor::enqueue(const std::shared_ptr<ExecutorJob>& job) noexcept {
   {
     std::lock_guard serial(enqueue_mutex_);
     failure = closed_error();
+    if (!failure && worker_pool_damaged.load(std::memory_order_acquire)) {
+      // Another executor lost a worker of the shared pool: this arena may have none left.
+      std::lock_guard lock(mutex_);
+      if (!closed_) closed_ = damaged_pool_error();
+      failure = closed_;
+    }
     if (!failure) {
       try {
         arena_->enqueue(HandOff(job));

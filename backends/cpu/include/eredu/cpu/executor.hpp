@@ -42,6 +42,11 @@ struct ExecutorJob;
 /// work's completion. A refusal while queueing work leaves TBB's arena unusable (its demand
 /// bookkeeping stays mid-update, and a later call would wait for ever), so the executor
 /// closes: the work not yet run, and everything submitted later, fails with the same error.
+/// A refused worker thread also damages TBB's process-wide worker pool: oneTBB 2021 never
+/// launches that worker again, and on a small machine (one worker per core but one) no worker
+/// may be left to run anything an arena queues. So once a thread has been refused, every
+/// Executor in the process fails at once with resource_exhausted, in its constructor or its
+/// submissions, rather than queue work that may never run.
 class Executor {
  public:
   /// Value of `concurrency` that means "every hardware thread".
