@@ -36,6 +36,7 @@
 
 #include <asio/async_result.hpp>
 #include <asio/system_executor.hpp>
+#include <atomic>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -139,6 +140,9 @@ class InPlaceModelSlot {
 
   /// Generation of the serving weights.
   std::uint64_t generation() const { return Gate::current_generation(state_.gate); }
+
+  /// True while a swap is running (as ModelSlot::swapping).
+  bool swapping() const noexcept { return state_.swapping.load(std::memory_order_acquire); }
 
   /// Loads `plan` from `source` and copies it into the serving model (see file comment);
   /// `executor` runs the copy.
