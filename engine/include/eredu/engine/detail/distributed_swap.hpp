@@ -334,14 +334,17 @@ class DistributedSlotState {
 
 /// DistributedModelSlot's swap policy (see file comment and run_swap's requirements).
 template <ParameterBackend B, class Model, VotingBackend C>
-struct DistributedSwap {
+struct DistributedSwap : NewModelSteps<B, Model> {
+  using typename NewModelSteps<B, Model>::Version;
+  using typename NewModelSteps<B, Model>::Staged;
   using State = DistributedSlotState<Model, C>;                ///< the slot's
-  using Version = ModelVersion<Model>;                         ///< what is committed
   using Report = DistributedSwapReport;                        ///< what a swap reports
-  using Staged = std::shared_ptr<Version>;                     ///< the private new version
   using Committed = std::shared_ptr<typename State::Outcome>;  ///< the decision, as this rank applied it
   static constexpr const char* what = "distributed swap";      ///< the swap's name in messages
   static constexpr bool check_after_canary = true;             ///< a cancellation stops the swap after its canary
+
+  /// The policy of a swap of the slot whose state is `s`.
+  explicit DistributedSwap(State* s) : NewModelSteps<B, Model>{s->make_model}, state(s) {}
 
   State* state;  ///< the slot's (outlives the swap)
 
@@ -349,20 +352,6 @@ struct DistributedSwap {
   std::atomic<bool>& swapping() const noexcept { return state->swapping; }
   /// The committed version's generation.
   std::uint64_t serving_generation() const { return state->generation(); }
-  /// Any shard plan may be voted on.
-  void admit(const WeightBindingPlan&, std::uint64_t) const noexcept {}
-  /// Loads this rank's shard into a new private model.
-  asio::awaitable<Staged> load(const SwapRequest<typename B::MaterializationContext, Model>& request,
-                               const MaterializeOptions& materialize) const {
-    return load_new_version<B, Model>(state->make_model, request, materialize);
-  }
-  /// Nothing to add: binding the load validated every weight against its slot.
-  void validate(const Staged&) const noexcept {}
-  /// The canary probes the new model itself.
-  template <class Run>
-  asio::awaitable<void> canary(const Staged& next, Run run) const {
-    co_await run(std::as_const(next->model));
-  }
   /// The vote: this rank's ballot says whether its steps succeeded (a failure is voted, not
   /// thrown: the other ranks would wait for it until their timeout).
   asio::awaitable<Committed> commit(std::optional<Staged> staged, std::exception_ptr failure, Report& report) const {

@@ -38,13 +38,16 @@ struct DoubleBufferedState {
 
 /// ModelSlot's swap policy (see file comment and run_swap's requirements).
 template <ParameterBackend B, class Model>
-struct DoubleBufferedSwap {
-  using Version = ModelVersion<Model>;              ///< what is published
+struct DoubleBufferedSwap : NewModelSteps<B, Model> {
+  using typename NewModelSteps<B, Model>::Version;
+  using typename NewModelSteps<B, Model>::Staged;
   using Report = SwapReport;                        ///< what a swap reports
-  using Staged = std::shared_ptr<Version>;          ///< the private new version
-  using Committed = Staged;                         ///< the same, once committed
+  using Committed = Staged;                         ///< the new version, once committed
   static constexpr const char* what = "swap";       ///< the swap's name in messages
   static constexpr bool check_after_canary = true;  ///< a cancellation stops the swap after its canary
+
+  /// The policy of a swap of the slot whose state is `s`.
+  explicit DoubleBufferedSwap(DoubleBufferedState<Model>* s) : NewModelSteps<B, Model>{s->make_model}, state(s) {}
 
   DoubleBufferedState<Model>* state;  ///< the slot's (outlives the swap)
 
@@ -54,20 +57,6 @@ struct DoubleBufferedSwap {
   std::uint64_t serving_generation() const noexcept {
     std::shared_ptr<const Version> v = state->current.load();
     return v ? v->generation : 0;
-  }
-  /// Any plan binding every slot may replace the serving version.
-  void admit(const WeightBindingPlan&, std::uint64_t) const noexcept {}
-  /// Loads into a new private model.
-  asio::awaitable<Staged> load(const SwapRequest<typename B::MaterializationContext, Model>& request,
-                               const MaterializeOptions& materialize) const {
-    return load_new_version<B, Model>(state->make_model, request, materialize);
-  }
-  /// Nothing to add: binding the load validated every weight against its slot.
-  void validate(const Staged&) const noexcept {}
-  /// The canary probes the new model itself.
-  template <class Run>
-  asio::awaitable<void> canary(const Staged& next, Run run) const {
-    co_await run(std::as_const(next->model));
   }
   /// At once.
   asio::awaitable<Committed> commit(std::optional<Staged> staged, std::exception_ptr failure, Report&) const {

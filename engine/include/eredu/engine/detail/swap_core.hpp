@@ -23,6 +23,7 @@
 #include <atomic>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -58,17 +59,35 @@ asio::awaitable<Staged> commit_locally(std::optional<Staged> staged, std::except
   co_return std::move(*staged);
 }
 
-/// The load of a slot that publishes whole model objects: a new model from `make_model`,
-/// private to the swap, with `request`'s plan loaded and bound into it (validated by the
-/// bind). On failure the partly bound model is dropped.
-template <ParameterBackend B, class Model, class Factory>
-asio::awaitable<std::shared_ptr<ModelVersion<Model>>> load_new_version(
-    const Factory& make_model, const SwapRequest<typename B::MaterializationContext, Model>& request,
-    MaterializeOptions materialize) {
-  auto next = std::make_shared<ModelVersion<Model>>(ModelVersion<Model>{make_model(), 0, request.options.origin});
-  co_await load_unit<B>(next->model, *request.source, request.plan, *request.context, std::move(materialize), true);
-  co_return next;
-}
+/// The steps up to the commit of a slot that swaps whole model objects (ModelSlot,
+/// DistributedModelSlot), for its policy to derive from: nothing to refuse up front; the load
+/// makes a new model, private to the swap, and loads and binds `request`'s plan into it (the
+/// bind validates every weight, so nothing is left to verify after it; on failure the partly
+/// bound model is dropped); the canary probes that model.
+template <ParameterBackend B, class Model>
+struct NewModelSteps {
+  using Version = ModelVersion<Model>;      ///< what the slot commits
+  using Staged = std::shared_ptr<Version>;  ///< the private new version
+
+  const std::function<Model()>& make_model;  ///< the slot's factory (outlives the swap)
+
+  /// Any plan may be tried: the load and the bind check it.
+  void admit(const WeightBindingPlan&, std::uint64_t) const noexcept {}
+  /// Loads into a new private model.
+  asio::awaitable<Staged> load(const SwapRequest<typename B::MaterializationContext, Model>& request,
+                               MaterializeOptions materialize) const {
+    auto next = std::make_shared<Version>(Version{make_model(), 0, request.options.origin});
+    co_await load_unit<B>(next->model, *request.source, request.plan, *request.context, std::move(materialize), true);
+    co_return next;
+  }
+  /// Nothing to add: binding the load validated every weight against its slot.
+  void validate(const Staged&) const noexcept {}
+  /// The canary probes the new model itself.
+  template <class Run>
+  asio::awaitable<void> canary(const Staged& next, Run run) const {
+    co_await run(std::as_const(next->model));
+  }
+};
 
 /// Runs one swap of the slot `policy` stands for (see file comment). `Policy` has:
 ///  - `Report`, `Staged` (the private new version) and `Committed` (what the commit gives the
