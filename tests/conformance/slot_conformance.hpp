@@ -15,7 +15,9 @@
 //    commits;
 //  * matching checksums let the version through and count the bytes they verified, and the
 //    canary sees the new version before anyone can read it;
-//  * a second swap while one runs is refused (swap_in_progress), and the first still commits.
+//  * a second swap while one runs is refused (swap_in_progress), and the first still commits;
+//  * what a swap allocates for itself (its copy of the plan, its cancellation flag) comes from
+//    its handler's associated allocator.
 // (Rollback is DistributedModelSlot's alone: tests/distributed/test_mpi_swap.cpp.)
 //
 // An adapter `S` gives, over one slot and two versions of one checkpoint (A and B, of the same
@@ -35,11 +37,17 @@
 #endif
 
 #include <asio/awaitable.hpp>
+#include <asio/bind_allocator.hpp>
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
 #include <asio/use_future.hpp>
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <future>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -58,6 +66,28 @@ io::Checksums checksums_of(const Checkpoint& ckpt) {
   for (const std::string& t : S::tensors()) sums.add(t, io::sha256_hex(ckpt.bytes(t)));
   return sums;
 }
+
+/// Allocations made through a CountingAllocator.
+inline std::atomic<int> counted_allocations{0};
+
+/// std::allocator, counting what it allocates: a handler's associated allocator.
+template <class T>
+struct CountingAllocator {
+  using value_type = T;  ///< what it allocates
+  CountingAllocator() = default;
+  /// From the allocator of another type.
+  template <class U>
+  CountingAllocator(const CountingAllocator<U>&) noexcept {}
+  /// Counts, then allocates.
+  T* allocate(std::size_t n) {
+    counted_allocations.fetch_add(1);
+    return std::allocator<T>().allocate(n);
+  }
+  /// Frees.
+  void deallocate(T* p, std::size_t n) noexcept { std::allocator<T>().deallocate(p, n); }
+  /// Every CountingAllocator frees what another allocated.
+  friend bool operator==(const CountingAllocator&, const CountingAllocator&) noexcept { return true; }
+};
 
 /// Runs a swap of `slot` to `source` that must fail; returns its error's cause (S::cause).
 template <class S>
@@ -189,4 +219,24 @@ TEMPLATE_TEST_CASE("slot conformance – a second swap while one runs is refused
   CHECK(slot.run(first).generation == 2);
   CHECK(slot.tag() != tag_a);
   CHECK_FALSE(slot.swapping());
+}
+
+TEMPLATE_TEST_CASE("slot conformance – a swap allocates its own state with the handler's associated allocator",
+                   "[slot_conformance][swap]", EREDU_SLOT_ADAPTERS) {
+  using namespace eredu::test::slot_conformance;
+  TestType slot;
+  INFO(TestType::name);
+  std::promise<typename TestType::Report> done;
+  std::future<typename TestType::Report> result = done.get_future();
+  const int before = counted_allocations.load();
+  slot.async_swap(
+      slot.source_a(), {},
+      asio::bind_allocator(CountingAllocator<void>(), [&done](std::exception_ptr e, typename TestType::Report r) {
+        if (e)
+          done.set_exception(e);
+        else
+          done.set_value(std::move(r));
+      }));
+  CHECK(slot.run(result).generation == 1);
+  CHECK(counted_allocations.load() > before);
 }

@@ -6,7 +6,6 @@
 // per step sees the same generation on every rank at every step while versions are swapped under it.
 
 #include <algorithm>
-#include <asio/bind_allocator.hpp>
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
 #include <asio/io_context.hpp>
@@ -331,46 +330,6 @@ TEST_CASE("mpi – every step runs one version on every rank while versions are 
   CHECK(env.slot.generation() == 1 + swaps);
   CHECK(env.slot.version_for_step(steps)->generation == 1 + swaps);
   WARN("steps served: " << steps.load() << ", versions seen by the serving loop: " << switches.load());
-}
-
-namespace {
-
-std::atomic<int> counted_allocations{0};
-
-/// std::allocator, counting what it allocates.
-template <class T>
-struct CountingAllocator {
-  using value_type = T;
-  CountingAllocator() = default;
-  template <class U>
-  CountingAllocator(const CountingAllocator<U>&) noexcept {}
-  T* allocate(std::size_t n) {
-    counted_allocations.fetch_add(1);
-    return std::allocator<T>().allocate(n);
-  }
-  void deallocate(T* p, std::size_t n) noexcept { std::allocator<T>().deallocate(p, n); }
-  friend bool operator==(const CountingAllocator&, const CountingAllocator&) noexcept { return true; }
-};
-
-}  // namespace
-
-TEST_CASE("mpi – a swap allocates its own state with the handler's associated allocator", "[mpi][swap]") {
-  SwapEnv env;
-  bool done = false;
-  std::exception_ptr error;
-  engine::DistributedSwapReport report;
-  const int before = counted_allocations.load();
-  env.slot.async_swap(
-      *env.source_a, env.plan.bindings, env.context, {},
-      asio::bind_allocator(CountingAllocator<void>(), [&](std::exception_ptr e, engine::DistributedSwapReport r) {
-        error = std::move(e);
-        report = r;
-        done = true;
-      }));
-  run_until(env.ctx, [&] { return done; });
-  CHECK_FALSE(error);
-  CHECK(report.generation == 1);
-  CHECK(counted_allocations.load() > before);
 }
 
 // Run only by its own ctest ("[dead_voter]", under mpirun --enable-recovery, which keeps the

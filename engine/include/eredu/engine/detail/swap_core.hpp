@@ -18,6 +18,7 @@
 /// detail/swap_steps.hpp; the policies are detail/double_buffered_swap.hpp,
 /// detail/in_place_swap.hpp and detail/distributed_swap.hpp.
 
+#include <asio/associated_allocator.hpp>
 #include <asio/awaitable.hpp>
 #include <asio/this_coro.hpp>
 #include <atomic>
@@ -50,6 +51,13 @@ struct SwapRequest {
   /// runs without the caller's cancellation slot (a distributed swap). Else the coroutine's.
   std::shared_ptr<const std::atomic<bool>> cancelled{};
 };
+
+/// The swap's own copy of `plan`, allocated with `handler`'s associated allocator (the swap's
+/// per-operation state, kept until it ends).
+template <class Handler>
+std::shared_ptr<const WeightBindingPlan> plan_for(const Handler& handler, const WeightBindingPlan& plan) {
+  return std::allocate_shared<WeightBindingPlan>(asio::get_associated_allocator(handler), plan);
+}
 
 /// The commit of a slot that answers to no one else: a failure of the earlier steps is the
 /// swap's own, and the new version goes on to its publication at once.

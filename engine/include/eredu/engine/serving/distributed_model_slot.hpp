@@ -146,11 +146,14 @@ class DistributedModelSlot {
   auto async_swap(io::CheckpointSource& source, const WeightBindingPlan& plan,
                   typename B::MaterializationContext& context, SwapOptions<Model> options, Token&& token) {
     return asio::async_initiate<Token, void(std::exception_ptr, DistributedSwapReport)>(
-        [](auto handler, State* state, detail::SwapRequest<typename B::MaterializationContext, Model> request) {
+        [](auto handler, State* state, io::CheckpointSource* src, const WeightBindingPlan& p,
+           typename B::MaterializationContext* ctx, SwapOptions<Model> o) {
+          detail::SwapRequest<typename B::MaterializationContext, Model> request{src, detail::plan_for(handler, p), ctx,
+                                                                                 std::move(o)};
           // The caller's cancellation only raises a flag the swap checks between its steps:
           // given to co_spawn, a cancellation before the coroutine's first step would end the
-          // swap without running it, and this rank would never vote. The flag is this
-          // operation's own allocation: made with the handler's associated allocator.
+          // swap without running it, and this rank would never vote. The flag and the plan's
+          // copy are this operation's own: allocated with the handler's associated allocator.
           auto cancelled = std::allocate_shared<std::atomic<bool>>(asio::get_associated_allocator(handler), false);
           asio::cancellation_slot slot = asio::get_associated_cancellation_slot(handler);
           if (slot.is_connected())
@@ -171,9 +174,7 @@ class DistributedModelSlot {
                     std::move(h)(std::move(e), std::move(r));
                   })));
         },
-        token, &state_,
-        detail::SwapRequest<typename B::MaterializationContext, Model>{
-            &source, std::make_shared<const WeightBindingPlan>(plan), &context, std::move(options)});
+        token, &state_, &source, plan, &context, std::move(options));
   }
 
   /// Takes part in a swap this rank cannot run — its source did not open, its shard plan or

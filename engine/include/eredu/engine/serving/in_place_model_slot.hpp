@@ -165,11 +165,16 @@ class InPlaceModelSlot {
   auto async_swap(io::CheckpointSource& source, const WeightBindingPlan& plan,
                   typename B::MaterializationContext& context, typename B::Executor& executor,
                   SwapOptions<Model> options, Token&& token) {
-    detail::SwapRequest<typename B::MaterializationContext, Model> request{
-        &source, std::make_shared<const WeightBindingPlan>(plan), &context, std::move(options)};
-    Swap policy{&state_, &executor, request.plan};
-    return eredu::detail::spawn_operation(source.get_executor(), detail::run_swap(policy, std::move(request)),
-                                          std::forward<Token>(token));
+    using Context = typename B::MaterializationContext;
+    return asio::async_initiate<Token, void(std::exception_ptr, SwapReport)>(
+        [](auto handler, State* state, io::CheckpointSource* src, const WeightBindingPlan& p, Context* ctx,
+           typename B::Executor* ex, SwapOptions<Model> o) {
+          detail::SwapRequest<Context, Model> request{src, detail::plan_for(handler, p), ctx, std::move(o)};
+          Swap policy{state, ex, request.plan};
+          eredu::detail::spawn_operation(src->get_executor(), detail::run_swap(std::move(policy), std::move(request)),
+                                         std::move(handler));
+        },
+        token, &state_, &source, plan, &context, &executor, std::move(options));
   }
 
   /// async_swap with default options.

@@ -100,12 +100,15 @@ class ModelSlot {
   template <asio::completion_token_for<void(std::exception_ptr, SwapReport)> Token>
   auto async_swap(io::CheckpointSource& source, const WeightBindingPlan& plan,
                   typename B::MaterializationContext& context, SwapOptions<Model> options, Token&& token) {
-    return eredu::detail::spawn_operation(
-        source.get_executor(),
-        detail::run_swap(Swap{&state_},
-                         detail::SwapRequest<typename B::MaterializationContext, Model>{
-                             &source, std::make_shared<const WeightBindingPlan>(plan), &context, std::move(options)}),
-        std::forward<Token>(token));
+    using Context = typename B::MaterializationContext;
+    return asio::async_initiate<Token, void(std::exception_ptr, SwapReport)>(
+        [](auto handler, State* state, io::CheckpointSource* src, const WeightBindingPlan& p, Context* ctx,
+           SwapOptions<Model> o) {
+          detail::SwapRequest<Context, Model> request{src, detail::plan_for(handler, p), ctx, std::move(o)};
+          eredu::detail::spawn_operation(src->get_executor(), detail::run_swap(Swap{state}, std::move(request)),
+                                         std::move(handler));
+        },
+        token, &state_, &source, plan, &context, std::move(options));
   }
 
   /// async_swap with default options.
@@ -116,8 +119,9 @@ class ModelSlot {
   }
 
  private:
+  using State = detail::DoubleBufferedState<Model>;
   using Swap = detail::DoubleBufferedSwap<B, Model>;
-  detail::DoubleBufferedState<Model> state_;
+  State state_;
 };
 
 }  // namespace eredu::engine
