@@ -118,6 +118,7 @@ class DistributedSlotState {
     std::vector<std::shared_ptr<const Version>> dropped{};  // released on the slot's executor, not the progress thread
   };
 
+  /// A vote of no with `cause` (null: "declined") for a swap this rank cannot run.
   asio::awaitable<DistributedSwapReport> decline(std::exception_ptr cause) {
     SwapClaim claim(swapping, "a version this rank declined");
     Ballot mine;
@@ -125,6 +126,7 @@ class DistributedSlotState {
     co_return co_await decide(Decision::swap, nullptr, mine);
   }
 
+  /// A vote to switch every rank back to the version it kept.
   asio::awaitable<DistributedSwapReport> rollback() {
     SwapClaim claim(swapping, "the previous version");
     Ballot mine;
@@ -191,6 +193,7 @@ class DistributedSlotState {
     report.ranks = C::group_size(group_);
   }
 
+  /// Lets steps begin again when no decision will come (nothing was cast).
   void lift_fence() {
     {
       std::lock_guard lock(mutex_);
