@@ -366,3 +366,60 @@ TEST_CASE("mpi – a rank killed during a swap fails the others' vote within its
     std::fflush(stdout);
   }
 }
+
+// The cases every slot shares (conformance/slot_conformance.hpp), for DistributedModelSlot:
+// every rank runs the same case, so each failure is every rank's, and each rank's error names
+// them all with the kind this rank voted.
+namespace eredu::test {
+
+/// DistributedModelSlot over the world's ranks, each with its tensor-parallel shard.
+struct DistributedSlot {
+  static constexpr const char* name = "DistributedModelSlot";
+  using Model = Module;
+  using Report = engine::DistributedSwapReport;
+  SwapEnv env;
+  std::unique_ptr<io::CheckpointSource> b = io::CheckpointSource::open(env.ctx.get_executor(), env.b.path, env.options);
+
+  io::CheckpointSource& source_a() { return *env.source_a; }
+  io::CheckpointSource& source_b() { return *b; }
+  const CpuCheckpoint& checkpoint_a() const { return env.a; }
+  const CpuCheckpoint& checkpoint_b() const { return env.b; }
+  static std::vector<std::string> tensors() {
+    std::vector<std::string> out;
+    for (const synth::TensorSpec& s : specs()) out.push_back(s.name);
+    return out;
+  }
+  template <class Token>
+  auto async_swap(io::CheckpointSource& source, engine::SwapOptions<Module> options, Token&& token) {
+    return env.slot.async_swap(source, env.plan.bindings, env.context, std::move(options), std::forward<Token>(token));
+  }
+  template <class T>
+  T run(std::future<T>& f) {
+    return run_until_ready(env.ctx, f);
+  }
+  void poll_one() {
+    env.ctx.restart();
+    env.ctx.poll_one();
+  }
+  std::uint64_t generation() const { return env.slot.generation(); }
+  bool swapping() const { return env.slot.swapping(); }
+  std::string tag() const {
+    auto v = env.slot.current();
+    return v ? ::tag(v->model) : std::string();
+  }
+  static std::string tag_of(const Module& m) { return ::tag(m); }
+  /// The kind this rank voted with, from the error every rank reports alike.
+  static errc cause(const Error& e) {
+    if (const auto* c = dynamic_cast<const CollectiveError*>(&e); c && c->kind() == errc::rank_failed) {
+      for (const RankFailure& f : c->failures())
+        if (f.rank == mpi_world().rank()) return f.kind;
+      return errc::collective_error;  // this rank's failure is missing from the error
+    }
+    return e.kind();
+  }
+};
+
+}  // namespace eredu::test
+
+#define EREDU_SLOT_ADAPTERS eredu::test::DistributedSlot
+#include "conformance/slot_conformance.hpp"

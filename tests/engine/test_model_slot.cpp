@@ -437,3 +437,65 @@ TEST_CASE("in-place slot – concurrent readers never see a mix while swaps repe
   CHECK(env.storage.stats().live_bytes == serving_bytes);
   CHECK(env.source_a->pool().in_use() == 0);
 }
+
+// The cases every slot shares (conformance/slot_conformance.hpp), for ModelSlot and
+// InPlaceModelSlot; DistributedModelSlot's run under mpirun (distributed/test_mpi_swap.cpp).
+namespace eredu::test {
+
+/// What both CPU adapters share: the Env above and its two versions.
+struct CpuSlotCase {
+  using Model = TinyModel;
+  using Report = engine::SwapReport;
+  Env env;
+  io::CheckpointSource& source_a() { return *env.source_a; }
+  io::CheckpointSource& source_b() { return *env.source_b; }
+  const CpuCheckpoint& checkpoint_a() const { return env.a; }
+  const CpuCheckpoint& checkpoint_b() const { return env.b; }
+  static std::vector<std::string> tensors() { return {"w", "b", "n"}; }
+  template <class T>
+  T run(std::future<T>& f) {
+    return env.get(f);
+  }
+  void poll_one() {
+    env.ctx.restart();
+    env.ctx.poll_one();
+  }
+  static std::string tag_of(const TinyModel& m) { return m.tag(); }
+  static errc cause(const Error& e) { return e.kind(); }
+};
+
+/// ModelSlot.
+struct DoubleBufferedSlot : CpuSlotCase {
+  static constexpr const char* name = "ModelSlot";
+  template <class Token>
+  auto async_swap(io::CheckpointSource& source, engine::SwapOptions<TinyModel> options, Token&& token) {
+    return env.slot.async_swap(source, env.plan, env.mc, std::move(options), std::forward<Token>(token));
+  }
+  std::uint64_t generation() const { return env.slot.generation(); }
+  bool swapping() const { return env.slot.swapping(); }
+  std::string tag() const {
+    auto v = env.slot.current();
+    return v ? v->model.tag() : std::string();
+  }
+};
+
+/// InPlaceModelSlot.
+struct InPlaceSlot : CpuSlotCase {
+  static constexpr const char* name = "InPlaceModelSlot";
+  InPlace slot{[] { return TinyModel{}; }};
+  template <class Token>
+  auto async_swap(io::CheckpointSource& source, engine::SwapOptions<TinyModel> options, Token&& token) {
+    return slot.async_swap(source, env.plan, env.mc, env.background, std::move(options), std::forward<Token>(token));
+  }
+  std::uint64_t generation() const { return slot.generation(); }
+  bool swapping() const { return slot.swapping(); }
+  std::string tag() {
+    auto reader = slot.try_read();
+    return reader && reader->generation() > 0 ? reader->model().tag() : std::string();
+  }
+};
+
+}  // namespace eredu::test
+
+#define EREDU_SLOT_ADAPTERS eredu::test::DoubleBufferedSlot, eredu::test::InPlaceSlot
+#include "conformance/slot_conformance.hpp"

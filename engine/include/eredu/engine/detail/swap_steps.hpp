@@ -1,8 +1,8 @@
 #pragma once
 /// \file
-/// The steps both model slots take between loading a new version and publishing it, written
-/// once: the claim that keeps swaps of one slot apart, the cancellation checks between steps,
-/// the load options that verify the swap's checksums as each tensor lands, and the canary. Each step records its time
+/// The steps of the swap core (swap_core.hpp) that every model slot takes alike: the claim that
+/// keeps swaps of one slot apart, the cancellation checks between steps, the load options that
+/// verify the swap's checksums as each tensor lands, and the canary. Each step records its time
 /// in the SwapReport; each failure leaves the serving version untouched and says which version keeps serving.
 
 #include <asio/awaitable.hpp>
@@ -24,7 +24,6 @@
 #include "eredu/core/error.hpp"
 #include "eredu/core/trace.hpp"
 #include "eredu/engine/description/weight_binding_plan.hpp"
-#include "eredu/engine/detail/load_unit.hpp"
 #include "eredu/engine/orchestration/engine_error.hpp"
 #include "eredu/engine/orchestration/materialize_options.hpp"
 #include "eredu/engine/serving/swap_options.hpp"
@@ -130,30 +129,6 @@ asio::awaitable<void> canary_step(const std::function<asio::awaitable<void>(cons
   if (rejected) std::rethrow_exception(rejected);
   report.canary_s = seconds_since(t);
   trace_step("canary", t);
-}
-
-/// Steps 1 to 3 of a swap into a new model: loads `plan` into `model` (the checksums verified
-/// as each tensor lands), then runs the canary; each step timed in `report`, the cancellation
-/// checked after each. On failure `model` may be partly bound: the caller drops it.
-template <ParameterBackend B, class Model>
-asio::awaitable<void> load_and_check(Model& model, io::CheckpointSource& source,
-                                     std::shared_ptr<const WeightBindingPlan> plan,
-                                     typename B::MaterializationContext& context, const SwapOptions<Model>& options,
-                                     const SwapCancellation& cancellation, std::uint64_t serving, SwapReport& report) {
-  const SwapClock::time_point t = SwapClock::now();
-  MaterializeProgress own_counters;
-  MaterializeOptions materialize = swap_load_options(options, own_counters);
-  const std::uint64_t verified_before = materialize.progress->bytes_verified.load();
-  co_await load_unit<B>(model, source, plan, context, materialize, true);
-  report.load_s = seconds_since(t);
-  report.verified_bytes = materialize.progress->bytes_verified.load() - verified_before;
-  trace_step("load", t);
-  report.bytes = plan_bytes(*plan, source.catalog());
-  cancellation.check("after the load");
-  if (options.canary) {
-    co_await canary_step<Model>(options.canary, std::as_const(model), serving, report);
-    cancellation.check("after the canary");
-  }
 }
 
 }  // namespace eredu::engine::detail

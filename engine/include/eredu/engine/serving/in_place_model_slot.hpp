@@ -22,8 +22,8 @@
 /// for the readers still in a request to finish, copies every owner weight into its bound storage, and reopens. A
 /// failure in 1-3 (or a cancellation) leaves the serving weights untouched and reports a typed error. The copy in 4 is
 /// a bounded memcpy of validated sizes; if a backend ever fails it, the slot does not serve a mix of versions: every
-/// later read fails with that error (backend_failure) until a swap succeeds. The gate is detail/in_place_gate.hpp; step
-/// 3 is shared with ModelSlot (detail/swap_steps.hpp).
+/// later read fails with that error (backend_failure) until a swap succeeds. The swap is the swap core every slot runs
+/// (detail/swap_core.hpp) with this slot's policy (detail/in_place_swap.hpp); the gate is detail/in_place_gate.hpp.
 ///
 /// Trade-off against the double-buffered ModelSlot (see docs/hot_swap.md): the same peak
 /// memory on a CPU (serving model + staged set), but the serving model's addresses never
@@ -35,32 +35,21 @@
 /// holds a Reader (it would wait for a swap that waits for it).
 
 #include <asio/async_result.hpp>
-#include <asio/awaitable.hpp>
 #include <asio/system_executor.hpp>
-#include <asio/this_coro.hpp>
-#include <asio/use_awaitable.hpp>
 #include <atomic>
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
-#include <set>
 #include <utility>
-#include <vector>
 
-#include <fmt/format.h>
-
-#include "eredu/core/completion.hpp"
 #include "eredu/core/detail/handler_delivery.hpp"
 #include "eredu/core/detail/spawn_operation.hpp"
-#include "eredu/core/error.hpp"
 #include "eredu/engine/backend/in_place_backend.hpp"
 #include "eredu/engine/detail/in_place_gate.hpp"
-#include "eredu/engine/detail/materialize_unit.hpp"
-#include "eredu/engine/detail/swap_steps.hpp"
-#include "eredu/engine/orchestration/bind.hpp"
-#include "eredu/engine/orchestration/engine_error.hpp"
+#include "eredu/engine/detail/in_place_swap.hpp"
+#include "eredu/engine/detail/swap_core.hpp"
 #include "eredu/engine/serving/swap_options.hpp"
 
 namespace eredu::engine {
@@ -75,6 +64,8 @@ class InPlaceModelSlot {
 
  private:
   using Gate = detail::InPlaceGate<Model, Reader>;
+  using State = detail::InPlaceState<Model, Gate>;
+  using Swap = detail::InPlaceSwap<B, Model, Gate>;
 
  public:
   /// Makes an empty model with every slot declared and nothing bound.
@@ -115,8 +106,9 @@ class InPlaceModelSlot {
   };
 
   /// A slot whose model comes from `make_model`; nothing is bound until the first swap.
-  explicit InPlaceModelSlot(Factory make_model)
-      : make_model_(std::move(make_model)), gate_(std::make_shared<Gate>(make_model_())) {}
+  explicit InPlaceModelSlot(Factory make_model) : state_{std::move(make_model), nullptr} {
+    state_.gate = std::make_shared<Gate>(state_.make_model());
+  }
   InPlaceModelSlot(const InPlaceModelSlot&) = delete;
   InPlaceModelSlot& operator=(const InPlaceModelSlot&) = delete;
 
@@ -139,15 +131,18 @@ class InPlaceModelSlot {
               std::move(handler), asio::system_executor());
           Gate::enter(gate, std::move(deliver));
         },
-        token, gate_);
+        token, state_.gate);
   }
 
   /// Read access now, or nullopt while a swap is copying (for callers that cannot wait).
   /// Throws a torn slot's error.
-  std::optional<Reader> try_read() { return Gate::try_enter(gate_); }
+  std::optional<Reader> try_read() { return Gate::try_enter(state_.gate); }
 
   /// Generation of the serving weights.
-  std::uint64_t generation() const { return Gate::current_generation(gate_); }
+  std::uint64_t generation() const { return Gate::current_generation(state_.gate); }
+
+  /// True while a swap is running (as ModelSlot::swapping).
+  bool swapping() const noexcept { return state_.swapping.load(std::memory_order_acquire); }
 
   /// Loads `plan` from `source` and copies it into the serving model (see file comment);
   /// `executor` runs the copy.
@@ -170,10 +165,16 @@ class InPlaceModelSlot {
   auto async_swap(io::CheckpointSource& source, const WeightBindingPlan& plan,
                   typename B::MaterializationContext& context, typename B::Executor& executor,
                   SwapOptions<Model> options, Token&& token) {
-    return eredu::detail::spawn_operation(
-        source.get_executor(),
-        swap(source, std::make_shared<const WeightBindingPlan>(plan), context, executor, std::move(options)),
-        std::forward<Token>(token));
+    using Context = typename B::MaterializationContext;
+    return asio::async_initiate<Token, void(std::exception_ptr, SwapReport)>(
+        [](auto handler, State* state, io::CheckpointSource* src, const WeightBindingPlan& p, Context* ctx,
+           typename B::Executor* ex, SwapOptions<Model> o) {
+          detail::SwapRequest<Context, Model> request{src, detail::plan_for(handler, p), ctx, std::move(o)};
+          Swap policy{state, ex, request.plan};
+          eredu::detail::spawn_operation(src->get_executor(), detail::run_swap(std::move(policy), std::move(request)),
+                                         std::move(handler));
+        },
+        token, &state_, &source, plan, &context, &executor, std::move(options));
   }
 
   /// async_swap with default options.
@@ -184,117 +185,7 @@ class InPlaceModelSlot {
   }
 
  private:
-  using Aliases = std::set<std::pair<ParameterId, ParameterId>>;
-
-  static Aliases aliases_of(const WeightBindingPlan& plan) {
-    Aliases out;
-    for (auto [alias, owner] : plan.aliases()) out.emplace(alias->id(), owner->id());
-    return out;
-  }
-
-  asio::awaitable<SwapReport> swap(io::CheckpointSource& source, std::shared_ptr<const WeightBindingPlan> plan,
-                                   typename B::MaterializationContext& context, typename B::Executor& executor,
-                                   SwapOptions<Model> options) {
-    detail::SwapClaim claim(swapping_, options.origin);
-    co_await asio::this_coro::throw_if_cancelled(false);
-    asio::cancellation_state cancel_state = co_await asio::this_coro::cancellation_state;
-    const std::uint64_t serving = generation();
-    const detail::SwapCancellation cancellation(cancel_state, "in-place swap", serving);
-    if (serving > 0 && aliases_of(*plan) != aliases_)
-      throw OrchestrationError(errc::invalid_argument, {},
-                               "an in-place swap needs the serving version's aliasing (the same tied weights)");
-
-    // 1. Stage the complete new set.
-    SwapReport report;
-    const detail::SwapClock::time_point t = detail::SwapClock::now();
-    // Checksums (step 3) are verified inside the load, each tensor as it lands.
-    MaterializeProgress own_counters;
-    MaterializeOptions materialize = detail::swap_load_options(options, own_counters);
-    const std::uint64_t verified_before = materialize.progress->bytes_verified.load();
-    MaterializedUnit<B> unit = co_await detail::materialize_unit<B>(source, plan, context, materialize, true);
-    report.load_s = detail::seconds_since(t);
-    report.verified_bytes = materialize.progress->bytes_verified.load() - verified_before;
-    detail::trace_step("load", t);
-    report.bytes = detail::plan_bytes(*plan, source.catalog());
-
-    // 2. Validate against the serving model's declarations (which never change).
-    validate_materialized_unit<B>(gate_->model, unit.weights());
-    cancellation.check("after the load");
-
-    // 3. The canary on a staged model sharing the staging weights (the checksums were
-    // verified in step 1).
-    if (options.canary) {
-      Model staged = make_model_();
-      typename MaterializedUnit<B>::Weights shared;
-      for (auto& [id, weight] : unit.weights()) shared.emplace(id, B::share_materialized_weight(weight));
-      bind_materialized_unit<B>(staged, MaterializedUnit<B>(std::move(shared)));
-      co_await detail::canary_step<Model>(options.canary, std::as_const(staged), serving, report);
-    }
-    cancellation.check("before the copy");
-
-    // 4. Close the gate, drain the requests in flight, copy, reopen.
-    const detail::SwapClock::time_point closed = detail::SwapClock::now();
-    co_await Gate::close_and_drain(gate_);
-    report.readers_drained = detail::SwapClock::now() - closed;
-    detail::trace_step("drain readers", closed);
-
-    std::exception_ptr copy_error;
-    if (serving == 0) {
-      // Nothing bound yet: the staged weights become the model's (validated: cannot fail).
-      bind_materialized_unit<B>(gate_->model, std::move(unit));
-      aliases_ = aliases_of(*plan);
-    } else {
-      try {
-        co_await copy_owners(*plan, unit, executor);
-      } catch (...) {
-        copy_error = std::current_exception();
-      }
-    }
-    std::exception_ptr torn;
-    if (copy_error)
-      torn = std::make_exception_ptr(BackendError(
-          errc::backend_failure, {},
-          fmt::format("an in-place swap failed during its final copy, so the weights are neither version {} nor "
-                      "the new one; reads fail until a swap succeeds",
-                      serving)));
-    report.publish_pause = detail::SwapClock::now() - closed;
-    detail::trace_step("publish in place", closed);
-    report.generation = serving + 1;
-    Gate::open(gate_, std::move(torn));
-    if (copy_error) std::rethrow_exception(copy_error);
-    co_return report;
-  }
-
-  /// Copies every owner's staged weight into its bound slot (aliases share the owner's
-  /// storage and so follow), each copy parallel on `executor`, all awaited.
-  asio::awaitable<void> copy_owners(const WeightBindingPlan& plan, const MaterializedUnit<B>& unit,
-                                    typename B::Executor& executor) {
-    std::set<ParameterId> owners;
-    for (const WeightBinding* owner : plan.owners()) owners.insert(owner->id());
-    struct Copier final : ParameterVisitorMut<typename B::Parameter> {
-      Copier(const std::set<ParameterId>& o, const MaterializedUnit<B>& u, typename B::Executor& e)
-          : owners(o), unit(u), executor(e) {}
-      void visit_mut(const ParameterMetadata& metadata, typename B::Parameter& parameter) override {
-        if (!owners.contains(metadata.id)) return;
-        try {
-          copies.push_back(B::overwrite(executor, parameter, *unit.find(metadata.id)));
-        } catch (...) {
-          copies.push_back(Completion::failed(attach_parameter(std::current_exception(), metadata.id.str())));
-        }
-      }
-      const std::set<ParameterId>& owners;
-      const MaterializedUnit<B>& unit;
-      typename B::Executor& executor;
-      std::vector<Completion> copies;
-    } copier(owners, unit, executor);
-    gate_->model.visit_parameters_mut(copier, std::string());
-    co_await when_all(copier.copies).async_wait(asio::use_awaitable);
-  }
-
-  Factory make_model_;
-  std::shared_ptr<Gate> gate_;
-  Aliases aliases_;  // the serving version's (alias, owner) pairs
-  std::atomic<bool> swapping_{false};
+  State state_;
 };
 
 }  // namespace eredu::engine

@@ -30,8 +30,8 @@
 /// A failure or a cancellation at any step leaves the serving version untouched and reports
 /// a typed error: the load's own (truncated checkpoint, missing tensor, wrong shape, I/O
 /// error...), checksum_mismatch, canary_failed, cancelled. One swap at a time: a second
-/// concurrent swap fails with swap_in_progress. Steps 2 and 3 are shared with
-/// InPlaceModelSlot (detail/swap_steps.hpp).
+/// concurrent swap fails with swap_in_progress. The swap is the swap core every slot runs
+/// (detail/swap_core.hpp) with this slot's policy (detail/double_buffered_swap.hpp).
 ///
 /// Reading is wait-free: eredu::PublishedPtr (Left-Right over two shared_ptr slots) costs a
 /// reader a few atomic increments and one reference-count increment — no mutex, no loop, no
@@ -39,37 +39,21 @@
 /// on reads too and orders it too weakly; see published_ptr.hpp.)
 
 #include <asio/async_result.hpp>
-#include <asio/awaitable.hpp>
-#include <asio/redirect_error.hpp>
-#include <asio/steady_timer.hpp>
-#include <asio/this_coro.hpp>
-#include <asio/use_awaitable.hpp>
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <memory>
-#include <optional>
-#include <string>
 #include <utility>
 
 #include "eredu/core/detail/spawn_operation.hpp"
-#include "eredu/core/published_ptr.hpp"
-#include "eredu/engine/detail/load_unit.hpp"
-#include "eredu/engine/detail/swap_steps.hpp"
+#include "eredu/engine/detail/double_buffered_swap.hpp"
+#include "eredu/engine/detail/swap_core.hpp"
 #include "eredu/engine/orchestration/load.hpp"
+#include "eredu/engine/serving/model_version.hpp"
 #include "eredu/engine/serving/swap_options.hpp"
 
 namespace eredu::engine {
-
-/// What one published version is: the bound model and where it came from.
-template <class Model>
-struct ModelVersion {
-  Model model{};                 ///< every parameter bound
-  std::uint64_t generation = 0;  ///< 1 for the first version, +1 per successful swap
-  std::string origin{};          ///< what the caller said it was loaded from
-};
 
 /// The serving version of a model (see file comment). Thread-safe: current() from any
 /// thread; async_swap runs on the source's executor.
@@ -83,13 +67,13 @@ class ModelSlot {
   using Factory = std::function<Model()>;
 
   /// An empty slot: current() is null until the first swap succeeds.
-  explicit ModelSlot(Factory make_model) : make_model_(std::move(make_model)) {}
+  explicit ModelSlot(Factory make_model) : state_{std::move(make_model)} {}
   ModelSlot(const ModelSlot&) = delete;
   ModelSlot& operator=(const ModelSlot&) = delete;
 
   /// The serving version, kept alive for as long as the caller holds it; null before the
   /// first swap. Never blocks.
-  std::shared_ptr<const Version> current() const noexcept { return current_.load(); }
+  std::shared_ptr<const Version> current() const noexcept { return state_.current.load(); }
 
   /// Generation of the serving version (0 before the first swap).
   std::uint64_t generation() const noexcept {
@@ -98,7 +82,7 @@ class ModelSlot {
   }
 
   /// True while a swap is running.
-  bool swapping() const noexcept { return swapping_.load(std::memory_order_acquire); }
+  bool swapping() const noexcept { return state_.swapping.load(std::memory_order_acquire); }
 
   /// Loads, verifies, checks and publishes a new version from `source` (see file comment).
   ///
@@ -116,10 +100,15 @@ class ModelSlot {
   template <asio::completion_token_for<void(std::exception_ptr, SwapReport)> Token>
   auto async_swap(io::CheckpointSource& source, const WeightBindingPlan& plan,
                   typename B::MaterializationContext& context, SwapOptions<Model> options, Token&& token) {
-    return eredu::detail::spawn_operation(
-        source.get_executor(),
-        swap(source, std::make_shared<const WeightBindingPlan>(plan), context, std::move(options)),
-        std::forward<Token>(token));
+    using Context = typename B::MaterializationContext;
+    return asio::async_initiate<Token, void(std::exception_ptr, SwapReport)>(
+        [](auto handler, State* state, io::CheckpointSource* src, const WeightBindingPlan& p, Context* ctx,
+           SwapOptions<Model> o) {
+          detail::SwapRequest<Context, Model> request{src, detail::plan_for(handler, p), ctx, std::move(o)};
+          eredu::detail::spawn_operation(src->get_executor(), detail::run_swap(Swap{state}, std::move(request)),
+                                         std::move(handler));
+        },
+        token, &state_, &source, plan, &context, std::move(options));
   }
 
   /// async_swap with default options.
@@ -130,45 +119,9 @@ class ModelSlot {
   }
 
  private:
-  asio::awaitable<SwapReport> swap(io::CheckpointSource& source, std::shared_ptr<const WeightBindingPlan> plan,
-                                   typename B::MaterializationContext& context, SwapOptions<Model> options) {
-    detail::SwapClaim claim(swapping_, options.origin);
-    co_await asio::this_coro::throw_if_cancelled(false);
-    SwapReport report;
-    const std::uint64_t serving = generation();
-    asio::cancellation_state cancel_state = co_await asio::this_coro::cancellation_state;
-    const detail::SwapCancellation cancellation(cancel_state, "swap", serving);
-    auto next = std::make_shared<Version>(Version{make_model_(), 0, std::move(options.origin)});
-
-    // 1.-3. Load into the private model (checksums verified inside the load), then the canary.
-    co_await detail::load_and_check<B>(next->model, source, plan, context, options, cancellation, serving, report);
-
-    // 4. Publish. The generation is only known here: swaps are serialized, so no other
-    // store can come between this read and the exchange.
-    next->generation = serving + 1;
-    std::shared_ptr<const Version> published = std::move(next);
-    const detail::SwapClock::time_point before = detail::SwapClock::now();
-    current_.publish(std::move(published));
-    report.publish_pause = detail::SwapClock::now() - before;
-    detail::trace_step("publish", before);
-    report.generation = serving + 1;
-    // Retire the old version once no reader can still be copying its pointer (readers take
-    // nanoseconds, unless a reader thread was preempted inside its load): polled, so neither
-    // this loop nor any reader waits. Dropped here: if no request holds it any more, its
-    // storage goes back to the pool now.
-    asio::steady_timer poll(co_await asio::this_coro::executor);
-    for (;;) {
-      if (std::optional<std::shared_ptr<const Version>> old = current_.try_retire()) break;
-      poll.expires_after(std::chrono::microseconds(50));
-      std::error_code ignored;  // cancellation cannot undo a publication: retire regardless
-      co_await poll.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
-    }
-    co_return report;
-  }
-
-  Factory make_model_;
-  PublishedPtr<Version> current_;
-  std::atomic<bool> swapping_{false};
+  using State = detail::DoubleBufferedState<Model>;
+  using Swap = detail::DoubleBufferedSwap<B, Model>;
+  State state_;
 };
 
 }  // namespace eredu::engine

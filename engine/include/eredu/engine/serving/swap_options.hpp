@@ -1,7 +1,8 @@
 #pragma once
 /// \file
-/// What a hot-swap takes and reports, for ModelSlot and InPlaceModelSlot alike: per-swap
-/// options (origin, checksums, canary, progress) and the report of a successful swap.
+/// What a hot-swap takes and reports, for every model slot alike: per-swap options (origin,
+/// checksums, canary, progress) and the report of a successful swap, with what a
+/// DistributedModelSlot adds to both (its settings, and the vote in its report).
 
 #include <asio/awaitable.hpp>
 #include <chrono>
@@ -42,6 +43,27 @@ struct SwapReport {
   std::chrono::nanoseconds publish_pause{0};
   /// InPlaceModelSlot only: the part of publish_pause spent waiting for requests in flight.
   std::chrono::nanoseconds readers_drained{0};
+};
+
+/// Settings of a DistributedModelSlot.
+struct DistributedSlotOptions {
+  /// Keep the version a swap replaced, for async_rollback (memory: up to three versions exist
+  /// during a swap — the kept one, the serving one and the one loading).
+  bool keep_previous = true;
+  /// How long a rank waits for the others' ballots. Ranks vote as their loads end, so the
+  /// spread of the ranks' load times must fit in it; it also bounds how long the others wait
+  /// for a rank that died while loading.
+  std::chrono::milliseconds vote_timeout{std::chrono::minutes(5)};
+};
+
+/// What a successful distributed swap or rollback did.
+struct DistributedSwapReport : SwapReport {
+  /// The vote and the decision: from casting this rank's ballot to applying the outcome.
+  double commit_s = 0;
+  /// The first step the new version serves, on every rank.
+  std::uint64_t activation_step = 0;
+  /// Ranks that voted.
+  int ranks = 0;
 };
 
 }  // namespace eredu::engine
