@@ -22,6 +22,7 @@
 #include "eredu/cpu/copy_bytes.hpp"
 #include "eredu/cpu/layout.hpp"
 #include "eredu/engine/description/recipe_evaluator.hpp"
+#include "eredu/engine/orchestration/placement.hpp"
 #include "eredu/io/integrity/digest.hpp"
 #include "eredu/io/mapping/guarded_read.hpp"
 #include "eredu/io/mapping/mapped_tensor.hpp"
@@ -67,14 +68,28 @@ asio::awaitable<void> populate(Executor& executor, const Tensor& tensor) {
   co_await c.async_wait(asio::use_awaitable);
 }
 
-/// What every step of one realization needs.
+/// What every step of one realization needs. The source is reached through io::ByteSource
+/// alone: any source the concept admits can feed these steps.
+template <io::ByteSource S>
 struct Job {
-  io::CheckpointSource& source;
+  S& source;
   Executor& executor;
   StoragePool& storage;
   std::stop_token stop;
-  bool copy_resident = false;  // MaterializationContext::copy_resident_on_executor
+  engine::PlacementPolicy policy;  // the context's switches (policy_of)
 };
+
+/// The placement switches of `context`.
+engine::PlacementPolicy policy_of(const MaterializationContext& context) {
+  return {.map_weights = context.weights != WeightStorage::copied,
+          .read_cold_windows = context.read_cold_windows,
+          .copy_resident = context.copy_resident_on_executor};
+}
+
+/// What the placement planner knows of a tensor's bytes.
+engine::OwnerBytes owner_of(std::uint64_t bytes, DType dtype, bool converted = false) {
+  return {.bytes = bytes, .unit_alignment = engine::unit_alignment(dtype), .converted = converted};
+}
 
 /// Input bytes of a mapped conversion done between two stop checks, whose pages are then
 /// unmapped: what the conversions running at once (one per arena thread) keep mapped.
@@ -86,12 +101,12 @@ constexpr std::size_t mapped_block_bytes = std::size_t{128} << 10;
 /// cache) into `out` in one pass, with no staging copy. The arena's threads read the mapping
 /// in guarded blocks, so a file that shrinks or a page that fails to read in becomes a typed
 /// error instead of a SIGBUS.
-asio::awaitable<void> convert_mapped(const Job& job, io::MappedView view, const std::string& key, DType from, DType to,
-                                     std::span<std::byte> out) {
+asio::awaitable<void> convert_mapped(Executor& executor, std::stop_token stop_token, io::MappedView view,
+                                     const std::string& key, DType from, DType to, std::span<std::byte> out) {
   // A copy (from == to) moves bytes, whatever the element size (sub-byte dtypes included).
   const ConvertUnits units = convert_units(from, to);
   const std::size_t in_elem = units.in_bytes, out_elem = units.out_bytes;
-  Completion c = job.executor.submit([view = std::move(view), key, from, to, out, in_elem, out_elem, stop = job.stop] {
+  Completion c = executor.submit([view = std::move(view), key, from, to, out, in_elem, out_elem, stop = stop_token] {
     const std::span<const std::byte> in = view.bytes();
     const std::size_t window = mapped_window_bytes / in_elem * in_elem;
     const std::size_t block = mapped_block_bytes / in_elem * in_elem;
@@ -129,53 +144,43 @@ asio::awaitable<void> convert_mapped(const Job& job, io::MappedView view, const 
   co_await await(c);
 }
 
-/// The checkpoint dtype kept: the tensor gets the bytes in one copy, by the reader, or (when
-/// the context asks, the bytes are resident and the tensor's storage is recycled) from a
-/// mapping of the page cache on the executor, with streaming stores.
+/// The checkpoint dtype kept, into storage just allocated: the tensor gets the bytes in one
+/// copy, by the source, or (when the plan allows it, the bytes are resident and the tensor's
+/// storage is recycled) from a mapping of the page cache on the executor, with streaming
+/// stores (engine::plan_storage_fill).
 ///
 /// Fresh storage is left to the reader, unpopulated: the kernel faults each page in as it
 /// copies into it. Into fresh memory that beat both a populate pass before the read and the
 /// arena's copies from a mapping, on a page-cache-hot 2 GiB file, whether the memory had just
 /// been freed by another process or handed back to the host seconds before
 /// (docs/performance.md, 2026-12-02: first loads 0.40 s against 0.54 and 0.71 s, medians of 5).
-asio::awaitable<void> read_direct(Job job, std::unique_ptr<io::TensorReadRequest> request, Tensor tensor) {
+template <io::ByteSource S>
+asio::awaitable<void> read_direct(Job<S> job, std::unique_ptr<io::TensorReadRequest> request,
+                                  engine::PlacementPlan plan, Tensor tensor) {
   if (job.stop.stop_requested()) throw_stopped(request->key);
   StorageBlock& storage = *tensor.storage();
-  if (storage.fresh()) {
-    co_await job.source.async_read_into(*request, tensor.mutable_bytes(), asio::use_awaitable);
-    storage.mark_populated();  // every page was written: recycling the block saves its faults
-    co_return;
-  }
-  std::optional<io::MappedView> view;
-  if (job.copy_resident) view = job.source.map_resident(*request);
-  if (view) {
-    co_await convert_mapped(job, std::move(*view), request->key, tensor.dtype(), tensor.dtype(),
-                            tensor.mutable_bytes());
+  const bool fresh = storage.fresh();
+  const engine::OwnerBytes owner = owner_of(tensor.nbytes(), tensor.dtype());
+  engine::Placement fill = engine::place(job.source, *request, engine::plan_storage_fill(plan, fresh), owner);
+  if (fill.landing == engine::Landing::copy_from_mapping) {
+    co_await convert_mapped(job.executor, job.stop, std::move(*fill.resident), request->key, tensor.dtype(),
+                            tensor.dtype(), tensor.mutable_bytes());
     co_return;
   }
   co_await job.source.async_read_into(*request, tensor.mutable_bytes(), asio::use_awaitable);
+  if (fresh) storage.mark_populated();  // every page was written: recycling the block saves its faults
 }
 
 /// A cold tensor at an unaligned file offset: its file's page-aligned window, read O_DIRECT
 /// into storage laid out like the file, so the disk writes the tensor's final memory (no
 /// page-cache pages to allocate, no copy out of them).
-asio::awaitable<void> read_window(Job job, std::unique_ptr<io::TensorReadRequest> request, io::DirectWindow window,
+template <io::ByteSource S>
+asio::awaitable<void> read_window(Job<S> job, std::unique_ptr<io::TensorReadRequest> request, io::DirectWindow window,
                                   Tensor tensor) {
   if (job.stop.stop_requested()) throw_stopped(request->key);
   StorageBlock& storage = *tensor.storage();
   co_await job.source.async_read_window_into(*request, storage.allocation().first(window.bytes), asio::use_awaitable);
   storage.mark_populated();  // the window is the whole allocation (allocate_window)
-}
-
-/// Tensors smaller than this are not read through a window: a block of whole pages for a
-/// few KiB costs more memory than the copy it saves.
-constexpr std::uint64_t min_window_tensor_bytes = std::uint64_t{64} << 10;
-
-/// The alignment a tensor's storage units need to be read where they lie: the largest power
-/// of two dividing a unit's bytes, at most 8 (a quantized block holds f16 scales: 2).
-std::size_t unit_alignment(DType dtype) {
-  const std::size_t unit = dtype_block(dtype).bytes;
-  return std::min<std::size_t>(unit & (~unit + 1), 8);
 }
 
 /// Bytes of a mapped weight faulted in per task: the arena's threads fault in a large tensor
@@ -185,9 +190,10 @@ constexpr std::size_t map_populate_bytes = std::size_t{8} << 20;
 /// Faults a mapped weight's pages in (reading from the file what the page cache lacks) on the
 /// arena, or pins them (mlock, which faults them in too), so the load's end means every byte
 /// is in memory and any failure to read one is this load's typed error, not a later SIGBUS.
-asio::awaitable<void> map_weight(Job job, std::shared_ptr<io::MappedTensor> mapped, WeightStorage weights) {
-  if (job.stop.stop_requested()) throw_stopped(mapped->tensor());
-  Completion c = job.executor.submit([mapped, weights] {
+asio::awaitable<void> map_weight(Executor& executor, std::stop_token stop, std::shared_ptr<io::MappedTensor> mapped,
+                                 WeightStorage weights) {
+  if (stop.stop_requested()) throw_stopped(mapped->tensor());
+  Completion c = executor.submit([mapped, weights] {
     trace::Span span(weights == WeightStorage::mapped_locked ? "lock mapped weight" : "map weight", "cpu",
                      trace::enabled() ? mapped->tensor() : "");
     if (weights == WeightStorage::mapped_locked) {
@@ -249,10 +255,11 @@ void copy_weight(const Tensor& weight, std::span<std::byte> out) {
 /// Reads `source` in bounded chunk leases and converts each into `out` on the arena while
 /// the next is read; each lease is released by its conversion task once done. Chunk
 /// boundaries need not fall on elements: a split element is carried over.
-asio::awaitable<void> stream_convert(const Job& job, const io::TensorReadRequest& source, DType from, DType to,
+template <io::ByteSource S>
+asio::awaitable<void> stream_convert(const Job<S>& job, const io::TensorReadRequest& source, DType from, DType to,
                                      std::span<std::byte> out) {
   io::TensorReadRequest request{source.key, source.selection, io::ReadPolicy::chunked};
-  io::ChunkStream stream = job.source.stream(request);
+  auto stream = job.source.stream(request);
   const ConvertUnits units = convert_units(from, to);
   const std::size_t in_elem = units.in_bytes, out_elem = units.out_bytes;
   // A unit split between two chunks (an element, or a quantized block) is carried over.
@@ -309,18 +316,21 @@ asio::awaitable<void> stream_convert(const Job& job, const io::TensorReadRequest
   co_await await(pending);
 }
 
+class ConcatJoin;
+
 /// The CPU backend's recipe primitives (engine::RecipeOps): destinations are host spans,
 /// temporaries pooled tensors, and every kernel runs on the context's arena.
+template <io::ByteSource S>
 struct RecipePrimitives {
   using Region = std::span<std::byte>;  ///< host bytes
   using Temporary = Tensor;             ///< a pooled tensor
-  class ConcatJoin;
+  using ConcatJoin = cpu::ConcatJoin;   ///< keeps the inputs, joins them at the end
 
   static constexpr std::string_view name = "CPU";
   /// The layout kernels permute any rank.
   static constexpr std::size_t max_permute_rank = std::numeric_limits<std::size_t>::max();
 
-  const Job& job;  ///< the realization's source, arena, storage and stop token
+  const Job<S>& job;  ///< the realization's source, arena, storage, stop token and policy
 
   const io::Catalog& catalog() const noexcept { return job.source.catalog(); }
   bool stop_requested() const noexcept { return job.stop.stop_requested(); }
@@ -338,12 +348,17 @@ struct RecipePrimitives {
     co_await job.source.async_read_into(request, out, asio::use_awaitable);
   }
 
-  /// Resident in the page cache: converted straight from a mapping, no lease; otherwise
-  /// streamed in bounded chunk leases, at most two at a time.
+  /// As placed (engine::plan_placement for converted bytes): resident in the page cache,
+  /// converted straight from a mapping, no lease; otherwise streamed in bounded chunk
+  /// leases, at most two at a time.
   asio::awaitable<void> cast_source(const io::TensorReadRequest& request, const InferredWeight& in, DType to,
                                     Region out, const std::string&) const {
-    if (std::optional<io::MappedView> view = job.source.map_resident(request)) {
-      co_await convert_mapped(job, std::move(*view), request.key, in.dtype, to, out);
+    const engine::OwnerBytes owner = owner_of(in.bytes, in.dtype, true);
+    const engine::PlacementPlan plan =
+        engine::plan_placement(job.source.capabilities(), Backend::buffer_traits, job.policy, owner);
+    engine::Placement placed = engine::place(job.source, request, plan, owner);
+    if (placed.landing == engine::Landing::copy_from_mapping) {
+      co_await convert_mapped(job.executor, job.stop, std::move(*placed.resident), request.key, in.dtype, to, out);
     } else {
       co_await stream_convert(job, request, in.dtype, to, out);
     }
@@ -378,11 +393,11 @@ struct RecipePrimitives {
 };
 
 /// Keeps every input of a concat, then joins them with one parallel kernel.
-class RecipePrimitives::ConcatJoin {
+class ConcatJoin {
  public:
-  /// A join into `out` along `dim` of `elem`-byte elements, on `job`'s arena.
-  ConcatJoin(const Job& job, std::size_t dim, std::size_t elem, Region out)
-      : job_(job), dim_(dim), elem_(elem), out_(out) {}
+  /// A join into `out` along `dim` of `elem`-byte elements, on `executor`'s arena.
+  ConcatJoin(Executor& executor, std::size_t dim, std::size_t elem, std::span<std::byte> out)
+      : executor_(executor), dim_(dim), elem_(elem), out_(out) {}
 
   /// Keeps the next input until finish().
   asio::awaitable<void> add(Tensor part, const InferredWeight&) {
@@ -392,7 +407,7 @@ class RecipePrimitives::ConcatJoin {
 
   /// Joins every input kept, in order, with one parallel kernel.
   asio::awaitable<void> finish() {
-    Completion c = job_.executor.submit([parts = parts_, out = out_, dim = dim_, elem = elem_] {
+    Completion c = executor_.submit([parts = parts_, out = out_, dim = dim_, elem = elem_] {
       std::vector<ConcatInput> inputs;
       for (const Tensor& p : parts) inputs.push_back({p.bytes(), storage_units(p.shape(), p.dtype()).shape});
       cpu::concat(inputs, dim, elem, out);
@@ -401,29 +416,32 @@ class RecipePrimitives::ConcatJoin {
   }
 
  private:
-  const Job& job_;
+  Executor& executor_;
   std::size_t dim_;
   std::size_t elem_;
-  Region out_;
+  std::span<std::byte> out_;
   std::vector<Tensor> parts_;
 };
 
-RecipePrimitives::ConcatJoin RecipePrimitives::begin_concat(const InferredWeight& whole, std::size_t dim, Region out,
-                                                            const std::string&) const {
-  return ConcatJoin(job, dim, units_of(whole).unit_bytes, out);
+template <io::ByteSource S>
+ConcatJoin RecipePrimitives<S>::begin_concat(const InferredWeight& whole, std::size_t dim, Region out,
+                                             const std::string&) const {
+  return ConcatJoin(job.executor, dim, units_of(whole).unit_bytes, out);
 }
 
-static_assert(engine::RecipeOps<RecipePrimitives>);
+static_assert(engine::RecipeOps<RecipePrimitives<io::CheckpointSource>>);
 
 /// The whole recipe into its (populated) output tensor.
-asio::awaitable<void> run_recipe(Job job, std::unique_ptr<DerivedWeightRecipe> recipe, Tensor out) {
+template <io::ByteSource S>
+asio::awaitable<void> run_recipe(Job<S> job, std::unique_ptr<DerivedWeightRecipe> recipe, Tensor out) {
   co_await populate(job.executor, out);
-  RecipePrimitives ops{job};
+  RecipePrimitives<S> ops{job};
   co_await engine::evaluate_recipe(ops, *recipe, out.mutable_bytes());
 }
 
 /// Runs `work` on the source's executor; its end completes the returned Materialization.
-Materialization start(io::CheckpointSource& source, Tensor weight, asio::awaitable<void> work) {
+template <io::ByteSource S>
+Materialization start(S& source, Tensor weight, asio::awaitable<void> work) {
   CompletionSource done;
   Completion completion = done.completion();
   asio::co_spawn(source.get_executor(), std::move(work),
@@ -431,47 +449,58 @@ Materialization start(io::CheckpointSource& source, Tensor weight, asio::awaitab
   return Materialization{std::move(weight), std::move(completion)};
 }
 
-}  // namespace
-
-Materialization Backend::materialize(io::CheckpointSource& source, const io::TensorReadRequest& request,
-                                     MaterializationContext& context, std::stop_token stop) {
+/// Backend::materialize over any byte source: plans the tensor's placement, then executes
+/// the landing the source can serve.
+template <io::ByteSource S>
+Materialization materialize_from(S& source, const io::TensorReadRequest& request, MaterializationContext& context,
+                                 std::stop_token stop) {
   const io::TensorInfo& info = source.catalog().at(request.key);
   // Validates the selection before anything is allocated.
   const std::uint64_t bytes = source.selected_bytes(request);
   Shape shape = request.selection.is_all() ? info.shape : request.selection.selected_shape(info.shape);
-  Job job{source, context.executor, context.storage, std::move(stop), context.copy_resident_on_executor};
-  if (context.weights != WeightStorage::copied) {
-    std::optional<io::MappedTensor> mapped = source.map_tensor(request);
-    // A weight whose elements the file misaligns is copied: kernels read it as typed values.
-    if (mapped && reinterpret_cast<std::uintptr_t>(mapped->bytes().data()) % unit_alignment(info.dtype) == 0) {
-      // The tensor's handle is read-only; this job's, which pins the pages, is not.
-      auto shared = std::make_shared<io::MappedTensor>(std::move(*mapped));
-      Tensor weight(info.dtype, std::move(shape), std::make_shared<StorageBlock>(StorageBlock::adopt(shared)));
-      return start(source, weight, map_weight(job, std::move(shared), context.weights));
-    }
+  Job<S> job{source, context.executor, context.storage, std::move(stop), policy_of(context)};
+  const engine::OwnerBytes owner = owner_of(bytes, info.dtype);
+  engine::PlacementPlan plan = engine::plan_placement(source.capabilities(), Backend::buffer_traits, job.policy, owner);
+  // Landings that need no storage of ours, or storage of a special shape, are settled now;
+  // one that fills ordinary storage once it is allocated (read_direct).
+  engine::Placement placed = engine::place(source, request, plan.without(engine::Landing::copy_from_mapping), owner);
+  if (placed.landing == engine::Landing::mapped) {
+    // The tensor's handle is read-only; this job's, which pins the pages, is not.
+    auto shared = std::make_shared<io::MappedTensor>(std::move(*placed.mapping));
+    Tensor weight(info.dtype, std::move(shape), std::make_shared<StorageBlock>(StorageBlock::adopt(shared)));
+    return start(source, weight, map_weight(job.executor, job.stop, std::move(shared), context.weights));
   }
-  if (context.read_cold_windows) {
-    std::optional<io::DirectWindow> window =
-        bytes >= min_window_tensor_bytes ? source.direct_window(request) : std::nullopt;
-    // Not when the bytes are aligned already (the plain read goes O_DIRECT itself), nor when
-    // the file misaligns the tensor's elements.
-    if (window && window->bytes != bytes && window->lead % unit_alignment(info.dtype) == 0) {
-      Tensor weight(
-          info.dtype, std::move(shape),
-          std::make_shared<StorageBlock>(context.storage.allocate_window(window->bytes, window->lead, bytes)));
-      return start(source, weight, read_window(job, std::make_unique<io::TensorReadRequest>(request), *window, weight));
-    }
+  if (placed.landing == engine::Landing::direct_window) {
+    const io::DirectWindow window = placed.window;
+    Tensor weight(info.dtype, std::move(shape),
+                  std::make_shared<StorageBlock>(context.storage.allocate_window(window.bytes, window.lead, bytes)));
+    return start(source, weight, read_window(job, std::make_unique<io::TensorReadRequest>(request), window, weight));
   }
   Tensor weight = Tensor::allocate(context.storage, info.dtype, std::move(shape));
-  return start(source, weight, read_direct(job, std::make_unique<io::TensorReadRequest>(request), weight));
+  return start(source, weight,
+               read_direct(job, std::make_unique<io::TensorReadRequest>(request), std::move(plan), weight));
+}
+
+/// Backend::materialize_recipe over any byte source.
+template <io::ByteSource S>
+Materialization materialize_recipe_from(S& source, const engine::DerivedWeightRecipe& recipe,
+                                        MaterializationContext& context, std::stop_token stop) {
+  engine::InferredWeight w = recipe.infer(source.catalog());
+  Tensor weight = Tensor::allocate(context.storage, w.dtype, w.shape);
+  Job<S> job{source, context.executor, context.storage, std::move(stop), policy_of(context)};
+  return start(source, weight, run_recipe(job, std::make_unique<DerivedWeightRecipe>(recipe), weight));
+}
+
+}  // namespace
+
+Materialization Backend::materialize(io::CheckpointSource& source, const io::TensorReadRequest& request,
+                                     MaterializationContext& context, std::stop_token stop) {
+  return materialize_from(source, request, context, std::move(stop));
 }
 
 Materialization Backend::materialize_recipe(io::CheckpointSource& source, const engine::DerivedWeightRecipe& recipe,
                                             MaterializationContext& context, std::stop_token stop) {
-  engine::InferredWeight w = recipe.infer(source.catalog());
-  Tensor weight = Tensor::allocate(context.storage, w.dtype, w.shape);
-  Job job{source, context.executor, context.storage, std::move(stop), context.copy_resident_on_executor};
-  return start(source, weight, run_recipe(job, std::make_unique<DerivedWeightRecipe>(recipe), weight));
+  return materialize_recipe_from(source, recipe, context, std::move(stop));
 }
 
 Tensor Backend::finish_materialization(Materialization&& m) {

@@ -3,7 +3,10 @@
 /// eredu::cpu::Backend: the oneTBB CPU backend, realising the engine's ParameterBackend,
 /// SubmissionBackend and TransferBackend concepts.
 ///
-/// How a weight reaches its tensor:
+/// How a weight reaches its tensor is decided above the backend, by the engine's placement
+/// planner (engine/orchestration/placement.hpp) from the source's capabilities and
+/// buffer_traits; the backend executes the landing decided, reaching the source through
+/// io::ByteSource alone:
 ///  * checkpoint dtype kept, no recipe: the tensor's storage is allocated (recycled from the
 ///    StoragePool when possible, otherwise populated on all cores of the executor's arena)
 ///    and the reader writes the selected bytes straight into it — one copy from the page
@@ -31,6 +34,7 @@
 #include "eredu/cpu/parameter.hpp"
 #include "eredu/cpu/tensor.hpp"
 #include "eredu/engine/description/recipe.hpp"
+#include "eredu/engine/orchestration/placement.hpp"
 #include "eredu/io/integrity/checksums.hpp"
 #include "eredu/io/reading/checkpoint_source.hpp"
 
@@ -47,6 +51,12 @@ struct Backend {
   using Materialization = cpu::Materialization;                ///< an in-flight realization
   using Executor = cpu::Executor;                              ///< a TBB arena
   using HostBuffer = cpu::HostBuffer;                          ///< a parked weight
+
+  /// What tensor storage (StorageBlock) offers the placement planner: host memory the source
+  /// reads into, 64-byte aligned, that can adopt a file mapping (mapped weights) and be laid
+  /// out as a direct window (StoragePool::allocate_window).
+  static constexpr engine::BufferTraits buffer_traits{
+      .host = true, .alignment = 64, .adopts_mappings = true, .reads_into = true, .lays_out_windows = true};
 
   // --- ParameterBackend ---
 
