@@ -36,6 +36,7 @@
 #include "eredu/engine/description/recipe.hpp"
 #include "eredu/engine/orchestration/placement.hpp"
 #include "eredu/io/integrity/checksums.hpp"
+#include "eredu/io/reading/byte_source.hpp"
 #include "eredu/io/reading/checkpoint_source.hpp"
 
 namespace eredu::cpu {
@@ -60,13 +61,16 @@ struct Backend {
 
   // --- ParameterBackend ---
 
-  /// Starts reading `request` (checkpoint dtype kept) straight into a new tensor. Throws
-  /// at once for an unknown tensor, a bad selection, or an allocation failure.
-  static Materialization materialize(io::CheckpointSource& source, const io::TensorReadRequest& request,
-                                     MaterializationContext& context, std::stop_token stop);
-  /// Starts executing a recipe into a new tensor. Throws RecipeError at once if it does not
-  /// infer against the source's catalog.
-  static Materialization materialize_recipe(io::CheckpointSource& source, const engine::DerivedWeightRecipe& recipe,
+  /// Starts reading `request` (checkpoint dtype kept) straight into a new tensor, from any
+  /// io::ByteSource, placed as engine::plan_placement decides for buffer_traits. Throws at
+  /// once for an unknown tensor, a bad selection, or an allocation failure.
+  template <io::ByteSource S>
+  static Materialization materialize(S& source, const io::TensorReadRequest& request, MaterializationContext& context,
+                                     std::stop_token stop);
+  /// Starts executing a recipe into a new tensor, from any io::ByteSource. Throws
+  /// RecipeError at once if it does not infer against the source's catalog.
+  template <io::ByteSource S>
+  static Materialization materialize_recipe(S& source, const engine::DerivedWeightRecipe& recipe,
                                             MaterializationContext& context, std::stop_token stop);
   /// The completion of an in-flight realization.
   static Completion completion(const Materialization& m) { return m.done; }
@@ -128,4 +132,13 @@ struct Backend {
   static StoragePool& default_storage();
 };
 
+// Compiled once, in backend.cpp, for the local-file source; other sources instantiate the
+// steps (detail/materialize_steps.hpp) where they are used.
+extern template Materialization Backend::materialize(io::CheckpointSource&, const io::TensorReadRequest&,
+                                                     MaterializationContext&, std::stop_token);
+extern template Materialization Backend::materialize_recipe(io::CheckpointSource&, const engine::DerivedWeightRecipe&,
+                                                            MaterializationContext&, std::stop_token);
+
 }  // namespace eredu::cpu
+
+#include "eredu/cpu/detail/materialize_steps.hpp"
