@@ -5,14 +5,8 @@
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
-#include <array>
-#include <asio/co_spawn.hpp>
 #include <asio/use_awaitable.hpp>
 #include <atomic>
-#include <cstring>
-#include <limits>
-#include <optional>
-#include <string_view>
 #include <vector>
 
 #include "eredu/core/error.hpp"
@@ -20,23 +14,18 @@
 #include "eredu/core/trace.hpp"
 #include "eredu/cpu/convert.hpp"
 #include "eredu/cpu/copy_bytes.hpp"
-#include "eredu/cpu/layout.hpp"
-#include "eredu/engine/description/recipe_evaluator.hpp"
-#include "eredu/engine/orchestration/placement.hpp"
 #include "eredu/io/integrity/digest.hpp"
 #include "eredu/io/mapping/guarded_read.hpp"
 #include "eredu/io/mapping/mapped_tensor.hpp"
 
 namespace eredu::cpu {
+// The steps that need no source, declared (and documented) in cpu/detail/materialize_steps.hpp.
 namespace detail {
 
 [[noreturn]] void throw_stopped(const std::string& what) { throw engine::stopped_error(what); }
 
-/// Awaits `c`, rethrowing its failure.
 asio::awaitable<void> await(Completion c) { co_await c.async_wait(asio::use_awaitable); }
 
-/// Awaits `c` and hands back its failure instead of throwing (for draining on error paths,
-/// where a catch handler may not co_await).
 asio::awaitable<std::exception_ptr> settle(Completion c) {
   try {
     co_await c.async_wait(asio::use_awaitable);
@@ -46,7 +35,6 @@ asio::awaitable<std::exception_ptr> settle(Completion c) {
   co_return nullptr;
 }
 
-/// Faults a fresh tensor's pages in on every thread of the arena (no-op when recycled).
 asio::awaitable<void> populate(Executor& executor, const Tensor& tensor) {
   if (!tensor.storage()->fresh()) co_return;
   Completion c = executor.submit([block = tensor.storage()] { StoragePool::populate(*block); });
@@ -59,10 +47,6 @@ constexpr std::size_t mapped_window_bytes = std::size_t{8} << 20;
 /// Input bytes per guarded block of a mapped conversion (the unit of parallel work).
 constexpr std::size_t mapped_block_bytes = std::size_t{128} << 10;
 
-/// Converts (or, for from == to, copies) `view` (the whole source, resident in the page
-/// cache) into `out` in one pass, with no staging copy. The arena's threads read the mapping
-/// in guarded blocks, so a file that shrinks or a page that fails to read in becomes a typed
-/// error instead of a SIGBUS.
 asio::awaitable<void> convert_mapped(Executor& executor, std::stop_token stop_token, io::MappedView view,
                                      const std::string& key, DType from, DType to, std::span<std::byte> out) {
   // A copy (from == to) moves bytes, whatever the element size (sub-byte dtypes included).
@@ -110,9 +94,6 @@ asio::awaitable<void> convert_mapped(Executor& executor, std::stop_token stop_to
 /// together, a small one is one task.
 constexpr std::size_t map_populate_bytes = std::size_t{8} << 20;
 
-/// Faults a mapped weight's pages in (reading from the file what the page cache lacks) on the
-/// arena, or pins them (mlock, which faults them in too), so the load's end means every byte
-/// is in memory and any failure to read one is this load's typed error, not a later SIGBUS.
 asio::awaitable<void> map_weight(Executor& executor, std::stop_token stop, std::shared_ptr<io::MappedTensor> mapped,
                                  WeightStorage weights) {
   if (stop.stop_requested()) throw_stopped(mapped->tensor());
