@@ -53,23 +53,30 @@ TEST_CASE("backend requirements: the CPU backend meets every row but the collect
   STATIC_REQUIRE(traits.lays_out_windows);
 }
 
-TEST_CASE("backend requirements: the fake backend declares no buffers, so it gets the streaming default") {
+TEST_CASE("backend requirements: the fake backend's buffers take whole leases, so every read is staged") {
   constexpr BackendFeatures f = backend_features<test::FakeBackend>();
   STATIC_REQUIRE(f.parameters);
   STATIC_REQUIRE(f.submission);
-  STATIC_REQUIRE_FALSE(f.buffer_traits);
+  STATIC_REQUIRE(f.buffer_traits);
   constexpr BufferTraits traits = buffer_traits_of<test::FakeBackend>();
   STATIC_REQUIRE_FALSE(traits.reads_into);
-  STATIC_REQUIRE_FALSE(traits.adopts_mappings);
-  // What the planner then decides for it: every weight streamed in chunk leases.
+  STATIC_REQUIRE(traits.whole_leases);
+  // Whatever the source offers and the policy asks, the planner stages one lease per read.
   const PlacementPlan plan = plan_placement(io::SourceCapabilities{.maps_pages = true, .direct_windows = true}, traits,
                                             PlacementPolicy{.map_weights = true}, OwnerBytes{.bytes = 1 << 20});
   REQUIRE(plan.landings().size() == 1);
-  CHECK(plan.landings().front() == Landing::chunk_stream);
+  CHECK(plan.landings().front() == Landing::staged_lease);
 }
 
 TEST_CASE("backend requirements: a backend with slots only meets the one required row") {
   constexpr BackendFeatures f = backend_features<MinimalBackend>();
   STATIC_REQUIRE(f == BackendFeatures{.parameters = true});
   STATIC_REQUIRE_FALSE(backend_features<int>().parameters);
+  // It declares no buffers: the planner streams chunk leases into them, which every source serves.
+  constexpr BufferTraits traits = buffer_traits_of<MinimalBackend>();
+  STATIC_REQUIRE_FALSE(traits.reads_into);
+  STATIC_REQUIRE_FALSE(traits.whole_leases);
+  const PlacementPlan plan =
+      plan_placement(io::SourceCapabilities{.maps_pages = true}, traits, PlacementPolicy{}, OwnerBytes{.bytes = 64});
+  CHECK(plan.landings().front() == Landing::chunk_stream);
 }

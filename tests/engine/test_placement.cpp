@@ -35,6 +35,8 @@ constexpr BufferTraits host{
 constexpr BufferTraits plain_host{.host = true, .alignment = 16, .reads_into = true};
 /// A device's memory: only staged copies reach it.
 constexpr BufferTraits device{.host = false, .alignment = 256};
+/// Memory that takes an owner's bytes in one lease (a backend that copies them whole).
+constexpr BufferTraits whole{.host = false, .alignment = 8, .whole_leases = true};
 
 constexpr PlacementPolicy copied{};
 constexpr PlacementPolicy mapped_weights{.map_weights = true};
@@ -133,6 +135,18 @@ TEST_CASE("the placement planner's decision table") {
        big,
        {L::chunk_stream}},
       {"a cast into a device buffer: streamed", file_source, device, resident_copies, cast, {L::chunk_stream}},
+      {"a buffer that takes whole leases: one staged lease",
+       file_source,
+       whole,
+       mapped_weights,
+       big,
+       {L::staged_lease}},
+      {"a cast into a buffer that takes whole leases: one staged lease",
+       read_only,
+       whole,
+       copied,
+       cast,
+       {L::staged_lease}},
       {"everything asked of a file into host storage",
        file_source,
        host,
@@ -159,6 +173,7 @@ TEST_CASE("storage just allocated is filled by the source when fresh, from a map
 TEST_CASE("a placement plan falls back on a landing that needs only reads") {
   CHECK_THROWS_AS(PlacementPlan(L::mapped), std::invalid_argument);
   CHECK_THROWS_AS(PlacementPlan(L::copy_from_mapping), std::invalid_argument);
+  CHECK(PlacementPlan(L::staged_lease).landings().front() == L::staged_lease);
   PlacementPlan plan(L::chunk_stream);
   plan.add(L::copy_from_mapping);
   plan.add(L::copy_from_mapping);

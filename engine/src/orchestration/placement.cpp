@@ -17,6 +17,8 @@ std::string_view landing_name(Landing landing) noexcept {
       return "copy from mapping";
     case Landing::chunk_stream:
       return "chunk stream";
+    case Landing::staged_lease:
+      return "staged lease";
   }
   return "unknown";
 }
@@ -27,8 +29,8 @@ std::size_t unit_alignment(DType dtype) noexcept {
 }
 
 PlacementPlan::PlacementPlan(Landing fallback) {
-  if (fallback != Landing::read_into && fallback != Landing::chunk_stream)
-    throw std::invalid_argument("a placement plan falls back on read_into or chunk_stream");
+  if (fallback != Landing::read_into && fallback != Landing::chunk_stream && fallback != Landing::staged_lease)
+    throw std::invalid_argument("a placement plan falls back on read_into, chunk_stream or staged_lease");
   landings_[size_++] = fallback;
 }
 
@@ -58,12 +60,13 @@ PlacementPlan plan_placement(const io::SourceCapabilities& source, const BufferT
   // supply one cannot pass for bytes.
   const bool pages = source.maps_pages && source.trusted_errors;
   const bool host_reads = buffer.host && buffer.reads_into;
+  const Landing staged = buffer.whole_leases ? Landing::staged_lease : Landing::chunk_stream;
   if (owner.converted) {
-    PlacementPlan plan(Landing::chunk_stream);
+    PlacementPlan plan(staged);
     if (buffer.host && pages) plan.add(Landing::copy_from_mapping);
     return plan;
   }
-  if (!host_reads) return PlacementPlan(Landing::chunk_stream);
+  if (!host_reads) return PlacementPlan(staged);
   PlacementPlan plan(Landing::read_into);
   if (buffer.adopts_mappings && policy.map_weights && pages) plan.add(Landing::mapped);
   if (buffer.lays_out_windows && policy.read_cold_windows && source.direct_windows &&

@@ -31,6 +31,7 @@ enum class Landing : std::uint8_t {
   read_into,          ///< the source writes the bytes into the weight's storage: one copy, no lease
   copy_from_mapping,  ///< the backend's kernels copy or convert from a mapping of resident pages: no lease
   chunk_stream,       ///< bounded chunk leases, each copied or converted by the backend as it arrives
+  staged_lease,       ///< one bounded lease holding all the owner's bytes, copied by the backend
 };
 
 /// The landing's name ("mapped", "direct window", ...), for logs and test names.
@@ -43,6 +44,9 @@ struct BufferTraits {
   bool adopts_mappings = false;   ///< can hold a read-only mapping of the source's pages as a weight's storage
   bool reads_into = false;        ///< a source may write into it directly (host memory at a stable address)
   bool lays_out_windows = false;  ///< can allocate storage shaped like a direct window (bytes before the weight)
+  /// Takes an owner's bytes whole, in one lease (a backend that copies or checks them in one
+  /// piece), not as a stream of chunks; the owner must then fit the source's staging budget.
+  bool whole_leases = false;
 };
 
 /// How the backend's context asks weights to be placed (its switches; defaults: copied
@@ -72,8 +76,8 @@ struct OwnerBytes {
 /// of two dividing a unit's bytes, at most 8 (a quantized block holds f16 scales: 2).
 std::size_t unit_alignment(DType dtype) noexcept;
 
-/// The landings to try for one owner, best first. The last, the fallback, is read_into or
-/// chunk_stream: landings that need nothing of the source but reads, so always possible.
+/// The landings to try for one owner, best first. The last, the fallback, is read_into,
+/// chunk_stream or staged_lease: landings that need nothing of the source but reads.
 class PlacementPlan {
  public:
   /// A plan of the fallback alone; throws std::invalid_argument for another landing.
@@ -88,7 +92,7 @@ class PlacementPlan {
   PlacementPlan without(Landing landing) const;
 
  private:
-  std::array<Landing, 5> landings_{};
+  std::array<Landing, 6> landings_{};
   std::size_t size_ = 0;
 };
 
@@ -99,9 +103,10 @@ class PlacementPlan {
 ///    windows, the source serves direct windows, and the owner is at least min_window_bytes;
 ///  - then, into host storage the source reads into: copy_from_mapping (only with
 ///    copy_resident and a source that maps pages; see plan_storage_fill), then read_into;
-///  - into any other memory (a device's): chunk_stream.
+///  - into any other memory (a device's): staged_lease for a buffer that takes whole leases,
+///    else chunk_stream.
 /// For converted bytes: copy_from_mapping into host memory from a source that maps pages,
-/// then chunk_stream.
+/// then staged_lease for a buffer that takes whole leases, else chunk_stream.
 PlacementPlan plan_placement(const io::SourceCapabilities& source, const BufferTraits& buffer,
                              const PlacementPolicy& policy, const OwnerBytes& owner) noexcept;
 
@@ -151,6 +156,7 @@ Placement place(const S& source, const io::TensorReadRequest& request, const Pla
         break;
       case Landing::read_into:
       case Landing::chunk_stream:
+      case Landing::staged_lease:
         return Placement{.landing = landing};
     }
   }
