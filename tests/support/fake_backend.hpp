@@ -61,6 +61,8 @@
 #include "eredu/core/error.hpp"
 #include "eredu/core/unique_function.hpp"
 #include "eredu/engine/description/recipe.hpp"
+#include "eredu/engine/orchestration/placement.hpp"
+#include "eredu/io/reading/byte_source.hpp"
 #include "eredu/io/reading/checkpoint_source.hpp"
 #include "eredu/io/reading/tensor_read_request.hpp"
 #include "io/read_fixture.hpp"
@@ -357,8 +359,8 @@ struct Job {
 };
 
 /// One realization: read (holding the last lease), wait, check the script, compute.
-inline asio::awaitable<void> realize(std::shared_ptr<DeviceState> d, io::CheckpointSource& source,
-                                     std::unique_ptr<Job> job) {
+template <io::ByteSource S>
+asio::awaitable<void> realize(std::shared_ptr<DeviceState> d, S& source, std::unique_ptr<Job> job) {
   const std::string& origin = job->keys.front();
   // Never done inside materialize(): its first step is a turn of the event loop later, as
   // for a real backend, so a stop requested right after the start is always seen.
@@ -662,14 +664,20 @@ struct FakeBackend {
   using Executor = FakeExecutor;                ///< runs promote/demote/overwrite copies
   using HostBuffer = FakeHostBuffer;            ///< a parked weight
 
+  /// What fake device memory offers the placement planner: memory no source writes into,
+  /// that takes each read's bytes whole, in one lease (whose accounting the engine's tests
+  /// watch): every read is a staged lease.
+  static constexpr engine::BufferTraits buffer_traits{.host = false, .alignment = 1, .whole_leases = true};
+
   // --- ParameterBackend ---
 
   /// Starts realizing `request` (dtype kept). Throws at once for an unknown tensor, a bad
   /// selection, or a FailAt::start failure scripted for its key.
-  static FakeMaterialization materialize(io::CheckpointSource& source, const io::TensorReadRequest& request,
-                                         FakeDevice& device, std::stop_token stop) {
+  template <io::ByteSource S>
+  static FakeMaterialization materialize(S& source, const io::TensorReadRequest& request, FakeDevice& device,
+                                         std::stop_token stop) {
     const io::TensorInfo& info = source.catalog().at(request.key);
-    source.selected_bytes(request);
+    check_placement(source, source.selected_bytes(request), false);
     Shape shape = request.selection.is_all() ? info.shape : request.selection.selected_shape(info.shape);
     auto job = std::make_unique<fake_detail::Job>();
     job->reads.push_back(request);
@@ -678,9 +686,11 @@ struct FakeBackend {
   }
   /// Starts evaluating `recipe`. Throws RecipeError at once if it does not infer, or a
   /// FailAt::start failure scripted for one of its keys.
-  static FakeMaterialization materialize_recipe(io::CheckpointSource& source, const engine::DerivedWeightRecipe& recipe,
+  template <io::ByteSource S>
+  static FakeMaterialization materialize_recipe(S& source, const engine::DerivedWeightRecipe& recipe,
                                                 FakeDevice& device, std::stop_token stop) {
     engine::InferredWeight w = recipe.infer(source.catalog());
+    check_placement(source, w.bytes, recipe.kind() == engine::DerivedWeightRecipe::Kind::cast);
     auto job = std::make_unique<fake_detail::Job>();
     fake_detail::collect_sources(recipe, job->reads);
     job->keys = recipe.source_keys();
@@ -831,8 +841,19 @@ struct FakeBackend {
   }
 
  private:
+  /// Fails unless the placement planner sends the owner down the one landing the fake
+  /// executes: a staged lease per read (buffer_traits).
+  template <io::ByteSource S>
+  static void check_placement(const S& source, std::uint64_t bytes, bool converted) {
+    const engine::PlacementPlan plan = engine::plan_placement(
+        source.capabilities(), buffer_traits, engine::PlacementPolicy{}, {.bytes = bytes, .converted = converted});
+    if (plan.landings().size() != 1 || plan.landings().front() != engine::Landing::staged_lease)
+      throw BackendError(errc::backend_failure, {}, "the fake backend lands bytes by staged lease only");
+  }
+
   /// Allocates the destination and starts the realization coroutine on the source's executor.
-  static FakeMaterialization start(io::CheckpointSource& source, FakeDevice& device, DType dtype, Shape shape,
+  template <io::ByteSource S>
+  static FakeMaterialization start(S& source, FakeDevice& device, DType dtype, Shape shape,
                                    std::unique_ptr<fake_detail::Job> job, std::stop_token stop) {
     const std::shared_ptr<fake_detail::DeviceState>& d = device.state_;
     const std::string origin = job->keys.front();

@@ -5,14 +5,8 @@
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
-#include <array>
-#include <asio/co_spawn.hpp>
 #include <asio/use_awaitable.hpp>
 #include <atomic>
-#include <cstring>
-#include <limits>
-#include <optional>
-#include <string_view>
 #include <vector>
 
 #include "eredu/core/error.hpp"
@@ -20,37 +14,18 @@
 #include "eredu/core/trace.hpp"
 #include "eredu/cpu/convert.hpp"
 #include "eredu/cpu/copy_bytes.hpp"
-#include "eredu/cpu/layout.hpp"
-#include "eredu/engine/description/recipe_evaluator.hpp"
 #include "eredu/io/integrity/digest.hpp"
 #include "eredu/io/mapping/guarded_read.hpp"
 #include "eredu/io/mapping/mapped_tensor.hpp"
 
 namespace eredu::cpu {
-namespace {
-
-using engine::DerivedWeightRecipe;
-using engine::InferredWeight;
-
-/// A tensor as layout kernels see it: its storage units (elements, or a quantized dtype's
-/// blocks, whole: recipes that reach here were inferred, so nothing cuts a block and no
-/// sub-byte dtype gets here) and their bytes.
-StorageUnits units_of(const InferredWeight& w) { return storage_units(w.shape, w.dtype); }
-
-/// `range` of dimension `dim` in units: a quantized tensor's last dimension counts blocks.
-Range unit_range(const InferredWeight& w, std::size_t dim, Range range) {
-  const std::uint32_t per = dtype_block(w.dtype).elements;
-  if (per == 1 || dim + 1 != w.shape.size()) return range;
-  return {range.start / per, range.stop / per};
-}
+// The steps that need no source, declared (and documented) in cpu/detail/materialize_steps.hpp.
+namespace detail {
 
 [[noreturn]] void throw_stopped(const std::string& what) { throw engine::stopped_error(what); }
 
-/// Awaits `c`, rethrowing its failure.
 asio::awaitable<void> await(Completion c) { co_await c.async_wait(asio::use_awaitable); }
 
-/// Awaits `c` and hands back its failure instead of throwing (for draining on error paths,
-/// where a catch handler may not co_await).
 asio::awaitable<std::exception_ptr> settle(Completion c) {
   try {
     co_await c.async_wait(asio::use_awaitable);
@@ -60,21 +35,11 @@ asio::awaitable<std::exception_ptr> settle(Completion c) {
   co_return nullptr;
 }
 
-/// Faults a fresh tensor's pages in on every thread of the arena (no-op when recycled).
 asio::awaitable<void> populate(Executor& executor, const Tensor& tensor) {
   if (!tensor.storage()->fresh()) co_return;
   Completion c = executor.submit([block = tensor.storage()] { StoragePool::populate(*block); });
   co_await c.async_wait(asio::use_awaitable);
 }
-
-/// What every step of one realization needs.
-struct Job {
-  io::CheckpointSource& source;
-  Executor& executor;
-  StoragePool& storage;
-  std::stop_token stop;
-  bool copy_resident = false;  // MaterializationContext::copy_resident_on_executor
-};
 
 /// Input bytes of a mapped conversion done between two stop checks, whose pages are then
 /// unmapped: what the conversions running at once (one per arena thread) keep mapped.
@@ -82,16 +47,12 @@ constexpr std::size_t mapped_window_bytes = std::size_t{8} << 20;
 /// Input bytes per guarded block of a mapped conversion (the unit of parallel work).
 constexpr std::size_t mapped_block_bytes = std::size_t{128} << 10;
 
-/// Converts (or, for from == to, copies) `view` (the whole source, resident in the page
-/// cache) into `out` in one pass, with no staging copy. The arena's threads read the mapping
-/// in guarded blocks, so a file that shrinks or a page that fails to read in becomes a typed
-/// error instead of a SIGBUS.
-asio::awaitable<void> convert_mapped(const Job& job, io::MappedView view, const std::string& key, DType from, DType to,
-                                     std::span<std::byte> out) {
+asio::awaitable<void> convert_mapped(Executor& executor, std::stop_token stop_token, io::MappedView view,
+                                     const std::string& key, DType from, DType to, std::span<std::byte> out) {
   // A copy (from == to) moves bytes, whatever the element size (sub-byte dtypes included).
   const ConvertUnits units = convert_units(from, to);
   const std::size_t in_elem = units.in_bytes, out_elem = units.out_bytes;
-  Completion c = job.executor.submit([view = std::move(view), key, from, to, out, in_elem, out_elem, stop = job.stop] {
+  Completion c = executor.submit([view = std::move(view), key, from, to, out, in_elem, out_elem, stop = stop_token] {
     const std::span<const std::byte> in = view.bytes();
     const std::size_t window = mapped_window_bytes / in_elem * in_elem;
     const std::size_t block = mapped_block_bytes / in_elem * in_elem;
@@ -129,65 +90,14 @@ asio::awaitable<void> convert_mapped(const Job& job, io::MappedView view, const 
   co_await await(c);
 }
 
-/// The checkpoint dtype kept: the tensor gets the bytes in one copy, by the reader, or (when
-/// the context asks, the bytes are resident and the tensor's storage is recycled) from a
-/// mapping of the page cache on the executor, with streaming stores.
-///
-/// Fresh storage is left to the reader, unpopulated: the kernel faults each page in as it
-/// copies into it. Into fresh memory that beat both a populate pass before the read and the
-/// arena's copies from a mapping, on a page-cache-hot 2 GiB file, whether the memory had just
-/// been freed by another process or handed back to the host seconds before
-/// (docs/performance.md, 2026-12-02: first loads 0.40 s against 0.54 and 0.71 s, medians of 5).
-asio::awaitable<void> read_direct(Job job, std::unique_ptr<io::TensorReadRequest> request, Tensor tensor) {
-  if (job.stop.stop_requested()) throw_stopped(request->key);
-  StorageBlock& storage = *tensor.storage();
-  if (storage.fresh()) {
-    co_await job.source.async_read_into(*request, tensor.mutable_bytes(), asio::use_awaitable);
-    storage.mark_populated();  // every page was written: recycling the block saves its faults
-    co_return;
-  }
-  std::optional<io::MappedView> view;
-  if (job.copy_resident) view = job.source.map_resident(*request);
-  if (view) {
-    co_await convert_mapped(job, std::move(*view), request->key, tensor.dtype(), tensor.dtype(),
-                            tensor.mutable_bytes());
-    co_return;
-  }
-  co_await job.source.async_read_into(*request, tensor.mutable_bytes(), asio::use_awaitable);
-}
-
-/// A cold tensor at an unaligned file offset: its file's page-aligned window, read O_DIRECT
-/// into storage laid out like the file, so the disk writes the tensor's final memory (no
-/// page-cache pages to allocate, no copy out of them).
-asio::awaitable<void> read_window(Job job, std::unique_ptr<io::TensorReadRequest> request, io::DirectWindow window,
-                                  Tensor tensor) {
-  if (job.stop.stop_requested()) throw_stopped(request->key);
-  StorageBlock& storage = *tensor.storage();
-  co_await job.source.async_read_window_into(*request, storage.allocation().first(window.bytes), asio::use_awaitable);
-  storage.mark_populated();  // the window is the whole allocation (allocate_window)
-}
-
-/// Tensors smaller than this are not read through a window: a block of whole pages for a
-/// few KiB costs more memory than the copy it saves.
-constexpr std::uint64_t min_window_tensor_bytes = std::uint64_t{64} << 10;
-
-/// The alignment a tensor's storage units need to be read where they lie: the largest power
-/// of two dividing a unit's bytes, at most 8 (a quantized block holds f16 scales: 2).
-std::size_t unit_alignment(DType dtype) {
-  const std::size_t unit = dtype_block(dtype).bytes;
-  return std::min<std::size_t>(unit & (~unit + 1), 8);
-}
-
 /// Bytes of a mapped weight faulted in per task: the arena's threads fault in a large tensor
 /// together, a small one is one task.
 constexpr std::size_t map_populate_bytes = std::size_t{8} << 20;
 
-/// Faults a mapped weight's pages in (reading from the file what the page cache lacks) on the
-/// arena, or pins them (mlock, which faults them in too), so the load's end means every byte
-/// is in memory and any failure to read one is this load's typed error, not a later SIGBUS.
-asio::awaitable<void> map_weight(Job job, std::shared_ptr<io::MappedTensor> mapped, WeightStorage weights) {
-  if (job.stop.stop_requested()) throw_stopped(mapped->tensor());
-  Completion c = job.executor.submit([mapped, weights] {
+asio::awaitable<void> map_weight(Executor& executor, std::stop_token stop, std::shared_ptr<io::MappedTensor> mapped,
+                                 WeightStorage weights) {
+  if (stop.stop_requested()) throw_stopped(mapped->tensor());
+  Completion c = executor.submit([mapped, weights] {
     trace::Span span(weights == WeightStorage::mapped_locked ? "lock mapped weight" : "map weight", "cpu",
                      trace::enabled() ? mapped->tensor() : "");
     if (weights == WeightStorage::mapped_locked) {
@@ -207,6 +117,17 @@ asio::awaitable<void> map_weight(Job job, std::shared_ptr<io::MappedTensor> mapp
   });
   co_await await(c);
 }
+
+static_assert(engine::RecipeOps<RecipePrimitives<io::CheckpointSource>>);
+
+}  // namespace detail
+
+template Materialization Backend::materialize(io::CheckpointSource&, const io::TensorReadRequest&,
+                                              MaterializationContext&, std::stop_token);
+template Materialization Backend::materialize_recipe(io::CheckpointSource&, const engine::DerivedWeightRecipe&,
+                                                     MaterializationContext&, std::stop_token);
+
+namespace {
 
 /// Hashes `weight` and compares with `check`. A mapped weight is hashed inside guarded_read
 /// (serially: a fault raised on another thread would not be caught), so a page its file can
@@ -246,233 +167,7 @@ void copy_weight(const Tensor& weight, std::span<std::byte> out) {
   if (const std::byte* at = fault.load(std::memory_order_relaxed)) throw mapped->fault_error({at});
 }
 
-/// Reads `source` in bounded chunk leases and converts each into `out` on the arena while
-/// the next is read; each lease is released by its conversion task once done. Chunk
-/// boundaries need not fall on elements: a split element is carried over.
-asio::awaitable<void> stream_convert(const Job& job, const io::TensorReadRequest& source, DType from, DType to,
-                                     std::span<std::byte> out) {
-  io::TensorReadRequest request{source.key, source.selection, io::ReadPolicy::chunked};
-  io::ChunkStream stream = job.source.stream(request);
-  const ConvertUnits units = convert_units(from, to);
-  const std::size_t in_elem = units.in_bytes, out_elem = units.out_bytes;
-  // A unit split between two chunks (an element, or a quantized block) is carried over.
-  std::array<std::byte, max_dtype_block_bytes> carry{};
-  std::size_t carry_n = 0;
-  std::uint64_t consumed = 0;  // input bytes converted so far
-  Completion pending = Completion::ready_now();
-  for (;;) {
-    std::exception_ptr failure;
-    std::optional<io::Lease> lease;
-    if (job.stop.stop_requested()) {
-      failure = std::make_exception_ptr(engine::stopped_error(source.key));
-    } else {
-      try {
-        lease = co_await stream.async_next(asio::use_awaitable);
-      } catch (...) {
-        failure = std::current_exception();
-      }
-    }
-    if (failure) {
-      // The previous chunk's conversion still writes into `out`: let it finish first.
-      co_await settle(pending);
-      std::rethrow_exception(failure);
-    }
-    if (!lease) break;
-    std::span<const std::byte> bytes = lease->bytes();
-    if (carry_n) {
-      std::size_t take = std::min(in_elem - carry_n, bytes.size());
-      std::memcpy(carry.data() + carry_n, bytes.data(), take);
-      carry_n += take;
-      bytes = bytes.subspan(take);
-      if (carry_n == in_elem) {
-        convert_serial(from, to, std::span(carry).first(in_elem), out.subspan(consumed / in_elem * out_elem, out_elem));
-        consumed += in_elem;
-        carry_n = 0;
-      }
-    }
-    const std::size_t whole = bytes.size() / in_elem * in_elem;
-    std::span<const std::byte> src = bytes.first(whole);
-    std::span<std::byte> dst = out.subspan(consumed / in_elem * out_elem, whole / in_elem * out_elem);
-    consumed += whole;
-    std::memcpy(carry.data(), bytes.data() + whole, bytes.size() - whole);
-    carry_n = bytes.size() - whole;
-    // One chunk converts while the next is read: at most two leases per tensor.
-    co_await await(pending);
-    pending = job.executor.submit([held = std::move(*lease), src, dst, from, to]() mutable {
-      struct Release {
-        io::Lease& l;
-        ~Release() { l.release(); }
-      } release{held};
-      convert(from, to, src, dst);
-    });
-  }
-  co_await await(pending);
-}
-
-/// The CPU backend's recipe primitives (engine::RecipeOps): destinations are host spans,
-/// temporaries pooled tensors, and every kernel runs on the context's arena.
-struct RecipePrimitives {
-  using Region = std::span<std::byte>;  ///< host bytes
-  using Temporary = Tensor;             ///< a pooled tensor
-  class ConcatJoin;
-
-  static constexpr std::string_view name = "CPU";
-  /// The layout kernels permute any rank.
-  static constexpr std::size_t max_permute_rank = std::numeric_limits<std::size_t>::max();
-
-  const Job& job;  ///< the realization's source, arena, storage and stop token
-
-  const io::Catalog& catalog() const noexcept { return job.source.catalog(); }
-  bool stop_requested() const noexcept { return job.stop.stop_requested(); }
-  static bool supports_cast(DType from, DType to) noexcept { return convert_supported(from, to); }
-  static Region subregion(Region r, std::size_t offset, std::size_t bytes) { return r.subspan(offset, bytes); }
-  static Region region(const Tensor& t) noexcept { return t.mutable_bytes(); }
-
-  /// A pooled tensor (not populated: the kernel or read that fills it faults its pages in).
-  Tensor temporary(const InferredWeight& w, const std::string&) const {
-    return Tensor::allocate(job.storage, w.dtype, w.shape);
-  }
-
-  /// The reader writes the selected bytes straight into `out`: one copy, no lease.
-  asio::awaitable<void> read_into(const io::TensorReadRequest& request, Region out) const {
-    co_await job.source.async_read_into(request, out, asio::use_awaitable);
-  }
-
-  /// Resident in the page cache: converted straight from a mapping, no lease; otherwise
-  /// streamed in bounded chunk leases, at most two at a time.
-  asio::awaitable<void> cast_source(const io::TensorReadRequest& request, const InferredWeight& in, DType to,
-                                    Region out, const std::string&) const {
-    if (std::optional<io::MappedView> view = job.source.map_resident(request)) {
-      co_await convert_mapped(job, std::move(*view), request.key, in.dtype, to, out);
-    } else {
-      co_await stream_convert(job, request, in.dtype, to, out);
-    }
-  }
-
-  /// `in` converted on the arena (the parallel kernel, cache-sized blocks).
-  asio::awaitable<void> convert(Tensor in, const InferredWeight& w, DType to, Region out, const std::string&) const {
-    Completion c = job.executor.submit([in, out, from = w.dtype, to] { cpu::convert(from, to, in.bytes(), out); });
-    co_await await(c);
-  }
-
-  /// Indices `range` of dimension `dim` of `in`, copied on the arena.
-  asio::awaitable<void> copy_slice(Tensor in, const InferredWeight& w, std::size_t dim, Range range, Region out,
-                                   const std::string&) const {
-    Completion c = job.executor.submit([in, out, units = units_of(w), dim, range = unit_range(w, dim, range)] {
-      cpu::copy_slice(in.bytes(), units.shape, units.unit_bytes, dim, range, out);
-    });
-    co_await await(c);
-  }
-
-  /// `in` with its dimensions reordered on the arena (a tiled transpose for the last two).
-  asio::awaitable<void> permute(Tensor in, const InferredWeight& w, std::span<const std::size_t> order, Region out,
-                                const std::string&) const {
-    Completion c = job.executor.submit([in, out, units = units_of(w), order = std::vector(order.begin(), order.end())] {
-      cpu::permute(in.bytes(), units.shape, units.unit_bytes, order, out);
-    });
-    co_await await(c);
-  }
-
-  /// A join that keeps the inputs and runs one concat kernel over all of them at the end.
-  ConcatJoin begin_concat(const InferredWeight& whole, std::size_t dim, Region out, const std::string&) const;
-};
-
-/// Keeps every input of a concat, then joins them with one parallel kernel.
-class RecipePrimitives::ConcatJoin {
- public:
-  /// A join into `out` along `dim` of `elem`-byte elements, on `job`'s arena.
-  ConcatJoin(const Job& job, std::size_t dim, std::size_t elem, Region out)
-      : job_(job), dim_(dim), elem_(elem), out_(out) {}
-
-  /// Keeps the next input until finish().
-  asio::awaitable<void> add(Tensor part, const InferredWeight&) {
-    parts_.push_back(std::move(part));
-    co_return;
-  }
-
-  /// Joins every input kept, in order, with one parallel kernel.
-  asio::awaitable<void> finish() {
-    Completion c = job_.executor.submit([parts = parts_, out = out_, dim = dim_, elem = elem_] {
-      std::vector<ConcatInput> inputs;
-      for (const Tensor& p : parts) inputs.push_back({p.bytes(), storage_units(p.shape(), p.dtype()).shape});
-      cpu::concat(inputs, dim, elem, out);
-    });
-    co_await await(c);
-  }
-
- private:
-  const Job& job_;
-  std::size_t dim_;
-  std::size_t elem_;
-  Region out_;
-  std::vector<Tensor> parts_;
-};
-
-RecipePrimitives::ConcatJoin RecipePrimitives::begin_concat(const InferredWeight& whole, std::size_t dim, Region out,
-                                                            const std::string&) const {
-  return ConcatJoin(job, dim, units_of(whole).unit_bytes, out);
-}
-
-static_assert(engine::RecipeOps<RecipePrimitives>);
-
-/// The whole recipe into its (populated) output tensor.
-asio::awaitable<void> run_recipe(Job job, std::unique_ptr<DerivedWeightRecipe> recipe, Tensor out) {
-  co_await populate(job.executor, out);
-  RecipePrimitives ops{job};
-  co_await engine::evaluate_recipe(ops, *recipe, out.mutable_bytes());
-}
-
-/// Runs `work` on the source's executor; its end completes the returned Materialization.
-Materialization start(io::CheckpointSource& source, Tensor weight, asio::awaitable<void> work) {
-  CompletionSource done;
-  Completion completion = done.completion();
-  asio::co_spawn(source.get_executor(), std::move(work),
-                 [done = std::move(done)](std::exception_ptr e) mutable { done.finish(std::move(e)); });
-  return Materialization{std::move(weight), std::move(completion)};
-}
-
 }  // namespace
-
-Materialization Backend::materialize(io::CheckpointSource& source, const io::TensorReadRequest& request,
-                                     MaterializationContext& context, std::stop_token stop) {
-  const io::TensorInfo& info = source.catalog().at(request.key);
-  // Validates the selection before anything is allocated.
-  const std::uint64_t bytes = source.selected_bytes(request);
-  Shape shape = request.selection.is_all() ? info.shape : request.selection.selected_shape(info.shape);
-  Job job{source, context.executor, context.storage, std::move(stop), context.copy_resident_on_executor};
-  if (context.weights != WeightStorage::copied) {
-    std::optional<io::MappedTensor> mapped = source.map_tensor(request);
-    // A weight whose elements the file misaligns is copied: kernels read it as typed values.
-    if (mapped && reinterpret_cast<std::uintptr_t>(mapped->bytes().data()) % unit_alignment(info.dtype) == 0) {
-      // The tensor's handle is read-only; this job's, which pins the pages, is not.
-      auto shared = std::make_shared<io::MappedTensor>(std::move(*mapped));
-      Tensor weight(info.dtype, std::move(shape), std::make_shared<StorageBlock>(StorageBlock::adopt(shared)));
-      return start(source, weight, map_weight(job, std::move(shared), context.weights));
-    }
-  }
-  if (context.read_cold_windows) {
-    std::optional<io::DirectWindow> window =
-        bytes >= min_window_tensor_bytes ? source.direct_window(request) : std::nullopt;
-    // Not when the bytes are aligned already (the plain read goes O_DIRECT itself), nor when
-    // the file misaligns the tensor's elements.
-    if (window && window->bytes != bytes && window->lead % unit_alignment(info.dtype) == 0) {
-      Tensor weight(
-          info.dtype, std::move(shape),
-          std::make_shared<StorageBlock>(context.storage.allocate_window(window->bytes, window->lead, bytes)));
-      return start(source, weight, read_window(job, std::make_unique<io::TensorReadRequest>(request), *window, weight));
-    }
-  }
-  Tensor weight = Tensor::allocate(context.storage, info.dtype, std::move(shape));
-  return start(source, weight, read_direct(job, std::make_unique<io::TensorReadRequest>(request), weight));
-}
-
-Materialization Backend::materialize_recipe(io::CheckpointSource& source, const engine::DerivedWeightRecipe& recipe,
-                                            MaterializationContext& context, std::stop_token stop) {
-  engine::InferredWeight w = recipe.infer(source.catalog());
-  Tensor weight = Tensor::allocate(context.storage, w.dtype, w.shape);
-  Job job{source, context.executor, context.storage, std::move(stop), context.copy_resident_on_executor};
-  return start(source, weight, run_recipe(job, std::make_unique<DerivedWeightRecipe>(recipe), weight));
-}
 
 Tensor Backend::finish_materialization(Materialization&& m) {
   m.done.get();

@@ -21,6 +21,7 @@
 #include "eredu/engine/backend/submission_backend.hpp"
 #include "eredu/engine/backend/transfer_backend.hpp"
 #include "eredu/engine/description/recipe_evaluator.hpp"
+#include "eredu/engine/orchestration/placement.hpp"
 
 namespace eredu::cuda {
 
@@ -65,9 +66,11 @@ void warn_pageable_once() {
         "host-to-device copies go through the driver's bounce buffer");
 }
 
-/// What every step of one realization needs.
+/// What every step of one realization needs. The source is reached through io::ByteSource
+/// alone: any source the concept admits can feed these steps.
+template <io::ByteSource S>
 struct Job {
-  io::CheckpointSource& source;
+  S& source;
   Executor& executor;
   DeviceMemoryPool& memory;
   const PinnedRegistration* staging;
@@ -75,7 +78,8 @@ struct Job {
 };
 
 /// A temporary device buffer on the executor's stream, freed (stream-ordered) with its last handle.
-Tensor temporary(const Job& job, const InferredWeight& w, const std::string& name) {
+template <io::ByteSource S>
+Tensor temporary(const Job<S>& job, const InferredWeight& w, const std::string& name) {
   return Tensor::allocate(job.memory, w.dtype, w.shape, job.executor.shared_stream(), name);
 }
 
@@ -83,10 +87,11 @@ Tensor temporary(const Job& job, const InferredWeight& w, const std::string& nam
 /// device while the next is read. Each lease is retained by the completion of its own copy.
 /// On failure, waits for the copies already queued before reporting, so that no lease is
 /// held and no copy still writes when the realization completes.
-asio::awaitable<void> upload(const Job& job, const io::TensorReadRequest& whole, std::byte* dst) {
+template <io::ByteSource S>
+asio::awaitable<void> upload(const Job<S>& job, const io::TensorReadRequest& whole, std::byte* dst) {
   io::TensorReadRequest request = whole;
   request.policy = io::ReadPolicy::chunked;
-  io::ChunkStream stream = job.source.stream(request);
+  auto stream = job.source.stream(request);
   Completion last = Completion::ready_now();
   for (;;) {
     std::exception_ptr failure;
@@ -125,23 +130,26 @@ asio::awaitable<void> upload(const Job& job, const io::TensorReadRequest& whole,
 /// work. Takes the caller's named lambda by reference: g++ 12 mishandles class temporaries
 /// in co_await expressions (see io.md).
 template <class Launch>
-asio::awaitable<void> run_kernel(const Job& job, const char* what, const std::string& name, const Launch& launch) {
+asio::awaitable<void> run_kernel(Executor& executor, const char* what, const std::string& name, const Launch& launch) {
   Completion done =
-      job.executor.enqueue([launch, what, name](cudaStream_t s) mutable { check(launch(s), what, name); }, name);
+      executor.enqueue([launch, what, name](cudaStream_t s) mutable { check(launch(s), what, name); }, name);
   co_await await(done);
 }
 
+class ConcatJoin;
+
 /// The CUDA backend's recipe primitives (engine::RecipeOps): destinations are device
 /// addresses, temporaries device tensors on the executor's stream, kernels queued on it.
+template <io::ByteSource S>
 struct RecipePrimitives {
-  using Region = std::byte*;  ///< device memory of exactly the value's bytes
-  using Temporary = Tensor;   ///< a device tensor, freed stream-ordered with its last handle
-  class ConcatJoin;
+  using Region = std::byte*;            ///< device memory of exactly the value's bytes
+  using Temporary = Tensor;             ///< a device tensor, freed stream-ordered with its last handle
+  using ConcatJoin = cuda::ConcatJoin;  ///< copies each input into its rows as it comes
 
   static constexpr std::string_view name = "CUDA";
   static constexpr std::size_t max_permute_rank = cuda::max_permute_rank;  ///< the permute kernel's limit
 
-  const Job& job;  ///< the realization's source, stream, device memory and stop token
+  const Job<S>& job;  ///< the realization's source, stream, device memory and stop token
 
   const io::Catalog& catalog() const noexcept { return job.source.catalog(); }
   bool stop_requested() const noexcept { return job.stop.stop_requested(); }
@@ -173,7 +181,7 @@ struct RecipePrimitives {
     auto launch = [in, out, count, from = w.dtype, to](cudaStream_t s) {
       return launch_convert(from, to, in.data(), out, count, s);
     };
-    co_await run_kernel(job, "conversion kernel launch", what, launch);
+    co_await run_kernel(job.executor, "conversion kernel launch", what, launch);
   }
 
   /// The row-copy kernel over indices `range` of dimension `dim` of `in`.
@@ -191,7 +199,7 @@ struct RecipePrimitives {
     auto launch = [in, out, outer, out_row, in_row, start](cudaStream_t s) {
       return launch_copy_rows(out, out_row, in.data() + start, in_row, outer, out_row, s);
     };
-    co_await run_kernel(job, "slice kernel launch", what, launch);
+    co_await run_kernel(job.executor, "slice kernel launch", what, launch);
   }
 
   /// The permutation kernel (a gather, up to max_permute_rank dimensions).
@@ -203,7 +211,7 @@ struct RecipePrimitives {
                    elem = element_bytes(w.dtype)](cudaStream_t s) {
       return launch_permute(in.data(), out, dims.data(), order.data(), dims.size(), elem, s);
     };
-    co_await run_kernel(job, "permute kernel launch", what, launch);
+    co_await run_kernel(job.executor, "permute kernel launch", what, launch);
   }
 
   /// A join that copies each input into its rows as soon as it is evaluated, so at most one
@@ -212,11 +220,11 @@ struct RecipePrimitives {
 };
 
 /// Copies each input of a concat into its rows of the output with the row-copy kernel.
-class RecipePrimitives::ConcatJoin {
+class ConcatJoin {
  public:
-  /// A join into `out` (of shape `whole`) along `dim`, on `job`'s stream; `what` names the concat.
-  ConcatJoin(const Job& job, const InferredWeight& whole, std::size_t dim, Region out, const std::string& what)
-      : job_(job), dim_(dim), out_(out), what_(what) {
+  /// A join into `out` (of shape `whole`) along `dim`, on `executor`'s stream; `what` names the concat.
+  ConcatJoin(Executor& executor, const InferredWeight& whole, std::size_t dim, std::byte* out, const std::string& what)
+      : executor_(executor), dim_(dim), out_(out), what_(what) {
     const Shape shape = unit_shape(whole.shape, whole.dtype);
     inner_ = element_bytes(whole.dtype);
     for (std::size_t d = dim + 1; d < shape.size(); ++d) inner_ *= shape[d];
@@ -230,7 +238,7 @@ class RecipePrimitives::ConcatJoin {
     auto launch = [part, out = out_ + offset_, out_row = out_row_, row, outer = outer_](cudaStream_t s) {
       return launch_copy_rows(out, out_row, part.data(), row, outer, row, s);
     };
-    co_await run_kernel(job_, "concat kernel launch", what_, launch);
+    co_await run_kernel(executor_, "concat kernel launch", what_, launch);
     offset_ += row;
   }
 
@@ -238,9 +246,9 @@ class RecipePrimitives::ConcatJoin {
   asio::awaitable<void> finish() { co_return; }
 
  private:
-  const Job& job_;
+  Executor& executor_;
   std::size_t dim_;
-  Region out_;
+  std::byte* out_;
   const std::string& what_;
   std::size_t inner_ = 0;
   std::size_t out_row_ = 0;
@@ -248,27 +256,32 @@ class RecipePrimitives::ConcatJoin {
   std::size_t offset_ = 0;
 };
 
-RecipePrimitives::ConcatJoin RecipePrimitives::begin_concat(const InferredWeight& whole, std::size_t dim, Region out,
-                                                            const std::string& what) const {
-  return ConcatJoin(job, whole, dim, out, what);
+template <io::ByteSource S>
+ConcatJoin RecipePrimitives<S>::begin_concat(const InferredWeight& whole, std::size_t dim, Region out,
+                                             const std::string& what) const {
+  return ConcatJoin(job.executor, whole, dim, out, what);
 }
 
-static_assert(engine::RecipeOps<RecipePrimitives>);
+static_assert(engine::RecipeOps<RecipePrimitives<io::CheckpointSource>>);
 
-/// The checkpoint dtype kept: upload the selected bytes into the tensor.
-asio::awaitable<void> read_direct(Job job, std::unique_ptr<io::TensorReadRequest> request, Tensor tensor) {
+/// The checkpoint dtype kept: upload the selected bytes into the tensor (device memory lands
+/// by chunk stream: engine::plan_placement for a buffer that is not the host's).
+template <io::ByteSource S>
+asio::awaitable<void> read_direct(Job<S> job, std::unique_ptr<io::TensorReadRequest> request, Tensor tensor) {
   if (job.stop.stop_requested()) throw engine::stopped_error(request->key);
   co_await upload(job, *request, tensor.data());
 }
 
 /// The whole recipe into its output tensor.
-asio::awaitable<void> run_recipe(Job job, std::unique_ptr<DerivedWeightRecipe> recipe, Tensor out) {
-  RecipePrimitives ops{job};
+template <io::ByteSource S>
+asio::awaitable<void> run_recipe(Job<S> job, std::unique_ptr<DerivedWeightRecipe> recipe, Tensor out) {
+  RecipePrimitives<S> ops{job};
   co_await engine::evaluate_recipe(ops, *recipe, out.data());
 }
 
 /// Runs `work` on the source's executor; its end completes the returned Materialization.
-Materialization start(io::CheckpointSource& source, Tensor weight, asio::awaitable<void> work) {
+template <io::ByteSource S>
+Materialization start(S& source, Tensor weight, asio::awaitable<void> work) {
   CompletionSource done;
   Completion completion = done.completion();
   asio::co_spawn(source.get_executor(), std::move(work),
@@ -276,26 +289,46 @@ Materialization start(io::CheckpointSource& source, Tensor weight, asio::awaitab
   return Materialization{std::move(weight), std::move(completion)};
 }
 
+/// Backend::materialize over any byte source: device memory is planned a chunk stream
+/// (engine::plan_placement), which upload() executes.
+template <io::ByteSource S>
+Materialization materialize_from(S& source, const io::TensorReadRequest& request, MaterializationContext& context,
+                                 std::stop_token stop) {
+  const io::TensorInfo& info = source.catalog().at(request.key);
+  // Validates the selection before anything is allocated.
+  const engine::OwnerBytes owner{.bytes = source.selected_bytes(request), .unit_alignment = 1};
+  const engine::PlacementPlan plan = engine::plan_placement(source.capabilities(), Backend::buffer_traits, {}, owner);
+  if (plan.landings().size() != 1 || plan.landings().front() != engine::Landing::chunk_stream)
+    throw BackendError(errc::backend_failure, {.tensor = request.key},
+                       "the CUDA backend lands device memory by chunk stream only");
+  Shape shape = request.selection.is_all() ? info.shape : request.selection.selected_shape(info.shape);
+  Tensor weight =
+      Tensor::allocate(context.memory, info.dtype, std::move(shape), context.executor.shared_stream(), request.key);
+  Job<S> job{source, context.executor, context.memory, context.staging, std::move(stop)};
+  return start(source, weight, read_direct(job, std::make_unique<io::TensorReadRequest>(request), weight));
+}
+
+/// Backend::materialize_recipe over any byte source.
+template <io::ByteSource S>
+Materialization materialize_recipe_from(S& source, const engine::DerivedWeightRecipe& recipe,
+                                        MaterializationContext& context, std::stop_token stop) {
+  engine::InferredWeight w = recipe.infer(source.catalog());
+  Tensor weight =
+      Tensor::allocate(context.memory, w.dtype, w.shape, context.executor.shared_stream(), recipe.to_string());
+  Job<S> job{source, context.executor, context.memory, context.staging, std::move(stop)};
+  return start(source, weight, run_recipe(job, std::make_unique<DerivedWeightRecipe>(recipe), weight));
+}
+
 }  // namespace
 
 Materialization Backend::materialize(io::CheckpointSource& source, const io::TensorReadRequest& request,
                                      MaterializationContext& context, std::stop_token stop) {
-  const io::TensorInfo& info = source.catalog().at(request.key);
-  source.selected_bytes(request);  // validates the selection before anything is allocated
-  Shape shape = request.selection.is_all() ? info.shape : request.selection.selected_shape(info.shape);
-  Tensor weight =
-      Tensor::allocate(context.memory, info.dtype, std::move(shape), context.executor.shared_stream(), request.key);
-  Job job{source, context.executor, context.memory, context.staging, std::move(stop)};
-  return start(source, weight, read_direct(job, std::make_unique<io::TensorReadRequest>(request), weight));
+  return materialize_from(source, request, context, std::move(stop));
 }
 
 Materialization Backend::materialize_recipe(io::CheckpointSource& source, const engine::DerivedWeightRecipe& recipe,
                                             MaterializationContext& context, std::stop_token stop) {
-  engine::InferredWeight w = recipe.infer(source.catalog());
-  Tensor weight =
-      Tensor::allocate(context.memory, w.dtype, w.shape, context.executor.shared_stream(), recipe.to_string());
-  Job job{source, context.executor, context.memory, context.staging, std::move(stop)};
-  return start(source, weight, run_recipe(job, std::make_unique<DerivedWeightRecipe>(recipe), weight));
+  return materialize_recipe_from(source, recipe, context, std::move(stop));
 }
 
 Tensor Backend::finish_materialization(Materialization&& m) {

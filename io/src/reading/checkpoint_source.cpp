@@ -259,6 +259,19 @@ CheckpointSource::Plan CheckpointSource::make_plan(const TensorReadRequest& requ
   return plan;
 }
 
+SourceCapabilities CheckpointSource::capabilities() const {
+  SourceCapabilities caps;
+  for (std::uint32_t f = 0; f < files_.size(); ++f) {
+    caps.maps_pages = caps.maps_pages || files_[f].file_system.uring_trusted;
+    caps.window_alignment = std::max(caps.window_alignment, reader_->direct_alignment(f));
+  }
+  caps.direct_windows = caps.window_alignment != 0;
+  caps.request_bytes = options_.reader.max_request;
+  caps.concurrency = options_.reader.depth;
+  caps.trusted_errors = true;
+  return caps;
+}
+
 std::uint64_t CheckpointSource::selected_bytes(const TensorReadRequest& request) const {
   return make_plan(request).total;
 }

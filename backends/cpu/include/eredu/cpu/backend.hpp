@@ -3,7 +3,10 @@
 /// eredu::cpu::Backend: the oneTBB CPU backend, realising the engine's ParameterBackend,
 /// SubmissionBackend and TransferBackend concepts.
 ///
-/// How a weight reaches its tensor:
+/// How a weight reaches its tensor is decided above the backend, by the engine's placement
+/// planner (engine/orchestration/placement.hpp) from the source's capabilities and
+/// buffer_traits; the backend executes the landing decided, reaching the source through
+/// io::ByteSource alone:
 ///  * checkpoint dtype kept, no recipe: the tensor's storage is allocated (recycled from the
 ///    StoragePool when possible, otherwise populated on all cores of the executor's arena)
 ///    and the reader writes the selected bytes straight into it — one copy from the page
@@ -31,7 +34,9 @@
 #include "eredu/cpu/parameter.hpp"
 #include "eredu/cpu/tensor.hpp"
 #include "eredu/engine/description/recipe.hpp"
+#include "eredu/engine/orchestration/placement.hpp"
 #include "eredu/io/integrity/checksums.hpp"
+#include "eredu/io/reading/byte_source.hpp"
 #include "eredu/io/reading/checkpoint_source.hpp"
 
 namespace eredu::cpu {
@@ -48,15 +53,24 @@ struct Backend {
   using Executor = cpu::Executor;                              ///< a TBB arena
   using HostBuffer = cpu::HostBuffer;                          ///< a parked weight
 
+  /// What tensor storage (StorageBlock) offers the placement planner: host memory the source
+  /// reads into, 64-byte aligned, that can adopt a file mapping (mapped weights) and be laid
+  /// out as a direct window (StoragePool::allocate_window).
+  static constexpr engine::BufferTraits buffer_traits{
+      .host = true, .alignment = 64, .adopts_mappings = true, .reads_into = true, .lays_out_windows = true};
+
   // --- ParameterBackend ---
 
-  /// Starts reading `request` (checkpoint dtype kept) straight into a new tensor. Throws
-  /// at once for an unknown tensor, a bad selection, or an allocation failure.
-  static Materialization materialize(io::CheckpointSource& source, const io::TensorReadRequest& request,
-                                     MaterializationContext& context, std::stop_token stop);
-  /// Starts executing a recipe into a new tensor. Throws RecipeError at once if it does not
-  /// infer against the source's catalog.
-  static Materialization materialize_recipe(io::CheckpointSource& source, const engine::DerivedWeightRecipe& recipe,
+  /// Starts reading `request` (checkpoint dtype kept) straight into a new tensor, from any
+  /// io::ByteSource, placed as engine::plan_placement decides for buffer_traits. Throws at
+  /// once for an unknown tensor, a bad selection, or an allocation failure.
+  template <io::ByteSource S>
+  static Materialization materialize(S& source, const io::TensorReadRequest& request, MaterializationContext& context,
+                                     std::stop_token stop);
+  /// Starts executing a recipe into a new tensor, from any io::ByteSource. Throws
+  /// RecipeError at once if it does not infer against the source's catalog.
+  template <io::ByteSource S>
+  static Materialization materialize_recipe(S& source, const engine::DerivedWeightRecipe& recipe,
                                             MaterializationContext& context, std::stop_token stop);
   /// The completion of an in-flight realization.
   static Completion completion(const Materialization& m) { return m.done; }
@@ -118,4 +132,13 @@ struct Backend {
   static StoragePool& default_storage();
 };
 
+// Compiled once, in backend.cpp, for the local-file source; other sources instantiate the
+// steps (detail/materialize_steps.hpp) where they are used.
+extern template Materialization Backend::materialize(io::CheckpointSource&, const io::TensorReadRequest&,
+                                                     MaterializationContext&, std::stop_token);
+extern template Materialization Backend::materialize_recipe(io::CheckpointSource&, const engine::DerivedWeightRecipe&,
+                                                            MaterializationContext&, std::stop_token);
+
 }  // namespace eredu::cpu
+
+#include "eredu/cpu/detail/materialize_steps.hpp"

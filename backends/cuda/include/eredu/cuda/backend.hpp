@@ -36,6 +36,7 @@
 #include "eredu/cuda/parameter.hpp"
 #include "eredu/cuda/tensor.hpp"
 #include "eredu/engine/description/recipe.hpp"
+#include "eredu/engine/orchestration/placement.hpp"
 #include "eredu/io/reading/checkpoint_source.hpp"
 
 namespace eredu::cuda {
@@ -49,6 +50,11 @@ struct Backend {
   using Materialization = cuda::Materialization;                ///< an in-flight realization
   using Executor = cuda::Executor;                              ///< a CUDA stream
   using HostBuffer = cuda::HostBuffer;                          ///< a weight parked in pinned host memory
+
+  /// What device tensors offer the placement planner: device memory, 256-byte aligned
+  /// (cudaMalloc), that no source reads into and no mapping becomes: every weight lands
+  /// as a stream of chunk leases copied to the device.
+  static constexpr engine::BufferTraits buffer_traits{.host = false, .alignment = 256};
 
   // --- ParameterBackend ---
 

@@ -41,6 +41,7 @@
 #include "eredu/io/formats/catalog.hpp"
 #include "eredu/io/mapping/mapped_tensor.hpp"
 #include "eredu/io/mapping/mapped_view.hpp"
+#include "eredu/io/reading/byte_source.hpp"
 #include "eredu/io/reading/lease.hpp"
 #include "eredu/io/reading/lease_pool.hpp"
 #include "eredu/io/reading/open_file.hpp"
@@ -70,14 +71,8 @@ void validate(const SourceOptions& options);
 
 class ChunkStream;
 
-/// Where a selection lies in the page-aligned window of its file that a direct read of it
-/// covers (CheckpointSource::direct_window).
-struct DirectWindow {
-  std::uint64_t lead = 0;   ///< window bytes before the selection's first byte
-  std::uint64_t bytes = 0;  ///< the window's size, whole alignment units
-};
-
-/// An open checkpoint (see file comment). Not movable: readers and leases point into it.
+/// An open checkpoint (see file comment); an io::ByteSource. Not movable: readers and leases
+/// point into it.
 class CheckpointSource {
  public:
   /// Opens the checkpoint at `path` (file, directory or index) and its files, creates the
@@ -109,6 +104,12 @@ class CheckpointSource {
   /// neighbouring tensors, never delivered. The reader's byte count minus this is what the
   /// source's callers asked for.
   std::uint64_t alignment_bytes() const noexcept { return alignment_bytes_.load(std::memory_order_relaxed); }
+
+  /// What the source can do (io::ByteSource): map pages when some file's page cache is
+  /// trusted (map_tensor and map_resident still refuse a file it does not trust), direct
+  /// windows when some file is read O_DIRECT, requests of the reader's size and depth. Its
+  /// errors are trusted: files where io_uring could hide a failed read are read with pread.
+  SourceCapabilities capabilities() const;
 
   /// Reads the request's bytes into one lease; waits while the pool is full.
   ///
