@@ -145,7 +145,7 @@ std::shared_ptr<Operation> Checkpoint::read(std::vector<ReadSpec> specs, int ver
               *self->executor_, self->storage_, self->options_.copy_resident, self->options_.weights});
           io::CheckpointSource& source = use.source();
           engine::async_materialize<cpu::Backend>(
-              source, set->plan, *context, std::move(options),
+              source, set->plan(), *context, std::move(options),
               asio::bind_cancellation_slot(
                   op->cancellation_slot(),
                   [use = std::make_shared<Use>(std::move(use)), op, set, context, specs = std::move(specs)](
@@ -157,7 +157,8 @@ std::shared_ptr<Operation> Checkpoint::read(std::vector<ReadSpec> specs, int ver
                     op->settle([&] {
                       std::vector<cpu::Tensor> tensors;
                       tensors.reserve(specs.size());
-                      for (const engine::WeightBinding& b : set->plan.bindings()) tensors.push_back(*unit.find(b.id()));
+                      for (const engine::WeightBinding& b : set->plan().bindings())
+                        tensors.push_back(*unit.find(b.id()));
                       op->finish(nullptr, [tensors = std::move(tensors), specs = std::move(specs)] {
                         return py::object(export_tensors(tensors, specs));
                       });

@@ -15,8 +15,8 @@
 
 #include "cli.hpp"
 #include "commands.hpp"
+#include "eredu/app/tensor_set_module.hpp"
 #include "eredu/cpu/backend.hpp"
-#include "eredu/cpu/catalog_module.hpp"
 #include "eredu/cpu/convert.hpp"
 #include "eredu/engine/orchestration/load.hpp"
 #include "eredu/io/mapping/mapped_tensor.hpp"
@@ -110,7 +110,7 @@ int run_load(const LoadOptions& o, const CommonFlags& flags) {
   auto source = io::CheckpointSource::open(ctx.get_executor(), o.path, opts);
   interrupt.check();
   const auto& catalog = source->catalog();
-  const cpu::CatalogModule blueprint = cpu::CatalogModule::mirror(catalog, cast_to);
+  const app::TensorSetModule blueprint = app::TensorSetModule::mirror(catalog, cast_to);
   const std::uint64_t source_bytes = catalog.total_bytes();
   const double source_per_output =
       blueprint.bytes() ? static_cast<double>(source_bytes) / static_cast<double>(blueprint.bytes()) : 1.0;
@@ -122,7 +122,7 @@ int run_load(const LoadOptions& o, const CommonFlags& flags) {
   const engine::VerifyOptions verify = verify_options(o.verify, sums);
 
   std::vector<LoadRun> runs;
-  std::optional<cpu::CatalogModule> model;
+  std::optional<app::TensorSetModule> model;
   for (unsigned r = 0; r < o.repeat; ++r) {
     // Drop the previous model first: its storage returns to the pool and is reused.
     model.reset();

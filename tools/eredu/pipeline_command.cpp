@@ -29,11 +29,11 @@
 
 #include "cli.hpp"
 #include "commands.hpp"
+#include "eredu/app/tensor_set_module.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/core/printable.hpp"
 #include "eredu/cpu/backend.hpp"
 #include "eredu/cpu/float_formats.hpp"
-#include "eredu/engine/description/parameter_id.hpp"
 #include "eredu/engine/serving/prefetch_pipeline.hpp"
 #include "eredu/io/reading/checkpoint_source.hpp"
 #include "interrupt.hpp"
@@ -57,36 +57,12 @@ struct PipelineCommandOptions {
   std::string checksums;  // --checksums FILE
 };
 
-/// A generic unit: one slot per tensor of a layer, named by what follows "layers.<N>.".
-class UnitModule {
- public:
-  /// One slot.
-  struct Slot {
-    std::string name;          ///< parameter id within the unit
-    cpu::Parameter parameter;  ///< the checkpoint's dtype and shape
-  };
-  std::vector<Slot> slots;  ///< in catalog order
-
-  /// Visits every slot read-only.
-  void visit_parameters(engine::ParameterVisitor<cpu::Parameter>& v, const std::string& prefix) const {
-    for (const Slot& s : slots)
-      v.visit({engine::ParameterId(engine::join_name(prefix, s.name)), s.parameter.dtype, s.parameter.shape},
-              s.parameter);
-  }
-  /// Visits every slot for binding.
-  void visit_parameters_mut(engine::ParameterVisitorMut<cpu::Parameter>& v, const std::string& prefix) {
-    for (Slot& s : slots)
-      v.visit_mut({engine::ParameterId(engine::join_name(prefix, s.name)), s.parameter.dtype, s.parameter.shape},
-                  s.parameter);
-  }
-};
-
-using Pipeline = engine::PrefetchPipeline<cpu::Backend, UnitModule>;
+using Pipeline = engine::PrefetchPipeline<cpu::Backend, app::TensorSetModule>;
 
 /// The checkpoint's layers as pipeline units, and what was left out.
 struct Grouping {
   std::vector<engine::PipelineUnit> units;
-  std::vector<UnitModule> modules;  // the unbound module of each unit
+  std::vector<app::TensorSetModule> modules;  // the unbound module of each unit
   std::vector<std::uint64_t> bytes;
   std::size_t layer_tensors = 0;
   std::size_t skipped_tensors = 0;
@@ -129,26 +105,19 @@ Grouping group_layers(const io::Catalog& catalog) {
     }
   }
   for (const auto& [key, tensors] : layers) {
-    UnitModule module;
-    std::vector<engine::WeightBinding> bindings;
-    std::uint64_t bytes = 0;
+    // Each slot is named by what follows "layers.<N>." and read whole in its stored dtype.
+    std::vector<app::TensorRequest> requests;
     for (const io::TensorInfo* t : tensors) {
       std::string rest;
       std::string prefix;
       std::uint64_t n = 0;
       split_layer_name(t->name, prefix, n, rest);
-      try {
-        (void)engine::ParameterId(rest);
-      } catch (const Error&) {
-        rest = fmt::format("tensor_{}", module.slots.size());  // not a valid dotted name
-      }
-      module.slots.push_back({rest, cpu::Parameter(t->dtype, t->shape)});
-      bindings.push_back(engine::WeightBinding::tensor(rest, t->name, Selection::all(), t->nbytes));
-      bytes += t->nbytes;
+      requests.push_back({.key = t->name, .name = rest});
     }
-    g.units.push_back({key.first + std::to_string(key.second), engine::WeightBindingPlan(std::move(bindings))});
+    app::TensorSetModule module = app::TensorSetModule::build(catalog, requests);
+    g.units.push_back({key.first + std::to_string(key.second), module.plan()});
+    g.bytes.push_back(module.bytes());
     g.modules.push_back(std::move(module));
-    g.bytes.push_back(bytes);
   }
   return g;
 }
@@ -165,9 +134,9 @@ float dot(const T* w, const float* x, std::size_t n, Widen widen) noexcept {
 
 /// W · x for every 2-D float weight of `unit`, rows in parallel (call inside the arena);
 /// returns Σ of the results, so the work cannot be optimised away and shows in --json.
-double matvec_unit(const UnitModule& unit) {
+double matvec_unit(const app::TensorSetModule& unit) {
   double total = 0;
-  for (const UnitModule::Slot& s : unit.slots) {
+  for (const app::TensorSetModule::Slot& s : unit.slots()) {
     const cpu::Parameter& p = s.parameter;
     if (p.shape.size() != 2 || (p.dtype != DType::BF16 && p.dtype != DType::F16 && p.dtype != DType::F32)) continue;
     const std::size_t rows = p.shape[0], cols = p.shape[1];
@@ -269,7 +238,7 @@ int run_pipeline(const PipelineCommandOptions& o, const CommonFlags& flags) {
   // Under require, a tensor without a digest fails here, before anything is read.
   const io::Checksums sums = checksums_for(o.path, source->catalog(), o.verify, o.checksums);
   const std::size_t digest_count = sums.size();
-  std::vector<UnitModule> modules = std::move(g.modules);
+  std::vector<app::TensorSetModule> modules = std::move(g.modules);
   Pipeline pipeline(*source, std::move(g.units), [&modules](std::size_t i) { return modules[i]; }, context,
                     {.lookahead = o.lookahead,
                      .resident_budget = o.budget,

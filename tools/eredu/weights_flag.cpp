@@ -21,7 +21,7 @@ cpu::WeightStorage weight_storage(const std::string& value) {
   return cpu::WeightStorage::copied;
 }
 
-MappedCount count_mapped(const cpu::CatalogModule& model) {
+MappedCount count_mapped(const app::TensorSetModule& model) {
   MappedCount n;
   for (std::size_t i = 0; i < model.size(); ++i) {
     const cpu::Tensor& t = model.slot(i).value;
