@@ -15,12 +15,9 @@
 #include <asio/use_future.hpp>
 #include <chrono>
 #include <future>
-#include <initializer_list>
-#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
-#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -30,6 +27,7 @@
 #include "cli.hpp"
 #include "commands.hpp"
 #include "eredu/app/tensor_set_module.hpp"
+#include "eredu/app/unit_grouping.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/core/printable.hpp"
 #include "eredu/cpu/backend.hpp"
@@ -59,63 +57,19 @@ struct PipelineCommandOptions {
 
 using Pipeline = engine::PrefetchPipeline<cpu::Backend, app::TensorSetModule>;
 
-/// The checkpoint's layers as pipeline units, and what was left out.
+/// The checkpoint's layers (app::group_layers) as pipeline units, with each unit's module.
 struct Grouping {
-  std::vector<engine::PipelineUnit> units;
-  std::vector<app::TensorSetModule> modules;  // the unbound module of each unit
-  std::vector<std::uint64_t> bytes;
-  std::size_t layer_tensors = 0;
-  std::size_t skipped_tensors = 0;
-  std::uint64_t skipped_bytes = 0;
+  app::UnitGrouping layers;
+  std::vector<engine::PipelineUnit> units{};
+  std::vector<app::TensorSetModule> modules{};  // the unbound module of each unit
+  std::vector<std::uint64_t> bytes{};
 };
 
-/// Splits "model.layers.12.mlp.up_proj.weight" into ("model.layers.", 12, "mlp.up_proj.weight"),
-/// and llama.cpp's GGUF names "blk.12.ffn_up.weight" into ("blk.", 12, "ffn_up.weight").
-bool split_layer_name(const std::string& name, std::string& prefix, std::uint64_t& layer, std::string& rest) {
-  for (const std::string_view marker : {std::string_view("layers."), std::string_view("blk.")}) {
-    for (std::size_t at = name.find(marker); at != std::string::npos; at = name.find(marker, at + 1)) {
-      if (at != 0 && name[at - 1] != '.') continue;
-      std::size_t i = at + marker.size(), digits = 0;
-      layer = 0;
-      while (i < name.size() && name[i] >= '0' && name[i] <= '9' && digits < 9)
-        layer = layer * 10 + (name[i++] - '0'), ++digits;
-      if (digits == 0 || i >= name.size() || name[i] != '.' || i + 1 == name.size()) continue;
-      prefix = name.substr(0, at + marker.size());
-      rest = name.substr(i + 1);
-      return true;
-    }
-  }
-  return false;
-}
-
-/// One unit per (prefix, layer number), ordered by prefix and then number; each tensor is
-/// read whole in its stored dtype.
-Grouping group_layers(const io::Catalog& catalog) {
-  std::map<std::pair<std::string, std::uint64_t>, std::vector<const io::TensorInfo*>> layers;
-  Grouping g;
-  for (const io::TensorInfo& t : catalog.tensors()) {
-    std::string prefix, rest;
-    std::uint64_t layer = 0;
-    if (split_layer_name(t.name, prefix, layer, rest)) {
-      layers[{prefix, layer}].push_back(&t);
-      ++g.layer_tensors;
-    } else {
-      ++g.skipped_tensors;
-      g.skipped_bytes += t.nbytes;
-    }
-  }
-  for (const auto& [key, tensors] : layers) {
-    // Each slot is named by what follows "layers.<N>." and read whole in its stored dtype.
-    std::vector<app::TensorRequest> requests;
-    for (const io::TensorInfo* t : tensors) {
-      std::string rest;
-      std::string prefix;
-      std::uint64_t n = 0;
-      split_layer_name(t->name, prefix, n, rest);
-      requests.push_back({.key = t->name, .name = rest});
-    }
-    app::TensorSetModule module = app::TensorSetModule::build(catalog, requests);
-    g.units.push_back({key.first + std::to_string(key.second), module.plan()});
+Grouping group_units(const io::Catalog& catalog) {
+  Grouping g{app::group_layers(catalog)};
+  for (const app::UnitGroup& unit : g.layers.units) {
+    app::TensorSetModule module = app::TensorSetModule::build(catalog, unit.requests);
+    g.units.push_back({unit.name, module.plan()});
     g.bytes.push_back(module.bytes());
     g.modules.push_back(std::move(module));
   }
@@ -223,7 +177,7 @@ int run_pipeline(const PipelineCommandOptions& o, const CommonFlags& flags) {
   interrupt.doing(fmt::format("opening {}", o.path));
   auto source = io::CheckpointSource::open(ctx.get_executor(), o.path, opts);
   interrupt.check();
-  Grouping g = group_layers(source->catalog());
+  Grouping g = group_units(source->catalog());
   if (g.units.empty())
     throw Error(
         errc::invalid_argument, {.file = o.path},
@@ -271,8 +225,10 @@ int run_pipeline(const PipelineCommandOptions& o, const CommonFlags& flags) {
     JsonWriter json;
     begin_document(json, "pipeline");
     json.field("path", o.path).field("reader", source->reader().name());
-    json.count("unit", unit_count).count("layer_tensor", g.layer_tensors).count("skipped_tensor", g.skipped_tensors);
-    json.bytes("skipped", g.skipped_bytes).count("pass", o.passes).field("lookahead", o.lookahead);
+    json.count("unit", unit_count)
+        .count("layer_tensor", g.layers.grouped_tensors)
+        .count("skipped_tensor", g.layers.skipped.size());
+    json.bytes("skipped", g.layers.skipped_bytes).count("pass", o.passes).field("lookahead", o.lookahead);
     json.field("threads", o.threads).field("compute", o.compute).bytes("pass", pass_bytes).bytes("", total_bytes);
     json.seconds("", consumed.wall_s).rate("", rate).seconds("io", stats.load_s).seconds("compute", compute_total);
     json.seconds("stall", stats.stall_s).bytes("budget", stats.budget).bytes("largest_unit", largest);
@@ -295,7 +251,8 @@ int run_pipeline(const PipelineCommandOptions& o, const CommonFlags& flags) {
                unit_count, o.passes, o.passes == 1 ? "" : "es", printable(o.path), format_bytes(total_bytes),
                consumed.wall_s, rate);
     fmt::print("  units    {} tensors in layers, largest unit {}; {} tensors outside layers skipped ({})\n",
-               g.layer_tensors, format_bytes(largest), g.skipped_tensors, format_bytes(g.skipped_bytes));
+               g.layers.grouped_tensors, format_bytes(largest), g.layers.skipped.size(),
+               format_bytes(g.layers.skipped_bytes));
     fmt::print(
         "  time     I/O {:.3f} s (Σ per-unit load, overlapping), compute {:.3f} s ({}), stall {:.3f} s "
         "(first unit {:.3f} s)\n",
@@ -308,7 +265,7 @@ int run_pipeline(const PipelineCommandOptions& o, const CommonFlags& flags) {
         format_bytes(source->pool().budget()), format_bytes(rss));
     fmt::print("  threads  {} (TBB arenas for loads and compute), reader {}\n", o.threads, source->reader().describe());
     // Every read tensor of a layer is checked each pass; those without a digest are the rest.
-    const std::uint64_t reads = static_cast<std::uint64_t>(g.layer_tensors) * o.passes;
+    const std::uint64_t reads = static_cast<std::uint64_t>(g.layers.grouped_tensors) * o.passes;
     fmt::print("  verify   {}\n",
                verify_summary(o.verify, stats.tensors_verified, stats.bytes_verified,
                               o.verify == "off" ? 0 : reads - std::min(reads, stats.tensors_verified), digest_count));
