@@ -286,16 +286,17 @@ Command add_pipeline_command(CLI::App& app, CommonFlags& flags) {
       "the resident high-water against the budget (exit status 1 when over it) and peak RSS.");
   add_path(*cmd, "PATH", o->path,
            "a .safetensors file, a sharded directory or its model.safetensors.index.json, or a GGUF checkpoint");
-  add_bytes(*cmd, "--budget", o->budget, 4096, std::uint64_t{1} << 40, "bytes of resident units", {},
+  add_bytes(*cmd, "--budget", o->budget, app::option_range::budget, "bytes of resident units", {},
             "(lookahead + 1) x the largest unit");
-  add_integer(*cmd, "--lookahead", o->lookahead, 1u, 64u, "units loaded ahead of the one in use (K)");
-  add_integer(*cmd, "--passes", o->passes, 1u, 1000000u, "passes over the layers");
-  add_integer(*cmd, "--threads", o->threads, 1u, 1024u, "TBB threads of each arena (loads, compute)",
+  add_integer(*cmd, "--lookahead", o->lookahead, app::option_range::lookahead,
+              "units loaded ahead of the one in use (K)");
+  add_integer(*cmd, "--passes", o->passes, app::option_range::passes, "passes over the layers");
+  add_integer(*cmd, "--threads", o->threads, app::option_range::threads, "TBB threads of each arena (loads, compute)",
               "the number of CPUs");
   add_choice(*cmd, "--compute", o->compute, {"none", "matvec"},
              "matvec multiplies every 2-D BF16/F16/F32 weight by a vector while the next units load; none "
              "releases each unit at once (pure streaming)");
-  add_bytes(*cmd, "--staging", o->staging, 4096, std::uint64_t{1} << 40, "staging memory of the lease pool");
+  add_bytes(*cmd, "--staging", o->staging, app::option_range::staging, "staging memory of the lease pool");
   add_verify_flags(*cmd, o->verify, o->checksums, "of every unit as it is read (each pass)");
   auto trace_path = std::make_shared<std::string>();
   add_trace_option(*cmd, *trace_path);
