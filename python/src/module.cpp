@@ -19,6 +19,7 @@
 #include "prefetch.hpp"
 #include "read_gate.hpp"
 #include "runtime.hpp"
+#include "write_checksums.hpp"
 
 namespace py = pybind11;
 using namespace eredu;
@@ -65,6 +66,7 @@ PYBIND11_MODULE(_native, m) {
   bind_prefetch(m);
   bind_model_slot(m);
   bind_read_gate(m);
+  bind_write_checksums(m);
 
   m.def("dtype_names", [] {
     py::list out;
