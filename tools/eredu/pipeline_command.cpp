@@ -1,9 +1,7 @@
 // `eredu pipeline`: streams a checkpoint's layers through engine::PrefetchPipeline, as an
 // application too large to keep its model resident would: units i+1..i+K load while unit i
 // is used, within a byte budget, pass after pass.
-#include <tbb/blocked_range.h>
 #include <tbb/global_control.h>
-#include <tbb/parallel_for.h>
 
 #include <algorithm>
 #include <asio/bind_cancellation_slot.hpp>
@@ -26,12 +24,12 @@
 
 #include "cli.hpp"
 #include "commands.hpp"
+#include "eredu/app/matvec_probe.hpp"
 #include "eredu/app/tensor_set_module.hpp"
 #include "eredu/app/unit_grouping.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/core/printable.hpp"
 #include "eredu/cpu/backend.hpp"
-#include "eredu/cpu/float_formats.hpp"
 #include "eredu/engine/serving/prefetch_pipeline.hpp"
 #include "eredu/io/reading/checkpoint_source.hpp"
 #include "interrupt.hpp"
@@ -76,44 +74,6 @@ Grouping group_units(const io::Catalog& catalog) {
   return g;
 }
 
-template <class Widen, class T>
-float dot(const T* w, const float* x, std::size_t n, Widen widen) noexcept {
-  float acc[8] = {};
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (std::size_t j = 0; j < 8; ++j) acc[j] += widen(w[i + j]) * x[i + j];
-  for (; i < n; ++i) acc[i % 8] += widen(w[i]) * x[i];
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-
-/// W · x for every 2-D float weight of `unit`, rows in parallel (call inside the arena);
-/// returns Σ of the results, so the work cannot be optimised away and shows in --json.
-double matvec_unit(const app::TensorSetModule& unit) {
-  double total = 0;
-  for (const app::TensorSetModule::Slot& s : unit.slots()) {
-    const cpu::Parameter& p = s.parameter;
-    if (p.shape.size() != 2 || (p.dtype != DType::BF16 && p.dtype != DType::F16 && p.dtype != DType::F32)) continue;
-    const std::size_t rows = p.shape[0], cols = p.shape[1];
-    std::vector<float> x(cols), y(rows);
-    for (std::size_t i = 0; i < cols; ++i) x[i] = 1.0f / static_cast<float>(1 + i % 7);
-    const std::byte* data = p.value.bytes().data();
-    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, rows), [&](const tbb::blocked_range<std::size_t>& r) {
-      for (std::size_t row = r.begin(); row != r.end(); ++row) {
-        if (p.dtype == DType::F32)
-          y[row] = dot(reinterpret_cast<const float*>(data) + row * cols, x.data(), cols, [](float v) { return v; });
-        else if (p.dtype == DType::BF16)
-          y[row] = dot(reinterpret_cast<const std::uint16_t*>(data) + row * cols, x.data(), cols,
-                       [](std::uint16_t v) { return cpu::bf16_to_f32(v); });
-        else
-          y[row] = dot(reinterpret_cast<const std::uint16_t*>(data) + row * cols, x.data(), cols,
-                       [](std::uint16_t v) { return cpu::f16_to_f32(v); });
-      }
-    });
-    for (float v : y) total += v;
-  }
-  return total;
-}
-
 /// What the consumer measured.
 struct Consumed {
   std::vector<double> compute_s;  // per delivered unit
@@ -135,7 +95,7 @@ asio::awaitable<void> consume(Pipeline& pipeline, cpu::Executor& compute, bool m
       const double t = now_seconds();
       if (matvec) {
         double sum = 0;
-        Completion finished = compute.submit([&sum, &unit] { sum = matvec_unit(unit.module()); });
+        Completion finished = compute.submit([&sum, &unit] { sum = app::matvec_probe(unit.module()); });
         co_await finished.async_wait(asio::use_awaitable);
         out.checksum += sum;
       }
