@@ -1,6 +1,6 @@
 # Installs eredu's libraries, headers, CMake package and pkg-config files (included from the
 # top-level CMakeLists.txt). What a consumer gets is described in docs/package.md:
-#   find_package(eredu REQUIRED)                    eredu::eredu (core, io, engine, cpu), eredu::synth
+#   find_package(eredu REQUIRED)                    eredu::eredu (core, io, engine, cpu, app), eredu::synth
 #   find_package(eredu REQUIRED COMPONENTS cuda)    also eredu::cuda (needs the CUDA toolkit)
 #   find_package(eredu REQUIRED COMPONENTS mpi)     also eredu::mpi (needs MPI)
 #   find_package(eredu REQUIRED COMPONENTS nccl)    also eredu::nccl, eredu::cuda, eredu::mpi (needs all three)
@@ -12,11 +12,11 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 set(EREDU_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/eredu)
 
-install(TARGETS eredu eredu_core eredu_io eredu_engine eredu_cpu eredu_synth EXPORT eredu-targets
+install(TARGETS eredu eredu_core eredu_io eredu_engine eredu_cpu eredu_app eredu_synth EXPORT eredu-targets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-install(DIRECTORY core/include/ engine/include/ io/include/ backends/cpu/include/ tools/synth/include/
+install(DIRECTORY core/include/ engine/include/ io/include/ backends/cpu/include/ app/include/ tools/synth/include/
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(EXPORT eredu-targets NAMESPACE eredu:: DESTINATION ${EREDU_INSTALL_CMAKEDIR})
 # eredu::cuda in an export set of its own, included only when a consumer asks for the cuda

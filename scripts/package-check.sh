@@ -144,7 +144,7 @@ sed 's/.*/#include "&"/' "$work/headers.txt" >"$work/all_headers.cpp"
 # Every public header of the packaged libraries is installed (a component's where the install
 # has it).
 missing_headers=""
-for dir in core/include engine/include io/include backends/cpu/include tools/synth/include \
+for dir in core/include engine/include io/include backends/cpu/include app/include tools/synth/include \
            backends/cuda/include backends/mpi/include backends/nccl/include; do
   case "$dir" in
     backends/cuda/include | backends/mpi/include | backends/nccl/include)

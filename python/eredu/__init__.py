@@ -53,9 +53,24 @@ def trim_storage(keep=0):
     _native.trim_storage(parse_size("keep", keep, optional=False))
 
 
+def write_checksums(path, digest="sha256"):
+    """Writes the checkpoint's checksum sidecar, as `eredu checksum PATH --digest DIGEST` does: reads
+    every tensor once and records its digest in <file>.sha256.json (checksums.sha256.json inside a
+    directory), which loads (verify=) and ModelSlot swaps check. The digests already recorded (the
+    checkpoint's metadata, the existing sidecar) are checked in the same pass and kept: one that
+    differs from the file raises ChecksumError and nothing is written. The sidecar is replaced
+    atomically. `digest` is "sha256" (interoperable), "xxh3-128" (a fast non-cryptographic check) or
+    "both". Returns {"sidecar", "tensors", "bytes", "digests", "verified", "shard_verified"}."""
+    from ._options import invalid, os_path
+    if not isinstance(digest, str):
+        raise invalid(f"digest must be 'sha256', 'xxh3-128' or 'both', not {digest!r}")
+    return _native.write_checksums(os_path(path), digest)
+
+
 __all__ = [
     "__version__", "safe_open", "Slice", "TensorInfo", "load_file", "aload", "aread", "prefetch", "Unit",
     "ModelSlot", "Version", "storage_stats", "set_storage_retention", "trim_storage",
+    "write_checksums",
     "Error", "FormatError", "StoreError", "IoError", "TensorNotFoundError", "SelectionError", "BudgetError",
     "ChecksumError", "RecipeError", "DeclarationError", "OrchestrationError", "CanaryError", "SwapInProgressError",
     "BackendError", "CollectiveError", "OutOfMemoryError", "ResourceExhaustedError", "InvalidArgumentError", "UnsupportedDTypeError", "CancelledError",

@@ -29,6 +29,7 @@ import operator
 import os
 import re
 
+from . import _native
 from ._errors import python_error
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
@@ -39,17 +40,12 @@ OPEN_KEYS = ("budget", "threads", "depth", "request", "reader", "direct", "chunk
              "weights", "_faults")
 WEIGHTS = ("copy", "map", "map-lock")
 
-# The accepted range of every integer option, inclusive: the `eredu` command's (docs/cli.md), so
-# a value that works from the shell works from Python and the other way round. Sizes are bytes.
+# The accepted range of every integer option, inclusive. The shared ones (budget, staging,
+# request, chunk, threads, depth, lookahead, passes) are the `eredu` command's own table
+# (eredu::app's option_presets.hpp), so a value that works from the shell works from Python and
+# the other way round. Sizes are bytes.
 RANGES = {
-    "budget": (4096, 1 << 40),     # staging (and a prefetch's resident bytes): eredu load --budget
-    "staging": (4096, 1 << 40),    # a prefetch's staging: eredu pipeline --staging
-    "request": (4096, 1 << 30),    # eredu load --request
-    "chunk": (4096, 1 << 40),      # eredu load --chunk
-    "threads": (1, 1024),          # eredu load --threads, eredu swap --swap-threads
-    "depth": (1, 256),             # eredu load --depth
-    "lookahead": (1, 64),          # eredu pipeline --lookahead
-    "passes": (1, 1000000),        # eredu pipeline --passes
+    **_native.option_ranges(),
     "concurrent_loads": (1, 64),   # at most lookahead + 1 units load at once anyway
     "nbytes": (0, (1 << 64) - 1),  # set_storage_retention: a cap, kept in 64 bits
     "keep": (0, (1 << 64) - 1),    # trim_storage

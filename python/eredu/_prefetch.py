@@ -12,21 +12,17 @@ At most lookahead + 1 units are held or loading at once, and their bytes stay wi
 (default: (lookahead + 1) × the largest unit); staging is bounded separately (`staging=`).
 
 `units` says what a unit is:
-  * "layers" (default): one unit per `<prefix>layers.<N>` (model.layers.0, model.layers.1, ...),
-    in layer order; other tensors (embeddings, final norm, head) are not streamed and are listed
+  * "layers" (default): one unit per `<prefix>layers.<N>` (model.layers.0, model.layers.1, ...) or
+    GGUF `blk.<N>` (blk.0, blk.1, ...), in layer order, as `eredu pipeline` streams; other tensors (embeddings, final norm, head) are not streamed and are listed
     in `.skipped`;
   * a callable name -> unit name (or None to skip), units in order of first appearance;
   * a dict {unit name: [tensor names]} or a list of lists (units "0", "1", ...), in that order.
 """
 
-import re
-
 from . import _bridge, _native
 from ._errors import python_error
 from ._options import parse_count, parse_size
 from ._safe_open import _Reader
-
-_LAYER = re.compile(r"^(.*?(?:^|\.)layers\.)(\d+)\.(.+)$")
 
 
 def _group(reader, units):
@@ -34,14 +30,7 @@ def _group(reader, units):
     order = reader.order
     skipped = []
     if units is None or units == "layers":
-        groups = {}
-        for name in order:
-            m = _LAYER.match(name)
-            if not m:
-                skipped.append(name)
-                continue
-            groups.setdefault((m.group(1), int(m.group(2))), []).append((name, m.group(3)))
-        grouped = [(prefix + str(n), members) for (prefix, n), members in sorted(groups.items())]
+        grouped, skipped = reader.native.layer_units()  # the grouping `eredu pipeline` streams
     elif callable(units):
         groups = {}
         for name in order:

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "eredu/app/unit_grouping.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/cpu/backend.hpp"
 #include "eredu/engine/orchestration/materialize.hpp"
@@ -145,7 +146,7 @@ std::shared_ptr<Operation> Checkpoint::read(std::vector<ReadSpec> specs, int ver
               *self->executor_, self->storage_, self->options_.copy_resident, self->options_.weights});
           io::CheckpointSource& source = use.source();
           engine::async_materialize<cpu::Backend>(
-              source, set->plan, *context, std::move(options),
+              source, set->plan(), *context, std::move(options),
               asio::bind_cancellation_slot(
                   op->cancellation_slot(),
                   [use = std::make_shared<Use>(std::move(use)), op, set, context, specs = std::move(specs)](
@@ -157,7 +158,8 @@ std::shared_ptr<Operation> Checkpoint::read(std::vector<ReadSpec> specs, int ver
                     op->settle([&] {
                       std::vector<cpu::Tensor> tensors;
                       tensors.reserve(specs.size());
-                      for (const engine::WeightBinding& b : set->plan.bindings()) tensors.push_back(*unit.find(b.id()));
+                      for (const engine::WeightBinding& b : set->plan().bindings())
+                        tensors.push_back(*unit.find(b.id()));
                       op->finish(nullptr, [tensors = std::move(tensors), specs = std::move(specs)] {
                         return py::object(export_tensors(tensors, specs));
                       });
@@ -220,6 +222,23 @@ void bind_checkpoint(py::module_& m) {
             return out;
           },
           "(name, dtype, shape, nbytes, file index, offset) of every tensor, in file order.")
+      .def(
+          "layer_units",
+          [](const Checkpoint& c) {
+            const app::UnitGrouping g = app::group_layers(c.catalog());
+            py::list units;
+            for (const app::UnitGroup& u : g.units) {
+              py::list members;
+              for (const app::TensorRequest& r : u.requests)
+                members.append(py::make_tuple(text_str(r.key), text_str(r.name)));
+              units.append(py::make_tuple(text_str(u.name), members));
+            }
+            py::list skipped;
+            for (const std::string& name : g.skipped) skipped.append(text_str(name));
+            return py::make_tuple(units, skipped);
+          },
+          "The \"layers\" preset (app::group_layers, as `eredu pipeline` groups): ([(unit name, [(tensor name, "
+          "slot name)])], [tensor names in no unit]).")
       .def(
           "metadata", [](const Checkpoint& c) { return metadata_dict(c.catalog().metadata()); },
           "The checkpoint's metadata (a single file's __metadata__, or the index's).")

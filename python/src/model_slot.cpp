@@ -116,13 +116,13 @@ std::shared_ptr<Operation> SlotBinding::swap(std::shared_ptr<Checkpoint> checkpo
       if (canary) {
         options.canary = [op, canary, blocking](const TensorSetModule& model) {
           std::vector<cpu::Tensor> tensors;
-          for (const TensorSlot& s : model.slots) tensors.push_back(s.parameter.value);
+          for (const app::TensorSetModule::Slot& s : model.set.slots()) tensors.push_back(s.parameter.value);
           return python_canary(op, canary, blocking, std::move(tensors), model.specs);
         };
       }
       io::CheckpointSource& source = use.source();
       self->slot_.async_swap(
-          source, set.plan, self->context_, std::move(options),
+          source, set.plan(), self->context_, std::move(options),
           asio::bind_cancellation_slot(
               op->cancellation_slot(), [self, use = std::make_shared<Checkpoint::Use>(std::move(use)), op,
                                         defined_here](std::exception_ptr error, engine::SwapReport report) {

@@ -9,6 +9,7 @@
 
 #include "checkpoint.hpp"
 #include "dlpack_tensor.hpp"
+#include "eredu/app/option_presets.hpp"
 #include "eredu/core/dtype.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/core/float_formats.hpp"
@@ -18,6 +19,7 @@
 #include "prefetch.hpp"
 #include "read_gate.hpp"
 #include "runtime.hpp"
+#include "write_checksums.hpp"
 
 namespace py = pybind11;
 using namespace eredu;
@@ -64,6 +66,7 @@ PYBIND11_MODULE(_native, m) {
   bind_prefetch(m);
   bind_model_slot(m);
   bind_read_gate(m);
+  bind_write_checksums(m);
 
   m.def("dtype_names", [] {
     py::list out;
@@ -81,6 +84,15 @@ PYBIND11_MODULE(_native, m) {
       [](const std::string& from, const std::string& to) { return is_supported_cast(dtype_arg(from), dtype_arg(to)); },
       "True when eredu converts `from` to `to` on load.");
   m.def("default_threads", &Runtime::default_threads);
+  m.def(
+      "option_ranges",
+      [] {
+        py::dict out;
+        for (const app::NamedRange& r : app::option_ranges())
+          out[py::str(std::string(r.name))] = py::make_tuple(r.range.min, r.range.max);
+        return out;
+      },
+      "{option: (min, max)}: the ranges the `eredu` command accepts too (eredu/app/option_presets.hpp).");
   m.def(
       "storage_stats", [] { return pool_stats(Runtime::get().storage()); },
       "Counters of the default tensor storage pool.");

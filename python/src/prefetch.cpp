@@ -100,8 +100,8 @@ std::shared_ptr<Prefetch> Prefetch::create(std::shared_ptr<Checkpoint> checkpoin
     std::vector<engine::PipelineUnit> pipeline_units;
     for (UnitSpec& u : units) {
       TensorSet set = TensorSet::build(checkpoint->catalog(), u.specs);
+      pipeline_units.push_back({std::move(u.name), set.plan()});
       parts->blueprints.push_back(std::move(set.module));
-      pipeline_units.push_back({std::move(u.name), std::move(set.plan)});
     }
     PrefetchState::Parts* raw = parts.get();  // the factory runs while the parts live
     parts->pipeline = std::make_unique<Pipeline>(

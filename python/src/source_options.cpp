@@ -2,10 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <array>
 #include <cstdint>
 #include <limits>
 #include <string>
 
+#include "eredu/app/option_presets.hpp"
 #include "eredu/core/error.hpp"
 #include "runtime.hpp"
 
@@ -38,15 +40,23 @@ bool flag(const std::string& key, const py::handle& value) {
   return value.ptr() == Py_True;
 }
 
+// The value `value` names among `choices` (app's table, the CLI's too).
+template <class T, std::size_t N>
+T choice(const std::string& key, const py::handle& value, const std::array<app::Choice<T>, N>& choices) {
+  const std::string v = py::str(value);
+  if (auto selected = app::parse_choice(choices, v)) return *selected;
+  throw bad(key, fmt::format("must be {}, not '{}'", app::choice_list(choices), v));
+}
+
 }  // namespace
 
 OpenOptions open_options(const py::dict& options) {
   OpenOptions o;
-  // A Python process loads with the CLI's defaults (`eredu load`): many requests in flight,
-  // and large ones, so both cores copy. The staging budget comes from _options.py (64 MiB,
-  // less for small checkpoints): loads that keep dtypes read straight into tensors.
-  o.source.reader.depth = 8;
-  o.source.reader.max_request = std::size_t{8} << 20;
+  // A Python process loads with `eredu load`'s preset: many requests in flight, and large
+  // ones, so both cores copy. The staging budget comes from _options.py (64 MiB, less for
+  // small checkpoints): loads that keep dtypes read straight into tensors.
+  o.source.reader.depth = app::LoadPreset::depth;
+  o.source.reader.max_request = app::LoadPreset::request;
   o.source.pool.budget = std::size_t{64} << 20;
   o.threads = Runtime::default_threads();
   for (auto [k, value] : options) {
@@ -63,25 +73,9 @@ OpenOptions open_options(const py::dict& options) {
     } else if (key == "threads") {
       o.threads = positive<int>(key, value);
     } else if (key == "reader") {
-      const std::string v = py::str(value);
-      if (v == "auto")
-        o.source.reader.kind = io::ReaderKind::automatic;
-      else if (v == "uring")
-        o.source.reader.kind = io::ReaderKind::uring;
-      else if (v == "pread")
-        o.source.reader.kind = io::ReaderKind::pread;
-      else
-        throw bad(key, fmt::format("must be auto, uring or pread, not '{}'", v));
+      o.source.reader.kind = choice(key, value, app::reader_choices);
     } else if (key == "direct") {
-      const std::string v = py::str(value);
-      if (v == "auto")
-        o.source.reader.direct = io::DirectMode::automatic;
-      else if (v == "on")
-        o.source.reader.direct = io::DirectMode::on;
-      else if (v == "off")
-        o.source.reader.direct = io::DirectMode::off;
-      else
-        throw bad(key, fmt::format("must be auto, on or off, not '{}'", v));
+      o.source.reader.direct = choice(key, value, app::direct_choices);
     } else if (key == "map_resident") {
       o.source.map_resident = flag(key, value);
     } else if (key == "register_buffers") {
@@ -89,15 +83,7 @@ OpenOptions open_options(const py::dict& options) {
     } else if (key == "copy_resident") {
       o.copy_resident = flag(key, value);
     } else if (key == "weights") {
-      const std::string v = py::str(value);
-      if (v == "copy")
-        o.weights = cpu::WeightStorage::copied;
-      else if (v == "map")
-        o.weights = cpu::WeightStorage::mapped;
-      else if (v == "map-lock")
-        o.weights = cpu::WeightStorage::mapped_locked;
-      else
-        throw bad(key, fmt::format("must be copy, map or map-lock, not '{}'", v));
+      o.weights = choice(key, value, app::weight_choices);
     } else if (key == "_faults") {
       if (!py::isinstance<ReadGate>(value)) throw bad(key, "must be an eredu._native._ReadGate");
       o.faults = value.cast<std::shared_ptr<ReadGate>>();

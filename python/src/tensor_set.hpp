@@ -1,14 +1,12 @@
 #pragma once
 /// \file
 /// What the Python module asks eredu to load, and the module it loads it into: a ReadSpec per
-/// tensor (checkpoint key, selection, optional cast, how Python will see it), a TensorSet that
-/// turns a list of them into one binding plan checked against the catalog, and the generic
-/// TensorSetModule (one slot per spec) that prefetch units and slot versions bind.
+/// tensor (an app::TensorRequest — checkpoint key, selection, optional cast — and how Python will
+/// see it), a TensorSet that turns a list of them into one app::TensorSetModule checked against
+/// the catalog, and the views that module's tensors reach Python through.
 ///
 /// One list of specs is one atomic unit: safe_open's get_tensor is a unit of one, load_file a
-/// unit of every tensor, a prefetch unit a layer. Binding names are the checkpoint keys where
-/// those are valid, unique parameter identities (so errors name the tensor twice, as `eredu
-/// load`'s do), else "tensor_<i>".
+/// unit of every tensor, a prefetch unit a layer. Binding names are app::TensorSetModule's.
 
 #include <pybind11/pybind11.h>
 
@@ -19,20 +17,15 @@
 #include <vector>
 
 #include "dlpack_tensor.hpp"
-#include "eredu/core/selection.hpp"
+#include "eredu/app/tensor_set_module.hpp"
 #include "eredu/cpu/parameter.hpp"
 #include "eredu/engine/description/parameterized.hpp"
-#include "eredu/engine/description/weight_binding_plan.hpp"
 #include "eredu/io/formats/catalog.hpp"
 
 namespace eredu::python {
 
-/// One tensor to load (see file comment).
-struct ReadSpec {
-  std::string key;                       ///< checkpoint tensor name
-  std::string name;                      ///< slot name within its unit ("" = key)
-  std::optional<DType> cast;             ///< convert to this dtype on load (a cast recipe)
-  Selection selection;                   ///< which elements (whole tensor by default)
+/// One tensor to load and how Python sees it (see file comment).
+struct ReadSpec : app::TensorRequest {
   TensorView view = TensorView::stored;  ///< how Python sees the bytes
   std::optional<Shape> view_shape;       ///< the shape Python sees (integer indices dropped)
   bool numpy = false;                    ///< for numpy, which holds fewer shapes (exported_shape)
@@ -45,38 +38,36 @@ ReadSpec read_spec_from(const pybind11::handle& spec);
 /// read_spec_from for each element of a sequence.
 std::vector<ReadSpec> read_specs_from(const pybind11::handle& specs);
 
-/// One slot of a TensorSetModule.
-struct TensorSlot {
-  std::string name;          ///< parameter id within the module
-  cpu::Parameter parameter;  ///< the dtype and shape the spec produces; the bound tensor
-};
-
-/// A module with one slot per spec, in spec order (see file comment).
+/// An app::TensorSetModule with the specs its tensors reach Python through.
 class TensorSetModule {
  public:
-  /// The slots.
-  std::vector<TensorSlot> slots;
-  /// The specs the slots come from (keys, views): how the bound tensors reach Python. Shared
-  /// by every unbound() copy, so a hot-swapped version carries its own export rules.
+  /// The slots and their plan.
+  app::TensorSetModule set;
+  /// The specs the slots come from (keys, views). Shared by every unbound() copy, so a
+  /// hot-swapped version carries its own export rules.
   std::shared_ptr<const std::vector<ReadSpec>> specs;
   /// Visits every slot read-only.
-  void visit_parameters(engine::ParameterVisitor<cpu::Parameter>& v, const std::string& prefix) const;
+  void visit_parameters(engine::ParameterVisitor<cpu::Parameter>& v, const std::string& prefix) const {
+    set.visit_parameters(v, prefix);
+  }
   /// Visits every slot for binding.
-  void visit_parameters_mut(engine::ParameterVisitorMut<cpu::Parameter>& v, const std::string& prefix);
+  void visit_parameters_mut(engine::ParameterVisitorMut<cpu::Parameter>& v, const std::string& prefix) {
+    set.visit_parameters_mut(v, prefix);
+  }
   /// A copy with the same slots and nothing bound.
-  TensorSetModule unbound() const;
+  TensorSetModule unbound() const { return {set.unbound(), specs}; }
 };
 
 /// The plan and the empty module of a list of specs, checked against a catalog.
 struct TensorSet {
-  engine::WeightBindingPlan plan{{}};  ///< one binding per spec, in spec order
-  TensorSetModule module;              ///< one unbound slot per spec
-  std::uint64_t bytes = 0;             ///< bytes the loaded tensors occupy
+  TensorSetModule module;  ///< one unbound slot per spec
 
-  /// Builds both. Throws, before any read: Error(tensor_not_found), Error(invalid_selection),
-  /// RecipeError (an unsupported cast), Error(invalid_argument) (a view the dtype does not
-  /// allow), Error(size_overflow) (a shape the framework cannot hold, exported_shape) — each
-  /// naming file and tensor.
+  /// One binding per spec, in spec order.
+  const engine::WeightBindingPlan& plan() const noexcept { return module.set.plan(); }
+
+  /// Builds both. Throws, before any read, what app::TensorSetModule::build throws, and
+  /// Error(invalid_argument) (a view the dtype does not allow), Error(size_overflow) (a shape
+  /// the framework cannot hold, exported_shape) — each naming file and tensor.
   static TensorSet build(const io::Catalog& catalog, const std::vector<ReadSpec>& specs);
 };
 

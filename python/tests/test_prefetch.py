@@ -5,6 +5,7 @@ import asyncio
 import json
 import os
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -123,3 +124,37 @@ def test_unit_release_and_context(llama_like):
     p.close()
     with pytest.raises(StopIteration):
         next(p)  # closed: the stream has ended
+
+
+def test_gguf_blk_layers_stream_as_eredu_pipeline_streams_them(tmp_path, eredu_cli):
+    # One grouper (eredu::app::group_layers) for both: llama.cpp's blk.N are layers here too.
+    import subprocess
+    path = tmp_path / "model.gguf"
+    subprocess.run([eredu_cli, "gen", "--format", "gguf", "--dtype", "f32", "--size", "256K", "--layers", "3",
+                    "--quiet", str(path)], check=True)
+    cli = json.loads(subprocess.run([eredu_cli, "pipeline", "--json", "--quiet", str(path)], check=True,
+                                    capture_output=True, text=True).stdout)
+    with eredu.prefetch(path) as p:
+        assert p.units == ["blk.0", "blk.1", "blk.2"] and cli["unit_count"] == 3
+        assert len(p.skipped) == cli["skipped_tensor_count"] > 0
+        assert all(not name.startswith("blk.") for name in p.skipped)
+        tensors, unit_bytes = 0, []
+        for unit in p:
+            assert len(unit) > 0 and all(k.startswith(unit.name + ".") for k in unit)
+            tensors += len(unit)
+            unit_bytes.append(sum(v.nbytes for v in unit.values()))
+    assert tensors == cli["layer_tensor_count"]
+    assert unit_bytes == [u["bytes"] for u in cli["units"]]
+
+
+def test_a_real_gguf_streams_its_blk_layers():
+    from conftest import REPO
+    data = Path(os.environ.get("EREDU_SHARED_DATA_DIR", REPO.parent / "shared" / "data"))
+    path = data / "gguf-quant" / "tiny-llama-q4_k_m.gguf"
+    if not path.is_file():
+        pytest.skip(f"no {path}: skipping")
+    with eredu.prefetch(path, unsupported="raw") as p:
+        assert p.units and all(u == f"blk.{i}" for i, u in enumerate(p.units))
+        assert "token_embd.weight" in p.skipped
+        names = [k for unit in p for k in unit]
+    assert len(names) == len(set(names)) and all(k.startswith("blk.") for k in names)

@@ -133,3 +133,44 @@ def test_a_bad_verify_value_is_refused(recorded):
                  lambda: eredu.prefetch(path, units=lambda name: name, verify="on")):
         with pytest.raises(eredu.InvalidArgumentError, match="verify"):
             call()
+
+
+def test_write_checksums_writes_what_eredu_checksum_writes(tmp_path, writer, eredu_cli):
+    # One sidecar writer (eredu::app::write_checksums) behind both: byte for byte the same file.
+    import shutil
+    import subprocess
+    want = arrays()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    ours = writer(tmp_path / "a" / "model.safetensors", want)
+    theirs = tmp_path / "b" / "model.safetensors"
+    shutil.copyfile(ours, theirs)
+    for digest in ("sha256", "both"):
+        report = eredu.write_checksums(ours, digest=digest)
+        subprocess.run([eredu_cli, "checksum", str(theirs), "--digest", digest, "--quiet"], check=True)
+        sidecar = tmp_path / "a" / "model.safetensors.sha256.json"
+        assert report["sidecar"] == str(sidecar)
+        assert sidecar.read_bytes() == (tmp_path / "b" / "model.safetensors.sha256.json").read_bytes()
+    assert report["tensors"] == 3 and report["digests"] == 6  # SHA-256 and XXH3-128 of each
+    assert report["verified"] == 3  # the SHA-256 the first call recorded, checked against the file
+    assert json.dumps(digests(want)["embed"]) in sidecar.read_text()  # hashlib's SHA-256 of the bytes
+    loaded = eredu.load_file(ours, verify=True)  # every tensor has a digest now
+    np.testing.assert_array_equal(loaded["embed"], want["embed"])
+
+
+def test_write_checksums_checks_what_is_recorded_and_writes_nothing_on_a_mismatch(recorded):
+    path, want = recorded
+    sidecar = path.parent / "model.safetensors.sha256.json"
+    before = sidecar.read_bytes()
+    corrupt(path, 8)
+    with pytest.raises(eredu.ChecksumError):
+        eredu.write_checksums(path)
+    assert sidecar.read_bytes() == before
+    assert not (path.parent / "model.safetensors.sha256.json.tmp").exists()
+
+
+@pytest.mark.parametrize("digest", ["md5", "", 256])
+def test_write_checksums_refuses_an_unknown_digest(recorded, digest):
+    path, _ = recorded
+    with pytest.raises(eredu.InvalidArgumentError):
+        eredu.write_checksums(path, digest=digest)

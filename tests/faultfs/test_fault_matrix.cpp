@@ -31,9 +31,9 @@
 #include <fmt/format.h>
 
 #include "cpu/cpu_fixture.hpp"
+#include "eredu/app/tensor_set_module.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/core/log.hpp"
-#include "eredu/cpu/catalog_module.hpp"
 #include "eredu/engine/orchestration/load.hpp"
 #include "eredu/engine/serving/in_place_model_slot.hpp"
 #include "eredu/engine/serving/model_slot.hpp"
@@ -158,7 +158,7 @@ struct World {
   cpu::MaterializationContext mc{executor, storage};
 };
 
-std::vector<std::vector<std::byte>> module_bytes(const cpu::CatalogModule& m) {
+std::vector<std::vector<std::byte>> module_bytes(const app::TensorSetModule& m) {
   std::vector<std::vector<std::byte>> out;
   for (std::size_t i = 0; i < m.size(); ++i) out.push_back(to_vector(m.slot(i).value.bytes()));
   return out;
@@ -235,7 +235,7 @@ CellOutcome load(World& w, const std::filesystem::path& path, const io::SourceOp
   CellOutcome out;
   auto source = open_source(w, path, o, out);
   if (!source) return out;
-  cpu::CatalogModule model = cpu::CatalogModule::mirror(source->catalog());
+  app::TensorSetModule model = app::TensorSetModule::mirror(source->catalog());
   auto f = engine::async_load<cpu::Backend>(model, *source, model.plan(), w.mc, asio::use_future);
   try {
     wait_bounded(w.ctx, f);
@@ -299,11 +299,11 @@ CellOutcome swap(World& w, const std::filesystem::path& path, const io::SourceOp
   const auto good = random_tensor_bytes(specs, 99);
   synth::write_safetensors(local / "good.safetensors", specs, spans_of(good));
   auto good_source = io::CheckpointSource::open(w.ctx.get_executor(), local / "good.safetensors");
-  const cpu::CatalogModule blueprint = cpu::CatalogModule::mirror(good_source->catalog());
+  const app::TensorSetModule blueprint = app::TensorSetModule::mirror(good_source->catalog());
   auto source = open_source(w, path, o, out);
-  auto serving_bytes = [&](const cpu::CatalogModule& m) { return module_bytes(m); };
+  auto serving_bytes = [&](const app::TensorSetModule& m) { return module_bytes(m); };
   if (!in_place) {
-    engine::ModelSlot<cpu::Backend, cpu::CatalogModule> slot([&] { return blueprint.unbound(); });
+    engine::ModelSlot<cpu::Backend, app::TensorSetModule> slot([&] { return blueprint.unbound(); });
     auto first = slot.async_swap(*good_source, blueprint.plan(), w.mc, asio::use_future);
     wait_bounded(w.ctx, first);
     auto before = slot.current();
@@ -320,7 +320,7 @@ CellOutcome swap(World& w, const std::filesystem::path& path, const io::SourceOp
     }
     CHECK_FALSE(slot.swapping());
   } else {
-    engine::InPlaceModelSlot<cpu::Backend, cpu::CatalogModule> slot([&] { return blueprint.unbound(); });
+    engine::InPlaceModelSlot<cpu::Backend, app::TensorSetModule> slot([&] { return blueprint.unbound(); });
     auto first = slot.async_swap(*good_source, blueprint.plan(), w.mc, w.executor, asio::use_future);
     wait_bounded(w.ctx, first);
     auto read_now = [&] {
@@ -622,7 +622,7 @@ TEST_CASE("fault matrix – slow reads cancelled through a cancellation slot end
       o.reader.kind = r.kind;
       o.reader.max_request = 64 << 10;  // many slow requests: the load takes seconds
       auto source = io::CheckpointSource::open(w.ctx.get_executor(), path, o);
-      cpu::CatalogModule model = cpu::CatalogModule::mirror(source->catalog());
+      app::TensorSetModule model = app::TensorSetModule::mirror(source->catalog());
       asio::cancellation_signal cancel;
       auto f = engine::async_load<cpu::Backend>(model, *source, model.plan(), w.mc,
                                                 asio::bind_cancellation_slot(cancel.slot(), asio::use_future));

@@ -13,9 +13,9 @@
 
 #include <fmt/format.h>
 
-#include "checksum_sidecar.hpp"
 #include "cli.hpp"
 #include "commands.hpp"
+#include "eredu/app/checksum_sidecar.hpp"
 #include "eredu/core/printable.hpp"
 #include "eredu/io/formats/open_catalog.hpp"
 #include "eredu/io/integrity/checksums.hpp"
@@ -56,26 +56,25 @@ int run_checksum(const ChecksumOptions& o, const CommonFlags& flags) {
   const io::Catalog catalog = io::open_catalog(o.path);
   // What is recorded already: checked while hashing, and kept (every digest of the new
   // sidecar is then one this run computed or checked).
-  const io::Checksums known = io::Checksums::discover(o.path, catalog);
-  ShardSelections shards;
+  app::ShardSelections shards;
   std::optional<LlamaDims> dims;
   std::size_t asked_shards = 0;
   if (o.tensor_parallel > 0) {
     dims = llama_dims(catalog, {o.rules.heads, o.rules.kv_heads, o.rules.head_dim}, o.path);
     const engine::ShardingRules rules = tensor_parallel_rules(o.rules.shard, dims->sharding);
-    shards = tensor_parallel_selections(catalog, rules, static_cast<int>(o.tensor_parallel));
+    shards = app::tensor_parallel_selections(catalog, rules, static_cast<int>(o.tensor_parallel));
     for (const auto& [tensor, selections] : shards) asked_shards += selections.size();
   }
 
-  HashStats stats;
   const double t0 = now_seconds();
-  const io::Checksums sums = hash_checkpoint(catalog, digest_kinds(o.digest), shards, known, progress, &stats);
+  // A signal stops the command up to the moment the sidecar is written (hash_progress's check,
+  // last called just before): after it, the sidecar is in place and the run has its result.
+  const app::WrittenChecksums written =
+      app::write_checksums(o.path, catalog, app::digest_kinds(o.digest), shards, hash_progress(progress));
   const double seconds = now_seconds() - t0;
-  const fs::path sidecar = io::Checksums::sidecar_path(o.path);
-  // The last moment a signal stops the command: after it, the sidecar is in place (written
-  // whole and renamed) and the run has its result.
-  throw_if_interrupted(fmt::format("hashing {}; no sidecar was written", o.path));
-  write_sidecar(sidecar, sums);
+  const fs::path& sidecar = written.sidecar;
+  const io::Checksums& sums = written.checksums;
+  const app::HashStats& stats = written.stats;
   progress.finish();
 
   std::uint64_t digest_count = 0;  // whole-tensor digests written, each kind counted

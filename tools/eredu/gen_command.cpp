@@ -23,9 +23,9 @@
 
 #include <fmt/format.h>
 
-#include "checksum_sidecar.hpp"
 #include "cli.hpp"
 #include "commands.hpp"
+#include "eredu/app/checksum_sidecar.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/core/printable.hpp"
 #include "eredu/io/formats/gguf.hpp"
@@ -62,9 +62,9 @@ struct GenOptions {
 /// verify). A fresh checkpoint: no digest is recorded yet to check.
 fs::path write_checksums(const fs::path& out, const std::vector<io::DigestKind>& kinds, Progress& progress) {
   const io::Catalog catalog = io::open_catalog(out);
-  const io::Checksums sums = hash_checkpoint(catalog, kinds, {}, io::Checksums{}, progress);
+  const io::Checksums sums = app::hash_checkpoint(catalog, kinds, {}, io::Checksums{}, hash_progress(progress));
   const fs::path sidecar = io::Checksums::sidecar_path(out);
-  write_sidecar(sidecar, sums);
+  app::write_sidecar(sidecar, sums);
   return sidecar;
 }
 
@@ -171,7 +171,7 @@ int run_gen(const GenOptions& o, const CommonFlags& flags) {
     write_s = now_seconds() - t0;
     if (o.checksums) {
       const double th = now_seconds();
-      sidecar = write_checksums(out, digest_kinds(o.digest), progress);
+      sidecar = write_checksums(out, app::digest_kinds(o.digest), progress);
       hash_s = now_seconds() - th;
     }
     throw_if_interrupted(doing);

@@ -15,8 +15,8 @@
 
 #include "cli.hpp"
 #include "commands.hpp"
+#include "eredu/app/tensor_set_module.hpp"
 #include "eredu/cpu/backend.hpp"
-#include "eredu/cpu/catalog_module.hpp"
 #include "eredu/cpu/convert.hpp"
 #include "eredu/engine/orchestration/load.hpp"
 #include "eredu/io/mapping/mapped_tensor.hpp"
@@ -70,9 +70,7 @@ io::SourceOptions source_options(const LoadOptions& o) {
   opts.pool.release_after = std::chrono::milliseconds(0);
   opts.reader.depth = o.depth;
   opts.reader.max_request = o.request;
-  opts.reader.kind = o.reader == "uring"   ? io::ReaderKind::uring
-                     : o.reader == "pread" ? io::ReaderKind::pread
-                                           : io::ReaderKind::automatic;
+  opts.reader.kind = app::parse_choice(app::reader_choices, o.reader).value_or(io::ReaderKind::automatic);
   opts.reader.uring_policy = o.uring_files == "all" ? io::UringPolicy::every_file : io::UringPolicy::by_file_system;
   opts.chunk_bytes = o.chunk;
   return opts;
@@ -110,7 +108,7 @@ int run_load(const LoadOptions& o, const CommonFlags& flags) {
   auto source = io::CheckpointSource::open(ctx.get_executor(), o.path, opts);
   interrupt.check();
   const auto& catalog = source->catalog();
-  const cpu::CatalogModule blueprint = cpu::CatalogModule::mirror(catalog, cast_to);
+  const app::TensorSetModule blueprint = app::TensorSetModule::mirror(catalog, cast_to);
   const std::uint64_t source_bytes = catalog.total_bytes();
   const double source_per_output =
       blueprint.bytes() ? static_cast<double>(source_bytes) / static_cast<double>(blueprint.bytes()) : 1.0;
@@ -122,7 +120,7 @@ int run_load(const LoadOptions& o, const CommonFlags& flags) {
   const engine::VerifyOptions verify = verify_options(o.verify, sums);
 
   std::vector<LoadRun> runs;
-  std::optional<cpu::CatalogModule> model;
+  std::optional<app::TensorSetModule> model;
   for (unsigned r = 0; r < o.repeat; ++r) {
     // Drop the previous model first: its storage returns to the pool and is reused.
     model.reset();
@@ -227,21 +225,21 @@ Command add_load_command(CLI::App& app, CommonFlags& flags) {
              "cast every float tensor to this dtype, and dequantize every quantized GGUF tensor to it (ggml's f32 "
              "values, rounded once to bf16 or f16); keep delivers each tensor's bytes as stored, quantized blocks "
              "too");
-  add_integer(*cmd, "--threads", o->threads, 1u, 1024u, "TBB threads that populate and convert",
+  add_integer(*cmd, "--threads", o->threads, app::option_range::threads, "TBB threads that populate and convert",
               "the number of CPUs; --tensor-parallel: divided among the ranks on this host");
-  add_bytes(*cmd, "--budget", o->budget, 4096, std::uint64_t{1} << 40, "staging memory of the lease pool");
+  add_bytes(*cmd, "--budget", o->budget, app::option_range::budget, "staging memory of the lease pool");
   add_integer(*cmd, "--repeat", o->repeat, 1u, 1000u, "load this many times, each reusing the previous load's storage");
-  add_choice(*cmd, "--reader", o->reader, {"auto", "uring", "pread"},
+  add_choice(*cmd, "--reader", o->reader, app::choice_names<std::vector<std::string>>(app::reader_choices),
              "reader: io_uring, pread, or auto (io_uring where the kernel allows it)");
   add_choice(*cmd, "--uring-files", o->uring_files, {"local", "all"},
              "files io_uring may read: local (ext4, xfs, btrfs, tmpfs, overlayfs...; FUSE, NFS, SMB, 9p, ceph and "
              "unknown file systems are read with pread, where io_uring can hide a failed read) or all");
-  add_integer(*cmd, "--depth", o->depth, 1u, 256u, "read requests in flight");
-  add_bytes(*cmd, "--request", o->request, 4096, std::uint64_t{1} << 30, "largest single read request");
+  add_integer(*cmd, "--depth", o->depth, app::option_range::depth, "read requests in flight");
+  add_bytes(*cmd, "--request", o->request, app::option_range::request, "largest single read request");
   add_choice(*cmd, "--kernels", o->kernels, {"best", "avx2", "generic"},
              "conversion kernels: best (AVX2/F16C where the CPU has them, AVX512-BF16 for dequantizing to bf16), "
              "avx2 (no AVX-512) or generic (portable C++)");
-  add_bytes(*cmd, "--chunk", o->chunk, 4096, std::uint64_t{1} << 40,
+  add_bytes(*cmd, "--chunk", o->chunk, app::option_range::chunk,
             "lease size converted tensors are read and converted in");
   add_choice(*cmd, "--copies", o->copies, {"arena", "reader"},
              "who copies page-cache-resident tensors: the TBB arena, from a mapping, or the reader");

@@ -34,13 +34,11 @@ struct LoadOptions {
   unsigned repeat = 1;
   std::string reader = "auto";
   std::string uring_files = "local";
-  // A load has every tensor in flight at once: deeper and larger requests keep both cores
-  // copying (recycled 4 GiB loads: 11-13.5 GB/s at depth 8 / 8 MiB, 10.6-11.6 at 4 / 4 MiB).
-  unsigned depth = 8;
-  std::uint64_t request = std::uint64_t{8} << 20;
+  unsigned depth = app::LoadPreset::depth;  // the shared preset (eredu/app/option_presets.hpp)
+  std::uint64_t request = app::LoadPreset::request;
   std::string kernels = "best";
   // Converted tensors are read in chunk leases of this size, each converted while the next is read.
-  std::uint64_t chunk = std::uint64_t{64} << 20;
+  std::uint64_t chunk = app::LoadPreset::chunk;
   std::string copies = "arena";
   std::string cold_reads = "window";  // --cold-reads window|buffered (MaterializationContext::read_cold_windows)
   std::string pages = "4k";

@@ -19,6 +19,8 @@
 
 #include <fmt/format.h>
 
+#include "eredu/app/option_presets.hpp"
+
 namespace eredu::cli {
 
 /// Parses a byte size: digits, an optional fraction, and an optional unit K, M, G or T
@@ -92,6 +94,20 @@ CLI::Option* add_integer(CLI::App& command, const std::string& name, T& value, T
 CLI::Option* add_bytes(CLI::App& command, const std::string& name, std::uint64_t& value, std::uint64_t min,
                        std::uint64_t max, const std::string& what, const std::string& zero = {},
                        const std::string& default_text = {});
+
+/// add_integer accepting one of app's shared ranges (eredu/app/option_presets.hpp).
+template <std::integral T>
+CLI::Option* add_integer(CLI::App& command, const std::string& name, T& value, app::Range range,
+                         const std::string& what, const std::string& default_text = {}) {
+  return add_integer(command, name, value, static_cast<T>(range.min), static_cast<T>(range.max), what, default_text);
+}
+
+/// add_bytes accepting one of app's shared ranges (eredu/app/option_presets.hpp).
+inline CLI::Option* add_bytes(CLI::App& command, const std::string& name, std::uint64_t& value, app::Range range,
+                              const std::string& what, const std::string& zero = {},
+                              const std::string& default_text = {}) {
+  return add_bytes(command, name, value, range.min, range.max, what, zero, default_text);
+}
 
 /// An option taking one of `choices` (its current value is the default shown).
 CLI::Option* add_choice(CLI::App& command, const std::string& name, std::string& value,

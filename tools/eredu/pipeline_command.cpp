@@ -1,9 +1,7 @@
 // `eredu pipeline`: streams a checkpoint's layers through engine::PrefetchPipeline, as an
 // application too large to keep its model resident would: units i+1..i+K load while unit i
 // is used, within a byte budget, pass after pass.
-#include <tbb/blocked_range.h>
 #include <tbb/global_control.h>
-#include <tbb/parallel_for.h>
 
 #include <algorithm>
 #include <asio/bind_cancellation_slot.hpp>
@@ -15,12 +13,9 @@
 #include <asio/use_future.hpp>
 #include <chrono>
 #include <future>
-#include <initializer_list>
-#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
-#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -29,11 +24,12 @@
 
 #include "cli.hpp"
 #include "commands.hpp"
+#include "eredu/app/matvec_probe.hpp"
+#include "eredu/app/tensor_set_module.hpp"
+#include "eredu/app/unit_grouping.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/core/printable.hpp"
 #include "eredu/cpu/backend.hpp"
-#include "eredu/cpu/float_formats.hpp"
-#include "eredu/engine/description/parameter_id.hpp"
 #include "eredu/engine/serving/prefetch_pipeline.hpp"
 #include "eredu/io/reading/checkpoint_source.hpp"
 #include "interrupt.hpp"
@@ -57,138 +53,25 @@ struct PipelineCommandOptions {
   std::string checksums;  // --checksums FILE
 };
 
-/// A generic unit: one slot per tensor of a layer, named by what follows "layers.<N>.".
-class UnitModule {
- public:
-  /// One slot.
-  struct Slot {
-    std::string name;          ///< parameter id within the unit
-    cpu::Parameter parameter;  ///< the checkpoint's dtype and shape
-  };
-  std::vector<Slot> slots;  ///< in catalog order
+using Pipeline = engine::PrefetchPipeline<cpu::Backend, app::TensorSetModule>;
 
-  /// Visits every slot read-only.
-  void visit_parameters(engine::ParameterVisitor<cpu::Parameter>& v, const std::string& prefix) const {
-    for (const Slot& s : slots)
-      v.visit({engine::ParameterId(engine::join_name(prefix, s.name)), s.parameter.dtype, s.parameter.shape},
-              s.parameter);
-  }
-  /// Visits every slot for binding.
-  void visit_parameters_mut(engine::ParameterVisitorMut<cpu::Parameter>& v, const std::string& prefix) {
-    for (Slot& s : slots)
-      v.visit_mut({engine::ParameterId(engine::join_name(prefix, s.name)), s.parameter.dtype, s.parameter.shape},
-                  s.parameter);
-  }
-};
-
-using Pipeline = engine::PrefetchPipeline<cpu::Backend, UnitModule>;
-
-/// The checkpoint's layers as pipeline units, and what was left out.
+/// The checkpoint's layers (app::group_layers) as pipeline units, with each unit's module.
 struct Grouping {
-  std::vector<engine::PipelineUnit> units;
-  std::vector<UnitModule> modules;  // the unbound module of each unit
-  std::vector<std::uint64_t> bytes;
-  std::size_t layer_tensors = 0;
-  std::size_t skipped_tensors = 0;
-  std::uint64_t skipped_bytes = 0;
+  app::UnitGrouping layers;
+  std::vector<engine::PipelineUnit> units{};
+  std::vector<app::TensorSetModule> modules{};  // the unbound module of each unit
+  std::vector<std::uint64_t> bytes{};
 };
 
-/// Splits "model.layers.12.mlp.up_proj.weight" into ("model.layers.", 12, "mlp.up_proj.weight"),
-/// and llama.cpp's GGUF names "blk.12.ffn_up.weight" into ("blk.", 12, "ffn_up.weight").
-bool split_layer_name(const std::string& name, std::string& prefix, std::uint64_t& layer, std::string& rest) {
-  for (const std::string_view marker : {std::string_view("layers."), std::string_view("blk.")}) {
-    for (std::size_t at = name.find(marker); at != std::string::npos; at = name.find(marker, at + 1)) {
-      if (at != 0 && name[at - 1] != '.') continue;
-      std::size_t i = at + marker.size(), digits = 0;
-      layer = 0;
-      while (i < name.size() && name[i] >= '0' && name[i] <= '9' && digits < 9)
-        layer = layer * 10 + (name[i++] - '0'), ++digits;
-      if (digits == 0 || i >= name.size() || name[i] != '.' || i + 1 == name.size()) continue;
-      prefix = name.substr(0, at + marker.size());
-      rest = name.substr(i + 1);
-      return true;
-    }
-  }
-  return false;
-}
-
-/// One unit per (prefix, layer number), ordered by prefix and then number; each tensor is
-/// read whole in its stored dtype.
-Grouping group_layers(const io::Catalog& catalog) {
-  std::map<std::pair<std::string, std::uint64_t>, std::vector<const io::TensorInfo*>> layers;
-  Grouping g;
-  for (const io::TensorInfo& t : catalog.tensors()) {
-    std::string prefix, rest;
-    std::uint64_t layer = 0;
-    if (split_layer_name(t.name, prefix, layer, rest)) {
-      layers[{prefix, layer}].push_back(&t);
-      ++g.layer_tensors;
-    } else {
-      ++g.skipped_tensors;
-      g.skipped_bytes += t.nbytes;
-    }
-  }
-  for (const auto& [key, tensors] : layers) {
-    UnitModule module;
-    std::vector<engine::WeightBinding> bindings;
-    std::uint64_t bytes = 0;
-    for (const io::TensorInfo* t : tensors) {
-      std::string rest;
-      std::string prefix;
-      std::uint64_t n = 0;
-      split_layer_name(t->name, prefix, n, rest);
-      try {
-        (void)engine::ParameterId(rest);
-      } catch (const Error&) {
-        rest = fmt::format("tensor_{}", module.slots.size());  // not a valid dotted name
-      }
-      module.slots.push_back({rest, cpu::Parameter(t->dtype, t->shape)});
-      bindings.push_back(engine::WeightBinding::tensor(rest, t->name, Selection::all(), t->nbytes));
-      bytes += t->nbytes;
-    }
-    g.units.push_back({key.first + std::to_string(key.second), engine::WeightBindingPlan(std::move(bindings))});
+Grouping group_units(const io::Catalog& catalog) {
+  Grouping g{app::group_layers(catalog)};
+  for (const app::UnitGroup& unit : g.layers.units) {
+    app::TensorSetModule module = app::TensorSetModule::build(catalog, unit.requests);
+    g.units.push_back({unit.name, module.plan()});
+    g.bytes.push_back(module.bytes());
     g.modules.push_back(std::move(module));
-    g.bytes.push_back(bytes);
   }
   return g;
-}
-
-template <class Widen, class T>
-float dot(const T* w, const float* x, std::size_t n, Widen widen) noexcept {
-  float acc[8] = {};
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (std::size_t j = 0; j < 8; ++j) acc[j] += widen(w[i + j]) * x[i + j];
-  for (; i < n; ++i) acc[i % 8] += widen(w[i]) * x[i];
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-
-/// W · x for every 2-D float weight of `unit`, rows in parallel (call inside the arena);
-/// returns Σ of the results, so the work cannot be optimised away and shows in --json.
-double matvec_unit(const UnitModule& unit) {
-  double total = 0;
-  for (const UnitModule::Slot& s : unit.slots) {
-    const cpu::Parameter& p = s.parameter;
-    if (p.shape.size() != 2 || (p.dtype != DType::BF16 && p.dtype != DType::F16 && p.dtype != DType::F32)) continue;
-    const std::size_t rows = p.shape[0], cols = p.shape[1];
-    std::vector<float> x(cols), y(rows);
-    for (std::size_t i = 0; i < cols; ++i) x[i] = 1.0f / static_cast<float>(1 + i % 7);
-    const std::byte* data = p.value.bytes().data();
-    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, rows), [&](const tbb::blocked_range<std::size_t>& r) {
-      for (std::size_t row = r.begin(); row != r.end(); ++row) {
-        if (p.dtype == DType::F32)
-          y[row] = dot(reinterpret_cast<const float*>(data) + row * cols, x.data(), cols, [](float v) { return v; });
-        else if (p.dtype == DType::BF16)
-          y[row] = dot(reinterpret_cast<const std::uint16_t*>(data) + row * cols, x.data(), cols,
-                       [](std::uint16_t v) { return cpu::bf16_to_f32(v); });
-        else
-          y[row] = dot(reinterpret_cast<const std::uint16_t*>(data) + row * cols, x.data(), cols,
-                       [](std::uint16_t v) { return cpu::f16_to_f32(v); });
-      }
-    });
-    for (float v : y) total += v;
-  }
-  return total;
 }
 
 /// What the consumer measured.
@@ -212,7 +95,7 @@ asio::awaitable<void> consume(Pipeline& pipeline, cpu::Executor& compute, bool m
       const double t = now_seconds();
       if (matvec) {
         double sum = 0;
-        Completion finished = compute.submit([&sum, &unit] { sum = matvec_unit(unit.module()); });
+        Completion finished = compute.submit([&sum, &unit] { sum = app::matvec_probe(unit.module()); });
         co_await finished.async_wait(asio::use_awaitable);
         out.checksum += sum;
       }
@@ -254,7 +137,7 @@ int run_pipeline(const PipelineCommandOptions& o, const CommonFlags& flags) {
   interrupt.doing(fmt::format("opening {}", o.path));
   auto source = io::CheckpointSource::open(ctx.get_executor(), o.path, opts);
   interrupt.check();
-  Grouping g = group_layers(source->catalog());
+  Grouping g = group_units(source->catalog());
   if (g.units.empty())
     throw Error(
         errc::invalid_argument, {.file = o.path},
@@ -269,7 +152,7 @@ int run_pipeline(const PipelineCommandOptions& o, const CommonFlags& flags) {
   // Under require, a tensor without a digest fails here, before anything is read.
   const io::Checksums sums = checksums_for(o.path, source->catalog(), o.verify, o.checksums);
   const std::size_t digest_count = sums.size();
-  std::vector<UnitModule> modules = std::move(g.modules);
+  std::vector<app::TensorSetModule> modules = std::move(g.modules);
   Pipeline pipeline(*source, std::move(g.units), [&modules](std::size_t i) { return modules[i]; }, context,
                     {.lookahead = o.lookahead,
                      .resident_budget = o.budget,
@@ -302,8 +185,10 @@ int run_pipeline(const PipelineCommandOptions& o, const CommonFlags& flags) {
     JsonWriter json;
     begin_document(json, "pipeline");
     json.field("path", o.path).field("reader", source->reader().name());
-    json.count("unit", unit_count).count("layer_tensor", g.layer_tensors).count("skipped_tensor", g.skipped_tensors);
-    json.bytes("skipped", g.skipped_bytes).count("pass", o.passes).field("lookahead", o.lookahead);
+    json.count("unit", unit_count)
+        .count("layer_tensor", g.layers.grouped_tensors)
+        .count("skipped_tensor", g.layers.skipped.size());
+    json.bytes("skipped", g.layers.skipped_bytes).count("pass", o.passes).field("lookahead", o.lookahead);
     json.field("threads", o.threads).field("compute", o.compute).bytes("pass", pass_bytes).bytes("", total_bytes);
     json.seconds("", consumed.wall_s).rate("", rate).seconds("io", stats.load_s).seconds("compute", compute_total);
     json.seconds("stall", stats.stall_s).bytes("budget", stats.budget).bytes("largest_unit", largest);
@@ -326,7 +211,8 @@ int run_pipeline(const PipelineCommandOptions& o, const CommonFlags& flags) {
                unit_count, o.passes, o.passes == 1 ? "" : "es", printable(o.path), format_bytes(total_bytes),
                consumed.wall_s, rate);
     fmt::print("  units    {} tensors in layers, largest unit {}; {} tensors outside layers skipped ({})\n",
-               g.layer_tensors, format_bytes(largest), g.skipped_tensors, format_bytes(g.skipped_bytes));
+               g.layers.grouped_tensors, format_bytes(largest), g.layers.skipped.size(),
+               format_bytes(g.layers.skipped_bytes));
     fmt::print(
         "  time     I/O {:.3f} s (Σ per-unit load, overlapping), compute {:.3f} s ({}), stall {:.3f} s "
         "(first unit {:.3f} s)\n",
@@ -339,7 +225,7 @@ int run_pipeline(const PipelineCommandOptions& o, const CommonFlags& flags) {
         format_bytes(source->pool().budget()), format_bytes(rss));
     fmt::print("  threads  {} (TBB arenas for loads and compute), reader {}\n", o.threads, source->reader().describe());
     // Every read tensor of a layer is checked each pass; those without a digest are the rest.
-    const std::uint64_t reads = static_cast<std::uint64_t>(g.layer_tensors) * o.passes;
+    const std::uint64_t reads = static_cast<std::uint64_t>(g.layers.grouped_tensors) * o.passes;
     fmt::print("  verify   {}\n",
                verify_summary(o.verify, stats.tensors_verified, stats.bytes_verified,
                               o.verify == "off" ? 0 : reads - std::min(reads, stats.tensors_verified), digest_count));
@@ -360,16 +246,17 @@ Command add_pipeline_command(CLI::App& app, CommonFlags& flags) {
       "the resident high-water against the budget (exit status 1 when over it) and peak RSS.");
   add_path(*cmd, "PATH", o->path,
            "a .safetensors file, a sharded directory or its model.safetensors.index.json, or a GGUF checkpoint");
-  add_bytes(*cmd, "--budget", o->budget, 4096, std::uint64_t{1} << 40, "bytes of resident units", {},
+  add_bytes(*cmd, "--budget", o->budget, app::option_range::budget, "bytes of resident units", {},
             "(lookahead + 1) x the largest unit");
-  add_integer(*cmd, "--lookahead", o->lookahead, 1u, 64u, "units loaded ahead of the one in use (K)");
-  add_integer(*cmd, "--passes", o->passes, 1u, 1000000u, "passes over the layers");
-  add_integer(*cmd, "--threads", o->threads, 1u, 1024u, "TBB threads of each arena (loads, compute)",
+  add_integer(*cmd, "--lookahead", o->lookahead, app::option_range::lookahead,
+              "units loaded ahead of the one in use (K)");
+  add_integer(*cmd, "--passes", o->passes, app::option_range::passes, "passes over the layers");
+  add_integer(*cmd, "--threads", o->threads, app::option_range::threads, "TBB threads of each arena (loads, compute)",
               "the number of CPUs");
   add_choice(*cmd, "--compute", o->compute, {"none", "matvec"},
              "matvec multiplies every 2-D BF16/F16/F32 weight by a vector while the next units load; none "
              "releases each unit at once (pure streaming)");
-  add_bytes(*cmd, "--staging", o->staging, 4096, std::uint64_t{1} << 40, "staging memory of the lease pool");
+  add_bytes(*cmd, "--staging", o->staging, app::option_range::staging, "staging memory of the lease pool");
   add_verify_flags(*cmd, o->verify, o->checksums, "of every unit as it is read (each pass)");
   auto trace_path = std::make_shared<std::string>();
   add_trace_option(*cmd, *trace_path);

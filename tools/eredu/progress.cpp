@@ -11,6 +11,7 @@
 
 #include "cli.hpp"
 #include "eredu/core/printable.hpp"
+#include "interrupt.hpp"
 
 namespace eredu::cli {
 namespace {
@@ -101,6 +102,15 @@ void Progress::finish() {
   std::fputs("\r\033[K", stderr);
   std::fflush(stderr);
   shown_ = false;
+}
+
+app::HashProgress hash_progress(Progress& display) {
+  return {.start = [&display](std::uint64_t total) { display.phase("hash", total); },
+          .update = [&display](std::uint64_t done) { display.update(done); },
+          .check =
+              [](const std::string& what) {
+                if (pending_signal()) throw_if_interrupted(fmt::format("hashing {}; no sidecar was written", what));
+              }};
 }
 
 }  // namespace eredu::cli

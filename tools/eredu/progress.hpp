@@ -17,6 +17,8 @@
 #include <string>
 #include <string_view>
 
+#include "eredu/app/checksum_sidecar.hpp"
+
 namespace eredu::cli {
 
 /// A one-line progress display (see file comment). Not thread-safe: update it from one
@@ -56,5 +58,9 @@ class Progress {
   double start_ = 0;
   double last_ = 0;
 };
+
+/// app::hash_checkpoint's reports shown as `display`'s phase "hash", and a signal stopping the
+/// hashing one buffer after it arrived ("hashing FILE; no sidecar was written").
+app::HashProgress hash_progress(Progress& display);
 
 }  // namespace eredu::cli

@@ -117,13 +117,9 @@ int run_read(const ReadOptions& o, const CommonFlags& flags) {
   opts.pool.budget = o.budget;
   opts.reader.depth = o.depth;
   opts.reader.max_request = o.request;
-  opts.reader.kind = o.reader == "uring"   ? io::ReaderKind::uring
-                     : o.reader == "pread" ? io::ReaderKind::pread
-                                           : io::ReaderKind::automatic;
+  opts.reader.kind = app::parse_choice(app::reader_choices, o.reader).value_or(io::ReaderKind::automatic);
   opts.reader.uring_policy = o.uring_files == "all" ? io::UringPolicy::every_file : io::UringPolicy::by_file_system;
-  opts.reader.direct = o.direct == "on"    ? io::DirectMode::on
-                       : o.direct == "off" ? io::DirectMode::off
-                                           : io::DirectMode::automatic;
+  opts.reader.direct = app::parse_choice(app::direct_choices, o.direct).value_or(io::DirectMode::automatic);
   // Consuming a tensor in request-sized leases keeps the staging memory that is written
   // cache-warm and reused; whole-tensor leases (--chunk 0) are what a loader that needs the
   // tensor at once gets.
@@ -241,18 +237,18 @@ Command add_read_command(CLI::App& app, CommonFlags& flags) {
                   "independent pread pass, and prints bytes, seconds, GB/s, staging high-water and peak RSS.");
   add_path(*cmd, "PATH", o->path,
            "a .safetensors file, a sharded directory or its model.safetensors.index.json, or a GGUF checkpoint");
-  add_choice(*cmd, "--reader", o->reader, {"auto", "uring", "pread"},
+  add_choice(*cmd, "--reader", o->reader, app::choice_names<std::vector<std::string>>(app::reader_choices),
              "reader: io_uring, pread, or auto (io_uring where the kernel allows it)");
   add_choice(*cmd, "--uring-files", o->uring_files, {"local", "all"},
              "files io_uring may read: local (ext4, xfs, btrfs, tmpfs, overlayfs...; FUSE, NFS, SMB, 9p, ceph and "
              "unknown file systems are read with pread, where io_uring can hide a failed read) or all");
-  add_bytes(*cmd, "--budget", o->budget, 4096, std::uint64_t{1} << 40, "staging memory of the lease pool");
-  add_integer(*cmd, "--depth", o->depth, 1u, 256u, "read requests in flight");
-  add_bytes(*cmd, "--request", o->request, 4096, std::uint64_t{1} << 30, "largest single read request");
-  add_choice(*cmd, "--direct", o->direct, {"auto", "on", "off"},
+  add_bytes(*cmd, "--budget", o->budget, app::option_range::budget, "staging memory of the lease pool");
+  add_integer(*cmd, "--depth", o->depth, app::option_range::depth, "read requests in flight");
+  add_bytes(*cmd, "--request", o->request, app::option_range::request, "largest single read request");
+  add_choice(*cmd, "--direct", o->direct, app::choice_names<std::vector<std::string>>(app::direct_choices),
              "O_DIRECT: auto (for data not in the page cache), on, off");
   add_integer(*cmd, "--concurrency", o->concurrency, 1u, 64u, "tensors read at once");
-  add_bytes(*cmd, "--chunk", o->chunk, 4096, std::uint64_t{1} << 40, "lease size tensors are consumed in",
+  add_bytes(*cmd, "--chunk", o->chunk, app::option_range::chunk, "lease size tensors are consumed in",
             "one lease per tensor where it fits the budget");
   add_choice(*cmd, "--verify", o->verify, {"on", "off"},
              "compare every tensor with an independent pread + xxh3 pass (exit status 1 on a difference)");

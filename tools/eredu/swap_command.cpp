@@ -43,8 +43,8 @@ Command add_swap_command(CLI::App& app, CommonFlags& flags) {
   add_integer(*cmd, "--concurrency", o->concurrency, 1u, 4096u, "concurrent clients on the event loop");
   add_integer(*cmd, "--serve-threads", o->serve_threads, 0u, 1024u,
               "0: compute requests on the loop thread; N: on an N-thread arena");
-  add_integer(*cmd, "--swap-threads", o->swap_threads, 1u, 1024u, "threads of the swap's own arena");
-  add_bytes(*cmd, "--budget", o->budget, 4096, std::uint64_t{1} << 40, "staging memory of each source");
+  add_integer(*cmd, "--swap-threads", o->swap_threads, app::option_range::threads, "threads of the swap's own arena");
+  add_bytes(*cmd, "--budget", o->budget, app::option_range::budget, "staging memory of each source");
   add_bytes(*cmd, "--work", o->work, 1, std::uint64_t{1} << 40, "multiply-adds per request");
   add_choice(*cmd, "--verify", o->verify, {"on", "off", "require"},
              "SHA-256 of every tensor with a recorded digest (\"sha256:<tensor>\" metadata, or the sidecar "

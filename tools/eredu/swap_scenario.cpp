@@ -32,12 +32,12 @@
 #include <fmt/format.h>
 
 #include "cli.hpp"
+#include "eredu/app/tensor_set_module.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/core/log.hpp"
 #include "eredu/core/quant_formats.hpp"
 #include "eredu/core/shape.hpp"
 #include "eredu/cpu/backend.hpp"
-#include "eredu/cpu/catalog_module.hpp"
 #include "eredu/cpu/float_formats.hpp"
 #include "eredu/io/integrity/checksums.hpp"
 #include "eredu/io/integrity/sha256.hpp"
@@ -48,7 +48,7 @@
 namespace eredu::cli {
 namespace {
 
-using Module = cpu::CatalogModule;
+using Module = app::TensorSetModule;
 using Slot = engine::ModelSlot<cpu::Backend, Module>;
 using Version = Slot::Version;
 using Clock = std::chrono::steady_clock;

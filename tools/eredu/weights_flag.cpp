@@ -9,19 +9,17 @@
 namespace eredu::cli {
 
 void add_weights_flag(CLI::App& command, std::string& value) {
-  add_choice(command, "--weights", value, {"copy", "map", "map-lock"},
+  add_choice(command, "--weights", value, app::choice_names<std::vector<std::string>>(app::weight_choices),
              "where dtype-kept tensors live: copy (into process memory), map (the checkpoint's page-cache pages, "
              "mapped read-only: no copy, but a file rewritten in place changes them; see docs/cli.md) or map-lock "
              "(mapped and pinned with mlock, within RLIMIT_MEMLOCK)");
 }
 
 cpu::WeightStorage weight_storage(const std::string& value) {
-  if (value == "map") return cpu::WeightStorage::mapped;
-  if (value == "map-lock") return cpu::WeightStorage::mapped_locked;
-  return cpu::WeightStorage::copied;
+  return app::parse_choice(app::weight_choices, value).value_or(cpu::WeightStorage::copied);
 }
 
-MappedCount count_mapped(const cpu::CatalogModule& model) {
+MappedCount count_mapped(const app::TensorSetModule& model) {
   MappedCount n;
   for (std::size_t i = 0; i < model.size(); ++i) {
     const cpu::Tensor& t = model.slot(i).value;

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "eredu/cpu/catalog_module.hpp"
+#include "eredu/app/tensor_set_module.hpp"
 #include "eredu/cpu/weight_storage.hpp"
 
 namespace eredu::cli {
@@ -26,7 +26,7 @@ struct MappedCount {
 };
 
 /// Counts the mapped tensors bound in `model`.
-MappedCount count_mapped(const cpu::CatalogModule& model);
+MappedCount count_mapped(const app::TensorSetModule& model);
 
 /// The report's line for `value` and `count` of `tensors` tensors ("" for copy): how many
 /// tensors were mapped and, for map-lock, what is locked within RLIMIT_MEMLOCK.

@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "eredu/app/tensor_set_module.hpp"
 #include "eredu/cpu/backend.hpp"
-#include "eredu/cpu/catalog_module.hpp"
 #include "eredu/engine/orchestration/load.hpp"
 #include "eredu/engine/serving/model_slot.hpp"
 #include "eredu/engine/serving/prefetch_pipeline.hpp"
@@ -25,7 +25,7 @@
 
 namespace {
 
-using Model = eredu::cpu::CatalogModule;
+using Model = eredu::app::TensorSetModule;
 
 // True when every slot of `model` holds the generator's bytes for its tensor.
 bool matches(const Model& model, const eredu::synth::SyntheticModel& planned, std::uint64_t seed) {

@@ -1,4 +1,4 @@
-#include "checksum_sidecar.hpp"
+#include "eredu/app/checksum_sidecar.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -17,9 +17,8 @@
 
 #include "eredu/core/error.hpp"
 #include "eredu/io/reading/unique_fd.hpp"
-#include "interrupt.hpp"
 
-namespace eredu::cli {
+namespace eredu::app {
 namespace {
 
 namespace fs = std::filesystem;
@@ -210,7 +209,9 @@ void read_exact(int fd, std::byte* into, std::size_t want, std::uint64_t offset,
 
 std::vector<io::DigestKind> digest_kinds(const std::string& digest) {
   if (digest == "both") return {io::DigestKind::sha256, io::DigestKind::xxh3_128};
-  return {digest == "xxh3-128" ? io::DigestKind::xxh3_128 : io::DigestKind::sha256};
+  if (digest == "sha256") return {io::DigestKind::sha256};
+  if (digest == "xxh3-128") return {io::DigestKind::xxh3_128};
+  throw Error(errc::invalid_argument, {}, fmt::format("digest must be sha256, xxh3-128 or both, not '{}'", digest));
 }
 
 ShardSelections tensor_parallel_selections(const io::Catalog& catalog, const engine::ShardingRules& rules, int size) {
@@ -228,7 +229,7 @@ ShardSelections tensor_parallel_selections(const io::Catalog& catalog, const eng
 }
 
 io::Checksums hash_checkpoint(const io::Catalog& catalog, std::span<const io::DigestKind> kinds,
-                              const ShardSelections& shards, const io::Checksums& known, Progress& progress,
+                              const ShardSelections& shards, const io::Checksums& known, const HashProgress& progress,
                               HashStats* stats) {
   // A bad list costs no I/O.
   check_inputs(catalog, shards, known);
@@ -242,7 +243,7 @@ io::Checksums hash_checkpoint(const io::Catalog& catalog, std::span<const io::Di
   io::Checksums out;
   HashStats seen;
   std::vector<std::byte> buffer(buffer_bytes);
-  progress.phase("hash", catalog.total_bytes());
+  if (progress.start) progress.start(catalog.total_bytes());
   io::UniqueFd fd;
   std::optional<std::uint32_t> open_file;  // the file `fd` reads (one at a time)
   for (const io::TensorInfo* t : order) {
@@ -269,9 +270,9 @@ io::Checksums hash_checkpoint(const io::Catalog& catalog, std::span<const io::Di
       whole.update(chunk);
       for (ShardStream& s : streams) s.feed(done, chunk);
       done += want;
-      progress.update(seen.bytes + done);
-      // A signal stops the hashing here: one buffer (4 MiB) after it arrived.
-      if (pending_signal()) throw_if_interrupted(fmt::format("hashing {}; no sidecar was written", path));
+      if (progress.update) progress.update(seen.bytes + done);
+      // An interrupt stops the hashing here: one buffer (4 MiB) after it arrived.
+      if (progress.check) progress.check(path);
     }
 
     // Compare with what is recorded first: a mismatch writes nothing.
@@ -331,4 +332,16 @@ void write_sidecar(const fs::path& sidecar, const io::Checksums& checksums) {
   if (io::UniqueFd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)); d) (void)::fsync(d.get());
 }
 
-}  // namespace eredu::cli
+WrittenChecksums write_checksums(const std::string& path, const io::Catalog& catalog,
+                                 std::span<const io::DigestKind> kinds, const ShardSelections& shards,
+                                 const HashProgress& progress) {
+  const io::Checksums known = io::Checksums::discover(path, catalog);
+  WrittenChecksums out;
+  out.checksums = hash_checkpoint(catalog, kinds, shards, known, progress, &out.stats);
+  out.sidecar = io::Checksums::sidecar_path(path);
+  if (progress.check) progress.check(path);
+  write_sidecar(out.sidecar, out.checksums);
+  return out;
+}
+
+}  // namespace eredu::app

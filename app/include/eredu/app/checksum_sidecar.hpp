@@ -1,12 +1,15 @@
 #pragma once
 /// \file
-/// The checksum sidecar of a checkpoint as `eredu checksum` and `eredu gen --checksums` write
-/// it: every tensor hashed in one read (hash_checkpoint), the shard selections of every rank
-/// of a tensor-parallel group (tensor_parallel_selections), and the sidecar written
-/// atomically (write_sidecar). The format is io::Checksums' (eredu/io/integrity/checksums.hpp).
+/// The checksum sidecar of a checkpoint as `eredu checksum`, `eredu gen --checksums` and
+/// Python's `eredu.write_checksums` write it: every tensor hashed in one read (hash_checkpoint),
+/// the shard selections of every rank of a tensor-parallel group (tensor_parallel_selections),
+/// the sidecar written atomically (write_sidecar), and all of it for a checkpoint whose recorded
+/// digests are checked on the way (write_checksums). The format is io::Checksums'
+/// (eredu/io/integrity/checksums.hpp).
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <span>
 #include <string>
@@ -17,12 +20,24 @@
 #include "eredu/io/formats/catalog.hpp"
 #include "eredu/io/integrity/checksums.hpp"
 #include "eredu/io/integrity/digest.hpp"
-#include "progress.hpp"
 
-namespace eredu::cli {
+namespace eredu::app {
 
-/// The digests `--digest` names: "sha256", "xxh3-128" or "both".
+/// The digests `--digest` (and Python's digest=) names: "sha256", "xxh3-128" or "both"; throws
+/// Error(invalid_argument) for another name.
 std::vector<io::DigestKind> digest_kinds(const std::string& digest);
+
+/// Where hash_checkpoint reports, each part optional. Either callback may throw to stop the
+/// hashing (an interrupt): nothing is written then.
+struct HashProgress {
+  /// Once, before the first read: the bytes to hash.
+  std::function<void(std::uint64_t total)> start{};
+  /// After every buffer (4 MiB): the bytes hashed so far.
+  std::function<void(std::uint64_t done)> update{};
+  /// After every buffer and once before write_checksums writes: `what` names the file being
+  /// hashed (or the checkpoint, the last time).
+  std::function<void(const std::string& what)> check{};
+};
 
 /// Tensor name → the selections (parts of it) to record shard digests of.
 using ShardSelections = std::map<std::string, std::vector<Selection>>;
@@ -55,11 +70,11 @@ struct HashStats {
 /// that differs from the file is Error(checksum_mismatch) naming file, tensor, offset (and
 /// the shard), thrown as soon as that tensor is hashed. A file that cannot be opened or read
 /// is Error(io_error), one that ends early Error(unexpected_eof), both naming file, tensor and
-/// offset. `progress` shows the phase "hash" over the checkpoint's bytes. `stats`, when
+/// offset. `progress` hears of the checkpoint's bytes as they are hashed. `stats`, when
 /// given, receives what was read and checked.
 io::Checksums hash_checkpoint(const io::Catalog& catalog, std::span<const io::DigestKind> kinds,
-                              const ShardSelections& shards, const io::Checksums& known, Progress& progress,
-                              HashStats* stats = nullptr);
+                              const ShardSelections& shards, const io::Checksums& known,
+                              const HashProgress& progress = {}, HashStats* stats = nullptr);
 
 /// Writes `checksums` (io::Checksums::to_json) to `sidecar` atomically: to "<sidecar>.tmp" in
 /// the same directory, fsync'ed, then renamed over `sidecar` (and the directory fsync'ed), so
@@ -67,4 +82,20 @@ io::Checksums hash_checkpoint(const io::Catalog& catalog, std::span<const io::Di
 /// naming the file, after removing the temporary file.
 void write_sidecar(const std::filesystem::path& sidecar, const io::Checksums& checksums);
 
-}  // namespace eredu::cli
+/// What write_checksums wrote.
+struct WrittenChecksums {
+  std::filesystem::path sidecar;  ///< io::Checksums::sidecar_path(path)
+  io::Checksums checksums;        ///< what it holds
+  HashStats stats;                ///< what was read and checked
+};
+
+/// The checksum sidecar of the checkpoint at `path` (whose catalog is `catalog`), as `eredu
+/// checksum` writes it: the digests its metadata and existing sidecar record
+/// (io::Checksums::discover) are checked against the file and kept, the digests of `kinds` of
+/// every tensor and of every selection of `shards` are added, and the sidecar is replaced
+/// atomically. Throws what hash_checkpoint and write_sidecar throw; a mismatch writes nothing.
+WrittenChecksums write_checksums(const std::string& path, const io::Catalog& catalog,
+                                 std::span<const io::DigestKind> kinds, const ShardSelections& shards = {},
+                                 const HashProgress& progress = {});
+
+}  // namespace eredu::app

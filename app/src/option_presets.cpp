@@ -1,0 +1,15 @@
+#include "eredu/app/option_presets.hpp"
+
+namespace eredu::app {
+
+std::span<const NamedRange> option_ranges() noexcept {
+  static constexpr std::array table{
+      NamedRange{"budget", option_range::budget},       NamedRange{"staging", option_range::staging},
+      NamedRange{"request", option_range::request},     NamedRange{"chunk", option_range::chunk},
+      NamedRange{"threads", option_range::threads},     NamedRange{"depth", option_range::depth},
+      NamedRange{"lookahead", option_range::lookahead}, NamedRange{"passes", option_range::passes},
+  };
+  return table;
+}
+
+}  // namespace eredu::app
