@@ -122,7 +122,7 @@ def make_cases(tmp):
     suffix = b".safetensors"
     long_name = b"n" * (NAME_MAX - len(suffix)) + suffix
     # Room past the checkpoint's path for what eredu adds to it: a sidecar's ".sha256.json.tmp",
-    # gen's ".partial-<pid>".
+    # gen's ".eredu-gen-<pid>.partial" beside it.
     deep, want = tmp, PATH_MAX - 60
     while len(deep) + 1 + 200 < want - len(b"/ck.safetensors"):
         deep = os.path.join(deep, b"d" * 200)

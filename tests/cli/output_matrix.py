@@ -111,7 +111,7 @@ def cell_result(root, b, verb, make, failing, json_mode, writes, stream, how, pa
         out = os.path.join(cell, "out")
         if rc == 0 and not os.path.exists(os.path.join(out, "model.safetensors")):
             why = (why or "") + " gen exited 0 without its checkpoint"
-        leftover = [f for f in (os.listdir(out) if os.path.isdir(out) else []) if ".partial-" in f]
+        leftover = [f for f in (os.listdir(out) if os.path.isdir(out) else []) if ".partial" in f]
         if leftover:
             why = (why or "") + f" gen left {leftover}"
     if why:

@@ -18,7 +18,7 @@ cell is declared hung):
   * killed by the signal itself, only when it was sent in the first 50 ms (before main()
     installs eredu's handler, when there is nothing yet to clean up).
 And nothing is left behind: no file in the cell's TMPDIR (swap --corrupt's copy), no
-"*.partial-*" or "*.tmp" file, gen's OUT either a whole checkpoint (exit 0) or gone, and
+"*.partial" or "*.tmp" file, gen's OUT either a whole checkpoint (exit 0) or gone, and
 checksum's sidecar either the one before or a whole new one.
 
     signal_matrix.py EREDU_BINARY [SEED]
@@ -93,7 +93,7 @@ def leftovers(cell, tmpdir, verb, rc):
     found = []
     for d, _, files in os.walk(cell):
         for f in files:
-            if ".partial-" in f or f.endswith(".tmp"):
+            if ".partial" in f or f.endswith(".tmp"):
                 found.append(f"temporary file {os.path.join(d, f)}")
     if os.listdir(tmpdir):
         found.append(f"TMPDIR holds {os.listdir(tmpdir)}")

@@ -132,7 +132,9 @@ int run_gen(const GenOptions& o, const CommonFlags& flags) {
   // Where the data goes: the file itself, model.safetensors in the directory, or the shards.
   const fs::path target = single_file ? out : (o.shards == 1 ? out / ("model" + extension) : out);
   const bool made_directory = !single_file && !fs::exists(out, ec);
-  const fs::path partial = single_file ? fs::path(o.out + fmt::format(".partial-{}", ::getpid())) : target;
+  // The temporary's name is short and fixed, not OUT's name plus a suffix: OUT's name may
+  // already be as long as a name can be (NAME_MAX), and the rename must stay in OUT's directory.
+  const fs::path partial = single_file ? out.parent_path() / fmt::format(".eredu-gen-{}.partial", ::getpid()) : target;
   // A run that does not finish (a failure, a signal) takes back everything it made: OUT
   // held no checkpoint before (one is refused, or --force removed it), so every file of one
   // there now is this run's, half-written or whole (two complete shards without an index
