@@ -44,7 +44,7 @@ enum class errc {
   exceeds_budget,         ///< a RequireBounded request is larger than the lease pool
   io_error,               ///< the operating system failed a read (errno in the message)
   unexpected_eof,         ///< the file ended before the tensor's bytes (truncated)
-  file_changed,           ///< the file's size changed since it was opened
+  file_changed,           ///< the file's size, mtime or ctime changed since it was opened
   direct_io_unsupported,  ///< --direct on, but the file system refuses O_DIRECT
   uring_unavailable,      ///< io_uring was requested but cannot be set up
   cancelled,              ///< the operation was cancelled or its owner destroyed
