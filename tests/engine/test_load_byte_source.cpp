@@ -1,7 +1,8 @@
 // The orchestration fed by a source that is not a file: engine::async_load of a small model
 // from test::VectorSource (an in-memory io::ByteSource) into the CPU backend and into the
-// fake backend. The engine reaches the bytes only through the ByteSource concept, so the
-// weights bound must be exactly the stored bytes, selected, cast, joined and tied as planned.
+// fake backend, and a PrefetchPipeline of units over the same source. The engine reaches the
+// bytes only through the ByteSource concept, so the weights bound must be exactly the stored
+// bytes, selected, cast, joined and tied as planned.
 
 #include <asio/io_context.hpp>
 #include <asio/use_future.hpp>
@@ -15,6 +16,7 @@
 #include "eredu/cpu/convert.hpp"
 #include "eredu/engine/orchestration/load.hpp"
 #include "eredu/engine/orchestration/materialize.hpp"
+#include "eredu/engine/serving/prefetch_pipeline.hpp"
 #include "eredu/io/integrity/digest.hpp"
 #include "io/read_fixture.hpp"
 #include "support/checkpoint_fixture.hpp"
@@ -148,4 +150,39 @@ TEST_CASE(
   }
   CHECK(memory.source.reads() == 0);
   CHECK(model.slot("embed.weight").value.bytes().empty());  // nothing bound
+}
+
+TEST_CASE("pipeline – units prefetched from an in-memory byte source bind the exact bytes, pass after pass",
+          "[engine][pipeline][byte_source]") {
+  Memory memory;
+  cpu::Executor executor{2};
+  cpu::StoragePool storage;
+  cpu::MaterializationContext mc{executor, storage};
+  using Module = test::SlotModule<cpu::Parameter>;
+  // Two units: the model of the cases above, and one tensor cast on its own.
+  std::vector<engine::PipelineUnit> units;
+  units.push_back({"model", plan()});
+  units.push_back({"big", WeightBindingPlan({WeightBinding::from_recipe(
+                              "big.weight", R::cast(R::source("big"), DType::F32), 60 * 33 * 4)})});
+  auto make = [](std::size_t index) {
+    return index == 0 ? Module(slots()) : Module({{"big.weight", DType::F32, {60, 33}}});
+  };
+  engine::PrefetchPipeline<cpu::Backend, Module, test::VectorSource> pipeline(memory.source, std::move(units), make, mc,
+                                                                              {.lookahead = 1, .passes = 2});
+  std::size_t delivered = 0;
+  for (;;) {
+    auto next = pipeline.async_next(asio::use_future);
+    auto unit = test::run_until_ready(memory.ctx, next);
+    if (!unit) break;
+    INFO(unit.name() << " pass " << unit.pass());
+    CHECK(unit.index() == delivered % 2);
+    unit.module().for_each([&](const std::string& name, const cpu::Parameter& p) {
+      INFO(name);
+      CHECK(bytes_of(p) == memory.expected(name));
+    });
+    ++delivered;
+  }
+  CHECK(delivered == 4);
+  auto closed = pipeline.async_close(asio::use_future);
+  test::run_until_ready(memory.ctx, closed);
 }
