@@ -70,9 +70,9 @@ inline constexpr std::uint64_t max_bytes_in_flight = std::uint64_t{256} << 20;
 /// io::async_verify_checksums, which reads a local checkpoint only: on another source a plan
 /// that needs it fails with invalid_argument before any read, rather than going unchecked.
 template <class B, io::ByteSource Source>
-requires ParameterBackend<B, Source> asio::awaitable<MaterializedUnit<B>> materialize_unit(
+asio::awaitable<MaterializedUnit<B>> materialize_unit(
     Source& source, std::shared_ptr<const WeightBindingPlan> plan, typename B::MaterializationContext& context,
-    MaterializeOptions options, bool quiet_verification = false) {
+    MaterializeOptions options, bool quiet_verification = false) requires ParameterBackend<B, Source> {
   // 1. Before any read.
   std::vector<InferredWeight> inferred = plan->check(source.catalog());
   std::vector<const WeightBinding*> owners = plan->owners();
