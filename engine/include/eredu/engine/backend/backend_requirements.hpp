@@ -28,9 +28,10 @@
 ///    DistributedModelSlot is unavailable.
 ///
 /// Of the source, a backend's steps ask only what io::ByteSource declares
-/// (io/reading/byte_source.hpp; the CPU and CUDA backends are written so, though
-/// ParameterBackend still hands them an io::CheckpointSource); how bytes land is the placement
-/// planner's decision (orchestration/placement.hpp), which the backend executes.
+/// (io/reading/byte_source.hpp); ParameterBackend<B, Source> says B reads from Source (an
+/// io::CheckpointSource unless named: the CPU backend takes any ByteSource, the CUDA backend
+/// a CheckpointSource still). How bytes land is the placement planner's decision
+/// (orchestration/placement.hpp), which the backend executes.
 
 #include <concepts>
 

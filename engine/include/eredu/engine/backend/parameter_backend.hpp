@@ -21,29 +21,30 @@
 
 #include "eredu/core/completion.hpp"
 #include "eredu/engine/description/recipe.hpp"
+#include "eredu/io/reading/byte_source.hpp"
 #include "eredu/io/reading/checkpoint_source.hpp"
 #include "eredu/io/reading/tensor_read_request.hpp"
 
 namespace eredu::engine {
 
-/// A backend that materializes checkpoint data and binds it to its parameter slots.
+/// A backend that materializes checkpoint data read from `Source` (any io::ByteSource; a
+/// local checkpoint unless named) and binds it to its parameter slots.
 ///
 /// - `B::Parameter`: one native parameter slot of a module;
 /// - `B::MaterializedWeight`: a realized weight, ready to bind;
 /// - `B::MaterializationContext`: what the backend needs while realizing (pools, executors);
 /// - `B::Materialization`: an in-flight realization that retains its leases until it completes.
-template <class B>
-concept ParameterBackend = requires {
+template <class B, class Source = io::CheckpointSource>
+concept ParameterBackend = io::ByteSource<Source> && requires {
   typename B::Parameter;
   typename B::MaterializedWeight;
   typename B::MaterializationContext;
   typename B::Materialization;
-}
-&&requires(io::CheckpointSource& source, const io::TensorReadRequest& request, const DerivedWeightRecipe& recipe,
-           typename B::MaterializationContext& context, std::stop_token stop, typename B::Materialization& in_flight,
-           const typename B::Materialization& const_in_flight, const typename B::MaterializedWeight& weight,
-           typename B::MaterializedWeight& owned_weight, const typename B::Parameter& parameter,
-           typename B::Parameter& slot) {
+} && requires(Source& source, const io::TensorReadRequest& request, const DerivedWeightRecipe& recipe,
+              typename B::MaterializationContext& context, std::stop_token stop, typename B::Materialization& in_flight,
+              const typename B::Materialization& const_in_flight, const typename B::MaterializedWeight& weight,
+              typename B::MaterializedWeight& owned_weight, const typename B::Parameter& parameter,
+              typename B::Parameter& slot) {
   // Starts realizing a format-preserving tensor read (checkpoint dtype kept).
   { B::materialize(source, request, context, stop) } -> std::same_as<typename B::Materialization>;
   // Starts realizing a validated recipe.

@@ -28,6 +28,7 @@
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 #include <atomic>
+#include <concepts>
 #include <cstdint>
 #include <exception>
 #include <memory>
@@ -48,6 +49,7 @@
 #include "eredu/engine/orchestration/materialize_options.hpp"
 #include "eredu/engine/orchestration/materialized_unit.hpp"
 #include "eredu/io/integrity/checksums.hpp"
+#include "eredu/io/reading/byte_source.hpp"
 #include "eredu/io/reading/checkpoint_source.hpp"
 
 namespace eredu::engine::detail {
@@ -63,15 +65,25 @@ inline constexpr std::uint64_t max_bytes_in_flight = std::uint64_t{256} << 20;
 /// of the calling coroutine stops every realization at its next step; the unit is then awaited
 /// whole, like any failure, and the coroutine throws Error(cancelled). `quiet_verification`
 /// leaves out the log line on what cannot be verified (a pipeline says it once, not per unit).
-template <ParameterBackend B>
-asio::awaitable<MaterializedUnit<B>> materialize_unit(io::CheckpointSource& source,
-                                                      std::shared_ptr<const WeightBindingPlan> plan,
-                                                      typename B::MaterializationContext& context,
-                                                      MaterializeOptions options, bool quiet_verification = false) {
+///
+/// `Source` is any io::ByteSource B reads from. The re-read check (verification.reread) runs
+/// io::async_verify_checksums, which reads a local checkpoint only: on another source a plan
+/// that needs it fails with invalid_argument before any read, rather than going unchecked.
+template <class B, io::ByteSource Source>
+asio::awaitable<MaterializedUnit<B>> materialize_unit(
+    Source& source, std::shared_ptr<const WeightBindingPlan> plan, typename B::MaterializationContext& context,
+    MaterializeOptions options, bool quiet_verification = false) requires ParameterBackend<B, Source> {
   // 1. Before any read.
   std::vector<InferredWeight> inferred = plan->check(source.catalog());
   std::vector<const WeightBinding*> owners = plan->owners();
   LoadVerification verification = plan_verification<B>(options.verify, source.catalog(), owners, quiet_verification);
+  if constexpr (!std::same_as<Source, io::CheckpointSource>) {
+    if (!verification.reread.empty())
+      throw Error(errc::invalid_argument, {},
+                  fmt::format("verifying {} tensor(s) of this load means re-reading them, which only a local "
+                              "checkpoint (io::CheckpointSource) can do; load without verify, or from a checkpoint",
+                              verification.reread.size()));
+  }
   if (options.progress) {
     options.progress->tensors_unverified.fetch_add(verification.unverified, std::memory_order_relaxed);
     std::uint64_t bytes = 0;
@@ -121,24 +133,26 @@ asio::awaitable<MaterializedUnit<B>> materialize_unit(io::CheckpointSource& sour
   std::vector<Completion> owner_done;  // an owner's realization, then its in-place check
   owner_done.reserve(owners.size() + 1);
   Completion reread = Completion::ready_now();
-  if (!verification.reread.empty()) {
-    CompletionSource done;
-    reread = done.completion();
-    io::VerifyChecksumsOptions reread_options{.preferred = options.verify.preferred};
-    const std::uint64_t tensors = verification.reread.size() + verification.reread.shard_count();
-    // It runs to its end even when the load fails or is cancelled (it only reads and hashes);
-    // the unit waits for it either way, so nothing it uses is gone before it is.
-    io::async_verify_checksums(source, std::move(verification.reread), asio::any_io_executor(), reread_options,
-                               [done = std::move(done), stop, progress = options.progress, tensors](
-                                   std::exception_ptr e, std::uint64_t bytes) mutable {
-                                 if (e) {
-                                   stop.request_stop();
-                                 } else if (progress) {
-                                   progress->tensors_verified.fetch_add(tensors, std::memory_order_relaxed);
-                                   progress->bytes_verified.fetch_add(bytes, std::memory_order_relaxed);
-                                 }
-                                 done.finish(std::move(e));
-                               });
+  if constexpr (std::same_as<Source, io::CheckpointSource>) {
+    if (!verification.reread.empty()) {
+      CompletionSource done;
+      reread = done.completion();
+      io::VerifyChecksumsOptions reread_options{.preferred = options.verify.preferred};
+      const std::uint64_t tensors = verification.reread.size() + verification.reread.shard_count();
+      // It runs to its end even when the load fails or is cancelled (it only reads and hashes);
+      // the unit waits for it either way, so nothing it uses is gone before it is.
+      io::async_verify_checksums(source, std::move(verification.reread), asio::any_io_executor(), reread_options,
+                                 [done = std::move(done), stop, progress = options.progress, tensors](
+                                     std::exception_ptr e, std::uint64_t bytes) mutable {
+                                   if (e) {
+                                     stop.request_stop();
+                                   } else if (progress) {
+                                     progress->tensors_verified.fetch_add(tensors, std::memory_order_relaxed);
+                                     progress->bytes_verified.fetch_add(bytes, std::memory_order_relaxed);
+                                   }
+                                   done.finish(std::move(e));
+                                 });
+    }
   }
   std::exception_ptr start_error;
   std::size_t started = 0;

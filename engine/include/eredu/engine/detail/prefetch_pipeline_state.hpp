@@ -45,6 +45,8 @@
 #include "eredu/engine/detail/unit_parking.hpp"
 #include "eredu/engine/orchestration/bind.hpp"
 #include "eredu/engine/serving/prefetch_options.hpp"
+#include "eredu/io/reading/byte_source.hpp"
+#include "eredu/io/reading/checkpoint_source.hpp"
 
 namespace eredu::engine::detail {
 
@@ -71,17 +73,17 @@ struct PipelineSlot {
 };
 
 /// Everything a pipeline, its loads and its delivered units share (see file comment).
-template <ParameterBackend B, class M>
-requires Parameterized<M, typename B::Parameter>
+/// Source: the io::ByteSource every unit is read from.
+template <ParameterBackend B, class M, io::ByteSource Source = io::CheckpointSource>
+requires ParameterBackend<B, Source> && Parameterized<M, typename B::Parameter>
 struct PipelineState {
   using Slot = PipelineSlot<B, M>;
   using ModuleFactory = std::function<M(std::size_t index)>;
 
-  PipelineState(io::CheckpointSource& src, typename B::MaterializationContext& ctx, PrefetchOptions opts,
-                ModuleFactory make)
+  PipelineState(Source& src, typename B::MaterializationContext& ctx, PrefetchOptions opts, ModuleFactory make)
       : source(src), context(ctx), options(opts), make_module(std::move(make)) {}
 
-  io::CheckpointSource& source;
+  Source& source;
   typename B::MaterializationContext& context;
   const PrefetchOptions options;
   const ModuleFactory make_module;
@@ -111,7 +113,7 @@ struct PipelineState {
 
   /// Checks every unit's plan against the catalog, sizes the budget and refuses a bad
   /// configuration (see PrefetchPipeline's constructor), all before any read.
-  static std::shared_ptr<PipelineState> create(io::CheckpointSource& source, std::vector<PipelineUnit> units,
+  static std::shared_ptr<PipelineState> create(Source& source, std::vector<PipelineUnit> units,
                                                ModuleFactory make_module, typename B::MaterializationContext& context,
                                                PrefetchOptions options) {
     validate(options);

@@ -31,12 +31,12 @@ namespace eredu::engine {
 /// terminal, as async_materialize: nothing is bound, and the operation fails with
 /// errc::cancelled.
 ///
-/// `module`, `source`, `context` and `options.progress` must outlive the operation; the plan
-/// is copied.
-template <ParameterBackend B, class M, asio::completion_token_for<void(std::exception_ptr)> Token>
-requires Parameterized<M, typename B::Parameter>
-auto async_load(M& module, io::CheckpointSource& source, const WeightBindingPlan& plan,
-                typename B::MaterializationContext& context, MaterializeOptions options, Token&& token) {
+/// `source` is any io::ByteSource B reads from, as for async_materialize. `module`, `source`,
+/// `context` and `options.progress` must outlive the operation; the plan is copied.
+template <class B, class M, io::ByteSource Source, asio::completion_token_for<void(std::exception_ptr)> Token>
+requires ParameterBackend<B, Source> && Parameterized<M, typename B::Parameter>
+auto async_load(M& module, Source& source, const WeightBindingPlan& plan, typename B::MaterializationContext& context,
+                MaterializeOptions options, Token&& token) {
   return eredu::detail::spawn_operation(
       source.get_executor(),
       detail::load_unit<B>(module, source, std::make_shared<const WeightBindingPlan>(plan), context, options),
@@ -44,10 +44,10 @@ auto async_load(M& module, io::CheckpointSource& source, const WeightBindingPlan
 }
 
 /// async_load with default options.
-template <ParameterBackend B, class M, asio::completion_token_for<void(std::exception_ptr)> Token>
-requires Parameterized<M, typename B::Parameter>
-auto async_load(M& module, io::CheckpointSource& source, const WeightBindingPlan& plan,
-                typename B::MaterializationContext& context, Token&& token) {
+template <class B, class M, io::ByteSource Source, asio::completion_token_for<void(std::exception_ptr)> Token>
+requires ParameterBackend<B, Source> && Parameterized<M, typename B::Parameter>
+auto async_load(M& module, Source& source, const WeightBindingPlan& plan, typename B::MaterializationContext& context,
+                Token&& token) {
   return async_load<B>(module, source, plan, context, MaterializeOptions{}, std::forward<Token>(token));
 }
 

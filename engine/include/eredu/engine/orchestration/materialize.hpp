@@ -33,7 +33,7 @@
 #include "eredu/engine/detail/materialize_unit.hpp"
 #include "eredu/engine/orchestration/materialize_options.hpp"
 #include "eredu/engine/orchestration/materialized_unit.hpp"
-#include "eredu/io/reading/checkpoint_source.hpp"
+#include "eredu/io/reading/byte_source.hpp"
 
 namespace eredu::engine {
 
@@ -49,10 +49,15 @@ namespace eredu::engine {
 /// terminal: every realization stops at its next step, the unit is awaited whole (every
 /// lease back, no backend work still writing), and the operation fails with errc::cancelled.
 ///
-/// `source`, `context` and `options.progress` must outlive the operation; the plan is copied.
-template <ParameterBackend B, asio::completion_token_for<void(std::exception_ptr, MaterializedUnit<B>)> Token>
-auto async_materialize(io::CheckpointSource& source, const WeightBindingPlan& plan,
-                       typename B::MaterializationContext& context, MaterializeOptions options, Token&& token) {
+/// `source` is any io::ByteSource B reads from (a local checkpoint, or an in-memory source in
+/// a test); a verification that re-reads tensors needs an io::CheckpointSource (see
+/// detail::materialize_unit). `source`, `context` and `options.progress` must outlive the
+/// operation; the plan is copied.
+template <class B, io::ByteSource Source,
+          asio::completion_token_for<void(std::exception_ptr, MaterializedUnit<B>)> Token>
+requires ParameterBackend<B, Source>
+auto async_materialize(Source& source, const WeightBindingPlan& plan, typename B::MaterializationContext& context,
+                       MaterializeOptions options, Token&& token) {
   return eredu::detail::spawn_operation(
       source.get_executor(),
       detail::materialize_unit<B>(source, std::make_shared<const WeightBindingPlan>(plan), context, options),
@@ -60,9 +65,11 @@ auto async_materialize(io::CheckpointSource& source, const WeightBindingPlan& pl
 }
 
 /// async_materialize with default options.
-template <ParameterBackend B, asio::completion_token_for<void(std::exception_ptr, MaterializedUnit<B>)> Token>
-auto async_materialize(io::CheckpointSource& source, const WeightBindingPlan& plan,
-                       typename B::MaterializationContext& context, Token&& token) {
+template <class B, io::ByteSource Source,
+          asio::completion_token_for<void(std::exception_ptr, MaterializedUnit<B>)> Token>
+requires ParameterBackend<B, Source>
+auto async_materialize(Source& source, const WeightBindingPlan& plan, typename B::MaterializationContext& context,
+                       Token&& token) {
   return async_materialize<B>(source, plan, context, MaterializeOptions{}, std::forward<Token>(token));
 }
 

@@ -48,16 +48,18 @@
 #include "eredu/engine/description/parameterized.hpp"
 #include "eredu/engine/detail/prefetch_pipeline_state.hpp"
 #include "eredu/engine/serving/prefetch_options.hpp"
+#include "eredu/io/reading/byte_source.hpp"
 #include "eredu/io/reading/checkpoint_source.hpp"
 
 namespace eredu::engine {
 
 /// A bounded look-ahead loader over an ordered sequence of units (see file comment).
-/// B: the backend; M: the module type of one unit, made by the factory for each load.
-template <ParameterBackend B, class M>
-requires Parameterized<M, typename B::Parameter>
+/// B: the backend; M: the module type of one unit, made by the factory for each load;
+/// Source: the io::ByteSource the units are read from (a local checkpoint unless named).
+template <ParameterBackend B, class M, io::ByteSource Source = io::CheckpointSource>
+requires ParameterBackend<B, Source> && Parameterized<M, typename B::Parameter>
 class PrefetchPipeline {
-  using State = detail::PipelineState<B, M>;
+  using State = detail::PipelineState<B, M, Source>;
   using Slot = typename State::Slot;
 
  public:
@@ -111,7 +113,7 @@ class PrefetchPipeline {
   /// catalog first: a bad plan, a unit larger than the budget, lookahead 0 or
   /// concurrent_loads 0 throws (RecipeError, OrchestrationError, Error(invalid_argument))
   /// before any read. `source` and `context` must outlive async_close's completion.
-  PrefetchPipeline(io::CheckpointSource& source, std::vector<PipelineUnit> units, ModuleFactory make_module,
+  PrefetchPipeline(Source& source, std::vector<PipelineUnit> units, ModuleFactory make_module,
                    typename B::MaterializationContext& context, PrefetchOptions options = {})
       : state_(State::create(source, std::move(units), std::move(make_module), context, options)) {
     State::launch(state_);
@@ -120,7 +122,7 @@ class PrefetchPipeline {
   /// The same, with keep-on-host: a released unit is demoted to host buffers on
   /// `keep_on_host.executor` and promoted on later passes instead of being read again. Only
   /// for a TransferBackend; the executor must outlive async_close's completion too.
-  PrefetchPipeline(io::CheckpointSource& source, std::vector<PipelineUnit> units, ModuleFactory make_module,
+  PrefetchPipeline(Source& source, std::vector<PipelineUnit> units, ModuleFactory make_module,
                    typename B::MaterializationContext& context, PrefetchOptions options,
                    KeepOnHost<typename B::Executor> keep_on_host) requires TransferBackend<B>
       : state_(State::create(source, std::move(units), std::move(make_module), context, options)) {
