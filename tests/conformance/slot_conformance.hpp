@@ -23,8 +23,11 @@
 // An adapter `S` gives, over one slot and two versions of one checkpoint (A and B, of the same
 // tensors and sizes):
 //  * `S::Model`, `S::Report`, `S::name`;
-//  * `source_a()`, `source_b()`: open sources of A and B; `checkpoint_a()`, `checkpoint_b()`:
-//    their CpuCheckpoints; `tensors()`: the tensor names a checksum set covers;
+//  * `source_a()`, `source_b()`: open sources of A and B (any io::ByteSource the slot reads:
+//    a CheckpointSource, or test::VectorSource to run the cases from memory);
+//    `checkpoint_a()`, `checkpoint_b()`: their CpuCheckpoints; `tensors()`: the tensor names a
+//    checksum set covers (from a source other than a checkpoint, only tensors the backend
+//    hashes where they land: the others need a re-read of the file);
 //  * `async_swap(source, options, token)`, `run(future)` (runs the loop until it is ready)
 //    and `poll_one()` (runs one handler);
 //  * `generation()`, `swapping()`, `tag()` (a digest of every byte the serving version holds,
@@ -90,8 +93,8 @@ struct CountingAllocator {
 };
 
 /// Runs a swap of `slot` to `source` that must fail; returns its error's cause (S::cause).
-template <class S>
-errc failed_swap(S& slot, io::CheckpointSource& source, engine::SwapOptions<typename S::Model> options = {}) {
+template <class S, class Source>
+errc failed_swap(S& slot, Source& source, engine::SwapOptions<typename S::Model> options = {}) {
   try {
     auto f = slot.async_swap(source, std::move(options), asio::use_future);
     slot.run(f);
@@ -104,8 +107,8 @@ errc failed_swap(S& slot, io::CheckpointSource& source, engine::SwapOptions<type
 }
 
 /// Runs a swap of `slot` to `source` that must succeed.
-template <class S>
-typename S::Report swap(S& slot, io::CheckpointSource& source, engine::SwapOptions<typename S::Model> options = {}) {
+template <class S, class Source>
+typename S::Report swap(S& slot, Source& source, engine::SwapOptions<typename S::Model> options = {}) {
   auto f = slot.async_swap(source, std::move(options), asio::use_future);
   return slot.run(f);
 }

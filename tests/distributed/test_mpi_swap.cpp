@@ -32,6 +32,7 @@
 #include "eredu/engine/serving/distributed_model_slot.hpp"
 #include "eredu/io/integrity/sha256.hpp"
 #include "eredu/mpi/backend.hpp"
+#include "support/vector_source.hpp"
 
 using namespace eredu;
 using namespace eredu::test;
@@ -367,9 +368,9 @@ TEST_CASE("mpi – a rank killed during a swap fails the others' vote within its
   }
 }
 
-// The cases every slot shares (conformance/slot_conformance.hpp), for DistributedModelSlot:
-// every rank runs the same case, so each failure is every rank's, and each rank's error names
-// them all with the kind this rank voted.
+// The cases every slot shares (conformance/slot_conformance.hpp), for DistributedModelSlot from
+// a checkpoint and from memory: every rank runs the same case, so each failure is every
+// rank's, and each rank's error names them all with the kind this rank voted.
 namespace eredu::test {
 
 /// DistributedModelSlot over the world's ranks, each with its tensor-parallel shard.
@@ -389,8 +390,8 @@ struct DistributedSlot {
     for (const synth::TensorSpec& s : specs()) out.push_back(s.name);
     return out;
   }
-  template <class Token>
-  auto async_swap(io::CheckpointSource& source, engine::SwapOptions<Module> options, Token&& token) {
+  template <class Source, class Token>
+  auto async_swap(Source& source, engine::SwapOptions<Module> options, Token&& token) {
     return env.slot.async_swap(source, env.plan.bindings, env.context, std::move(options), std::forward<Token>(token));
   }
   template <class T>
@@ -419,7 +420,24 @@ struct DistributedSlot {
   }
 };
 
+/// The same, its versions served from memory on every rank (test::VectorSource, no file): each
+/// rank reads its shards through the io::ByteSource concept alone.
+struct DistributedSlotFromMemory : DistributedSlot {
+  static constexpr const char* name = "DistributedModelSlot, from an in-memory source";
+  VectorSource memory_a{env.ctx.get_executor(), std::size_t{1} << 20, 1000};
+  VectorSource memory_b{env.ctx.get_executor(), std::size_t{1} << 20, 1000};
+
+  DistributedSlotFromMemory() {
+    for (std::size_t i = 0; i < env.a.specs.size(); ++i) {
+      memory_a.add(env.a.specs[i].name, env.a.specs[i].dtype, env.a.specs[i].shape, env.a.data[i]);
+      memory_b.add(env.b.specs[i].name, env.b.specs[i].dtype, env.b.specs[i].shape, env.b.data[i]);
+    }
+  }
+  VectorSource& source_a() { return memory_a; }
+  VectorSource& source_b() { return memory_b; }
+};
+
 }  // namespace eredu::test
 
-#define EREDU_SLOT_ADAPTERS eredu::test::DistributedSlot
+#define EREDU_SLOT_ADAPTERS eredu::test::DistributedSlot, eredu::test::DistributedSlotFromMemory
 #include "conformance/slot_conformance.hpp"

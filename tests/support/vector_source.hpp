@@ -83,6 +83,13 @@ class VectorSource {
   io::SourceCapabilities capabilities() const { return {.request_bytes = chunk_, .concurrency = 1}; }
   /// Reads served so far (each read, lease or chunk counts one).
   std::size_t reads() const noexcept { return reads_; }
+  /// Makes every read after the next `served` ones fail with io_error (a store that breaks
+  /// mid-load); std::nullopt serves every read again.
+  void fail_after(std::optional<std::size_t> served) {
+    fail_at_ = served ? std::optional(reads_ + *served) : std::nullopt;
+  }
+  /// The pool its leases come from.
+  const io::LeasePool& pool() const noexcept { return pool_; }
 
   /// Selected bytes; throws tensor_not_found / invalid_selection.
   std::uint64_t selected_bytes(const io::TensorReadRequest& request) const {
@@ -156,6 +163,7 @@ class VectorSource {
     if (io::LeasePool::block_size(size) > pool_.budget())
       throw Error(errc::exceeds_budget, {.file = "memory", .tensor = t.name}, "larger than the pool: stream it");
     io::StagingBuffer buffer = co_await pool_.async_acquire(size, asio::use_awaitable);
+    check_failure(t);
     copy(t, runs, from, std::span(buffer.data(), size));
     ++reads_;
     co_return io::Lease(std::move(buffer), 0, size, &t, from, total);
@@ -172,9 +180,16 @@ class VectorSource {
     auto [t, runs] = runs_of(request);
     if (destination.size() != selected_bytes(request))
       throw Error(errc::invalid_argument, {.file = "memory", .tensor = t->name}, "destination is not the selection");
+    check_failure(*t);
     copy(*t, runs, 0, destination);
     ++reads_;
     co_return;
+  }
+
+  /// Throws the injected failure (fail_after) for a read of `t`.
+  void check_failure(const io::TensorInfo& t) const {
+    if (fail_at_ && reads_ >= *fail_at_)
+      throw Error(errc::io_error, {.file = "memory", .tensor = t.name}, "injected read failure");
   }
 
   static asio::awaitable<void> no_window(std::string key) {
@@ -188,6 +203,7 @@ class VectorSource {
   io::LeasePool pool_;
   std::size_t chunk_;
   std::size_t reads_ = 0;
+  std::optional<std::size_t> fail_at_{};  // reads from this count on fail (fail_after)
 };
 
 template <asio::completion_token_for<void(std::exception_ptr, std::optional<io::Lease>)> Token>

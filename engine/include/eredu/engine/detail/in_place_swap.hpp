@@ -79,8 +79,9 @@ struct InPlaceSwap {
                                "an in-place swap needs the serving version's aliasing (the same tied weights)");
   }
   /// Stages the complete new set.
-  asio::awaitable<Staged> load(const SwapRequest<typename B::MaterializationContext, Model>& request,
-                               const MaterializeOptions& materialize) const {
+  template <io::ByteSource Source>
+  asio::awaitable<Staged> load(const SwapRequest<Source, typename B::MaterializationContext, Model>& request,
+                               const MaterializeOptions& materialize) const requires ParameterBackend<B, Source> {
     return materialize_unit<B>(*request.source, request.plan, *request.context, materialize, true);
   }
   /// Validates the staged set against the serving model's declarations (which never change).

@@ -17,6 +17,11 @@
 /// failure before the publication leaves the serving version untouched. Steps 2 and 3 are
 /// detail/swap_steps.hpp; the policies are detail/double_buffered_swap.hpp,
 /// detail/in_place_swap.hpp and detail/distributed_swap.hpp.
+///
+/// The source is any io::ByteSource the backend reads from (ParameterBackend<B, Source>): the
+/// core asks it for its catalog and executor only, and the load reads it through
+/// materialize_unit, which refuses before any read the one step a non-checkpoint source
+/// cannot serve (checksums that need re-reading the file).
 
 #include <asio/associated_allocator.hpp>
 #include <asio/awaitable.hpp>
@@ -35,15 +40,15 @@
 #include "eredu/engine/orchestration/materialize_options.hpp"
 #include "eredu/engine/serving/model_version.hpp"
 #include "eredu/engine/serving/swap_options.hpp"
-#include "eredu/io/reading/checkpoint_source.hpp"
+#include "eredu/io/reading/byte_source.hpp"
 
 namespace eredu::engine::detail {
 
 /// What one swap was asked for, held by the swap for its whole run (the caller's source and
-/// context outlive it; the plan is the swap's own copy).
-template <class Context, class Model>
+/// context outlive it; the plan is the swap's own copy). `Source` is any io::ByteSource.
+template <io::ByteSource Source, class Context, class Model>
 struct SwapRequest {
-  io::CheckpointSource* source = nullptr;           ///< where the new version is read from
+  Source* source = nullptr;                         ///< where the new version is read from
   std::shared_ptr<const WeightBindingPlan> plan{};  ///< what it binds
   Context* context = nullptr;                       ///< the backend's (throttled) materialization context
   SwapOptions<Model> options{};                     ///< origin, checksums, canary, progress
@@ -82,8 +87,9 @@ struct NewModelSteps {
   /// Any plan may be tried: the load and the bind check it.
   void admit(const WeightBindingPlan&, std::uint64_t) const noexcept {}
   /// Loads into a new private model.
-  asio::awaitable<Staged> load(const SwapRequest<typename B::MaterializationContext, Model>& request,
-                               MaterializeOptions materialize) const {
+  template <io::ByteSource Source>
+  asio::awaitable<Staged> load(const SwapRequest<Source, typename B::MaterializationContext, Model>& request,
+                               MaterializeOptions materialize) const requires ParameterBackend<B, Source> {
     auto next = std::make_shared<Version>(Version{make_model(), 0, request.options.origin});
     co_await load_unit<B>(next->model, *request.source, request.plan, *request.context, std::move(materialize), true);
     co_return next;
@@ -109,8 +115,8 @@ struct NewModelSteps {
 ///    `canary(staged, run)` → awaitable<void> (calls `run(model)` on the model to probe);
 ///  - `commit(optional<Staged>, failure, report)` → awaitable<Committed>;
 ///  - `publish(committed, serving, cancellation, report)` and `retire(committed)` → awaitable<void>.
-template <class Policy, class Context, class Model>
-asio::awaitable<typename Policy::Report> run_swap(Policy policy, SwapRequest<Context, Model> request) {
+template <class Policy, io::ByteSource Source, class Context, class Model>
+asio::awaitable<typename Policy::Report> run_swap(Policy policy, SwapRequest<Source, Context, Model> request) {
   // Claim: one swap of a slot at a time (a second one fails here, before any step).
   SwapClaim claim(policy.swapping(), request.options.origin);
   co_await asio::this_coro::throw_if_cancelled(false);

@@ -27,8 +27,8 @@
 #include "eredu/engine/orchestration/engine_error.hpp"
 #include "eredu/engine/orchestration/materialize_options.hpp"
 #include "eredu/engine/serving/swap_options.hpp"
+#include "eredu/io/formats/catalog.hpp"
 #include "eredu/io/integrity/checksums.hpp"
-#include "eredu/io/reading/checkpoint_source.hpp"
 
 namespace eredu::engine::detail {
 

@@ -141,15 +141,21 @@ class DistributedModelSlot {
   /// terminal, before the vote: this rank votes no (cancelled) and every rank keeps its
   /// version. Once the ballots are cast the decision is every rank's, and is not undone.
   ///
+  /// `source` is any io::ByteSource B reads from, as for ModelSlot::async_swap: from a source
+  /// other than a local checkpoint, checksums that need re-reading the file (a recipe's
+  /// source tensors, or any tensor on a backend that cannot hash its weights where they land)
+  /// fail this rank's load with invalid_argument before any read, which it votes like any
+  /// other failure.
+  ///
   /// `source`, `context` and `options.progress` must outlive the operation; the plan is copied.
-  template <asio::completion_token_for<void(std::exception_ptr, DistributedSwapReport)> Token>
-  auto async_swap(io::CheckpointSource& source, const WeightBindingPlan& plan,
-                  typename B::MaterializationContext& context, SwapOptions<Model> options, Token&& token) {
+  template <io::ByteSource Source, asio::completion_token_for<void(std::exception_ptr, DistributedSwapReport)> Token>
+  requires ParameterBackend<B, Source>
+  auto async_swap(Source& source, const WeightBindingPlan& plan, typename B::MaterializationContext& context,
+                  SwapOptions<Model> options, Token&& token) {
+    using Context = typename B::MaterializationContext;
     return asio::async_initiate<Token, void(std::exception_ptr, DistributedSwapReport)>(
-        [](auto handler, State* state, io::CheckpointSource* src, const WeightBindingPlan& p,
-           typename B::MaterializationContext* ctx, SwapOptions<Model> o) {
-          detail::SwapRequest<typename B::MaterializationContext, Model> request{src, detail::plan_for(handler, p), ctx,
-                                                                                 std::move(o)};
+        [](auto handler, State* state, Source* src, const WeightBindingPlan& p, Context* ctx, SwapOptions<Model> o) {
+          detail::SwapRequest<Source, Context, Model> request{src, detail::plan_for(handler, p), ctx, std::move(o)};
           // The caller's cancellation only raises a flag the swap checks between its steps:
           // given to co_spawn, a cancellation before the coroutine's first step would end the
           // swap without running it, and this rank would never vote. The flag and the plan's

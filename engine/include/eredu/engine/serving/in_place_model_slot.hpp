@@ -159,17 +159,21 @@ class InPlaceModelSlot {
   /// terminal, up to the copy: the swap stops after its current step and fails with
   /// errc::cancelled. Once the gate is closed the swap runs to its end.
   ///
+  /// `source` is any io::ByteSource B reads from, as for ModelSlot::async_swap: from a source
+  /// other than a local checkpoint, checksums that need re-reading the file fail the swap with
+  /// invalid_argument before any read, the serving weights untouched.
+  ///
   /// `source`, `context`, `executor` and `options.progress` must outlive the operation; the
   /// plan is copied, and so is the canary.
-  template <asio::completion_token_for<void(std::exception_ptr, SwapReport)> Token>
-  auto async_swap(io::CheckpointSource& source, const WeightBindingPlan& plan,
-                  typename B::MaterializationContext& context, typename B::Executor& executor,
-                  SwapOptions<Model> options, Token&& token) {
+  template <io::ByteSource Source, asio::completion_token_for<void(std::exception_ptr, SwapReport)> Token>
+  requires ParameterBackend<B, Source>
+  auto async_swap(Source& source, const WeightBindingPlan& plan, typename B::MaterializationContext& context,
+                  typename B::Executor& executor, SwapOptions<Model> options, Token&& token) {
     using Context = typename B::MaterializationContext;
     return asio::async_initiate<Token, void(std::exception_ptr, SwapReport)>(
-        [](auto handler, State* state, io::CheckpointSource* src, const WeightBindingPlan& p, Context* ctx,
-           typename B::Executor* ex, SwapOptions<Model> o) {
-          detail::SwapRequest<Context, Model> request{src, detail::plan_for(handler, p), ctx, std::move(o)};
+        [](auto handler, State* state, Source* src, const WeightBindingPlan& p, Context* ctx, typename B::Executor* ex,
+           SwapOptions<Model> o) {
+          detail::SwapRequest<Source, Context, Model> request{src, detail::plan_for(handler, p), ctx, std::move(o)};
           Swap policy{state, ex, request.plan};
           eredu::detail::spawn_operation(src->get_executor(), detail::run_swap(std::move(policy), std::move(request)),
                                          std::move(handler));
@@ -178,9 +182,10 @@ class InPlaceModelSlot {
   }
 
   /// async_swap with default options.
-  template <asio::completion_token_for<void(std::exception_ptr, SwapReport)> Token>
-  auto async_swap(io::CheckpointSource& source, const WeightBindingPlan& plan,
-                  typename B::MaterializationContext& context, typename B::Executor& executor, Token&& token) {
+  template <io::ByteSource Source, asio::completion_token_for<void(std::exception_ptr, SwapReport)> Token>
+  requires ParameterBackend<B, Source>
+  auto async_swap(Source& source, const WeightBindingPlan& plan, typename B::MaterializationContext& context,
+                  typename B::Executor& executor, Token&& token) {
     return async_swap(source, plan, context, executor, SwapOptions<Model>{}, std::forward<Token>(token));
   }
 

@@ -95,16 +95,22 @@ class ModelSlot {
   /// terminal, up to the publication: the swap stops after its current step and fails with
   /// errc::cancelled. A publication is never undone.
   ///
+  /// `source` is any io::ByteSource B reads from: a local checkpoint (io::CheckpointSource), or
+  /// any other source, which supports the whole swap except checksums that must be verified
+  /// by re-reading the file (a recipe's source tensors, or any tensor on a backend that cannot
+  /// hash its weights where they land): those fail the swap with invalid_argument before any
+  /// read, the serving version untouched.
+  ///
   /// `source`, `context` and `options.progress` must outlive the operation; the plan is
   /// copied, and so is the canary (kept alive for the whole swap).
-  template <asio::completion_token_for<void(std::exception_ptr, SwapReport)> Token>
-  auto async_swap(io::CheckpointSource& source, const WeightBindingPlan& plan,
-                  typename B::MaterializationContext& context, SwapOptions<Model> options, Token&& token) {
+  template <io::ByteSource Source, asio::completion_token_for<void(std::exception_ptr, SwapReport)> Token>
+  requires ParameterBackend<B, Source>
+  auto async_swap(Source& source, const WeightBindingPlan& plan, typename B::MaterializationContext& context,
+                  SwapOptions<Model> options, Token&& token) {
     using Context = typename B::MaterializationContext;
     return asio::async_initiate<Token, void(std::exception_ptr, SwapReport)>(
-        [](auto handler, State* state, io::CheckpointSource* src, const WeightBindingPlan& p, Context* ctx,
-           SwapOptions<Model> o) {
-          detail::SwapRequest<Context, Model> request{src, detail::plan_for(handler, p), ctx, std::move(o)};
+        [](auto handler, State* state, Source* src, const WeightBindingPlan& p, Context* ctx, SwapOptions<Model> o) {
+          detail::SwapRequest<Source, Context, Model> request{src, detail::plan_for(handler, p), ctx, std::move(o)};
           eredu::detail::spawn_operation(src->get_executor(), detail::run_swap(Swap{state}, std::move(request)),
                                          std::move(handler));
         },
@@ -112,9 +118,10 @@ class ModelSlot {
   }
 
   /// async_swap with default options.
-  template <asio::completion_token_for<void(std::exception_ptr, SwapReport)> Token>
-  auto async_swap(io::CheckpointSource& source, const WeightBindingPlan& plan,
-                  typename B::MaterializationContext& context, Token&& token) {
+  template <io::ByteSource Source, asio::completion_token_for<void(std::exception_ptr, SwapReport)> Token>
+  requires ParameterBackend<B, Source>
+  auto async_swap(Source& source, const WeightBindingPlan& plan, typename B::MaterializationContext& context,
+                  Token&& token) {
     return async_swap(source, plan, context, SwapOptions<Model>{}, std::forward<Token>(token));
   }
 
