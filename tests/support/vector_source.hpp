@@ -77,6 +77,8 @@ class VectorSource {
 
   /// Executor completions run on.
   const asio::any_io_executor& get_executor() const noexcept { return executor_; }
+  /// The pool leases come from (a backend may page-lock it: cuda::pin_staging).
+  io::LeasePool& pool() noexcept { return pool_; }
   /// The tensors added.
   const io::Catalog& catalog() const noexcept { return catalog_; }
   /// Reads only: nothing to map, no direct windows; requests of one chunk, one at a time.
