@@ -60,6 +60,7 @@
 #include "eredu/core/completion.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/core/unique_function.hpp"
+#include "eredu/engine/backend/backend_glue.hpp"
 #include "eredu/engine/description/recipe.hpp"
 #include "eredu/engine/orchestration/placement.hpp"
 #include "eredu/io/reading/byte_source.hpp"
@@ -506,23 +507,10 @@ class FakeHostBuffer {
 };
 
 /// A parameter slot of a fake module: the dtype and shape it accepts, and its bound weight.
-struct FakeParameter {
-  DType dtype{};     ///< the dtype a bound weight must have
-  Shape shape;       ///< the shape a bound weight must have
-  FakeWeight value;  ///< the bound weight (empty before the first bind)
-
-  /// A slot for a `dtype` weight of `shape`.
-  FakeParameter(DType d, Shape s) : dtype(d), shape(std::move(s)) {}
-  FakeParameter() = default;
-  /// True once a weight is bound.
-  bool bound() const noexcept { return static_cast<bool>(value); }
-};
+using FakeParameter = engine::BasicParameter<FakeWeight>;
 
 /// An in-flight realization: the destination and the completion of the work writing it.
-struct FakeMaterialization {
-  FakeWeight weight;  ///< allocated up front; read it only once `done` has succeeded
-  Completion done;    ///< completes when the bytes are written and every lease is back
-};
+using FakeMaterialization = engine::BasicMaterialization<FakeWeight>;
 
 /// The fake's device and its MaterializationContext: the script, the counters, and the
 /// executor its executor work runs on. Cheap to copy (copies are the same device).
@@ -727,16 +715,11 @@ struct FakeBackend {
       d->update([](FakeStats& s) { ++s.rejections; });
       std::rethrow_exception(e);
     };
-    if (weight.dtype() != parameter.dtype)
-      reject(
-          std::make_exception_ptr(BackendError(errc::bind_dtype_mismatch, {},
-                                               fmt::format("the parameter holds {} but the weight is {}",
-                                                           dtype_name(parameter.dtype), dtype_name(weight.dtype())))));
-    if (weight.shape() != parameter.shape)
-      reject(std::make_exception_ptr(
-          BackendError(errc::bind_shape_mismatch, {},
-                       fmt::format("the parameter has shape {} but the weight has shape {}",
-                                   format_shape(parameter.shape), format_shape(weight.shape())))));
+    try {
+      engine::check_bind_fits(parameter.dtype, parameter.shape, weight.dtype(), weight.shape());
+    } catch (const BackendError&) {
+      reject(std::current_exception());
+    }
     if (std::optional<errc> kind = d->take_failure(FakeOp::validate_bind, {weight.origin()}, FailAt::complete))
       reject(fake_detail::scripted_error(*kind, FakeOp::validate_bind, weight.origin()));
     if (std::optional<errc> kind = d->take_failure(FakeOp::validate_bind, {weight.origin()}, FailAt::start))

@@ -90,6 +90,8 @@ class VectorSource {
   }
   /// The pool its leases come from.
   const io::LeasePool& pool() const noexcept { return pool_; }
+  /// The pool its leases come from, to page-lock (cuda::pin_staging).
+  io::LeasePool& pool() noexcept { return pool_; }
 
   /// Selected bytes; throws tensor_not_found / invalid_selection.
   std::uint64_t selected_bytes(const io::TensorReadRequest& request) const {

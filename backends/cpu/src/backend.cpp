@@ -169,20 +169,8 @@ void copy_weight(const Tensor& weight, std::span<std::byte> out) {
 
 }  // namespace
 
-Tensor Backend::finish_materialization(Materialization&& m) {
-  m.done.get();
-  return std::move(m.weight);
-}
-
 void Backend::validate_bind(const Parameter& parameter, const Tensor& weight) {
-  if (weight.dtype() != parameter.dtype)
-    throw BackendError(errc::bind_dtype_mismatch, {},
-                       fmt::format("the parameter holds {} but the weight is {}", dtype_name(parameter.dtype),
-                                   dtype_name(weight.dtype())));
-  if (weight.shape() != parameter.shape)
-    throw BackendError(errc::bind_shape_mismatch, {},
-                       fmt::format("the parameter has shape {} but the weight has shape {}",
-                                   format_shape(parameter.shape), format_shape(weight.shape())));
+  engine::check_bind_fits(parameter.dtype, parameter.shape, weight.dtype(), weight.shape());
   if (const io::MappedTensor* mapped = weight ? weight.storage()->mapping() : nullptr) {
     // A rewritten file throws file_changed here; a replaced one leaves these bytes intact.
     if (mapped->check_file() == io::MappedFile::State::replaced && mapped->file().first_replacement_notice())

@@ -54,12 +54,14 @@ bool PinnedRegistration::contains(std::span<const std::byte> bytes) const noexce
          !lt(bytes.data() + bytes.size(), bytes.data());
 }
 
-PinnedRegistration pin_staging(io::CheckpointSource& source) {
+PinnedRegistration pin_staging(io::LeasePool& pool) {
   // Kept resident first, so no release can come between locking the pages and holding them.
-  io::LeasePool::KeepResident keep = source.pool().keep_resident();
-  PinnedRegistration pinned(source.pool().memory());
+  io::LeasePool::KeepResident keep = pool.keep_resident();
+  PinnedRegistration pinned(pool.memory());
   pinned.keep_.emplace(std::move(keep));
   return pinned;
 }
+
+PinnedRegistration pin_staging(io::CheckpointSource& source) { return pin_staging(source.pool()); }
 
 }  // namespace eredu::cuda

@@ -33,6 +33,7 @@
 #include "eredu/cpu/materialization_context.hpp"
 #include "eredu/cpu/parameter.hpp"
 #include "eredu/cpu/tensor.hpp"
+#include "eredu/engine/backend/backend_glue.hpp"
 #include "eredu/engine/description/recipe.hpp"
 #include "eredu/engine/orchestration/placement.hpp"
 #include "eredu/io/integrity/checksums.hpp"
@@ -45,11 +46,8 @@ namespace eredu::cpu {
 /// is an engine::VerifyingBackend: dtype-kept tensors hold the stored bytes and are hashed in
 /// place on the arena. Stateless: state lives in
 /// the MaterializationContext, the Executor and the StoragePool.
-struct Backend {
-  using Parameter = cpu::Parameter;                            ///< a module's slot
-  using MaterializedWeight = Tensor;                           ///< a realized weight
+struct Backend : engine::BackendGlue<Tensor, Executor> {
   using MaterializationContext = cpu::MaterializationContext;  ///< executor + storage pool
-  using Materialization = cpu::Materialization;                ///< an in-flight realization
   using Executor = cpu::Executor;                              ///< a TBB arena
   using HostBuffer = cpu::HostBuffer;                          ///< a parked weight
 
@@ -72,18 +70,10 @@ struct Backend {
   template <io::ByteSource S>
   static Materialization materialize_recipe(S& source, const engine::DerivedWeightRecipe& recipe,
                                             MaterializationContext& context, std::stop_token stop);
-  /// The completion of an in-flight realization.
-  static Completion completion(const Materialization& m) { return m.done; }
-  /// The tensor an in-flight realization writes.
-  static const Tensor& materialized_weight(const Materialization& m) { return m.weight; }
-  /// The realized tensor; rethrows the realization's error. Call once completion() is ready.
-  static Tensor finish_materialization(Materialization&& m);
-  /// Another handle to the same storage.
-  static Tensor share_materialized_weight(const Tensor& weight) { return weight; }
-  /// Throws BackendError(bind_dtype_mismatch / bind_shape_mismatch) naming both sides.
+  /// Throws BackendError(bind_dtype_mismatch / bind_shape_mismatch) naming both sides
+  /// (engine::check_bind_fits); a mapped weight's file is re-checked: a rewritten one throws
+  /// file_changed, a replaced one is logged once (its bytes stay those of the opened file).
   static void validate_bind(const Parameter& parameter, const Tensor& weight);
-  /// Stores the tensor in the slot (replacing, and so releasing, any previous one).
-  static void bind(Parameter& parameter, Tensor&& weight) noexcept { parameter.value = std::move(weight); }
 
   // --- VerifyingBackend ---
 
@@ -100,22 +90,9 @@ struct Backend {
   /// until the copy completes, and the slot must not be read before then.
   static Completion overwrite(Executor& executor, Parameter& slot, const Tensor& weight);
 
-  // --- SubmissionBackend ---
-
-  /// `count` new arenas with `executor`'s concurrency.
-  static std::vector<std::unique_ptr<Executor>> fork_executors(Executor& executor, std::size_t count) {
-    return executor.fork(count);
-  }
-  /// Completes when everything submitted to `executor` so far has (CPU tensors are written
-  /// eagerly: submitting values is a fence).
-  static Completion submit(Executor& executor) { return executor.fence(); }
-  /// Later work on `executor` starts after `completion`.
-  static void order_after(const Completion& completion, Executor& executor) { executor.order_after(completion); }
-  /// Keeps `value` alive until `completion` has completed.
-  template <class T>
-  static void retain_until_complete(Executor&, const Completion& completion, T value) {
-    Executor::retain_until_complete(completion, std::move(value));
-  }
+  // --- SubmissionBackend: engine::BackendGlue's (fork_executors, submit, order_after,
+  // retain_until_complete), forwarded to the Executor. CPU tensors are written eagerly, so
+  // submitting values is a fence. ---
 
   // --- TransferBackend ---
 

@@ -35,19 +35,18 @@
 #include "eredu/cuda/materialization_context.hpp"
 #include "eredu/cuda/parameter.hpp"
 #include "eredu/cuda/tensor.hpp"
+#include "eredu/engine/backend/backend_glue.hpp"
 #include "eredu/engine/description/recipe.hpp"
 #include "eredu/engine/orchestration/placement.hpp"
+#include "eredu/io/reading/byte_source.hpp"
 #include "eredu/io/reading/checkpoint_source.hpp"
 
 namespace eredu::cuda {
 
 /// The CUDA backend's types and operations (see file comment). Stateless: state lives in
 /// the MaterializationContext, the Executor (stream) and the DeviceMemoryPool.
-struct Backend {
-  using Parameter = cuda::Parameter;                            ///< a module's slot
-  using MaterializedWeight = Tensor;                            ///< a realized device tensor
+struct Backend : engine::BackendGlue<Tensor, Executor> {
   using MaterializationContext = cuda::MaterializationContext;  ///< stream + device pool + pinned staging
-  using Materialization = cuda::Materialization;                ///< an in-flight realization
   using Executor = cuda::Executor;                              ///< a CUDA stream
   using HostBuffer = cuda::HostBuffer;                          ///< a weight parked in pinned host memory
 
@@ -61,40 +60,17 @@ struct Backend {
   /// Starts uploading `request` (checkpoint dtype kept) into a new device tensor. Throws at
   /// once for an unknown tensor, a bad selection, or a device allocation failure
   /// (BackendError(out_of_memory) naming the tensor).
-  static Materialization materialize(io::CheckpointSource& source, const io::TensorReadRequest& request,
-                                     MaterializationContext& context, std::stop_token stop);
+  template <io::ByteSource S>
+  static Materialization materialize(S& source, const io::TensorReadRequest& request, MaterializationContext& context,
+                                     std::stop_token stop);
   /// Starts executing a recipe into a new device tensor. Throws RecipeError at once if it does
   /// not infer against the source's catalog, BackendError when the output cannot be allocated.
-  static Materialization materialize_recipe(io::CheckpointSource& source, const engine::DerivedWeightRecipe& recipe,
+  template <io::ByteSource S>
+  static Materialization materialize_recipe(S& source, const engine::DerivedWeightRecipe& recipe,
                                             MaterializationContext& context, std::stop_token stop);
-  /// The completion of an in-flight realization.
-  static Completion completion(const Materialization& m) { return m.done; }
-  /// The tensor an in-flight realization writes.
-  static const Tensor& materialized_weight(const Materialization& m) { return m.weight; }
-  /// The realized tensor; rethrows the realization's error. Call once completion() is ready.
-  static Tensor finish_materialization(Materialization&& m);
-  /// Another handle to the same device storage.
-  static Tensor share_materialized_weight(const Tensor& weight) { return weight; }
-  /// Throws BackendError(bind_dtype_mismatch / bind_shape_mismatch) naming both sides.
-  static void validate_bind(const Parameter& parameter, const Tensor& weight);
-  /// Stores the tensor in the slot (replacing, and so releasing, any previous one).
-  static void bind(Parameter& parameter, Tensor&& weight) noexcept { parameter.value = std::move(weight); }
 
-  // --- SubmissionBackend ---
-
-  /// `count` new streams on `executor`'s device.
-  static std::vector<std::unique_ptr<Executor>> fork_executors(Executor& executor, std::size_t count) {
-    return executor.fork(count);
-  }
-  /// Completes when everything enqueued on `executor` so far has (a stream callback).
-  static Completion submit(Executor& executor) { return executor.fence(); }
-  /// Later work on `executor` starts after `completion` (see Executor::order_after).
-  static void order_after(const Completion& completion, Executor& executor) { executor.order_after(completion); }
-  /// Keeps `value` alive until `completion` has completed (then drops it off CUDA's callback thread).
-  template <class T>
-  static void retain_until_complete(Executor&, const Completion& completion, T value) {
-    Executor::retain_until_complete(completion, std::move(value));
-  }
+  // --- SubmissionBackend: engine::BackendGlue's (fork_executors, submit, order_after,
+  // retain_until_complete), forwarded to the Executor ---
 
   // --- TransferBackend ---
 
@@ -113,4 +89,13 @@ struct Backend {
   static DeviceMemoryPool& default_memory(int device);
 };
 
+// Compiled once, in backend.cpp, for the local-file source; other sources instantiate the
+// steps (detail/materialize_steps.hpp) where they are used.
+extern template Materialization Backend::materialize(io::CheckpointSource&, const io::TensorReadRequest&,
+                                                     MaterializationContext&, std::stop_token);
+extern template Materialization Backend::materialize_recipe(io::CheckpointSource&, const engine::DerivedWeightRecipe&,
+                                                            MaterializationContext&, std::stop_token);
+
 }  // namespace eredu::cuda
+
+#include "eredu/cuda/detail/materialize_steps.hpp"

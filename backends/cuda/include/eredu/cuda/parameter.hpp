@@ -1,27 +1,14 @@
 #pragma once
 /// \file
-/// eredu::cuda::Parameter: one parameter slot of a GPU module — what it must hold (dtype,
-/// shape) and, once bound, the device tensor.
+/// eredu::cuda::Parameter: one parameter slot of a CUDA module — what it must hold (dtype,
+/// shape) and, once bound, the device tensor (engine::BasicParameter, the slot every backend shares).
 
-#include <utility>
-
-#include "eredu/core/dtype.hpp"
-#include "eredu/core/shape.hpp"
 #include "eredu/cuda/tensor.hpp"
+#include "eredu/engine/backend/backend_glue.hpp"
 
 namespace eredu::cuda {
 
 /// A slot declared with the dtype and shape it accepts; `value` is empty until bound.
-struct Parameter {
-  DType dtype{};   ///< the dtype a bound tensor must have
-  Shape shape{};   ///< the shape a bound tensor must have
-  Tensor value{};  ///< the bound device tensor (empty before the first bind)
-
-  /// A slot for a `dtype` tensor of `shape`.
-  Parameter(DType d, Shape s) : dtype(d), shape(std::move(s)) {}
-  Parameter() = default;
-  /// True once a tensor is bound.
-  bool bound() const noexcept { return static_cast<bool>(value); }
-};
+using Parameter = engine::BasicParameter<Tensor>;
 
 }  // namespace eredu::cuda

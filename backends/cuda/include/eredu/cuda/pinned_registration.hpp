@@ -4,9 +4,10 @@
 /// (cudaHostRegister), so copies from it are DMA'd to the device directly.
 ///
 /// The lease pool's memory is one mapping (io::LeasePool::memory()); registering it once
-/// makes every lease a DMA source without another host copy: `pin_staging(source)`. The
-/// memory must stay mapped while registered: create the registration after the
-/// CheckpointSource and destroy it before (declare it after the source). It also keeps the
+/// makes every lease a DMA source without another host copy: `pin_staging(pool)`, for the
+/// pool of any source that stages through one (`pin_staging(source)` for a CheckpointSource).
+/// The memory must stay mapped while registered: create the registration after the pool's
+/// owner and destroy it before (declare it after the source). It also keeps the
 /// pool's pages resident (LeasePool::KeepResident): an idle pool returning pages that CUDA
 /// has locked would leave the device copying from pages the pool no longer uses.
 
@@ -43,12 +44,15 @@ class PinnedRegistration {
   bool contains(std::span<const std::byte> bytes) const noexcept;
 
  private:
-  friend PinnedRegistration pin_staging(io::CheckpointSource& source);
+  friend PinnedRegistration pin_staging(io::LeasePool& pool);
   void reset() noexcept;
   std::span<std::byte> memory_;
   std::optional<io::LeasePool::KeepResident> keep_;  // the pool's pages stay while locked
 };
 
+/// Registers the staging memory of `pool` (and keeps its pages resident). The pool must
+/// outlive the result.
+PinnedRegistration pin_staging(io::LeasePool& pool);
 /// Registers the staging memory of `source`'s lease pool. The source must outlive the result.
 PinnedRegistration pin_staging(io::CheckpointSource& source);
 

@@ -316,16 +316,6 @@ asio::awaitable<void> run_recipe(Job<S> job, std::unique_ptr<DerivedWeightRecipe
   co_await engine::evaluate_recipe(ops, *recipe, out.mutable_bytes());
 }
 
-/// Runs `work` on the source's executor; its end completes the returned Materialization.
-template <io::ByteSource S>
-Materialization start(S& source, Tensor weight, asio::awaitable<void> work) {
-  CompletionSource done;
-  Completion completion = done.completion();
-  asio::co_spawn(source.get_executor(), std::move(work),
-                 [done = std::move(done)](std::exception_ptr e) mutable { done.finish(std::move(e)); });
-  return Materialization{std::move(weight), std::move(completion)};
-}
-
 /// Backend::materialize over any byte source: plans the tensor's placement, then executes
 /// the landing the source can serve.
 template <io::ByteSource S>
@@ -345,17 +335,19 @@ Materialization materialize_from(S& source, const io::TensorReadRequest& request
     // The tensor's handle is read-only; this job's, which pins the pages, is not.
     auto shared = std::make_shared<io::MappedTensor>(std::move(*placed.mapping));
     Tensor weight(info.dtype, std::move(shape), std::make_shared<StorageBlock>(StorageBlock::adopt(shared)));
-    return start(source, weight, map_weight(job.executor, job.stop, std::move(shared), context.weights));
+    return Backend::start(source.get_executor(), weight,
+                          map_weight(job.executor, job.stop, std::move(shared), context.weights));
   }
   if (placed.landing == engine::Landing::direct_window) {
     const io::DirectWindow window = placed.window;
     Tensor weight(info.dtype, std::move(shape),
                   std::make_shared<StorageBlock>(context.storage.allocate_window(window.bytes, window.lead, bytes)));
-    return start(source, weight, read_window(job, std::make_unique<io::TensorReadRequest>(request), window, weight));
+    return Backend::start(source.get_executor(), weight,
+                          read_window(job, std::make_unique<io::TensorReadRequest>(request), window, weight));
   }
   Tensor weight = Tensor::allocate(context.storage, info.dtype, std::move(shape));
-  return start(source, weight,
-               read_direct(job, std::make_unique<io::TensorReadRequest>(request), std::move(plan), weight));
+  return Backend::start(source.get_executor(), weight,
+                        read_direct(job, std::make_unique<io::TensorReadRequest>(request), std::move(plan), weight));
 }
 
 /// Backend::materialize_recipe over any byte source.
@@ -365,7 +357,8 @@ Materialization materialize_recipe_from(S& source, const engine::DerivedWeightRe
   engine::InferredWeight w = recipe.infer(source.catalog());
   Tensor weight = Tensor::allocate(context.storage, w.dtype, w.shape);
   Job<S> job{source, context.executor, context.storage, std::move(stop), policy_of(context)};
-  return start(source, weight, run_recipe(job, std::make_unique<DerivedWeightRecipe>(recipe), weight));
+  return Backend::start(source.get_executor(), weight,
+                        run_recipe(job, std::make_unique<DerivedWeightRecipe>(recipe), weight));
 }
 
 }  // namespace eredu::cpu::detail
