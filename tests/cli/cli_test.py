@@ -102,6 +102,7 @@ def case_usage(tmp):
         (["gen", os.path.join(tmp, "x"), "--seed", "abc"], "--seed", "0 to 18446744073709551615"),
         (["gen", os.path.join(tmp, "x"), "--seed", "-1"], "--seed", "0 to 18446744073709551615"),
         (["pipeline", ck, "--lookahead", "abc"], "--lookahead", "1 to 64"),
+        (["pipeline", ck, "--units", "blk"], "--units", "layers, experts"),
         (["load", ck, "--repeat", "2x"], "--repeat", "1 to 1000"),
         (["gen", os.path.join(tmp, "x"), "--shards", "-1"], "--shards", "1 to 99999"),
         (["read", ck, "--budget", "1e30"], "--budget", "4K to 1T"),
