@@ -799,12 +799,45 @@ def case_checksum(tmp):
     check(open(sidecar).read() == before and not os.path.exists(sidecar + ".tmp"),
           "a failed checksum changed the sidecar or left its temporary file")
     # The rule options need --tensor-parallel.
-    for args in (["--heads", "3"], ["--shard", "*.mlp.*=replicated"]):
+    for args in (["--heads", "3"], ["--shard", "*.mlp.*=replicated"], ["--family", "moe"]):
         code, _, err = run("checksum", ck, *args)
         check(code == 2 and args[0] in err and "only with --tensor-parallel" in err,
               f"checksum {' '.join(args)}: exit {code}: {err}")
     code, _, err = run("checksum", ck, "--tensor-parallel", "0")
     check(code == 2 and "1 to 4096" in err, f"checksum --tensor-parallel 0: exit {code}: {err}")
+    code, _, err = run("checksum", ck, "--tensor-parallel", "2", "--family", "mixtral")
+    check(code == 2 and "--family" in err and "llama, moe" in err, f"checksum --family mixtral: exit {code}: {err}")
+    # --family moe (eredu::app's preset): a Mixtral-named checkpoint's experts are divided as a
+    # dense MLP is (w1 and w3 by rows, w2 by columns), its router kept whole; under the default
+    # llama rules the experts are replicated, so no shard is recorded.
+    moe = os.path.join(tmp, "moe.safetensors")
+    layer = "model.layers.0.block_sparse_moe."
+    shapes = {layer + "gate.weight": [4, 64], layer + "experts.0.w1.weight": [128, 64],
+              layer + "experts.0.w2.weight": [64, 128], layer + "experts.1.w3.weight": [128, 64]}
+    header, offset = {}, 0
+    for name, shape in shapes.items():
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + shape[0] * shape[1] * 4]}
+        offset += shape[0] * shape[1] * 4
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(moe, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + os.urandom(offset))
+    run("checksum", moe, "--tensor-parallel", "2", "-q", expect=0)
+    check(not json.load(open(moe + ".sha256.json")).get("__shards__"), "--family llama divided a Mixtral expert")
+    code, out, _ = run("checksum", moe, "--tensor-parallel", "2", "--family", "moe", "--json", expect=0)
+    moe_shards = json.load(open(moe + ".sha256.json")).get("__shards__", {})
+    rows = ["[0:64, 0:64]", "[64:128, 0:64]"]
+    check({n: sorted(s) for n, s in moe_shards.items()}
+          == {layer + "experts.0.w1.weight": rows, layer + "experts.1.w3.weight": rows,
+              layer + "experts.0.w2.weight": ["[0:64, 0:64]", "[0:64, 64:128]"]},
+          f"--family moe: shards {moe_shards}")
+    moe_tensors, moe_data = safetensors_tensors(moe), open(moe, "rb").read()
+    for name, by_selection in moe_shards.items():
+        dtype, shape, offset, size = moe_tensors[name]
+        for text, digest in by_selection.items():
+            want = hashlib.sha256(selection_bytes(moe_data[offset:offset + size], shape, 4,
+                                                  parse_selection(text))).hexdigest()
+            check(digest == want, f"--family moe: {name} {text}: shard digest {digest}, Python's {want}")
 
 
 def case_tensor_parallel(tmp):

@@ -186,7 +186,8 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
     interrupt.check();
     const TensorParallelOptions& tp = o.tensor_parallel;
     dims = llama_dims(source->catalog(), {tp.heads, tp.kv_heads, tp.head_dim}, o.path);
-    plan = engine::plan_tensor_parallel(source->catalog(), tensor_parallel_rules(tp.shard, dims.sharding), rank, size,
+    plan = engine::plan_tensor_parallel(source->catalog(), tensor_parallel_rules(tp.shard, tp.family, dims.sharding),
+                                        rank, size,
                                         gather ? engine::ReplicatedReads::gather : engine::ReplicatedReads::every_rank);
     // The whole-tensor check of `require` in checksums_for does not apply to shards: the
     // engine fails a load under require when a tensor or shard this rank reads has no digest.
