@@ -140,7 +140,7 @@ Command add_checksum_command(CLI::App& app, CommonFlags& flags) {
              "what to record: SHA-256 (interoperable), XXH3-128 (a fast non-cryptographic check) or both; digests "
              "of other kinds already recorded are checked and kept");
   CLI::Option* tensor_parallel =
-      add_integer(*cmd, "--tensor-parallel", o->tensor_parallel, 1u, 4096u,
+      add_integer(*cmd, "--tensor-parallel", o->tensor_parallel, app::option_range::tensor_parallel,
                   "also record the digest of every shard each rank of an N-rank tensor-parallel group reads",
                   "none: whole-tensor digests only");
   const std::vector<CLI::Option*> rule_options = add_tensor_parallel_rule_options(*cmd, o->rules);

@@ -26,11 +26,11 @@ LlamaDims llama_dims(const io::Catalog& catalog, const HeadOptions& given, const
 
 std::vector<CLI::Option*> add_tensor_parallel_rule_options(CLI::App& command, TensorParallelOptions& options) {
   return {
-      add_integer(command, "--heads", options.heads, std::uint64_t{1}, std::uint64_t{1} << 20,
+      add_integer(command, "--heads", options.heads, app::option_range::heads,
                   "--tensor-parallel: query heads (head size = q_proj rows / heads)", "inferred"),
-      add_integer(command, "--kv-heads", options.kv_heads, std::uint64_t{1}, std::uint64_t{1} << 20,
+      add_integer(command, "--kv-heads", options.kv_heads, app::option_range::heads,
                   "--tensor-parallel: key/value heads (needed with --heads for fused qkv_proj tensors)", "inferred"),
-      add_integer(command, "--head-dim", options.head_dim, std::uint64_t{1}, std::uint64_t{1} << 20,
+      add_integer(command, "--head-dim", options.head_dim, app::option_range::heads,
                   "--tensor-parallel: indices per attention head, the unit q/k/v/o are split in",
                   "from --heads, or eredu gen's"),
       add_choice(command, "--family", options.family,
