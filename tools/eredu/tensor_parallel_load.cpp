@@ -400,9 +400,10 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
                  size == 1 ? "" : "s", format_bytes(group[i].bytes), group[i].seconds,
                  gb_per_s(group[i].bytes, group[i].seconds),
                  group[i].recycled ? " (recycled storage)" : " (fresh storage)");
-    fmt::print("  sharding {} split over the ranks ({} tensors), {} replicated on each ({}); Llama rules, head_dim {}",
+    fmt::print("  sharding {} split over the ranks ({} tensors), {} replicated on each ({}); {} rules, head_dim {}",
                format_bytes(plan->split_bytes), split_tensors, format_bytes(plan->replicated_bytes),
-               plan->tensors.size() - split_tensors, dims.sharding.head_dim);
+               plan->tensors.size() - split_tensors, o.tensor_parallel.family == "llama" ? "Llama" : "moe",
+               dims.sharding.head_dim);
     if (dims.sharding.heads) fmt::print(", {} head{}", dims.sharding.heads, dims.sharding.heads == 1 ? "" : "s");
     if (dims.sharding.kv_heads)
       fmt::print(", {} kv head{}", dims.sharding.kv_heads, dims.sharding.kv_heads == 1 ? "" : "s");
