@@ -53,18 +53,43 @@ def trim_storage(keep=0):
     _native.trim_storage(parse_size("keep", keep, optional=False))
 
 
-def write_checksums(path, digest="sha256"):
+def write_checksums(path, digest="sha256", *, tensor_parallel=None, heads=None, kv_heads=None, head_dim=None,
+                    family="llama", shard=()):
     """Writes the checkpoint's checksum sidecar, as `eredu checksum PATH --digest DIGEST` does: reads
     every tensor once and records its digest in <file>.sha256.json (checksums.sha256.json inside a
     directory), which loads (verify=) and ModelSlot swaps check. The digests already recorded (the
     checkpoint's metadata, the existing sidecar) are checked in the same pass and kept: one that
     differs from the file raises ChecksumError and nothing is written. The sidecar is replaced
     atomically. `digest` is "sha256" (interoperable), "xxh3-128" (a fast non-cryptographic check) or
-    "both". Returns {"sidecar", "tensors", "bytes", "digests", "verified", "shard_verified"}."""
-    from ._options import invalid, os_path
+    "both".
+
+    With `tensor_parallel=N` it also records the digest of every shard each rank of an N-rank
+    tensor-parallel group reads, as `eredu checksum --tensor-parallel N` does, by the same rules
+    (eredu::app's sharding presets): the `shard` rules ("PATTERN=SPEC" strings, first match wins),
+    then those of `family` ("llama", or "moe": experts divided as the dense MLP), with the attention
+    heads from `heads`, `kv_heads`, `head_dim` or, for a checkpoint `eredu gen` wrote, its own dims.
+    Returns {"sidecar", "tensors", "bytes", "digests", "verified", "shard_verified", "shards",
+    "tensor_parallel"} (the last None, or {"ranks", "head_dim", "heads", "kv_heads", "dims_from",
+    "split_tensors", "shards"})."""
+    from ._options import invalid, os_path, parse_count
     if not isinstance(digest, str):
         raise invalid(f"digest must be 'sha256', 'xxh3-128' or 'both', not {digest!r}")
-    return _native.write_checksums(os_path(path), digest)
+    given = {"heads": heads, "kv_heads": kv_heads, "head_dim": head_dim}
+    if tensor_parallel is None:
+        extra = [k for k, v in given.items() if v is not None] + (["family"] if family != "llama" else []) + (
+            ["shard"] if shard else [])
+        if extra:
+            raise invalid(f"{extra[0]}: only with tensor_parallel")
+    if not isinstance(family, str):
+        raise invalid(f"family must be 'llama' or 'moe', not {family!r}")
+    try:
+        rules = None if isinstance(shard, (str, bytes)) else list(shard)
+    except TypeError:
+        rules = None
+    if rules is None or not all(isinstance(rule, str) for rule in rules):
+        raise invalid(f"shard must be a sequence of 'PATTERN=SPEC' strings, not {shard!r}")
+    return _native.write_checksums(os_path(path), digest, parse_count("tensor_parallel", tensor_parallel) or 0,
+                                   *(parse_count(k, v) or 0 for k, v in given.items()), family, rules)
 
 
 __all__ = [

@@ -15,6 +15,10 @@ At most lookahead + 1 units are held or loading at once, and their bytes stay wi
   * "layers" (default): one unit per `<prefix>layers.<N>` (model.layers.0, model.layers.1, ...) or
     GGUF `blk.<N>` (blk.0, blk.1, ...), in layer order, as `eredu pipeline` streams; other tensors (embeddings, final norm, head) are not streamed and are listed
     in `.skipped`;
+  * "experts": the same, with each expert of a mixture-of-experts layer a unit of its own after its
+    layer's dense tensors (attention, norms, router): `model.layers.3.mlp.experts.7` holds what
+    follows `experts.7.`; a GGUF layer's stacked `*_exps` tensors are one unit `blk.3.experts`.
+    As `eredu pipeline --units experts` streams;
   * a callable name -> unit name (or None to skip), units in order of first appearance;
   * a dict {unit name: [tensor names]} or a list of lists (units "0", "1", ...), in that order.
 """
@@ -29,8 +33,9 @@ def _group(reader, units):
     """[(unit name, [(tensor name, slot name)])] and the skipped tensor names."""
     order = reader.order
     skipped = []
-    if units is None or units == "layers":
-        grouped, skipped = reader.native.layer_units()  # the grouping `eredu pipeline` streams
+    if units is None or isinstance(units, str):
+        # A preset by name, parsed and grouped by eredu::app as `eredu pipeline --units` groups.
+        grouped, skipped = reader.native.units("layers" if units is None else units)
     elif callable(units):
         groups = {}
         for name in order:
@@ -45,7 +50,8 @@ def _group(reader, units):
     elif isinstance(units, (list, tuple)):
         grouped = [(str(i), [(n, None) for n in v]) for i, v in enumerate(units)]
     else:
-        raise python_error("invalid_argument", f"units must be 'layers', a callable, a dict or a list, not {units!r}")
+        raise python_error("invalid_argument",
+                           f"units must be 'layers', 'experts', a callable, a dict or a list, not {units!r}")
     if not grouped:
         raise python_error("invalid_argument",
                            f"none of the checkpoint's {len(order)} tensors belongs to a unit: nothing to stream",

@@ -223,9 +223,9 @@ void bind_checkpoint(py::module_& m) {
           },
           "(name, dtype, shape, nbytes, file index, offset) of every tensor, in file order.")
       .def(
-          "layer_units",
-          [](const Checkpoint& c) {
-            const app::UnitGrouping g = app::group_layers(c.catalog());
+          "units",
+          [](const Checkpoint& c, const std::string& preset) {
+            const app::UnitGrouping g = app::group_units(c.catalog(), app::parse_unit_preset(preset));
             py::list units;
             for (const app::UnitGroup& u : g.units) {
               py::list members;
@@ -237,8 +237,9 @@ void bind_checkpoint(py::module_& m) {
             for (const std::string& name : g.skipped) skipped.append(text_str(name));
             return py::make_tuple(units, skipped);
           },
-          "The \"layers\" preset (app::group_layers, as `eredu pipeline` groups): ([(unit name, [(tensor name, "
-          "slot name)])], [tensor names in no unit]).")
+          py::arg("preset"),
+          "A unit grouping preset by name (\"layers\" or \"experts\", app::group_units, as `eredu pipeline "
+          "--units` groups): ([(unit name, [(tensor name, slot name)])], [tensor names in no unit]).")
       .def(
           "metadata", [](const Checkpoint& c) { return metadata_dict(c.catalog().metadata()); },
           "The checkpoint's metadata (a single file's __metadata__, or the index's).")

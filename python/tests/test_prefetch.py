@@ -1,5 +1,5 @@
 # prefetch: units in order with the checkpoint's bytes, within the budget, as an iterator and an
-# async iterator; grouping by layers, by a callable, a dict or a list; failures placed at the
+# async iterator; grouping by layers or experts, by a callable, a dict or a list; failures placed at the
 # unit that fails; storage bounded when the consumer drops units.
 import asyncio
 import json
@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import eredu
+from conftest import write_safetensors
 
 
 def layer_bytes(arrays, i):
@@ -145,6 +146,42 @@ def test_gguf_blk_layers_stream_as_eredu_pipeline_streams_them(tmp_path, eredu_c
             unit_bytes.append(sum(v.nbytes for v in unit.values()))
     assert tensors == cli["layer_tensor_count"]
     assert unit_bytes == [u["bytes"] for u in cli["units"]]
+
+
+def test_experts_stream_one_expert_at_a_time_as_eredu_pipeline_streams_them(tmp_path, eredu_cli):
+    # Mixtral's names: each layer's dense tensors (attention, router), then each expert, a unit each;
+    # the preset's name parsed and the grouping done by eredu::app for both front ends.
+    import subprocess
+    rng = np.random.default_rng(3)
+    arrays = {"model.embed_tokens.weight": rng.standard_normal((8, 4), dtype=np.float32)}
+    for layer in range(2):
+        arrays[f"model.layers.{layer}.self_attn.q_proj.weight"] = rng.standard_normal((4, 4), dtype=np.float32)
+        arrays[f"model.layers.{layer}.block_sparse_moe.gate.weight"] = rng.standard_normal((3, 4), dtype=np.float32)
+        for e in range(3):
+            for w in ("w1", "w2", "w3"):
+                arrays[f"model.layers.{layer}.block_sparse_moe.experts.{e}.{w}.weight"] = rng.standard_normal(
+                    (8, 4), dtype=np.float32)
+    path = write_safetensors(tmp_path / "moe.safetensors", arrays)
+    want = [u for layer in range(2) for u in [f"model.layers.{layer}"] + [
+        f"model.layers.{layer}.block_sparse_moe.experts.{e}" for e in range(3)]]
+    cli = json.loads(subprocess.run([eredu_cli, "pipeline", "--units", "experts", "--json", "--quiet", str(path)],
+                                    check=True, capture_output=True, text=True).stdout)
+    with eredu.prefetch(path, units="experts", lookahead=1) as p:
+        assert p.units == want and cli["unit_count"] == len(want)
+        assert p.skipped == ["model.embed_tokens.weight"] and cli["skipped_tensor_count"] == 1
+        unit_bytes = []
+        for unit in p:
+            prefix = unit.name + "."
+            expected = {k for k in arrays if k.startswith(prefix) and (".experts." in unit.name or ".experts." not in k)}
+            assert set(unit) == expected
+            for k in unit:
+                assert np.array_equal(unit[k], arrays[k])
+            unit_bytes.append(sum(v.nbytes for v in unit.values()))
+    assert unit_bytes == [u["bytes"] for u in cli["units"]]
+    # The layers preset keeps each layer whole; a name that is no preset is a typed error listing them.
+    assert eredu.prefetch(path, units="layers").units == ["model.layers.0", "model.layers.1"]
+    with pytest.raises(eredu.InvalidArgumentError, match="units must be layers or experts, not 'expert'"):
+        eredu.prefetch(path, units="expert")
 
 
 def test_a_real_gguf_streams_its_blk_layers():

@@ -174,3 +174,59 @@ def test_write_checksums_refuses_an_unknown_digest(recorded, digest):
     path, _ = recorded
     with pytest.raises(eredu.InvalidArgumentError):
         eredu.write_checksums(path, digest=digest)
+
+
+def test_write_checksums_records_tensor_parallel_shards_as_eredu_checksum_does(tmp_path, writer, eredu_cli):
+    # One set of sharding presets (eredu::app) behind both: the moe family divides a Mixtral
+    # expert as a dense MLP (w1 by rows, w2 by columns) and keeps the router whole; a --shard
+    # rule comes first. Byte for byte the sidecar `eredu checksum --tensor-parallel 2` writes.
+    import shutil
+    import subprocess
+    rng = np.random.default_rng(5)
+    layer = "model.layers.0.block_sparse_moe."
+    want = {layer + "gate.weight": rng.standard_normal((4, 16), dtype=np.float32),
+            layer + "experts.0.w1.weight": rng.standard_normal((32, 16), dtype=np.float32),
+            layer + "experts.0.w2.weight": rng.standard_normal((16, 32), dtype=np.float32),
+            layer + "experts.1.w3.weight": rng.standard_normal((32, 16), dtype=np.float32)}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    ours = writer(tmp_path / "a" / "model.safetensors", want)
+    theirs = tmp_path / "b" / "model.safetensors"
+    shutil.copyfile(ours, theirs)
+    rule = "*.experts.1.*=replicated"
+    report = eredu.write_checksums(ours, tensor_parallel=2, family="moe", shard=[rule])
+    subprocess.run([eredu_cli, "checksum", str(theirs), "--tensor-parallel", "2", "--family", "moe", "--shard", rule,
+                    "--quiet"], check=True)
+    sidecar = tmp_path / "a" / "model.safetensors.sha256.json"
+    assert sidecar.read_bytes() == (tmp_path / "b" / "model.safetensors.sha256.json").read_bytes()
+    shards = json.loads(sidecar.read_text())["__shards__"]
+    assert sorted(shards) == [layer + "experts.0.w1.weight", layer + "experts.0.w2.weight"]
+    w1 = want[layer + "experts.0.w1.weight"]
+    assert shards[layer + "experts.0.w1.weight"]["[16:32, 0:16]"] == hashlib.sha256(w1[16:].tobytes()).hexdigest()
+    assert report["shards"] == 4 and report["tensor_parallel"] == {
+        "ranks": 2, "head_dim": 128, "heads": 0, "kv_heads": 0, "dims_from": "no attention tensors",
+        "split_tensors": 2, "shards": 4}
+    # The llama family (the default) leaves the experts whole.
+    assert eredu.write_checksums(ours, tensor_parallel=2)["tensor_parallel"]["split_tensors"] == 0
+
+
+def test_write_checksums_refuses_bad_sharding_keywords(tmp_path, writer):
+    path = writer(tmp_path / "model.safetensors",
+                  {"model.layers.0.self_attn.q_proj.weight": np.zeros((8, 8), dtype=np.float32)})
+    cases = [
+        ({"heads": 2}, "heads: only with tensor_parallel"),
+        ({"family": "moe"}, "family: only with tensor_parallel"),
+        ({"tensor_parallel": 0}, "tensor_parallel must be from 1 to 4096"),
+        ({"tensor_parallel": 2, "family": "mixtral"}, "family must be llama or moe, not 'mixtral'"),
+        ({"tensor_parallel": 2, "shard": ["a=diagonal"]}, "shard: 'a=diagonal': SPEC is replicated"),
+        ({"tensor_parallel": 2, "shard": "a=row"}, "shard must be a sequence"),
+        # Not written by eredu gen: the heads must be given, by the keywords' names.
+        ({"tensor_parallel": 2}, r"give heads \(query heads\) or head_dim"),
+        ({"tensor_parallel": 2, "heads": 3}, "heads: tensor 'model.layers.0.self_attn.q_proj.weight'"),
+    ]
+    for keywords, message in cases:
+        with pytest.raises(eredu.InvalidArgumentError, match=message):
+            eredu.write_checksums(path, **keywords)
+    assert not (tmp_path / "model.safetensors.sha256.json").exists()
+    report = eredu.write_checksums(path, tensor_parallel=2, heads=2)  # two heads of 4 rows: one per rank
+    assert report["tensor_parallel"]["head_dim"] == 4 and report["shards"] == 2

@@ -102,6 +102,7 @@ def case_usage(tmp):
         (["gen", os.path.join(tmp, "x"), "--seed", "abc"], "--seed", "0 to 18446744073709551615"),
         (["gen", os.path.join(tmp, "x"), "--seed", "-1"], "--seed", "0 to 18446744073709551615"),
         (["pipeline", ck, "--lookahead", "abc"], "--lookahead", "1 to 64"),
+        (["pipeline", ck, "--units", "blk"], "--units", "layers, experts"),
         (["load", ck, "--repeat", "2x"], "--repeat", "1 to 1000"),
         (["gen", os.path.join(tmp, "x"), "--shards", "-1"], "--shards", "1 to 99999"),
         (["read", ck, "--budget", "1e30"], "--budget", "4K to 1T"),
@@ -714,6 +715,26 @@ def selection_bytes(data, shape, element, ranges):
     return part(0, 0)
 
 
+MIXTRAL_LAYER = "model.layers.0.block_sparse_moe."
+MIXTRAL_SHAPES = {MIXTRAL_LAYER + "gate.weight": [4, 64], MIXTRAL_LAYER + "experts.0.w1.weight": [128, 64],
+                  MIXTRAL_LAYER + "experts.0.w2.weight": [64, 128], MIXTRAL_LAYER + "experts.1.w3.weight": [128, 64]}
+
+
+def write_mixtral_layer(tmp):
+    """A Mixtral-named F32 checkpoint of random bytes (a router and three expert projections, no
+    attention): its path and the layer's name prefix."""
+    path = os.path.join(tmp, "moe.safetensors")
+    header, offset = {}, 0
+    for name, shape in MIXTRAL_SHAPES.items():
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + shape[0] * shape[1] * 4]}
+        offset += shape[0] * shape[1] * 4
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + os.urandom(offset))
+    return path, MIXTRAL_LAYER
+
+
 def case_checksum(tmp):
     """eredu checksum --tensor-parallel 2: whole and shard digests equal to Python's of the file's
     bytes, a rerun writes the same sidecar, other kinds are kept, a changed byte fails with
@@ -798,12 +819,34 @@ def case_checksum(tmp):
     check(open(sidecar).read() == before and not os.path.exists(sidecar + ".tmp"),
           "a failed checksum changed the sidecar or left its temporary file")
     # The rule options need --tensor-parallel.
-    for args in (["--heads", "3"], ["--shard", "*.mlp.*=replicated"]):
+    for args in (["--heads", "3"], ["--shard", "*.mlp.*=replicated"], ["--family", "moe"]):
         code, _, err = run("checksum", ck, *args)
         check(code == 2 and args[0] in err and "only with --tensor-parallel" in err,
               f"checksum {' '.join(args)}: exit {code}: {err}")
     code, _, err = run("checksum", ck, "--tensor-parallel", "0")
     check(code == 2 and "1 to 4096" in err, f"checksum --tensor-parallel 0: exit {code}: {err}")
+    code, _, err = run("checksum", ck, "--tensor-parallel", "2", "--family", "mixtral")
+    check(code == 2 and "--family" in err and "llama, moe" in err, f"checksum --family mixtral: exit {code}: {err}")
+    # --family moe (eredu::app's preset): a Mixtral-named checkpoint's experts are divided as a
+    # dense MLP is (w1 and w3 by rows, w2 by columns), its router kept whole; under the default
+    # llama rules the experts are replicated, so no shard is recorded.
+    moe, layer = write_mixtral_layer(tmp)
+    run("checksum", moe, "--tensor-parallel", "2", "-q", expect=0)
+    check(not json.load(open(moe + ".sha256.json")).get("__shards__"), "--family llama divided a Mixtral expert")
+    code, out, _ = run("checksum", moe, "--tensor-parallel", "2", "--family", "moe", "--json", expect=0)
+    moe_shards = json.load(open(moe + ".sha256.json")).get("__shards__", {})
+    rows = ["[0:64, 0:64]", "[64:128, 0:64]"]
+    check({n: sorted(s) for n, s in moe_shards.items()}
+          == {layer + "experts.0.w1.weight": rows, layer + "experts.1.w3.weight": rows,
+              layer + "experts.0.w2.weight": ["[0:64, 0:64]", "[0:64, 64:128]"]},
+          f"--family moe: shards {moe_shards}")
+    moe_tensors, moe_data = safetensors_tensors(moe), open(moe, "rb").read()
+    for name, by_selection in moe_shards.items():
+        dtype, shape, offset, size = moe_tensors[name]
+        for text, digest in by_selection.items():
+            want = hashlib.sha256(selection_bytes(moe_data[offset:offset + size], shape, 4,
+                                                  parse_selection(text))).hexdigest()
+            check(digest == want, f"--family moe: {name} {text}: shard digest {digest}, Python's {want}")
 
 
 def case_tensor_parallel(tmp):
@@ -952,6 +995,17 @@ def case_tensor_parallel(tmp):
     with open(ck, "r+b") as f:
         f.seek(offset + size // shape[0] - 1)
         f.write(byte)
+    # --family moe: each rank reads half of every Mixtral expert projection and the whole router,
+    # checked against the shard digests `eredu checksum --family moe` records.
+    moe, layer = write_mixtral_layer(tmp)
+    run("checksum", moe, "--tensor-parallel", "2", "--family", "moe", "-q", expect=0)
+    code, out, err = mpirun(2, "load", moe, "--tensor-parallel", "--family", "moe", "--verify", "require", "--json",
+                            "-q")
+    check(code == 0, f"--family moe --verify require: exit {code}: {err[-2000:]}")
+    if code == 0:
+        mtp = check_document(document(out, "load"), 2, "-np 2 --family moe")
+        check(mtp["replicated_bytes"] == 4 * 64 * 4 and mtp["split_bytes"] == 3 * 128 * 64 * 4,
+              f"--family moe: split {mtp['split_bytes']}, replicated {mtp['replicated_bytes']}")
     # Outside mpirun: a group of one rank that reads the whole checkpoint.
     code, out, err = run("load", ck, "--tensor-parallel", "--json", "-q")
     check(code == 0, f"eredu load --tensor-parallel outside mpirun: exit {code}: {err[-2000:]}")

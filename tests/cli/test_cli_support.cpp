@@ -233,7 +233,7 @@ TEST_CASE("shard rules – attention dims come from the options, eredu gen's rul
   CHECK_THROWS_AS(llama_dims(attention_catalog(4, 2, false), {.heads = 3}, "m"), UsageError);
   // The --shard rules come first: they win over the Llama rules for the tensors they match.
   const eredu::engine::ShardingRules rules =
-      tensor_parallel_rules({"*.q_proj.weight=replicated"}, {.head_dim = 64, .heads = 4, .kv_heads = 2});
+      tensor_parallel_rules({"*.q_proj.weight=replicated"}, "llama", {.head_dim = 64, .heads = 4, .kv_heads = 2});
   CHECK(rules.find("model.layers.0.self_attn.q_proj.weight") == eredu::engine::Shard::replicated());
   CHECK(rules.find("model.layers.0.self_attn.k_proj.weight") == eredu::engine::Shard::column_parallel(64));
   CHECK(rules.find("model.norm.weight") == eredu::engine::Shard::replicated());

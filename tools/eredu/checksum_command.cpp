@@ -34,7 +34,7 @@ struct ChecksumOptions {
   std::string path;
   std::string digest = "sha256";  // --digest sha256|xxh3-128|both
   unsigned tensor_parallel = 0;   // --tensor-parallel N; 0: whole-tensor digests only
-  TensorParallelOptions rules;    // --heads, --kv-heads, --head-dim, --shard (`enabled` unused)
+  TensorParallelOptions rules;    // --heads, --kv-heads, --head-dim, --family, --shard (`enabled` unused)
 };
 
 /// "SHA-256", "XXH3-128" or "SHA-256 and XXH3-128": the kinds `sums` holds.
@@ -61,7 +61,7 @@ int run_checksum(const ChecksumOptions& o, const CommonFlags& flags) {
   std::size_t asked_shards = 0;
   if (o.tensor_parallel > 0) {
     dims = llama_dims(catalog, {o.rules.heads, o.rules.kv_heads, o.rules.head_dim}, o.path);
-    const engine::ShardingRules rules = tensor_parallel_rules(o.rules.shard, dims->sharding);
+    const engine::ShardingRules rules = tensor_parallel_rules(o.rules.shard, o.rules.family, dims->sharding);
     shards = app::tensor_parallel_selections(catalog, rules, static_cast<int>(o.tensor_parallel));
     for (const auto& [tensor, selections] : shards) asked_shards += selections.size();
   }
@@ -140,7 +140,7 @@ Command add_checksum_command(CLI::App& app, CommonFlags& flags) {
              "what to record: SHA-256 (interoperable), XXH3-128 (a fast non-cryptographic check) or both; digests "
              "of other kinds already recorded are checked and kept");
   CLI::Option* tensor_parallel =
-      add_integer(*cmd, "--tensor-parallel", o->tensor_parallel, 1u, 4096u,
+      add_integer(*cmd, "--tensor-parallel", o->tensor_parallel, app::option_range::tensor_parallel,
                   "also record the digest of every shard each rank of an N-rank tensor-parallel group reads",
                   "none: whole-tensor digests only");
   const std::vector<CLI::Option*> rule_options = add_tensor_parallel_rule_options(*cmd, o->rules);

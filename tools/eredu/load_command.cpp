@@ -258,7 +258,7 @@ Command add_load_command(CLI::App& app, CommonFlags& flags) {
   TensorParallelOptions& tp = o->tensor_parallel;
   cmd->add_flag("--tensor-parallel", tp.enabled,
                 "load one shard per MPI rank (mpirun -np N eredu load PATH --tensor-parallel): each rank reads only "
-                "its bytes, by the Llama sharding rules and --shard; rank 0 prints every rank's figures and the "
+                "its bytes, by the --family sharding rules and --shard; rank 0 prints every rank's figures and the "
                 "totals (builds with MPI only)");
   std::vector<CLI::Option*> tp_options = add_tensor_parallel_rule_options(*cmd, tp);
   tp_options.push_back(add_choice(

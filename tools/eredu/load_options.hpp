@@ -20,7 +20,8 @@ struct TensorParallelOptions {
   std::uint64_t heads = 0;          ///< --heads: query heads (0: inferred)
   std::uint64_t kv_heads = 0;       ///< --kv-heads: key/value heads (0: inferred)
   std::uint64_t head_dim = 0;       ///< --head-dim: indices per head (0: inferred)
-  std::vector<std::string> shard;   ///< --shard PATTERN=SPEC rules, in order, before the Llama rules
+  std::string family = "llama";     ///< --family: the model family's rules (app::sharding_family_choices)
+  std::vector<std::string> shard;   ///< --shard PATTERN=SPEC rules, in order, before the family's rules
   std::string replicated = "read";  ///< --replicated read|gather (engine::ReplicatedReads)
 };
 

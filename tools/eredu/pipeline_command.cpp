@@ -51,11 +51,13 @@ struct PipelineCommandOptions {
   std::uint64_t staging = std::uint64_t{64} << 20;
   std::string verify = "off";
   std::string checksums;  // --checksums FILE
+  std::string units = "layers";
 };
 
 using Pipeline = engine::PrefetchPipeline<cpu::Backend, app::TensorSetModule>;
 
-/// The checkpoint's layers (app::group_layers) as pipeline units, with each unit's module.
+/// The checkpoint's units (app::group_units: layers, or layers and their experts) as pipeline
+/// units, with each unit's module.
 struct Grouping {
   app::UnitGrouping layers;
   std::vector<engine::PipelineUnit> units{};
@@ -63,8 +65,8 @@ struct Grouping {
   std::vector<std::uint64_t> bytes{};
 };
 
-Grouping group_units(const io::Catalog& catalog) {
-  Grouping g{app::group_layers(catalog)};
+Grouping pipeline_units(const io::Catalog& catalog, app::UnitPreset preset) {
+  Grouping g{app::group_units(catalog, preset)};
   for (const app::UnitGroup& unit : g.layers.units) {
     app::TensorSetModule module = app::TensorSetModule::build(catalog, unit.requests);
     g.units.push_back({unit.name, module.plan()});
@@ -137,7 +139,7 @@ int run_pipeline(const PipelineCommandOptions& o, const CommonFlags& flags) {
   interrupt.doing(fmt::format("opening {}", o.path));
   auto source = io::CheckpointSource::open(ctx.get_executor(), o.path, opts);
   interrupt.check();
-  Grouping g = group_units(source->catalog());
+  Grouping g = pipeline_units(source->catalog(), app::parse_unit_preset(o.units));
   if (g.units.empty())
     throw Error(
         errc::invalid_argument, {.file = o.path},
@@ -207,9 +209,9 @@ int run_pipeline(const PipelineCommandOptions& o, const CommonFlags& flags) {
     json.end_array();
     print_document(json);
   } else {
-    fmt::print("pipeline {} units ({} layers × {} pass{}) of {}: {} in {:.3f} s: {:.2f} GB/s\n", stats.delivered,
-               unit_count, o.passes, o.passes == 1 ? "" : "es", printable(o.path), format_bytes(total_bytes),
-               consumed.wall_s, rate);
+    fmt::print("pipeline {} units ({} {} × {} pass{}) of {}: {} in {:.3f} s: {:.2f} GB/s\n", stats.delivered,
+               unit_count, o.units == "layers" ? "layers" : "units", o.passes, o.passes == 1 ? "" : "es",
+               printable(o.path), format_bytes(total_bytes), consumed.wall_s, rate);
     fmt::print("  units    {} tensors in layers, largest unit {}; {} tensors outside layers skipped ({})\n",
                g.layers.grouped_tensors, format_bytes(largest), g.layers.skipped.size(),
                format_bytes(g.layers.skipped_bytes));
@@ -240,7 +242,8 @@ Command add_pipeline_command(CLI::App& app, CommonFlags& flags) {
   CLI::App* cmd = add_command(
       app, "pipeline", "stream the checkpoint's layers through a prefetch pipeline",
       "Streams the checkpoint's layers (tensors named <prefix>layers.<N>.<rest>, or blk.<N>.<rest> as in "
-      "GGUF, one unit per layer, each tensor in its stored dtype; other tensors are skipped) through "
+      "GGUF, one unit per layer, each tensor in its stored dtype; other tensors are skipped; with --units experts, "
+      "each expert of a mixture-of-experts layer is a unit of its own) through "
       "engine::PrefetchPipeline: while unit i is used, units i+1..i+K are read "
       "into CPU tensors, within --budget bytes of resident units. Prints GB/s, I/O, compute and stall time, "
       "the resident high-water against the budget (exit status 1 when over it) and peak RSS.");
@@ -251,6 +254,9 @@ Command add_pipeline_command(CLI::App& app, CommonFlags& flags) {
   add_integer(*cmd, "--lookahead", o->lookahead, app::option_range::lookahead,
               "units loaded ahead of the one in use (K)");
   add_integer(*cmd, "--passes", o->passes, app::option_range::passes, "passes over the layers");
+  add_choice(*cmd, "--units", o->units, app::choice_names<std::vector<std::string>>(app::unit_preset_choices),
+             "what a unit is: layers (one per <prefix>layers.<N> or blk.<N>) or experts (a layer's dense tensors, "
+             "then each of its experts, *.experts.<E>.*, or a GGUF layer's *_exps stacks, as a unit of its own)");
   add_integer(*cmd, "--threads", o->threads, app::option_range::threads, "TBB threads of each arena (loads, compute)",
               "the number of CPUs");
   add_choice(*cmd, "--compute", o->compute, {"none", "matvec"},

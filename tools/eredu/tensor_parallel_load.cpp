@@ -186,7 +186,8 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
     interrupt.check();
     const TensorParallelOptions& tp = o.tensor_parallel;
     dims = llama_dims(source->catalog(), {tp.heads, tp.kv_heads, tp.head_dim}, o.path);
-    plan = engine::plan_tensor_parallel(source->catalog(), tensor_parallel_rules(tp.shard, dims.sharding), rank, size,
+    plan = engine::plan_tensor_parallel(source->catalog(), tensor_parallel_rules(tp.shard, tp.family, dims.sharding),
+                                        rank, size,
                                         gather ? engine::ReplicatedReads::gather : engine::ReplicatedReads::every_rank);
     // The whole-tensor check of `require` in checksums_for does not apply to shards: the
     // engine fails a load under require when a tensor or shard this rank reads has no digest.
@@ -399,9 +400,10 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
                  size == 1 ? "" : "s", format_bytes(group[i].bytes), group[i].seconds,
                  gb_per_s(group[i].bytes, group[i].seconds),
                  group[i].recycled ? " (recycled storage)" : " (fresh storage)");
-    fmt::print("  sharding {} split over the ranks ({} tensors), {} replicated on each ({}); Llama rules, head_dim {}",
+    fmt::print("  sharding {} split over the ranks ({} tensors), {} replicated on each ({}); {} rules, head_dim {}",
                format_bytes(plan->split_bytes), split_tensors, format_bytes(plan->replicated_bytes),
-               plan->tensors.size() - split_tensors, dims.sharding.head_dim);
+               plan->tensors.size() - split_tensors, o.tensor_parallel.family == "llama" ? "Llama" : "moe",
+               dims.sharding.head_dim);
     if (dims.sharding.heads) fmt::print(", {} head{}", dims.sharding.heads, dims.sharding.heads == 1 ? "" : "s");
     if (dims.sharding.kv_heads)
       fmt::print(", {} kv head{}", dims.sharding.kv_heads, dims.sharding.kv_heads == 1 ? "" : "s");

@@ -34,6 +34,8 @@ inline constexpr Range threads{1, 1024};                       ///< threads of a
 inline constexpr Range depth{1, 256};                          ///< read requests in flight
 inline constexpr Range lookahead{1, 64};                       ///< units a prefetch loads ahead
 inline constexpr Range passes{1, 1000000};                     ///< passes of a prefetch over its units
+inline constexpr Range tensor_parallel{1, 4096};               ///< ranks of a tensor-parallel group (checksum)
+inline constexpr Range heads{1, std::uint64_t{1} << 20};       ///< attention heads, or indices per head
 }  // namespace option_range
 
 /// One entry of the option table: the option's name (Python's keyword) and its range.
