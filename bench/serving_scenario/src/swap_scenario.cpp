@@ -33,7 +33,6 @@
 
 #include <fmt/format.h>
 
-#include "eredu/app/option_presets.hpp"
 #include "eredu/app/tensor_set_module.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/core/log.hpp"
