@@ -13,7 +13,7 @@ import sys
 FOLDERS = {"core": 0, "io": 1, "engine": 2, "backends": 3, "app": 4,
            "tools": 5, "python": 5, "examples": 5, "bench": 5}
 HEADERS = {"core": 0, "io": 1, "engine": 2, "cpu": 3, "cuda": 3, "mpi": 3, "nccl": 3, "app": 4,
-           "synth": 5}
+           "synth": 5, "bench": 5}
 NAMES = {0: "core", 1: "io", 2: "engine", 3: "backends", 4: "app", 5: "applications"}
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]eredu/([A-Za-z0-9_]+)/')
 SOURCES = (".cpp", ".hpp", ".h", ".inc", ".cu", ".cuh")

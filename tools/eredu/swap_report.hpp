@@ -1,62 +1,28 @@
 #pragma once
-// The report of `eredu swap A B`: sorts the scenario's responses into phases (before, each
-// swap, after each swap, the failed swap), checks each response against its version's
-// reference, computes the latency and publish-pause figures, and prints them as a table or
-// as one --json document (docs/cli.md).
+// The report of `eredu swap A B`: the scenario's figures (eredu/bench/swap_analysis.hpp)
+// printed as a table or as one --json document (docs/cli.md).
 
-#include <cstdint>
-#include <set>
 #include <string>
-#include <vector>
 
-#include "swap_scenario.hpp"
+#include "eredu/bench/swap_analysis.hpp"
+#include "eredu/bench/swap_scenario.hpp"
 
 namespace eredu::cli {
 
-/// Latency figures of a set of samples, in seconds.
-struct LatencyStats {
-  std::size_t count = 0;  ///< samples
-  double p50 = 0;         ///< median
-  double p99 = 0;         ///< 99th percentile
-  double max = 0;         ///< largest
+/// The options of `eredu swap` as parsed: the scenario's, and the flags' spellings, which the
+/// report repeats.
+struct SwapCommandOptions {
+  bench::SwapScenarioOptions scenario{};  ///< what to run (verify, checksums, weights: from the two below)
+  std::string verify = "on";              ///< --verify: on | off | require
+  std::string weights = "copy";           ///< --weights: copy | map | map-lock
 };
-
-/// The figures of `samples` (nearest-rank percentiles); all 0 when there are none.
-LatencyStats latency_stats(std::vector<double> samples);
-
-/// One reporting phase: steady (between swaps) or during a swap.
-struct SwapPhase {
-  std::string name{};                     ///< "before", "swap 1", "after 1", "failed swap", ...
-  std::vector<double> latencies{};        ///< seconds, per response
-  std::set<std::uint64_t> generations{};  ///< versions that answered in it
-  std::uint64_t mismatches = 0;           ///< responses that differ from their version's reference
-};
-
-/// What the responses and swaps of one scenario mean.
-struct SwapAnalysis {
-  std::vector<SwapPhase> phases{};        ///< in order
-  LatencyStats steady{};                  ///< responses between swaps
-  LatencyStats during{};                  ///< responses overlapping a successful swap
-  LatencyStats failed_window{};           ///< responses overlapping the failed swap
-  LatencyStats publish_pause{};           ///< the publications of the successful swaps
-  std::uint64_t mismatches = 0;           ///< responses not from exactly one version
-  std::uint64_t changed = 0;              ///< responses during or after the failed swap not from the serving version
-  std::uint64_t failed_window_count = 0;  ///< responses during or after the failed swap
-  bool swaps_ok = true;                   ///< every swap but the corrupt one published
-  const SwapAttempt* failed = nullptr;    ///< the corrupt swap, when attempted
-  bool failed_ok = true;                  ///< it was rejected and changed nothing
-  double p99_ratio = 0;                   ///< during.p99 / steady.p99
-  bool verified_nothing = false;          ///< some published swap verified no digest
-  bool ok = false;                        ///< no mismatch, every swap as expected
-};
-
-/// Analyses `result` of a scenario run with `options`.
-SwapAnalysis analyze_swap(const SwapScenarioOptions& options, const SwapScenarioResult& result);
 
 /// Prints the table report on stdout.
-void print_swap_text(const SwapScenarioOptions& options, const SwapScenarioResult& result, const SwapAnalysis& a);
+void print_swap_text(const SwapCommandOptions& options, const bench::SwapScenarioResult& result,
+                     const bench::SwapAnalysis& a);
 
 /// Prints the --json document on stdout.
-void print_swap_json(const SwapScenarioOptions& options, const SwapScenarioResult& result, const SwapAnalysis& a);
+void print_swap_json(const SwapCommandOptions& options, const bench::SwapScenarioResult& result,
+                     const bench::SwapAnalysis& a);
 
 }  // namespace eredu::cli

@@ -1,6 +1,6 @@
-// The scenario of `eredu swap A B` (see swap_scenario.hpp): the requests, the swaps, and
-// the independent references every response is later checked against.
-#include "swap_scenario.hpp"
+// The hot-swap serving scenario (see swap_scenario.hpp): the requests, the swaps, and the
+// independent references every response is later checked against.
+#include "eredu/bench/swap_scenario.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <asio/post.hpp>
@@ -21,6 +22,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -31,7 +33,6 @@
 
 #include <fmt/format.h>
 
-#include "cli.hpp"
 #include "eredu/app/tensor_set_module.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/core/log.hpp"
@@ -41,11 +42,8 @@
 #include "eredu/cpu/float_formats.hpp"
 #include "eredu/io/integrity/checksums.hpp"
 #include "eredu/io/integrity/sha256.hpp"
-#include "interrupt.hpp"
-#include "verify_flags.hpp"
-#include "weights_flag.hpp"
 
-namespace eredu::cli {
+namespace eredu::bench {
 namespace {
 
 using Module = app::TensorSetModule;
@@ -293,19 +291,34 @@ asio::awaitable<void> client(Server& s, std::uint32_t id) {
   --s.running;
 }
 
-/// The phases of one swap on the progress display. The engine counts the load's bytes; the
-/// verification that follows has no counter, so the display switches to it (with its
-/// elapsed time) once every byte is loaded; the canary is this command's own step, and the
+/// `hooks` with a no-op wherever the caller gave none (stop_requested excepted: without it,
+/// nothing polls).
+SwapScenarioHooks completed(SwapScenarioHooks hooks) {
+  if (!hooks.phase) hooks.phase = [](std::string_view, std::uint64_t, std::string_view) {};
+  if (!hooks.update) hooks.update = [](std::uint64_t) {};
+  if (!hooks.tick) hooks.tick = [] {};
+  if (!hooks.finish) hooks.finish = [] {};
+  if (!hooks.check) hooks.check = [](const std::string&) {};
+  return hooks;
+}
+
+/// Seconds on the monotonic clock.
+double now_seconds() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+
+/// The phases of one swap as the caller is shown them. The engine counts the load's bytes;
+/// the verification that follows has no counter, so the phase switches to it (with its
+/// elapsed time) once every byte is loaded; the canary is this scenario's own step, and the
 /// publication follows it at once.
 ///
 /// Shared between the swap and its redraw timer: a timer handler already queued when the
 /// swap ends still runs after the swap's coroutine frame is gone, so it holds this state
 /// (timer and counters included) rather than pointing into the frame.
 struct SwapProgress {
-  SwapProgress(Progress& b, std::string c, std::uint64_t t, bool v, const asio::any_io_executor& executor)
-      : bar(b), context(std::move(c)), total(t), verifies(v), timer(executor) {}
+  SwapProgress(const SwapScenarioHooks& h, std::string c, std::uint64_t t, bool v,
+               const asio::any_io_executor& executor)
+      : hooks(h), context(std::move(c)), total(t), verifies(v), timer(executor) {}
 
-  Progress& bar;                         // outlives the scenario
+  const SwapScenarioHooks& hooks;        // completed(); outlives the scenario
   engine::MaterializeProgress counters;  // the engine's load counters
   std::string context;                   // "load A", "swap 1/2", "corrupt swap"
   std::uint64_t total = 0;
@@ -318,12 +331,12 @@ struct SwapProgress {
   void poll() {
     if (stage == Stage::read && verifies && counters.bytes_done.load(std::memory_order_relaxed) >= total) {
       stage = Stage::verify;
-      bar.phase("verify", 0, context);
+      hooks.phase("verify", 0, context);
     }
     if (stage == Stage::read)
-      bar.update(counters.bytes_done.load(std::memory_order_relaxed));
+      hooks.update(counters.bytes_done.load(std::memory_order_relaxed));
     else
-      bar.tick();
+      hooks.tick();
   }
 };
 
@@ -332,7 +345,7 @@ struct SwapProgress {
 asio::awaitable<void> tag_canary(const Module& m, cpu::Executor& background, const Probe& probe,
                                  std::unordered_map<const Module*, std::uint64_t>& tags, SwapProgress& progress) {
   progress.stage = SwapProgress::Stage::canary;
-  progress.bar.phase("canary", 0, progress.context);
+  progress.hooks.phase("canary", 0, progress.context);
   std::uint64_t tag = 0;
   bool finite = true;
   Completion done = background.submit([&] {
@@ -344,7 +357,7 @@ asio::awaitable<void> tag_canary(const Module& m, cpu::Executor& background, con
   co_await done.async_wait(asio::use_awaitable);
   if (!finite) throw std::runtime_error(fmt::format("the probe output of '{}' is not finite", probe.tensor));
   tags[&m] = tag;
-  progress.bar.phase("publish", 0, progress.context);  // what the slot does next
+  progress.hooks.phase("publish", 0, progress.context);  // what the slot does next
 }
 
 /// Redraws the display of `progress` every 100 ms until the swap is done.
@@ -366,7 +379,7 @@ struct Plan {
   const engine::WeightBindingPlan* plan = nullptr;
   cpu::MaterializationContext* context = nullptr;
   cpu::Executor* background = nullptr;
-  Progress* progress = nullptr;
+  const SwapScenarioHooks* hooks = nullptr;  // completed()
   unsigned swaps = 0;
   std::uint64_t requests = 0;
   unsigned concurrency = 0;
@@ -379,9 +392,9 @@ asio::awaitable<SwapAttempt> swap_to(Server& s, const Plan& plan, std::size_t in
   SwapAttempt record{plan.paths[index]};
   record.checksum_count = plan.checksums[index].size();
   auto executor = co_await asio::this_coro::executor;
-  auto progress = std::make_shared<SwapProgress>(*plan.progress, std::move(label), plan.total_bytes,
+  auto progress = std::make_shared<SwapProgress>(*plan.hooks, std::move(label), plan.total_bytes,
                                                  !plan.checksums[index].empty(), executor);
-  progress->bar.phase("read", plan.total_bytes, progress->context);
+  progress->hooks.phase("read", plan.total_bytes, progress->context);
   watch_progress(progress);
   const Probe& probe = *s.probe;
   auto* tags = s.tags;
@@ -406,7 +419,7 @@ asio::awaitable<SwapAttempt> swap_to(Server& s, const Plan& plan, std::size_t in
   record.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   progress->done = true;
   progress->timer.cancel();
-  progress->bar.finish();
+  progress->hooks.finish();
   co_return record;
 }
 
@@ -459,13 +472,53 @@ asio::awaitable<std::vector<SwapAttempt>> drive(Server& s, const Plan& plan) {
   co_return records;
 }
 
+/// Ends the run when the caller asks (SwapScenarioHooks::stop_requested, polled on the loop):
+/// the driver's cancellation (terminal), then `on_stop`, once. Without `requested`, nothing
+/// polls and nothing stops.
+class StopWatch {
+ public:
+  StopWatch(asio::io_context& ctx, std::function<bool()> requested, std::function<void()> on_stop)
+      : timer_(ctx), requested_(std::move(requested)), on_stop_(std::move(on_stop)) {}
+
+  /// The slot the driver is bound to.
+  asio::cancellation_slot slot() { return cancel_.slot(); }
+  /// Polls now, then every 10 ms until stopped or disarmed; call once the driver runs.
+  void poll() {
+    if (done_ || !requested_) return;
+    if (requested_()) {
+      done_ = true;
+      cancel_.emit(asio::cancellation_type::terminal);
+      on_stop_();
+      return;
+    }
+    timer_.expires_after(std::chrono::milliseconds(10));
+    timer_.async_wait([this](std::error_code ec) {
+      if (!ec) poll();
+    });
+  }
+  /// Stops polling, so that the loop can return; call from the driver's completion.
+  void disarm() {
+    done_ = true;
+    timer_.cancel();
+  }
+
+ private:
+  asio::steady_timer timer_;
+  asio::cancellation_signal cancel_;
+  std::function<bool()> requested_;
+  std::function<void()> on_stop_;
+  bool done_ = false;
+};
+
 }  // namespace
 
-SwapScenarioResult run_swap_scenario(const SwapScenarioOptions& o, Progress& progress) {
+SwapScenarioResult run_swap_scenario(const SwapScenarioOptions& o, const SwapScenarioHooks& caller_hooks) {
+  const SwapScenarioHooks hooks = completed(caller_hooks);
+  const std::string opening = "opening the checkpoints";
   io::SourceOptions source_options;
   // Small staging: the swap's reads must not take the memory (or the cache) serving needs.
   source_options.pool.budget = o.budget;
-  // Kept until the command exits (see read_command.cpp): no idle-release timer holding the loop.
+  // Kept until the run ends: no idle-release timer holding the loop.
   source_options.pool.release_after = std::chrono::milliseconds(0);
 
   // TBB workers for both arenas beside the event-loop thread, which never joins them.
@@ -475,16 +528,14 @@ SwapScenarioResult run_swap_scenario(const SwapScenarioOptions& o, Progress& pro
   if (o.serve_threads > 0) serving.emplace(static_cast<int>(o.serve_threads));
   cpu::Executor background(static_cast<int>(o.swap_threads));  // the swap's own, small arena
   cpu::StoragePool storage;
-  cpu::MaterializationContext context{background, storage, false, weight_storage(o.weights)};
+  cpu::MaterializationContext context{background, storage, false, o.weights};
 
   asio::io_context ctx(1);
-  Interrupt interrupt(ctx);
-  interrupt.doing("opening the checkpoints");
   SwapScenarioResult result;
   result.paths = {o.a, o.b};
   std::vector<std::string>& paths = result.paths;
   std::vector<std::unique_ptr<io::CheckpointSource>> sources;
-  progress.phase("open");
+  hooks.phase("open", 0, {});
   for (const std::string& p : paths)
     sources.push_back(io::CheckpointSource::open(ctx.get_executor(), p, source_options));
   const io::Catalog& a = sources[0]->catalog();
@@ -492,8 +543,12 @@ SwapScenarioResult run_swap_scenario(const SwapScenarioOptions& o, Progress& pro
   const Module blueprint = Module::mirror(a);
   const Probe probe = make_probe(a, o.work);
   std::vector<io::Checksums> checksums;
-  for (std::size_t i = 0; i < 2; ++i)
-    checksums.push_back(checksums_for(paths[i], sources[i]->catalog(), o.verify, {}, "swaps to it verify"));
+  for (std::size_t i = 0; i < 2; ++i) {
+    const io::Catalog& catalog = sources[i]->catalog();
+    checksums.push_back(!o.verify     ? io::Checksums{}
+                        : o.checksums ? o.checksums(paths[i], catalog)
+                                      : io::Checksums::discover(paths[i], catalog));
+  }
 
   // --corrupt: a copy of B with bytes flipped in the middle of the probe tensor. Unless
   // verification is off, the copy carries the digest of B's true bytes of that tensor, so
@@ -518,9 +573,9 @@ SwapScenarioResult run_swap_scenario(const SwapScenarioOptions& o, Progress& pro
           b, copy, std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing);
       pread_exact(sources[1]->catalog(), t, 0, original);
     } catch (...) {
-      // A signal during the copy interrupts its system calls (EINTR on FUSE): report the
-      // interruption, not the copy's failure it caused.
-      interrupt.check();
+      // A signal during the copy interrupts its system calls (EINTR on FUSE): the check
+      // reports the interruption, not the copy's failure it caused.
+      hooks.check(opening);
       throw;
     }
     std::filesystem::path file = copy;
@@ -536,9 +591,9 @@ SwapScenarioResult run_swap_scenario(const SwapScenarioOptions& o, Progress& pro
     sources.push_back(io::CheckpointSource::open(ctx.get_executor(), copy, source_options));
     paths.push_back(copy.string());
     io::Checksums sums = checksums[1];
-    if (o.verify != "off") sums.add(probe.tensor, io::sha256_hex(original));
+    if (o.verify) sums.add(probe.tensor, io::sha256_hex(original));
     checksums.push_back(std::move(sums));
-    interrupt.check();  // the copy took a while: a signal during it ends the run here
+    hooks.check(opening);  // the copy took a while: a stop during it ends the run here
   }
   for (const io::Checksums& c : checksums) result.checksum_counts.push_back(c.size());
 
@@ -564,28 +619,30 @@ SwapScenarioResult run_swap_scenario(const SwapScenarioOptions& o, Progress& pro
   plan.plan = &blueprint.plan();
   plan.context = &context;
   plan.background = &background;
-  plan.progress = &progress;
+  plan.hooks = &hooks;
   plan.swaps = o.swaps;
   plan.requests = o.requests;
   plan.concurrency = o.concurrency;
   plan.total_bytes = blueprint.bytes();
 
   std::exception_ptr failure;
-  interrupt.check();
-  interrupt.doing("serving while swapping; the serving version was left as it was");
-  interrupt.on_signal([&server] { server.stop = true; });  // the clients stop too
+  hooks.check(opening);
+  StopWatch stop(ctx, hooks.stop_requested, [&server] { server.stop = true; });  // the clients stop too
   asio::co_spawn(ctx, drive(server, plan),
-                 asio::bind_cancellation_slot(interrupt.slot(), [&](std::exception_ptr e, std::vector<SwapAttempt> r) {
+                 asio::bind_cancellation_slot(stop.slot(), [&](std::exception_ptr e, std::vector<SwapAttempt> r) {
                    failure = e;
                    result.attempts = std::move(r);
-                   interrupt.disarm();
+                   stop.disarm();
                  }));
-  interrupt.arm();
+  // After the driver's start: a stop asked for before the loop ran is acted on once the
+  // driver listens on its slot.
+  asio::post(ctx, [&stop] { stop.poll(); });
   const double t_run = now_seconds();
   ctx.run();
   result.run_seconds = now_seconds() - t_run;
-  progress.finish();
-  interrupt.rethrow(failure);
+  hooks.finish();
+  hooks.check("serving while swapping; the serving version was left as it was");
+  if (failure) std::rethrow_exception(failure);
 
   result.tensor_count = a.size();
   result.bytes = blueprint.bytes();
@@ -601,4 +658,4 @@ SwapScenarioResult run_swap_scenario(const SwapScenarioOptions& o, Progress& pro
   return result;
 }
 
-}  // namespace eredu::cli
+}  // namespace eredu::bench
