@@ -1,8 +1,11 @@
 #include "eredu/core/completion.hpp"
 
+#include <asio/bind_allocator.hpp>
+#include <asio/bind_executor.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <asio/use_awaitable.hpp>
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <new>
@@ -215,4 +218,60 @@ TEST_CASE("completion – async_wait's delivery allocates nothing on the complet
   producer.join();
   ctx.run();
   CHECK(resumed);
+}
+
+namespace {
+
+/// Counts what is allocated through it (every copy shares the counts).
+struct AllocationCounts {
+  std::atomic<long> allocations{0};
+  std::atomic<long> live_bytes{0};
+};
+template <class T>
+struct CountingAllocator {
+  using value_type = T;
+  AllocationCounts* counts;
+  explicit CountingAllocator(AllocationCounts* c) noexcept : counts(c) {}
+  template <class U>
+  CountingAllocator(const CountingAllocator<U>& other) noexcept : counts(other.counts) {}
+  T* allocate(std::size_t n) {
+    ++counts->allocations;
+    counts->live_bytes += static_cast<long>(n * sizeof(T));
+    return std::allocator<T>().allocate(n);
+  }
+  void deallocate(T* p, std::size_t n) noexcept {
+    counts->live_bytes -= static_cast<long>(n * sizeof(T));
+    std::allocator<T>().deallocate(p, n);
+  }
+  friend bool operator==(const CountingAllocator& a, const CountingAllocator& b) noexcept {
+    return a.counts == b.counts;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("completion – async_wait takes its memory from the handler's associated allocator", "[core][completion]") {
+  // The wrapper that carries the handler to the completing thread, and the reserve for the
+  // post back to its executor, are the operation's memory: Asio's model says they come from
+  // the handler's associated allocator.
+  asio::io_context ctx;
+  AllocationCounts counts;
+  CompletionSource source;
+  Completion c = source.completion();
+  bool called = false;
+  // Bound to the loop too: a handler with no executor of its own would run on Asio's system
+  // executor's thread, after this test looked.
+  c.async_wait(
+      asio::bind_executor(ctx, asio::bind_allocator(CountingAllocator<void>(&counts), [&](std::exception_ptr e) {
+                            CHECK_FALSE(e);
+                            called = true;
+                          })));
+  ctx.poll();
+  CHECK(counts.allocations.load() >= 2);  // the wrapper and the reserve
+  CHECK(counts.live_bytes.load() > 0);
+  std::thread producer([s = std::move(source)]() mutable { s.complete(); });
+  producer.join();
+  ctx.run();
+  CHECK(called);
+  CHECK(counts.live_bytes.load() == 0);  // everything given back, to the same allocator
 }

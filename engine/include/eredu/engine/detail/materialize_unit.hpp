@@ -25,6 +25,7 @@
 
 #include <asio/awaitable.hpp>
 #include <asio/cancellation_state.hpp>
+#include <asio/co_spawn.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 #include <atomic>
@@ -33,6 +34,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stop_token>
 #include <vector>
 
@@ -60,6 +62,37 @@ inline constexpr std::size_t max_realizations_in_flight = 256;
 /// alone is larger (see step 2 above): four times what a reader keeps in flight by default
 /// (depth 8 × 8 MiB), and what a local disk reads in about a tenth of a second.
 inline constexpr std::uint64_t max_bytes_in_flight = std::uint64_t{256} << 20;
+
+/// An owner's hash check where it landed: another handle to the weight, and its digest.
+template <class B>
+struct InPlaceCheck {
+  typename B::MaterializedWeight weight;  ///< shares the realization's storage
+  io::DigestCheck digest;                 ///< what its bytes must hash to
+};
+
+/// One owner's steps once its realization has started: waits for it (`done`, the backend's
+/// completion: the bridge from its threads), then, when `check` is set, hashes the weight
+/// where it landed (B::verify_weight) and counts it verified. Throws the first failing step's
+/// error. Runs to its end whatever the caller's cancellation: the realization itself is
+/// stopped through the unit's stop_token.
+template <class B>
+asio::awaitable<void> settle_owner(typename B::MaterializationContext& context, Completion done,
+                                   std::optional<InPlaceCheck<B>> check, MaterializeProgress* progress) {
+  co_await done.async_wait(eredu::detail::use_awaitable_ignoring_cancellation());
+  if constexpr (VerifyingBackend<B>) {
+    if (check) {
+      const std::uint64_t bytes = check->digest.bytes;
+      Completion hashed = B::verify_weight(context, check->weight, std::move(check->digest));
+      co_await hashed.async_wait(eredu::detail::use_awaitable_ignoring_cancellation());
+      if (progress) {
+        progress->tensors_verified.fetch_add(1, std::memory_order_relaxed);
+        progress->bytes_verified.fetch_add(bytes, std::memory_order_relaxed);
+      }
+    }
+  } else {
+    (void)context, (void)check, (void)progress;  // nothing is hashed in place
+  }
+}
 
 /// Realizes every binding of `plan` on backend B (see file comment). A terminal cancellation
 /// of the calling coroutine stops every realization at its next step; the unit is then awaited
@@ -102,10 +135,14 @@ asio::awaitable<MaterializedUnit<B>> materialize_unit(
   struct Window {
     std::mutex mutex;
     std::size_t completed = 0;
-    std::uint64_t bytes = 0;  // of the realizations started and not complete
+    std::uint64_t bytes = 0;                 // of the realizations started and not complete
+    std::vector<std::exception_ptr> errors;  // per owner started: its first failing step
+    bool reread_pending = false;             // the re-read check has not ended
+    std::exception_ptr reread_error;         // how it ended
     AsyncEvent progressed;
   };
   auto window = std::make_shared<Window>();
+  window->errors.resize(owners.size());
   co_await asio::this_coro::throw_if_cancelled(false);
   asio::cancellation_state cancel_state = co_await asio::this_coro::cancellation_state;
   // Puts the stop in the coroutine's cancellation slot, and stops now if a cancellation came
@@ -127,43 +164,43 @@ asio::awaitable<MaterializedUnit<B>> materialize_unit(
   };
   listen();
 
-  // 2. Start every owner, and the re-read check beside them.
+  // 2. Start every owner, and the re-read check beside them. Each owner's steps after its
+  // start (its realization, then its in-place check) are one coroutine, settle_owner, spawned
+  // on the source's executor; its end, on that executor, frees its room in the window.
   std::vector<typename B::Materialization> in_flight;
   in_flight.reserve(owners.size());
-  std::vector<Completion> owner_done;  // an owner's realization, then its in-place check
-  owner_done.reserve(owners.size() + 1);
-  Completion reread = Completion::ready_now();
   if constexpr (std::same_as<Source, io::CheckpointSource>) {
     if (!verification.reread.empty()) {
-      CompletionSource done;
-      reread = done.completion();
       io::VerifyChecksumsOptions reread_options{.preferred = options.verify.preferred};
       const std::uint64_t tensors = verification.reread.size() + verification.reread.shard_count();
+      window->reread_pending = true;
       // It runs to its end even when the load fails or is cancelled (it only reads and hashes);
       // the unit waits for it either way, so nothing it uses is gone before it is.
-      io::async_verify_checksums(source, std::move(verification.reread), asio::any_io_executor(), reread_options,
-                                 [done = std::move(done), stop, progress = options.progress, tensors](
-                                     std::exception_ptr e, std::uint64_t bytes) mutable {
-                                   if (e) {
-                                     stop.request_stop();
-                                   } else if (progress) {
-                                     progress->tensors_verified.fetch_add(tensors, std::memory_order_relaxed);
-                                     progress->bytes_verified.fetch_add(bytes, std::memory_order_relaxed);
-                                   }
-                                   done.finish(std::move(e));
-                                 });
+      io::async_verify_checksums(
+          source, std::move(verification.reread), asio::any_io_executor(), reread_options,
+          [window, stop, progress = options.progress, tensors](std::exception_ptr e, std::uint64_t bytes) mutable {
+            if (e) {
+              stop.request_stop();
+            } else if (progress) {
+              progress->tensors_verified.fetch_add(tensors, std::memory_order_relaxed);
+              progress->bytes_verified.fetch_add(bytes, std::memory_order_relaxed);
+            }
+            std::lock_guard lock(window->mutex);
+            window->reread_pending = false;
+            window->reread_error = std::move(e);
+            window->progressed.set();
+          });
     }
   }
   std::exception_ptr start_error;
   std::size_t started = 0;
-  for (; started < owners.size(); ++started) {
-    // Room in the window, unless the unit is stopping: then nothing more starts.
+  // Until `condition` holds (checked under the window's mutex): waits for the window's event,
+  // set at each owner's end, at the re-read check's end and at a stop.
+  auto wait_until = [&](auto condition) -> asio::awaitable<void> {
     for (;;) {
       {
         std::lock_guard lock(window->mutex);
-        const bool room = started - window->completed < max_realizations_in_flight &&
-                          (window->bytes == 0 || window->bytes + inferred[started].bytes <= max_bytes_in_flight);
-        if (stop.stop_requested() || room) break;
+        if (condition()) co_return;
         window->progressed.reset();
       }
       // Not the coroutine's cancellation slot: the handler assigned above must stay there.
@@ -174,6 +211,14 @@ asio::awaitable<MaterializedUnit<B>> materialize_unit(
       }
       listen();
     }
+  };
+  for (; started < owners.size(); ++started) {
+    // Room in the window, unless the unit is stopping: then nothing more starts.
+    co_await wait_until([&] {
+      return stop.stop_requested() ||
+             (started - window->completed < max_realizations_in_flight &&
+              (window->bytes == 0 || window->bytes + inferred[started].bytes <= max_bytes_in_flight));
+    });
     if (stop.stop_requested()) break;
     const std::uint64_t owner_bytes = inferred[started].bytes;
     {
@@ -190,73 +235,46 @@ asio::awaitable<MaterializedUnit<B>> materialize_unit(
       }
     } catch (...) {
       start_error = attach_parameter(std::current_exception(), owner.name());
+      std::lock_guard lock(window->mutex);
+      window->bytes -= owner_bytes;
       stop.request_stop();
       break;
     }
-    Completion done = B::completion(in_flight.back());
+    std::optional<InPlaceCheck<B>> check;
     if constexpr (VerifyingBackend<B>) {
-      if (std::optional<io::DigestCheck>& check = verification.in_place[started]) {
-        // Hashed where it landed, once it is complete: what the load delivers is what is checked.
-        CompletionSource verified;
-        Completion checked = verified.completion();
-        done.on_complete([&context, weight = B::share_materialized_weight(B::materialized_weight(in_flight.back())),
-                          check = std::move(*check), verified = std::move(verified),
-                          progress = options.progress](std::exception_ptr e) mutable {
-          if (e) {
-            verified.fail(std::move(e));
-            return;
-          }
-          const std::uint64_t bytes = check.bytes;
-          Completion hashed;
-          try {
-            hashed = B::verify_weight(context, weight, std::move(check));
-          } catch (...) {
-            hashed = Completion::failed(std::current_exception());
-          }
-          hashed.on_complete([verified = std::move(verified), progress, bytes](std::exception_ptr error) mutable {
-            if (!error && progress) {
-              progress->tensors_verified.fetch_add(1, std::memory_order_relaxed);
-              progress->bytes_verified.fetch_add(bytes, std::memory_order_relaxed);
-            }
-            verified.finish(std::move(error));
-          });
-        });
-        done = checked;
-      }
+      if (std::optional<io::DigestCheck>& digest = verification.in_place[started])
+        check =
+            InPlaceCheck<B>{B::share_materialized_weight(B::materialized_weight(in_flight.back())), std::move(*digest)};
     }
-    owner_done.push_back(done);
-    done.on_complete([stop, progress = options.progress, bytes = owner_bytes, window](std::exception_ptr e) mutable {
-      if (e) {
-        stop.request_stop();
-      } else if (progress) {
-        progress->owners_done.fetch_add(1, std::memory_order_relaxed);
-        progress->bytes_done.fetch_add(bytes, std::memory_order_relaxed);
-      }
-      std::lock_guard lock(window->mutex);
-      ++window->completed;
-      window->bytes -= bytes;
-      window->progressed.set();
-    });
+    asio::co_spawn(source.get_executor(),
+                   settle_owner<B>(context, B::completion(in_flight.back()), std::move(check), options.progress),
+                   [window, stop, index = started, progress = options.progress,
+                    bytes = owner_bytes](std::exception_ptr e) mutable {
+                     if (e) {
+                       stop.request_stop();
+                     } else if (progress) {
+                       progress->owners_done.fetch_add(1, std::memory_order_relaxed);
+                       progress->bytes_done.fetch_add(bytes, std::memory_order_relaxed);
+                     }
+                     std::lock_guard lock(window->mutex);
+                     window->errors[index] = std::move(e);
+                     ++window->completed;
+                     window->bytes -= bytes;
+                     window->progressed.set();
+                   });
   }
 
   // 3. Wait for every started realization (and every check), failed or not, before deciding
   // anything.
-  std::vector<Completion>& completions = owner_done;
-  completions.push_back(reread);
-  Completion all = when_all(completions);
-  try {
-    co_await all.async_wait(asio::use_awaitable);
-  } catch (...) {
-    // Inspected per owner below, so the error can name its parameter.
-  }
+  co_await wait_until([&] { return window->completed == started && !window->reread_pending; });
   std::exception_ptr failure;
   for (std::size_t i = 0; i < in_flight.size(); ++i) {
-    std::exception_ptr e = completions[i].error();
+    std::exception_ptr e = window->errors[i];
     if (!e) continue;
     if (!failure || (is_cancellation(failure) && !is_cancellation(e))) failure = attach_parameter(e, owners[i]->name());
   }
   // The re-read check names its tensor; no single parameter owns it.
-  if (std::exception_ptr e = reread.error(); e && (!failure || (is_cancellation(failure) && !is_cancellation(e))))
+  if (std::exception_ptr e = window->reread_error; e && (!failure || (is_cancellation(failure) && !is_cancellation(e))))
     failure = e;
   if (start_error && (!failure || is_cancellation(failure))) failure = start_error;
   if (cancel_state.slot().is_connected()) cancel_state.slot().clear();
