@@ -90,6 +90,15 @@ std::vector<std::byte> bytes_of(const P& parameter) {
   return {parameter.value.bytes().begin(), parameter.value.bytes().end()};
 }
 
+/// Every slot of `model` holds exactly the bytes `memory` serves for it.
+template <class P>
+void check_exact_bytes(test::SlotModule<P>& model, const Memory& memory) {
+  for (const auto& slot : slots()) {
+    INFO(slot.name);
+    CHECK(bytes_of(model.slot(slot.name)) == memory.expected(slot.name));
+  }
+}
+
 }  // namespace
 
 TEST_CASE("orchestration – async_load from an in-memory byte source binds the exact bytes on the CPU backend",
@@ -103,10 +112,7 @@ TEST_CASE("orchestration – async_load from an in-memory byte source binds the 
   auto done = engine::async_load<cpu::Backend>(model, memory.source, plan(), mc, asio::use_future);
   test::run_until_ready(memory.ctx, done);
 
-  for (const auto& slot : slots()) {
-    INFO(slot.name);
-    CHECK(bytes_of(model.slot(slot.name)) == memory.expected(slot.name));
-  }
+  check_exact_bytes(model, memory);
   CHECK(model.slot("lm_head.weight").value.shares_storage_with(model.slot("embed.weight").value));
   CHECK(memory.source.reads() > 0);
 }
@@ -120,10 +126,7 @@ TEST_CASE("orchestration – async_load from an in-memory byte source binds the 
   auto done = engine::async_load<test::FakeBackend>(model, memory.source, plan(), device, asio::use_future);
   test::run_until_ready(memory.ctx, done);
 
-  for (const auto& slot : slots()) {
-    INFO(slot.name);
-    CHECK(bytes_of(model.slot(slot.name)) == memory.expected(slot.name));
-  }
+  check_exact_bytes(model, memory);
   CHECK(memory.source.reads() > 0);
 }
 
