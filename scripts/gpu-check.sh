@@ -4,10 +4,16 @@
 # CUDA test (the [gpu] ones included), runs the load benchmark, and prints a summary. Meant to
 # finish well under 8 minutes on a 16-core machine (a few minutes of it is the build).
 # usage: scripts/gpu-check.sh            (EREDU_GPU_CHECK_SIZE=4G sets the benchmark's checkpoint size)
+#
+# A GPU machine that cannot install packages (no network) runs binaries built elsewhere:
+# scripts/gpu-bundle.sh packs them with their libraries, and then
+#   EREDU_GPU_CHECK_PREBUILT=BUNDLE scripts/gpu-check.sh
+# skips the install, configure and build and runs BUNDLE's test_cuda and cuda_load.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
-build=build/gpu
+prebuilt="${EREDU_GPU_CHECK_PREBUILT:-}"
+build="${prebuilt:-build/gpu}"
 log_dir="$build/gpu-check"
 size="${EREDU_GPU_CHECK_SIZE:-4G}"
 jobs="${EREDU_JOBS:-$(nproc)}"
@@ -20,6 +26,11 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+if [ -n "$prebuilt" ]; then
+  missing=()
+  export LD_LIBRARY_PATH="$prebuilt/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  [ -d "$prebuilt/data" ] && export EREDU_SHARED_DATA_DIR="$prebuilt/data"
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   stage "installing ${missing[*]}"
   sudo_cmd=""
@@ -38,8 +49,12 @@ if command -v nvidia-smi >/dev/null 2>&1; then
   if [[ "$cap" =~ ^[0-9]+$ ]]; then arch="$cap"; fi
 fi
 
-stage "configure $build (EREDU_CUDA=ON, architectures $arch)"
 mkdir -p "$log_dir"
+build_s=0
+if [ -n "$prebuilt" ]; then
+  stage "prebuilt binaries in $build ($(cat "$build/BUILT" 2>/dev/null || echo 'origin unknown'))"
+else
+stage "configure $build (EREDU_CUDA=ON, architectures $arch)"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEREDU_WERROR=ON -DEREDU_CUDA=ON \
   "-DCMAKE_CUDA_ARCHITECTURES=$arch" -DEREDU_BUILD_EXAMPLES=OFF -DEREDU_BUILD_TOOLS=OFF >"$log_dir/configure.log" 2>&1 ||
   { cat "$log_dir/configure.log"; exit 1; }
@@ -49,6 +64,7 @@ build_start=$(date +%s)
 cmake --build "$build" -j "$jobs" --target test_cuda cuda_load >"$log_dir/build.log" 2>&1 ||
   { tail -n 60 "$log_dir/build.log"; exit 1; }
 build_s=$(( $(date +%s) - build_start ))
+fi
 
 stage "CUDA tests"
 tests_rc=0
@@ -64,10 +80,18 @@ echo
 echo "== summary"
 echo "date        $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 echo "gpu         $gpu"
-echo "cuda        $(grep -o 'CUDA backend on (CUDA [0-9.]*' "$log_dir/configure.log" | sed 's/.*CUDA //' || true)"
-echo "build       ${build_s} s (test_cuda + cuda_load, architectures $arch, -j $jobs)"
+if [ -n "$prebuilt" ]; then
+  echo "cuda        driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1 || true)"
+else
+  echo "cuda        $(grep -o 'CUDA backend on (CUDA [0-9.]*' "$log_dir/configure.log" | sed 's/.*CUDA //' || true)"
+fi
+if [ -n "$prebuilt" ]; then
+  echo "build       prebuilt: $(cat "$build/BUILT" 2>/dev/null || echo 'origin unknown')"
+else
+  echo "build       ${build_s} s (test_cuda + cuda_load, architectures $arch, -j $jobs)"
+fi
 echo "tests       $(grep -E '^(All tests passed|test cases:)' "$log_dir/tests.log" | tail -n 1) (exit $tests_rc; GPU cases skipped: $skipped)"
 echo "benchmark"
-grep -E '^(host read|pcie h2d|load to device|ratio|staging|cuda_load: skipped)' "$log_dir/bench.log" | sed 's/^/  /' || true
+grep -E '^(checkpoint|host read|pcie h2d|load to device|ratio|staging|bytes|cuda_load: skipped)' "$log_dir/bench.log" | sed 's/^/  /' || true
 echo "total       $(( $(date +%s) - start )) s; logs in $log_dir"
 [ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$skipped" -eq 0 ]

@@ -24,7 +24,7 @@ namespace eredu::test {
 
 /// ../shared/data/gguf-quant, or empty when absent.
 inline std::filesystem::path gguf_quant_dir() {
-  std::filesystem::path p = std::filesystem::path(EREDU_SHARED_DATA_DIR) / "gguf-quant";
+  std::filesystem::path p = shared_data_dir() / "gguf-quant";
   std::error_code ec;
   return std::filesystem::is_regular_file(p / "MANIFEST.json", ec) ? p : std::filesystem::path{};
 }

@@ -33,9 +33,17 @@ class TempDir {
   std::filesystem::path path_;
 };
 
+/// The shared test data: $EREDU_SHARED_DATA_DIR when set (as in the Python tests, so a test
+/// binary built elsewhere can run on a machine where ../shared lies somewhere else), else
+/// ../shared/data beside the source tree it was built from.
+inline std::filesystem::path shared_data_dir() {
+  const char* env = std::getenv("EREDU_SHARED_DATA_DIR");
+  return std::filesystem::path(env && *env ? env : EREDU_SHARED_DATA_DIR);
+}
+
 /// The shared real-checkpoint directory (../shared/data/real), or empty when absent.
 inline std::filesystem::path real_data_dir() {
-  std::filesystem::path p = std::filesystem::path(EREDU_SHARED_DATA_DIR) / "real";
+  std::filesystem::path p = shared_data_dir() / "real";
   std::error_code ec;
   return std::filesystem::is_directory(p, ec) ? p : std::filesystem::path{};
 }
