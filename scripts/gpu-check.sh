@@ -68,13 +68,13 @@ fi
 
 stage "CUDA tests"
 tests_rc=0
-"$build/tests/cuda/test_cuda" --durations yes >"$log_dir/tests.log" 2>&1 || tests_rc=$?
+timeout -k 10 "${EREDU_GPU_TEST_TIMEOUT:-240}" "$build/tests/cuda/test_cuda" --durations yes >"$log_dir/tests.log" 2>&1 || tests_rc=$?
 tail -n 4 "$log_dir/tests.log"
 skipped=$(grep -c "no CUDA device" "$log_dir/tests.log" || true)
 
 stage "benchmark: cuda_load --size $size"
 bench_rc=0
-"$build/bench/cuda_load" --size "$size" --dir "$build" 2>&1 | tee "$log_dir/bench.log" || bench_rc=$?
+timeout -k 10 "${EREDU_GPU_BENCH_TIMEOUT:-300}" "$build/bench/cuda_load" --size "$size" --dir "$build" 2>&1 | tee "$log_dir/bench.log" || bench_rc=$?
 
 echo
 echo "== summary"
