@@ -17,7 +17,8 @@
 // Without a CUDA device it prints "skipped: no CUDA device" and exits 0.
 //
 // usage: cuda_load [PATH] [--size 4G] [--dir /tmp] [--budget 512M] [--streams 2] [--threads 8]
-//                  [--repeat 7] [--depth 8] [--request 8M] [--json]
+//                  [--repeat 7] [--depth 8] [--request 8M] [--chunk 64M] [--reader auto|uring|pread]
+//                  [--json]
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -61,6 +62,8 @@ struct Options {
   unsigned repeat = 7;
   unsigned depth = 8;
   std::uint64_t request = std::uint64_t{8} << 20;
+  std::uint64_t chunk = std::uint64_t{64} << 20;
+  io::ReaderKind reader = io::ReaderKind::automatic;
   bool json = false;
 };
 
@@ -120,7 +123,19 @@ Options parse(int argc, char** argv) {
       o.depth = static_cast<unsigned>(std::max<std::uint64_t>(1, parse_size(value())));
     else if (a == "--request")
       o.request = parse_size(value());
-    else if (a == "--json")
+    else if (a == "--chunk")
+      o.chunk = parse_size(value());
+    else if (a == "--reader") {
+      const std::string_view r = value();
+      if (r == "auto")
+        o.reader = io::ReaderKind::automatic;
+      else if (r == "uring")
+        o.reader = io::ReaderKind::uring;
+      else if (r == "pread")
+        o.reader = io::ReaderKind::pread;
+      else
+        usage_error(fmt::format("--reader takes auto, uring or pread, not '{}'", r));
+    } else if (a == "--json")
       o.json = true;
     else if (!a.empty() && a[0] != '-' && o.path.empty())
       o.path = a;
@@ -318,6 +333,8 @@ int main(int argc, char** argv) {
     so.pool.budget = o.budget;
     so.reader.depth = o.depth;
     so.reader.max_request = o.request;
+    so.reader.kind = o.reader;
+    so.chunk_bytes = o.chunk;
     auto source = io::CheckpointSource::open(ctx.get_executor(), path, so);
     const std::uint64_t total = source->catalog().total_bytes();
 
@@ -378,8 +395,10 @@ int main(int argc, char** argv) {
                    o.threads);
         fmt::print("pcie h2d           {} GB/s  (cudaMemcpyAsync from pinned memory, 256 MiB copies)\n",
                    pcie.text());
-        fmt::print("load to device     {} GB/s  (first load {:.2f}), {} streams, budget {} MiB\n", load.text(),
-                   first_gbps, o.streams, o.budget >> 20);
+        fmt::print("load to device     {} GB/s  (first load {:.2f}), {} streams, budget {} MiB, {} reader depth {}, "
+                   "requests {} MiB, chunks {} MiB\n",
+                   load.text(), first_gbps, o.streams, o.budget >> 20, source->reader().name(), o.depth,
+                   o.request >> 20, o.chunk >> 20);
         fmt::print("ratio              {} of min(read, pcie) per round; target 0.8: {}\n", ratio.text(2),
                    ratio.median >= 0.8 ? "met" : "NOT met");
         fmt::print("staging high-water {} MiB of {} MiB, peak RSS {} MiB\n", last.staging_high_water >> 20,

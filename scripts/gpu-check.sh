@@ -61,7 +61,7 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEREDU_WERROR=ON -DE
 
 stage "build test_cuda and cuda_load (-j $jobs)"
 build_start=$(date +%s)
-cmake --build "$build" -j "$jobs" --target test_cuda cuda_load >"$log_dir/build.log" 2>&1 ||
+cmake --build "$build" -j "$jobs" --target test_cuda test_conformance_cuda cuda_load >"$log_dir/build.log" 2>&1 ||
   { tail -n 60 "$log_dir/build.log"; exit 1; }
 build_s=$(( $(date +%s) - build_start ))
 fi
@@ -71,6 +71,12 @@ tests_rc=0
 timeout -k 10 "${EREDU_GPU_TEST_TIMEOUT:-240}" "$build/tests/cuda/test_cuda" --durations yes >"$log_dir/tests.log" 2>&1 || tests_rc=$?
 tail -n 4 "$log_dir/tests.log"
 skipped=$(grep -c "no CUDA device" "$log_dir/tests.log" || true)
+conformance_rc=0
+if [ -x "$build/tests/test_conformance_cuda" ]; then
+  stage "the engine's backend conformance cases on the CUDA backend"
+  timeout -k 10 120 "$build/tests/test_conformance_cuda" >"$log_dir/conformance.log" 2>&1 || conformance_rc=$?
+  tail -n 2 "$log_dir/conformance.log"
+fi
 
 stage "benchmark: cuda_load --size $size"
 bench_rc=0
@@ -91,7 +97,9 @@ else
   echo "build       ${build_s} s (test_cuda + cuda_load, architectures $arch, -j $jobs)"
 fi
 echo "tests       $(grep -E '^(All tests passed|test cases:)' "$log_dir/tests.log" | tail -n 1) (exit $tests_rc; GPU cases skipped: $skipped)"
+[ -f "$log_dir/conformance.log" ] &&
+  echo "conformance $(grep -E '^(All tests passed|test cases:)' "$log_dir/conformance.log" | tail -n 1) (exit $conformance_rc)"
 echo "benchmark"
 grep -E '^(checkpoint|host read|pcie h2d|load to device|ratio|staging|bytes|cuda_load: skipped)' "$log_dir/bench.log" | sed 's/^/  /' || true
 echo "total       $(( $(date +%s) - start )) s; logs in $log_dir"
-[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$skipped" -eq 0 ]
+[ "$tests_rc" -eq 0 ] && [ "$conformance_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$skipped" -eq 0 ]

@@ -1,6 +1,7 @@
 #include "eredu/cuda/device_memory_pool.hpp"
 
 #include <fmt/format.h>
+#include <atomic>
 #include <cstdint>
 
 #include "eredu/cuda/cuda_error.hpp"
@@ -12,6 +13,9 @@ namespace eredu::cuda {
 /// The native pool, destroyed when the pool object and every block from it are gone.
 struct DeviceMemoryPool::State {
   cudaMemPool_t pool = nullptr;
+  std::size_t limit = 0;                   // 0: none but the device's
+  mutable std::atomic<std::size_t> outstanding{0};  // bytes handed out and not yet freed, as counted
+                                            // against `limit`
   ~State() {
     // Swallowed: at process exit the runtime may already be gone.
     if (pool) (void)cudaMemPoolDestroy(pool);
@@ -25,11 +29,16 @@ DeviceAllocation::DeviceAllocation(Key, std::byte* data, std::size_t size, int d
 DeviceAllocation::~DeviceAllocation() {
   // Ordered after everything already queued on the home stream. Swallowed: a destructor
   // cannot report, and the only failures are a broken context or a runtime shut down.
-  if (data_) (void)cudaFreeAsync(data_, home_->get());
+  if (!data_) return;
+  (void)cudaFreeAsync(data_, home_->get());
+  // Counted back when the free is queued: later allocations on the home stream reuse the
+  // block in stream order.
+  static_cast<const DeviceMemoryPool::State*>(pool_.get())->outstanding.fetch_sub(size_ ? size_ : 1);
 }
 
 DeviceMemoryPool::DeviceMemoryPool(int device, std::size_t max_bytes)
     : device_(device), state_(std::make_shared<State>()) {
+  state_->limit = max_bytes;
   cudaMemPoolProps props{};
   props.maxSize = max_bytes;
   props.allocType = cudaMemAllocationTypePinned;
@@ -52,8 +61,18 @@ std::shared_ptr<DeviceAllocation> DeviceMemoryPool::allocate(std::size_t bytes,
                                                              const std::string& tensor) {
   void* p = nullptr;
   const std::size_t n = bytes ? bytes : 1;
+  // The driver takes maxSize as a hint: an H200 (driver 580) let 32 MiB into a 16 MiB pool.
+  // So the limit is kept here, before the driver is asked.
+  std::size_t before = state_->outstanding.load(std::memory_order_relaxed);
+  do {
+    if (state_->limit != 0 && (n > state_->limit || before > state_->limit - n))
+      throw BackendError(errc::out_of_memory, {.tensor = tensor},
+                         fmt::format("device memory pool limit: {} bytes asked for on device {}, {} of {} in use",
+                                     n, device_, before, state_->limit));
+  } while (!state_->outstanding.compare_exchange_weak(before, before + n, std::memory_order_relaxed));
   const cudaError_t status = cudaMallocFromPoolAsync(&p, n, state_->pool, stream->get());
   if (status != cudaSuccess) {
+    state_->outstanding.fetch_sub(n, std::memory_order_relaxed);
     (void)cudaGetLastError();
     BackendError e = cuda_error(status, "cudaMallocFromPoolAsync", tensor);
     throw BackendError(e.kind(), e.context(), fmt::format("{} bytes on device {}: {}", n, device_, e.detail()));
@@ -64,6 +83,7 @@ std::shared_ptr<DeviceAllocation> DeviceMemoryPool::allocate(std::size_t bytes,
                                               stream, state_);
   } catch (...) {
     (void)cudaFreeAsync(p, stream->get());
+    state_->outstanding.fetch_sub(n, std::memory_order_relaxed);
     throw;
   }
 }

@@ -61,7 +61,9 @@ class DeviceMemoryPool {
  public:
   /// A new pool on `device` that keeps freed memory for reuse and holds at most `max_bytes`
   /// (0: as much as the device has; a limit makes out-of-memory testable and keeps room for
-  /// other users of the device). Throws BackendError naming cudaMemPoolCreate (for example
+  /// other users of the device). The limit counts the bytes handed out and not yet freed, a
+  /// free counting once it is queued; the pool enforces it itself, because drivers take
+  /// cudaMemPoolProps::maxSize only as a bound on what they map. Throws BackendError naming cudaMemPoolCreate (for example
   /// when no device is present).
   explicit DeviceMemoryPool(int device, std::size_t max_bytes = 0);
   DeviceMemoryPool(const DeviceMemoryPool&) = delete;
@@ -69,8 +71,9 @@ class DeviceMemoryPool {
   ~DeviceMemoryPool();
 
   /// `bytes` bytes (at least 1) queued on `stream`, which becomes the block's home stream.
-  /// Throws BackendError(out_of_memory) naming cudaMallocFromPoolAsync and `tensor` when the
-  /// device cannot hold it, BackendError(backend_failure) for other errors.
+  /// Throws BackendError(out_of_memory) naming `tensor` when the pool's limit or the device
+  /// cannot hold it (the latter naming cudaMallocFromPoolAsync), BackendError(backend_failure)
+  /// for other errors.
   std::shared_ptr<DeviceAllocation> allocate(std::size_t bytes, const std::shared_ptr<const Stream>& stream,
                                              const std::string& tensor = {});
 
@@ -86,6 +89,7 @@ class DeviceMemoryPool {
   cudaMemPool_t get() const noexcept;
 
  private:
+  friend class DeviceAllocation;  // counts its bytes back into the state's limit
   struct State;
   int device_;
   std::shared_ptr<State> state_;
