@@ -5,10 +5,12 @@
 //         host buffers, 8 MiB pieces over --threads threads — what the reader can deliver;
 //   pcie  cudaMemcpyAsync host-to-device bandwidth from pinned memory (256 MiB buffer, timed
 //         with events) — the PCIe/NVLink-C2C limit of any host-to-device path;
+//   both  read and pcie side by side, each over every byte: the rate a perfect pipeline could
+//         reach where the two compete for memory bandwidth and cores;
 //   load  every tensor materialized with cuda::Backend (lease pool pinned with pin_staging,
 //         --streams streams), from the first materialize call to the last completion.
 //
-// After one untimed warm-up of each, the three run --repeat rounds (7 by default), their order
+// After one untimed warm-up of each, the four run --repeat rounds (7 by default), their order
 // rotated every round, because these machines are noisy; each figure is the median with min–max,
 // and the ratio is the median of each round's load / min(read, pcie). The last round's weights
 // are copied back and compared with the file's bytes (pread), tensor by tensor; a difference
@@ -353,17 +355,29 @@ int main(int argc, char** argv) {
       fence_all();
       const double first_gbps = gbps(first_run.bytes, first_run.seconds);
 
-      std::vector<double> read_r, pcie_r, load_r, ratio_r;
+      // Both at once: the parallel pread and the pinned copies of `total` bytes each, side by
+      // side: what a perfect pipeline could do when the two compete for memory and cores.
+      auto both_gbps = [&] {
+        const auto t0 = Clock::now();
+        std::thread reader([&] { read_files(source->catalog(), o.threads); });
+        pcie_gbps(total);
+        reader.join();
+        return gbps(total, seconds_since(t0));
+      };
+      std::vector<double> read_r, pcie_r, both_r, load_r, ratio_r, both_ratio_r;
       LoadRun last;
       for (unsigned r = 0; r < o.repeat; ++r) {
-        double rd = 0, pc = 0, ld = 0;
-        for (unsigned k = 0; k < 3; ++k) {
-          switch ((r + k) % 3) {  // rotate the contenders' order every round
+        double rd = 0, pc = 0, bo = 0, ld = 0;
+        for (unsigned k = 0; k < 4; ++k) {
+          switch ((r + k) % 4) {  // rotate the contenders' order every round
             case 0:
               rd = gbps(total, read_files(source->catalog(), o.threads));
               break;
             case 1:
               pc = pcie_gbps(pcie_bytes);
+              break;
+            case 2:
+              bo = both_gbps();
               break;
             default:
               last = load_all(ctx, *source, executors, memory, pin, r + 1 == o.repeat);
@@ -375,17 +389,20 @@ int main(int argc, char** argv) {
         read_r.push_back(rd);
         pcie_r.push_back(pc);
         load_r.push_back(ld);
+        both_r.push_back(bo);
         ratio_r.push_back(std::min(rd, pc) > 0 ? ld / std::min(rd, pc) : 0);
+        both_ratio_r.push_back(bo > 0 ? ld / bo : 0);
       }
-      const Spread read = spread(read_r), pcie = spread(pcie_r), load = spread(load_r), ratio = spread(ratio_r);
+      const Spread read = spread(read_r), pcie = spread(pcie_r), load = spread(load_r), ratio = spread(ratio_r),
+                   both = spread(both_r), both_ratio = spread(both_ratio_r);
       if (o.json) {
         fmt::print(
             "{{\"gpu\":\"{}\",\"bytes\":{},\"tensors\":{},\"rounds\":{},\"read_gb_per_s\":{},"
-            "\"pcie_gb_per_s\":{},\"load_gb_per_s\":{},\"ratio_to_limit\":{},\"load_first_gb_per_s\":{:.2f},"
+            "\"pcie_gb_per_s\":{},\"load_gb_per_s\":{},\"ratio_to_limit\":{},\"read_and_pcie_at_once_gb_per_s\":{},\"ratio_to_at_once\":{},\"load_first_gb_per_s\":{:.2f},"
             "\"target\":0.8,\"streams\":{},\"budget\":{},\"staging_high_water\":{},\"peak_rss_bytes\":{},"
             "\"tensors_differing\":{}}}\n",
             prop.name, last.bytes, source->catalog().size(), o.repeat, read.json(), pcie.json(), load.json(),
-            ratio.json(), first_gbps, o.streams, o.budget, last.staging_high_water, peak_rss_bytes(),
+            ratio.json(), both.json(), both_ratio.json(), first_gbps, o.streams, o.budget, last.staging_high_water, peak_rss_bytes(),
             last.tensors_differing);
       } else {
         fmt::print("gpu                {}\n", prop.name);
@@ -395,12 +412,14 @@ int main(int argc, char** argv) {
                    o.threads);
         fmt::print("pcie h2d           {} GB/s  (cudaMemcpyAsync from pinned memory, 256 MiB copies)\n",
                    pcie.text());
+        fmt::print("read + pcie at once {} GB/s  (both of every byte, side by side)\n", both.text());
         fmt::print("load to device     {} GB/s  (first load {:.2f}), {} streams, budget {} MiB, {} reader depth {}, "
                    "requests {} MiB, chunks {} MiB\n",
                    load.text(), first_gbps, o.streams, o.budget >> 20, source->reader().name(), o.depth,
                    o.request >> 20, o.chunk >> 20);
         fmt::print("ratio              {} of min(read, pcie) per round; target 0.8: {}\n", ratio.text(2),
                    ratio.median >= 0.8 ? "met" : "NOT met");
+        fmt::print("ratio to at once   {} of read + pcie at once per round\n", both_ratio.text(2));
         fmt::print("staging high-water {} MiB of {} MiB, peak RSS {} MiB\n", last.staging_high_water >> 20,
                    o.budget >> 20, peak_rss_bytes() >> 20);
         fmt::print("bytes              {} of {} tensors differ from the file{}{}\n", last.tensors_differing,

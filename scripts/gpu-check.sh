@@ -100,6 +100,6 @@ echo "tests       $(grep -E '^(All tests passed|test cases:)' "$log_dir/tests.lo
 [ -f "$log_dir/conformance.log" ] &&
   echo "conformance $(grep -E '^(All tests passed|test cases:)' "$log_dir/conformance.log" | tail -n 1) (exit $conformance_rc)"
 echo "benchmark"
-grep -E '^(checkpoint|host read|pcie h2d|load to device|ratio|staging|bytes|cuda_load: skipped)' "$log_dir/bench.log" | sed 's/^/  /' || true
+grep -E '^(checkpoint|host read|pcie h2d|read \+ pcie|load to device|ratio|staging|bytes|cuda_load: skipped)' "$log_dir/bench.log" | sed 's/^/  /' || true
 echo "total       $(( $(date +%s) - start )) s; logs in $log_dir"
 [ "$tests_rc" -eq 0 ] && [ "$conformance_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$skipped" -eq 0 ]
