@@ -4,6 +4,7 @@
 #include <tbb/task_arena.h>
 #include <tbb/task_group.h>
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -150,6 +151,60 @@ TEST_CASE("storage pool – a never-populated block and blocks over the retentio
   }
   CHECK(pool.stats().retained_bytes == 0);  // over the 1 MiB limit
   CHECK(pool.stats().live_bytes == 0);
+}
+
+TEST_CASE("storage pool – a reservation serves fresh blocks with no mapping of their own, and its rest goes back",
+          "[cpu][storage]") {
+  const std::size_t mib = std::size_t{1} << 20;
+  cpu::StoragePool pool;
+  pool.reserve(10 * mib);
+  CHECK(pool.stats().reserved_bytes == 10 * mib);
+  cpu::StorageBlock a = pool.allocate(3 * mib);
+  cpu::StorageBlock b = pool.allocate(3 * mib + 5);  // size class: 3 MiB + one page
+  CHECK(b.data() == a.data() + 3 * mib);             // carved one after the other
+  CHECK(a.fresh());
+  CHECK(pool.stats().reserved_allocations == 2);
+  CHECK(pool.stats().fresh_allocations == 2);
+  CHECK(pool.stats().reserved_bytes == 4 * mib - 4096);
+  if (const std::optional<std::string> flags = vm_flags_at(a.data());
+      flags && std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled").good())
+    CHECK(flags->find(" nh ") != std::string::npos);  // 4 KiB pages, as a block mapped alone
+  std::fill(a.bytes().begin(), a.bytes().end(), std::byte{1});
+  std::fill(b.bytes().begin(), b.bytes().end(), std::byte{2});
+  CHECK(a.bytes().back() == std::byte{1});
+  CHECK(b.bytes().front() == std::byte{2});
+  // Larger than the rest: mapped on its own, 2 MiB aligned; the rest stays for smaller ones.
+  cpu::StorageBlock c = pool.allocate(8 * mib);
+  CHECK(reinterpret_cast<std::uintptr_t>(c.data()) % (2 * mib) == 0);
+  CHECK(pool.stats().reserved_allocations == 2);
+  cpu::StorageBlock d = pool.allocate(mib);
+  CHECK(d.data() == b.data() + 3 * mib + 4096);
+  CHECK(pool.stats().reserved_allocations == 3);
+  // A carved block goes back like any other: populated ones retained, fresh ones unmapped.
+  a.mark_populated();
+  a = cpu::StorageBlock();
+  b = cpu::StorageBlock();
+  CHECK(pool.stats().retained_bytes == 3 * mib);
+  // A new reservation counts the retained blocks as served and replaces the old rest.
+  pool.reserve(5 * mib);
+  CHECK(pool.stats().reserved_bytes == 2 * mib);
+  pool.trim();
+  CHECK(pool.stats().reserved_bytes == 0);
+  CHECK(pool.stats().retained_bytes == 0);
+  cpu::StorageBlock e = pool.allocate(mib);
+  CHECK(pool.stats().reserved_allocations == 3);  // nothing reserved any more
+}
+
+TEST_CASE("storage pool – huge pages and tiny units reserve nothing", "[cpu][storage]") {
+  cpu::StoragePool huge({.pages = cpu::StoragePages::huge});
+  huge.reserve(std::uint64_t{64} << 20);
+  CHECK(huge.stats().reserved_bytes == 0);  // carving would break the blocks' 2 MiB alignment
+  cpu::StoragePool pool;
+  pool.reserve(1000);  // below one mapped block
+  CHECK(pool.stats().reserved_bytes == 0);
+  pool.reserve(std::uint64_t{1} << 60);  // beyond any address space: refused quietly
+  CHECK(pool.stats().reserved_bytes == 0);
+  CHECK(pool.allocate(std::size_t{1} << 20));
 }
 
 TEST_CASE("executor – completions, errors, order_after, fence and retention", "[cpu][executor]") {

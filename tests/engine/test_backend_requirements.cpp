@@ -42,6 +42,7 @@ TEST_CASE("backend requirements: the CPU backend meets every row but the collect
   STATIC_REQUIRE(f.buffer_traits);
   STATIC_REQUIRE(f.submission);
   STATIC_REQUIRE(f.verifying);
+  STATIC_REQUIRE(f.reserving);
   STATIC_REQUIRE(f.transfer);
   STATIC_REQUIRE(f.in_place);
   STATIC_REQUIRE_FALSE(f.collective);
@@ -58,6 +59,7 @@ TEST_CASE("backend requirements: the fake backend's buffers take whole leases, s
   STATIC_REQUIRE(f.parameters);
   STATIC_REQUIRE(f.submission);
   STATIC_REQUIRE(f.buffer_traits);
+  STATIC_REQUIRE_FALSE(f.reserving);  // its tensors are vectors: nothing to map ahead
   constexpr BufferTraits traits = buffer_traits_of<test::FakeBackend>();
   STATIC_REQUIRE_FALSE(traits.reads_into);
   STATIC_REQUIRE(traits.whole_leases);

@@ -220,6 +220,9 @@ TEST_CASE("orchestration – a unit loads atomically: recipes, casts, tied alias
   CHECK(to_vector(model.layer.norm.value.bytes()) == env.ckpt.bytes("norm"));
   CHECK(env.source->pool().in_use() == 0);
   CHECK(env.source->pool().high_water() <= env.source->pool().budget());
+  // The unit's bytes were reserved before its first read (cpu::Backend is a ReservingBackend):
+  // its one block of mapped size ("big" as f32, 300 KiB) was carved from the reservation.
+  CHECK(env.storage.stats().reserved_allocations == 1);
 }
 
 TEST_CASE("orchestration – every failure leaves the module exactly as it was", "[engine][orchestration]") {

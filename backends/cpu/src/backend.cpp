@@ -181,6 +181,10 @@ void Backend::validate_bind(const Parameter& parameter, const Tensor& weight) {
   }
 }
 
+void Backend::reserve_storage(MaterializationContext& context, std::uint64_t bytes) noexcept {
+  if (context.weights == WeightStorage::copied) context.storage.reserve(bytes);
+}
+
 Completion Backend::verify_weight(MaterializationContext& context, const Tensor& weight, io::DigestCheck check) {
   return context.executor.submit([weight, check = std::move(check)] { verify_bytes(weight, check); });
 }

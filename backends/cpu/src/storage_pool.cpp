@@ -80,11 +80,39 @@ struct PoolState {
   ~PoolState() {
     for (auto& [capacity, blocks] : retained)
       for (auto* b : blocks) free_block(b, capacity);
+    release_reservation();
   }
   StoragePoolOptions options;
   mutable std::mutex mutex;
   std::map<std::size_t, std::vector<std::byte*>> retained;  // capacity -> populated blocks
   StoragePoolStats stats;
+  // reserve(): mapped, never touched; blocks are carved from the front.
+  std::byte* reserved_next = nullptr;
+  std::byte* reserved_end = nullptr;
+
+  /// Under `mutex`: the next `capacity` bytes of the reservation, or null when it is shorter.
+  std::byte* carve(std::size_t capacity) noexcept {
+    if (static_cast<std::size_t>(reserved_end - reserved_next) < capacity) return nullptr;
+    std::byte* p = reserved_next;
+    reserved_next += capacity;
+    stats.reserved_bytes -= capacity;
+    ++stats.reserved_allocations;
+    return p;
+  }
+
+  /// Unmaps what is left of the reservation.
+  void release_reservation() noexcept {
+    std::byte* from = nullptr;
+    std::size_t n = 0;
+    {
+      std::lock_guard lock(mutex);
+      from = reserved_next;
+      n = static_cast<std::size_t>(reserved_end - reserved_next);
+      reserved_next = reserved_end = nullptr;
+      stats.reserved_bytes = 0;
+    }
+    if (n) ::munmap(from, n);
+  }
 
   /// Takes a freed block back; keeps it while under the retention limit. Called from
   /// StorageBlock's destructor, where an exception would end the process.
@@ -169,8 +197,11 @@ StorageBlock StoragePool::allocate(std::size_t bytes) {
       ++state_->stats.recycled_allocations;
       return block;
     }
+    if (block.mapped_) block.data_ = state_->carve(capacity);
   }
-  if (block.mapped_) {
+  if (block.data_) {
+    // Carved from the reservation: its advice was given once, for all of it.
+  } else if (block.mapped_) {
     block.data_ = map_block(capacity, state_->options.pages);
   } else {
     block.data_ = static_cast<std::byte*>(std::aligned_alloc(64, capacity));
@@ -217,7 +248,34 @@ void StoragePool::populate(StorageBlock& block) {
   block.fresh_ = false;
 }
 
+void StoragePool::reserve(std::uint64_t bytes) noexcept {
+  if (state_->options.pages == StoragePages::huge) return;
+  state_->release_reservation();
+  std::uint64_t want = 0;
+  {
+    std::lock_guard lock(state_->mutex);
+    want = bytes > state_->stats.retained_bytes ? bytes - state_->stats.retained_bytes : 0;
+  }
+  // Below one mapped block there is nothing to carve; beyond the address space, nothing to map.
+  if (want < small_limit || want > (std::uint64_t{1} << 47)) return;
+  const std::size_t n = round_up(static_cast<std::size_t>(want), page);
+  void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return;  // the blocks are then mapped one by one, as without it
+  ::madvise(p, n, MADV_NOHUGEPAGE);
+  {
+    std::lock_guard lock(state_->mutex);
+    if (state_->reserved_next == nullptr) {
+      state_->reserved_next = static_cast<std::byte*>(p);
+      state_->reserved_end = state_->reserved_next + n;
+      state_->stats.reserved_bytes = n;
+      return;
+    }
+  }
+  ::munmap(p, n);  // another thread reserved meanwhile: one reservation at a time
+}
+
 void StoragePool::trim(std::uint64_t keep_bytes) {
+  state_->release_reservation();
   std::vector<std::pair<std::byte*, std::size_t>> victims;
   {
     std::lock_guard lock(state_->mutex);

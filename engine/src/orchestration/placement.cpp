@@ -72,7 +72,8 @@ PlacementPlan plan_placement(const io::SourceCapabilities& source, const BufferT
   if (buffer.lays_out_windows && policy.read_cold_windows && source.direct_windows &&
       owner.bytes >= policy.min_window_bytes)
     plan.add(Landing::direct_window);
-  if (policy.copy_resident && pages) plan.add(Landing::copy_from_mapping);
+  if (policy.copy_resident && pages && owner.bytes >= policy.min_resident_copy_bytes)
+    plan.add(Landing::copy_from_mapping);
   return plan;
 }
 

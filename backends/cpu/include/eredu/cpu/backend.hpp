@@ -75,6 +75,12 @@ struct Backend : engine::BackendGlue<Tensor, Executor> {
   /// file_changed, a replaced one is logged once (its bytes stay those of the opened file).
   static void validate_bind(const Parameter& parameter, const Tensor& weight);
 
+  // --- ReservingBackend ---
+
+  /// Maps the address space of `bytes` of fresh tensor storage in one call
+  /// (StoragePool::reserve), when weights are copied; does nothing for mapped weights.
+  static void reserve_storage(MaterializationContext& context, std::uint64_t bytes) noexcept;
+
   // --- VerifyingBackend ---
 
   /// Hashes `weight` (a complete tensor read whole with its dtype kept, so its bytes are the

@@ -51,6 +51,8 @@ struct StoragePoolStats {
   std::uint64_t retained_bytes = 0;        ///< bytes of freed blocks kept for reuse
   std::uint64_t fresh_allocations = 0;     ///< blocks that came from the system
   std::uint64_t recycled_allocations = 0;  ///< blocks that came from the retained set
+  std::uint64_t reserved_allocations = 0;  ///< fresh blocks carved from a reservation (reserve())
+  std::uint64_t reserved_bytes = 0;        ///< address space reserved and not yet carved
 };
 
 /// One allocation of a pool, which returns itself to the pool when destroyed: its bytes start
@@ -129,7 +131,16 @@ class StoragePool {
   /// call it from a TBB task. No-op for a block that is not fresh.
   static void populate(StorageBlock& block);
 
-  /// Returns retained blocks to the system until at most `keep_bytes` remain.
+  /// Maps the address space for the next `bytes` of fresh blocks (beyond what the retained
+  /// blocks hold) in one call, from which allocate() carves them with no system call: an mmap
+  /// or munmap during a load's reads takes the mmap lock that their page faults into fresh
+  /// storage wait on. Replaces an earlier reservation's unused rest. Address space only: no
+  /// page is touched. Does nothing with StoragePages::huge (blocks must then start 2 MiB-
+  /// aligned, which carving would pad) or when the system refuses the mapping.
+  void reserve(std::uint64_t bytes) noexcept;
+
+  /// Returns retained blocks to the system until at most `keep_bytes` remain, and the unused
+  /// rest of a reservation.
   void trim(std::uint64_t keep_bytes = 0);
 
   /// Current counters.

@@ -16,6 +16,9 @@
 ///    collectives).
 ///  - optional: VerifyingBackend (backend/verifying_backend.hpp): hash a weight in place.
 ///    Without: verification re-reads the checked bytes from the source.
+///  - optional: ReservingBackend (backend/reserving_backend.hpp): prepare the allocator for
+///    a unit's bytes before its first realization. Without: each realization allocates as it
+///    starts.
 ///  - optional: TransferBackend (backend/transfer_backend.hpp): park a weight in host memory
 ///    and restore it. Without: a prefetch pipeline reads a unit again instead of parking it.
 ///  - optional: InPlaceBackend (backend/in_place_backend.hpp): overwrite a bound weight.
@@ -38,6 +41,7 @@
 #include "eredu/engine/backend/collective_backend.hpp"
 #include "eredu/engine/backend/in_place_backend.hpp"
 #include "eredu/engine/backend/parameter_backend.hpp"
+#include "eredu/engine/backend/reserving_backend.hpp"
 #include "eredu/engine/backend/submission_backend.hpp"
 #include "eredu/engine/backend/transfer_backend.hpp"
 #include "eredu/engine/backend/verifying_backend.hpp"
@@ -52,6 +56,7 @@ struct BackendFeatures {
   bool buffer_traits = false;  ///< declares `B::buffer_traits` for the placement planner
   bool submission = false;     ///< SubmissionBackend
   bool verifying = false;      ///< VerifyingBackend
+  bool reserving = false;      ///< ReservingBackend
   bool transfer = false;       ///< TransferBackend
   bool in_place = false;       ///< InPlaceBackend
   bool collective = false;     ///< CollectiveBackend
@@ -66,7 +71,8 @@ constexpr BackendFeatures backend_features() noexcept {
   return {.parameters = ParameterBackend<B>,
           .buffer_traits = requires {{B::buffer_traits} -> std::convertible_to<const BufferTraits&>;
 }
-, .submission = SubmissionBackend<B>, .verifying = VerifyingBackend<B>, .transfer = TransferBackend<B>,
+, .submission = SubmissionBackend<B>, .verifying = VerifyingBackend<B>,
+  .reserving = ReservingBackend<B>, .transfer = TransferBackend<B>,
   .in_place = InPlaceBackend<B>, .collective = CollectiveBackend<B>, .gather_into = GatherIntoBackend<B>,
   .voting = VotingBackend<B>
 };  // namespace eredu::engine

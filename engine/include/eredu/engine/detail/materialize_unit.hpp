@@ -45,6 +45,7 @@
 #include "eredu/core/detail/ignore_cancellation.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/engine/backend/parameter_backend.hpp"
+#include "eredu/engine/backend/reserving_backend.hpp"
 #include "eredu/engine/description/parameter_error.hpp"
 #include "eredu/engine/description/weight_binding_plan.hpp"
 #include "eredu/engine/detail/load_verification.hpp"
@@ -117,13 +118,16 @@ asio::awaitable<MaterializedUnit<B>> materialize_unit(
                               "checkpoint (io::CheckpointSource) can do; load without verify, or from a checkpoint",
                               verification.reread.size()));
   }
+  std::uint64_t unit_bytes = 0;
+  for (auto& w : inferred) unit_bytes += w.bytes;
   if (options.progress) {
     options.progress->tensors_unverified.fetch_add(verification.unverified, std::memory_order_relaxed);
-    std::uint64_t bytes = 0;
-    for (auto& w : inferred) bytes += w.bytes;
     options.progress->owners_total = owners.size();
-    options.progress->bytes_total = bytes;
+    options.progress->bytes_total = unit_bytes;
   }
+  // Every owner's allocation set up now, before the window of step 2 starts them a few at a
+  // time: allocating between reads costs the reads (reserving_backend.hpp).
+  if constexpr (ReservingBackend<B>) B::reserve_storage(context, unit_bytes);
 
   // Cancellation (an Asio cancellation slot bound to the completion token) stops every
   // realization at its next step; the unit is then awaited whole, like any failure.

@@ -63,6 +63,11 @@ struct PlacementPolicy {
   /// Weights smaller than this are never read as a window: a block of whole pages for a few
   /// KiB costs more memory than the copy it saves.
   std::uint64_t min_window_bytes = std::uint64_t{64} << 10;
+  /// Dtype-kept weights smaller than this are never copied from a mapping: mapping, populating
+  /// and unmapping a few pages costs three system calls that each take the process's mmap
+  /// lock, on which the page faults of reads into fresh storage wait (docs/performance.md,
+  /// first loads), for a copy the source makes as cheaply.
+  std::uint64_t min_resident_copy_bytes = std::uint64_t{64} << 10;
 };
 
 /// What the planner knows of one owner's bytes.
@@ -102,7 +107,8 @@ class PlacementPlan {
 ///  - direct_window: the buffer is read into and lays out windows, the policy reads cold
 ///    windows, the source serves direct windows, and the owner is at least min_window_bytes;
 ///  - then, into host storage the source reads into: copy_from_mapping (only with
-///    copy_resident and a source that maps pages; see plan_storage_fill), then read_into;
+///    copy_resident, a source that maps pages and an owner of at least
+///    min_resident_copy_bytes; see plan_storage_fill), then read_into;
 ///  - into any other memory (a device's): staged_lease for a buffer that takes whole leases,
 ///    else chunk_stream.
 /// For converted bytes: copy_from_mapping into host memory from a source that maps pages,
