@@ -6,7 +6,10 @@
 /// The order of events, and why:
 ///  1. The plan is checked against the catalog (every recipe inferred, every declared byte
 ///     count compared) before any read: a bad plan costs no I/O.
-///  2. The owners' realizations are started in order, up to max_realizations_in_flight and
+///  2. A ReservingBackend is told the unit's bytes first, so that it allocates for every owner
+///     at once rather than between the reads the window below lets run (an mmap during them
+///     holds their page faults on the process's mmap lock).
+///     Then the owners' realizations are started in order, up to max_realizations_in_flight and
 ///     max_bytes_in_flight at a time: reads, conversions and recipe execution of different
 ///     tensors overlap, limited by the lease pool (staging) and the reader's queue depth. The
 ///     window is above what a reader keeps in flight, so it costs no overlap; it is what lets
