@@ -240,7 +240,9 @@ struct Spread {
   std::string text(int precision = 1) const {
     return fmt::format("{:.{}f} ({:.{}f}-{:.{}f})", median, precision + 1, min, precision + 1, max, precision + 1);
   }
-  std::string json() const { return fmt::format("{{\"median\":{:.3f},\"min\":{:.3f},\"max\":{:.3f}}}", median, min, max); }
+  std::string json() const {
+    return fmt::format("{{\"median\":{:.3f},\"min\":{:.3f},\"max\":{:.3f}}}", median, min, max);
+  }
 };
 
 Spread spread(std::vector<double> v) {
@@ -411,25 +413,26 @@ int main(int argc, char** argv) {
       if (o.json) {
         fmt::print(
             "{{\"gpu\":\"{}\",\"bytes\":{},\"tensors\":{},\"rounds\":{},\"read_gb_per_s\":{},"
-            "\"pcie_gb_per_s\":{},\"load_gb_per_s\":{},\"ratio_to_limit\":{},\"read_and_pcie_at_once_gb_per_s\":{},\"ratio_to_at_once\":{},\"load_first_gb_per_s\":{:.2f},"
+            "\"pcie_gb_per_s\":{},\"load_gb_per_s\":{},\"ratio_to_limit\":{},\"read_and_pcie_at_once_gb_per_s\":{},"
+            "\"ratio_to_at_once\":{},\"load_first_gb_per_s\":{:.2f},"
             "\"target\":0.8,\"streams\":{},\"budget\":{},\"staging_high_water\":{},\"peak_rss_bytes\":{},"
             "\"tensors_differing\":{}}}\n",
             prop.name, last.bytes, source->catalog().size(), o.repeat, read.json(), pcie.json(), load.json(),
-            ratio.json(), both.json(), both_ratio.json(), first_gbps, o.streams, o.budget, last.staging_high_water, peak_rss_bytes(),
-            last.tensors_differing);
+            ratio.json(), both.json(), both_ratio.json(), first_gbps, o.streams, o.budget, last.staging_high_water,
+            peak_rss_bytes(), last.tensors_differing);
       } else {
         fmt::print("gpu                {}\n", prop.name);
         fmt::print("checkpoint         {} ({} tensors, {:.2f} GiB), {} rounds, order rotated\n", path.string(),
                    source->catalog().size(), last.bytes / double(1 << 30), o.repeat);
         fmt::print("host read          {} GB/s  (parallel pread, page-cache hot, {} threads)\n", read.text(),
                    o.threads);
-        fmt::print("pcie h2d           {} GB/s  (cudaMemcpyAsync from pinned memory, 256 MiB copies)\n",
-                   pcie.text());
+        fmt::print("pcie h2d           {} GB/s  (cudaMemcpyAsync from pinned memory, 256 MiB copies)\n", pcie.text());
         fmt::print("read + pcie at once {} GB/s  (both of every byte, side by side)\n", both.text());
-        fmt::print("load to device     {} GB/s  (first load {:.2f}), {} streams, budget {} MiB, {} reader depth {}, "
-                   "requests {} MiB, chunks {} MiB\n",
-                   load.text(), first_gbps, o.streams, o.budget >> 20, source->reader().name(), o.depth,
-                   o.request >> 20, o.chunk >> 20);
+        fmt::print(
+            "load to device     {} GB/s  (first load {:.2f}), {} streams, budget {} MiB, {} reader depth {}, "
+            "requests {} MiB, chunks {} MiB\n",
+            load.text(), first_gbps, o.streams, o.budget >> 20, source->reader().name(), o.depth, o.request >> 20,
+            o.chunk >> 20);
         fmt::print("ratio              {} of min(read, pcie) per round; target 0.8: {}\n", ratio.text(2),
                    ratio.median >= 0.8 ? "met" : "NOT met");
         fmt::print("ratio to at once   {} of read + pcie at once per round\n", both_ratio.text(2));

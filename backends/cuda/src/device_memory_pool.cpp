@@ -13,9 +13,9 @@ namespace eredu::cuda {
 /// The native pool, destroyed when the pool object and every block from it are gone.
 struct DeviceMemoryPool::State {
   cudaMemPool_t pool = nullptr;
-  std::size_t limit = 0;                   // 0: none but the device's
+  std::size_t limit = 0;                            // 0: none but the device's
   mutable std::atomic<std::size_t> outstanding{0};  // bytes handed out and not yet freed, as counted
-                                            // against `limit`
+                                                    // against `limit`
   ~State() {
     // Swallowed: at process exit the runtime may already be gone.
     if (pool) (void)cudaMemPoolDestroy(pool);
@@ -67,8 +67,8 @@ std::shared_ptr<DeviceAllocation> DeviceMemoryPool::allocate(std::size_t bytes,
   do {
     if (state_->limit != 0 && (n > state_->limit || before > state_->limit - n))
       throw BackendError(errc::out_of_memory, {.tensor = tensor},
-                         fmt::format("device memory pool limit: {} bytes asked for on device {}, {} of {} in use",
-                                     n, device_, before, state_->limit));
+                         fmt::format("device memory pool limit: {} bytes asked for on device {}, {} of {} in use", n,
+                                     device_, before, state_->limit));
   } while (!state_->outstanding.compare_exchange_weak(before, before + n, std::memory_order_relaxed));
   const cudaError_t status = cudaMallocFromPoolAsync(&p, n, state_->pool, stream->get());
   if (status != cudaSuccess) {

@@ -63,8 +63,8 @@ class DeviceMemoryPool {
   /// (0: as much as the device has; a limit makes out-of-memory testable and keeps room for
   /// other users of the device). The limit counts the bytes handed out and not yet freed, a
   /// free counting once it is queued; the pool enforces it itself, because drivers take
-  /// cudaMemPoolProps::maxSize only as a bound on what they map. Throws BackendError naming cudaMemPoolCreate (for example
-  /// when no device is present).
+  /// cudaMemPoolProps::maxSize only as a bound on what they map. Throws BackendError naming cudaMemPoolCreate (for
+  /// example when no device is present).
   explicit DeviceMemoryPool(int device, std::size_t max_bytes = 0);
   DeviceMemoryPool(const DeviceMemoryPool&) = delete;
   DeviceMemoryPool& operator=(const DeviceMemoryPool&) = delete;

@@ -71,10 +71,9 @@ constexpr BackendFeatures backend_features() noexcept {
   return {.parameters = ParameterBackend<B>,
           .buffer_traits = requires {{B::buffer_traits} -> std::convertible_to<const BufferTraits&>;
 }
-, .submission = SubmissionBackend<B>, .verifying = VerifyingBackend<B>,
-  .reserving = ReservingBackend<B>, .transfer = TransferBackend<B>,
-  .in_place = InPlaceBackend<B>, .collective = CollectiveBackend<B>, .gather_into = GatherIntoBackend<B>,
-  .voting = VotingBackend<B>
+, .submission = SubmissionBackend<B>, .verifying = VerifyingBackend<B>, .reserving = ReservingBackend<B>,
+  .transfer = TransferBackend<B>, .in_place = InPlaceBackend<B>, .collective = CollectiveBackend<B>,
+  .gather_into = GatherIntoBackend<B>, .voting = VotingBackend<B>
 };  // namespace eredu::engine
 }
 

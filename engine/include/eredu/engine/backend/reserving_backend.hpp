@@ -20,7 +20,8 @@ namespace eredu::engine {
 template <class B>
 concept ReservingBackend = ParameterBackend<B> &&
     requires(typename B::MaterializationContext& context, std::uint64_t bytes) {
-  { B::reserve_storage(context, bytes) } noexcept -> std::same_as<void>;
+  { B::reserve_storage(context, bytes) }
+  noexcept->std::same_as<void>;
 };
 
 }  // namespace eredu::engine
