@@ -18,8 +18,8 @@ from . import _native
 from ._errors import (BackendError, BudgetError, CancelledError, CanaryError, ChecksumError, CollectiveError,
                       DeclarationError,
                       Error, FormatError, InvalidArgumentError, IoError, OrchestrationError, OutOfMemoryError,
-                      RecipeError, ResourceExhaustedError, SelectionError, StoreError, SwapInProgressError, TensorNotFoundError,
-                      UnsupportedDTypeError, _from_native)
+                      RecipeError, ResourceExhaustedError, SafetensorError, SelectionError, StoreError,
+                      SwapInProgressError, TensorNotFoundError, UnsupportedDTypeError, _from_native)
 from ._loading import aload, aread, load_file
 from ._model_slot import ModelSlot, Version
 from ._prefetch import Unit, prefetch
@@ -96,7 +96,7 @@ __all__ = [
     "__version__", "safe_open", "Slice", "TensorInfo", "load_file", "aload", "aread", "prefetch", "Unit",
     "ModelSlot", "Version", "storage_stats", "set_storage_retention", "trim_storage",
     "write_checksums",
-    "Error", "FormatError", "StoreError", "IoError", "TensorNotFoundError", "SelectionError", "BudgetError",
+    "Error", "SafetensorError", "FormatError", "StoreError", "IoError", "TensorNotFoundError", "SelectionError", "BudgetError",
     "ChecksumError", "RecipeError", "DeclarationError", "OrchestrationError", "CanaryError", "SwapInProgressError",
     "BackendError", "CollectiveError", "OutOfMemoryError", "ResourceExhaustedError", "InvalidArgumentError", "UnsupportedDTypeError", "CancelledError",
 ]

@@ -7,7 +7,9 @@ parts it names as attributes:
     Error                      .kind .family .file .tensor .parameter .offset .errno .detail
     ├── FormatError            a malformed checkpoint (safetensors header, sharded index)
     ├── StoreError             reading
-    │   ├── IoError            also an OSError: the OS failed a read, a truncated or changed file
+    │   ├── IoError            also an OSError: the OS failed a read, a truncated or changed file;
+    │   │                      also the OSError subclass Python gives its errno (FileNotFoundError,
+    │   │                      PermissionError, IsADirectoryError, NotADirectoryError, ...)
     │   ├── TensorNotFoundError  also a KeyError
     │   ├── SelectionError     also an IndexError: a slice that does not fit the tensor
     │   ├── BudgetError        a read larger than the staging budget
@@ -25,9 +27,11 @@ parts it names as attributes:
 """
 
 import asyncio
+import builtins
+import os
 
 __all__ = [
-    "Error", "FormatError", "StoreError", "IoError", "TensorNotFoundError", "SelectionError", "BudgetError",
+    "Error", "SafetensorError", "FormatError", "StoreError", "IoError", "TensorNotFoundError", "SelectionError", "BudgetError",
     "ChecksumError", "RecipeError", "DeclarationError", "OrchestrationError", "CanaryError", "SwapInProgressError",
     "BackendError", "OutOfMemoryError", "ResourceExhaustedError", "InvalidArgumentError", "UnsupportedDTypeError",
     "CancelledError",
@@ -50,19 +54,37 @@ class Error(Exception):
         self.offset = offset        # absolute byte offset in the file, or None
         self.errno = os_errno       # the OS error number of an I/O failure, or None
         self.os_errno = os_errno    # the same, kept in __dict__ (OSError's errno is a slot)
+        _os_fields(self)
 
     def __str__(self):
         return self.message
 
     def __reduce__(self):  # picklable (multiprocessing, pytest-xdist) with its attributes
-        return (_rebuild, (type(self), self.message, self.__dict__.copy()))
+        cls = type(self)
+        return (_rebuild, (_IO_BY_ERRNO_CLASS_NAME.get(cls, cls), self.message, self.__dict__.copy()))
+
+
+def _os_fields(e):
+    """OSError's own fields of an eredu error that is an OSError, so that code written for OSError
+    (`e.filename`, `e.strerror`) reads them: the file the message names, the errno's text."""
+    if isinstance(e, OSError):
+        e.errno = e.os_errno
+        e.filename = e.file
+        e.strerror = os.strerror(e.os_errno) if e.os_errno else None
 
 
 def _rebuild(cls, message, state):
+    if isinstance(cls, str):  # an IoError subclass made for an errno (io_error_class), by its builtin's name
+        cls = _IO_BY_BUILTIN[getattr(builtins, cls)]
     e = cls(message)
     e.__dict__.update(state)
-    e.errno = state.get("os_errno")
+    _os_fields(e)
     return e
+
+
+# safetensors raises its SafetensorError (an Exception) for what eredu raises as one of the
+# classes below: code that catches it keeps catching eredu's failures once its import names eredu.
+SafetensorError = Error
 
 
 class FormatError(Error):
@@ -75,6 +97,33 @@ class StoreError(Error):
 
 class IoError(StoreError, OSError):
     """The operating system failed a read, or the file was truncated or changed underneath."""
+
+
+# The OSError subclasses Python's own OSError(errno, ...) picks for an errno (PEP 3151), each with
+# an IoError beneath it, so that both `except FileNotFoundError` and `except eredu.IoError` catch a
+# missing file. They are named as the builtin they extend and are not exported by name: a
+# `from eredu import *` must not shadow the builtins (pickling goes by the builtin's name).
+_IO_BY_BUILTIN = {
+    base: type(base.__name__, (IoError, base), {
+        "__module__": __name__,
+        "__doc__": f"An IoError whose errno Python maps to {base.__name__} (also a {base.__name__}).",
+    })
+    for base in (builtins.BlockingIOError, builtins.ChildProcessError, builtins.BrokenPipeError,
+                 builtins.ConnectionAbortedError, builtins.ConnectionRefusedError, builtins.ConnectionResetError,
+                 builtins.FileExistsError, builtins.FileNotFoundError, builtins.InterruptedError,
+                 builtins.IsADirectoryError, builtins.NotADirectoryError, builtins.PermissionError,
+                 builtins.ProcessLookupError, builtins.TimeoutError)
+}
+_IO_BY_ERRNO_CLASS_NAME = {cls: base.__name__ for base, cls in _IO_BY_BUILTIN.items()}
+
+
+def io_error_class(os_errno):
+    """The IoError class an I/O failure with `os_errno` is raised as: IoError, or its subclass that is
+    also the OSError subclass Python itself raises for that errno (ENOENT: FileNotFoundError, EACCES
+    and EPERM: PermissionError, EISDIR: IsADirectoryError, ENOTDIR: NotADirectoryError, ...)."""
+    if not os_errno:
+        return IoError
+    return _IO_BY_BUILTIN.get(type(OSError(os_errno, "")), IoError)
 
 
 class TensorNotFoundError(StoreError, KeyError):
@@ -162,14 +211,15 @@ _BY_FAMILY = {
 }
 
 
-def error_class(kind, family=None):
-    """The class an error of `kind` (and `family`) is raised as."""
-    return _BY_KIND.get(kind) or _BY_FAMILY.get(family) or Error
+def error_class(kind, family=None, os_errno=None):
+    """The class an error of `kind` (and `family`, and for an I/O error its errno) is raised as."""
+    cls = _BY_KIND.get(kind) or _BY_FAMILY.get(family) or Error
+    return io_error_class(os_errno) if cls is IoError else cls
 
 
 def _from_native(kind, family, message, detail, file, tensor, parameter, offset, os_errno):
     """Called by the extension for every eredu::Error it raises."""
-    cls = error_class(kind, family)
+    cls = error_class(kind, family, os_errno)
     e = cls(message, kind=kind, family=family, detail=detail, file=file, tensor=tensor, parameter=parameter,
             offset=offset, os_errno=os_errno)
     return e

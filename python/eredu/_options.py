@@ -19,6 +19,9 @@ An option added to the library is added here and there, nowhere else.
                     within RLIMIT_MEMLOCK). Whole-checkpoint loads and safe_open only; numpy only
                     (torch has no read-only tensors, and a write to a read-only mapping kills the
                     process). The trade-offs are in docs/python.md.
+    backend         safetensors' `backend=`, "mmap" or "pread", as eredu can honour it
+                    (backend_options): "mmap" is eredu's default reading, "pread" reads every
+                    byte with pread(2) and maps nothing.
 
 Integer options accept the ranges in RANGES (the `eredu` command's); a bool, a float or a value
 outside its range raises InvalidArgumentError naming the option and the range. Paths are passed to
@@ -37,7 +40,8 @@ _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _MIB = 1 << 20
 
 OPEN_KEYS = ("budget", "threads", "depth", "request", "reader", "direct", "chunk", "map_resident", "copy_resident",
-             "weights", "_faults")
+             "weights", "backend", "_faults")
+BACKENDS = ("mmap", "pread")
 WEIGHTS = ("copy", "map", "map-lock")
 
 # The accepted range of every integer option, inclusive. The shared ones (budget, staging,
@@ -174,12 +178,42 @@ def check_weights(options, fw, *, where=None):
                       f"the read-only mapping would kill the process")
 
 
+def backend_options(options):
+    """eredu's options for safetensors' `backend=` keyword, or {} for none. safetensors serves
+    bytes from a mapping of the file ("mmap", its default) or with pread(2) ("pread"); eredu has no
+    mmap-only reader, so each is mapped onto what eredu does that matches it:
+
+      "mmap"   eredu's default, unchanged: cold bytes are read by the reader (io_uring, else
+               pread), page-cache-resident tensors may be copied or converted from a mapping of
+               the file (map_resident); tensors are private copies, as safetensors' are (the
+               zero-copy mapping is weights="map").
+      "pread"  no mapping at all: reader="pread" and map_resident=False, so every byte arrives
+               by pread(2) on eredu's reader threads; weights="map", map_resident=True or
+               another reader contradict it and raise InvalidArgumentError.
+    """
+    backend = options.get("backend")
+    if backend is None:
+        return {}
+    if backend not in BACKENDS:
+        raise invalid(f"backend must be 'mmap' or 'pread', not {backend!r}")
+    if backend == "mmap":
+        return {}
+    for key, fits in (("reader", lambda v: v == "pread"), ("map_resident", lambda v: v is False),
+                      ("weights", lambda v: v == "copy")):
+        value = options.get(key)
+        if value is not None and not fits(value):
+            raise invalid(f"backend='pread' reads every byte with pread(2) and maps nothing: {key}={value!r} "
+                          f"contradicts it")
+    return {"reader": "pread", "map_resident": False, "copy_resident": False}
+
+
 def open_options(path, options, *, copy_resident=True):
     """The extension's option dict for opening `path` with the keywords `options`."""
     unknown = sorted(set(options) - set(OPEN_KEYS))
     if unknown:
         raise invalid(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
                       f"(known: {', '.join(k for k in OPEN_KEYS if not k.startswith('_'))})")
+    backend = backend_options(options)
     out = {"copy_resident": copy_resident}
     budget = parse_size("budget", options.get("budget"))
     if budget is None:
@@ -206,6 +240,7 @@ def open_options(path, options, *, copy_resident=True):
         out["weights"] = options["weights"]  # check_weights validated it (every caller runs it first)
     if options.get("_faults") is not None:
         out["_faults"] = options["_faults"]
+    out.update(backend)
     return out
 
 

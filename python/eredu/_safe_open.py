@@ -6,7 +6,8 @@
         rows = f.get_slice("lm_head.weight")[0:1024, :]   # reads only those rows
 
 Same semantics as safetensors' (keys() sorted, metadata() None when the file has none,
-get_slice's indexing), plus what eredu adds: sharded directories and `*.index.json` open as one
+get_slice's indexing and bounds, get_tensors(), backend=, "File is closed" from every method once
+closed), plus what eredu adds: sharded directories and `*.index.json` open as one
 checkpoint; `load()` reads many tensors as one concurrent unit; `aget_tensor()` / `aload()` are
 awaitable; `dtype=` casts on load; errors are typed (eredu.Error).
 """
@@ -133,7 +134,9 @@ class safe_open:
     a numpy/torch dtype) converts float tensors on load; `bf16` ("uint16" or "float32") says how
     numpy receives BF16; `unsupported="raw"` gives the bytes of dtypes the framework cannot hold;
     `verify` checks every read against the recorded digests (False: never; None: those recorded;
-    True: every read must be verifiable — a slice is only with a shard digest).
+    True: every read must be verifiable — a slice is only with a shard digest). `backend` is
+    safetensors' ("mmap", its default, or "pread"): eredu._options.backend_options says what each
+    means in eredu. Once closed, every method raises InvalidArgumentError "File is closed".
     The other keywords are eredu's options (eredu._options: staging budget, threads, reader, ...).
     """
 
@@ -164,20 +167,25 @@ class safe_open:
             reader.native.close()
 
     def _check(self):
+        # safetensors' words: every method of a closed safe_open raises "File is closed" (here an
+        # InvalidArgumentError, a ValueError, as Python's own closed files raise).
         if self._closed:
-            raise python_error("invalid_argument", "the checkpoint is closed", file=self._reader.native.path)
+            raise python_error("invalid_argument", "File is closed", file=self._reader.native.path)
 
     # --- safetensors' API ---
     def keys(self):
         """Tensor names, sorted (as safetensors)."""
+        self._check()
         return sorted(self._reader.order)
 
     def offset_keys(self):
         """Tensor names in file order (file, then offset)."""
+        self._check()
         return list(self._reader.order)
 
     def metadata(self):
         """The checkpoint's metadata (a file's __metadata__, or the index's), or None when there is none."""
+        self._check()
         m = self._reader.native.metadata()
         return m or None
 
@@ -185,6 +193,11 @@ class safe_open:
         """Reads tensor `name` whole."""
         self._check()
         return self._reader.read([name])[name]
+
+    def get_tensors(self):
+        """Every tensor, {name: tensor} in file order (as safetensors' offset_keys()), read as one
+        unit: the reads and conversions of all of them run concurrently; all or nothing."""
+        return self.load()
 
     def get_slice(self, name):
         """A lazy view of tensor `name`: index it to read only the selected bytes."""
@@ -195,6 +208,7 @@ class safe_open:
     # --- eredu's additions ---
     def tensor_info(self, name):
         """dtype, shape, bytes, file and offset of tensor `name`."""
+        self._check()
         return self._reader.info(name)
 
     def load(self, names=None):
@@ -215,6 +229,7 @@ class safe_open:
 
     def staging(self):
         """The staging pool's budget, bytes in use, high-water mark and waiters."""
+        self._check()
         return self._reader.native.staging()
 
     @property
@@ -224,12 +239,15 @@ class safe_open:
     @property
     def files(self):
         """The checkpoint's files (one, or every shard)."""
+        self._check()
         return list(self._reader.files)
 
     def __len__(self):
+        self._check()
         return len(self._reader.order)
 
     def __contains__(self, name):
+        self._check()
         return name in self._reader.infos
 
     def __repr__(self):

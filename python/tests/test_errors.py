@@ -1,7 +1,10 @@
 # Malformed checkpoints (the real ones of ../shared/data/real/malformed and hand-made ones) raise
 # the right eredu exception, with the library's kind, file, tensor and offset.
+import asyncio
+import errno
 import json
 import os
+import pickle
 import struct
 
 import numpy as np
@@ -91,6 +94,59 @@ def test_a_missing_file_is_an_os_error(tmp_path):
     with pytest.raises(OSError) as e:
         eredu.load_file(tmp_path / "absent.safetensors")
     assert isinstance(e.value, eredu.IoError) and e.value.errno == 2
+
+
+@pytest.mark.parametrize("entry", ["load_file", "safe_open", "aload"])
+def test_a_missing_file_is_a_file_not_found_error(tmp_path, entry):
+    # `except FileNotFoundError:` (what safetensors raises, and what open() raises) catches it, and
+    # so does `except eredu.IoError:`; OSError's own fields say what they say for open().
+    missing = tmp_path / "absent.safetensors"
+    call = {"load_file": lambda: eredu.load_file(missing), "safe_open": lambda: eredu.safe_open(missing, "pt"),
+            "aload": lambda: asyncio.run(eredu.aload(missing))}[entry]
+    with pytest.raises(FileNotFoundError) as e:
+        call()
+    assert isinstance(e.value, eredu.IoError) and isinstance(e.value, eredu.Error)
+    assert e.value.errno == errno.ENOENT and e.value.strerror == os.strerror(errno.ENOENT)
+    assert e.value.filename == e.value.file == str(missing) and str(missing) in str(e.value)
+    assert e.value.kind == "io_error"
+    again = pickle.loads(pickle.dumps(e.value))  # multiprocessing hands errors over pickled
+    assert type(again) is type(e.value) and again.errno == errno.ENOENT and str(again) == str(e.value)
+    assert again.filename == str(missing)
+
+
+def test_a_path_through_a_file_is_a_not_a_directory_error(tmp_path, writer):
+    path = writer(tmp_path / "a.safetensors", {"w": np.zeros(2, np.float32)})
+    with pytest.raises(NotADirectoryError) as e:
+        eredu.load_file(path / "b.safetensors")
+    assert isinstance(e.value, eredu.IoError) and e.value.errno == errno.ENOTDIR
+
+
+def test_an_unreadable_file_is_a_permission_error(tmp_path, writer):
+    if os.geteuid() == 0:
+        pytest.skip("root reads a file of mode 000: no EACCES to see")
+    path = writer(tmp_path / "a.safetensors", {"w": np.zeros(2, np.float32)})
+    path.chmod(0)
+    with pytest.raises(PermissionError) as e:
+        eredu.load_file(path)
+    assert isinstance(e.value, eredu.IoError) and e.value.errno == errno.EACCES
+
+
+@pytest.mark.parametrize("number, builtin", [
+    (errno.ENOENT, FileNotFoundError), (errno.EACCES, PermissionError), (errno.EPERM, PermissionError),
+    (errno.EISDIR, IsADirectoryError), (errno.ENOTDIR, NotADirectoryError), (errno.EEXIST, FileExistsError),
+    (errno.EINTR, InterruptedError), (errno.EAGAIN, BlockingIOError), (errno.ETIMEDOUT, TimeoutError),
+])
+def test_every_errno_python_maps_is_raised_as_its_os_error_subclass(number, builtin):
+    # The library's errors reach Python through _from_native; an I/O error's errno picks the
+    # OSError subclass Python itself picks (OSError(errno, ...)), under eredu.IoError.
+    e = eredu._errors._from_native("io_error", "store", "f: read: boom [io_error]", "boom", "f", "t", None, 7, number)
+    assert type(e) is not eredu.IoError and isinstance(e, builtin) and isinstance(e, eredu.IoError)
+    assert type(OSError(number, "x")) is builtin and e.errno == number and e.offset == 7
+    assert type(pickle.loads(pickle.dumps(e))) is type(e)
+    plain = eredu._errors._from_native("io_error", "store", "m", "m", "f", None, None, None, errno.EIO)
+    assert type(plain) is eredu.IoError and plain.errno == errno.EIO
+    eof = eredu._errors._from_native("unexpected_eof", "store", "m", "m", "f", None, None, None, None)
+    assert type(eof) is eredu.IoError and eof.errno is None
 
 
 def test_a_file_truncated_after_open_fails_the_whole_load(tmp_path, writer):

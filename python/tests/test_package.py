@@ -28,6 +28,18 @@ def test_hierarchy_subclasses_the_builtin_exceptions_users_catch():
         assert issubclass(cls, eredu.Error)
 
 
+def test_the_os_error_subclasses_are_io_errors_and_not_exported_by_name():
+    # `except FileNotFoundError` and `except eredu.IoError` both catch a missing file; a
+    # `from eredu import *` must not replace the builtin FileNotFoundError with eredu's.
+    cls = eredu._errors.io_error_class(2)
+    assert issubclass(cls, FileNotFoundError) and issubclass(cls, eredu.IoError) and cls is not eredu.IoError
+    assert eredu._errors.io_error_class(None) is eredu.IoError and eredu._errors.io_error_class(5) is eredu.IoError
+    space = {}
+    exec("from eredu import *", space)
+    assert "FileNotFoundError" not in space and "PermissionError" not in space
+    assert space["SafetensorError"] is eredu.SafetensorError is eredu.Error  # safetensors' catch-all name
+
+
 def test_a_library_error_keeps_its_message_and_parts(tmp_path):
     missing = tmp_path / "nope.safetensors"
     with pytest.raises(eredu.IoError) as e:

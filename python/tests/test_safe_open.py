@@ -1,5 +1,6 @@
-# safe_open behaves as Hugging Face safetensors' safe_open: keys, metadata, get_tensor, the
-# context manager; plus eredu's additions (load, tensor_info, aget_tensor, directories).
+# safe_open behaves as Hugging Face safetensors' safe_open: keys, metadata, get_tensor(s), the
+# context manager, "File is closed" once closed, backend=; plus eredu's additions (load,
+# tensor_info, aget_tensor, directories).
 import asyncio
 import json
 import struct
@@ -81,6 +82,101 @@ def test_a_closed_file_refuses_reads_and_its_tensors_stay_valid(sample):
         f.get_slice("zeta")
     assert np.array_equal(zeta, arrays["zeta"])
     f.close()  # idempotent
+
+
+CLOSED_CALLS = {
+    "keys": lambda f: f.keys(), "offset_keys": lambda f: f.offset_keys(), "metadata": lambda f: f.metadata(),
+    "get_tensor": lambda f: f.get_tensor("zeta"), "get_tensors": lambda f: f.get_tensors(),
+    "get_slice": lambda f: f.get_slice("zeta"), "tensor_info": lambda f: f.tensor_info("zeta"),
+    "load": lambda f: f.load(), "staging": lambda f: f.staging(), "files": lambda f: f.files,
+    "len": len, "in": lambda f: "zeta" in f,
+    "aget_tensor": lambda f: asyncio.run(f.aget_tensor("zeta")), "aload": lambda f: asyncio.run(f.aload()),
+}
+
+
+@pytest.mark.parametrize("call", list(CLOSED_CALLS))
+def test_every_method_of_a_closed_file_says_it_is_closed(sample, call):
+    # safetensors raises "File is closed" from every method once the `with` block has ended;
+    # keys() and metadata() answering from a closed file would hide a use after close.
+    path, _ = sample
+    with eredu.safe_open(path, "np") as f:
+        CLOSED_CALLS[call](f)  # answers while open
+    with pytest.raises(eredu.InvalidArgumentError) as e:
+        CLOSED_CALLS[call](f)
+    assert "File is closed" in str(e.value) and isinstance(e.value, ValueError) and e.value.file == str(path)
+    assert "closed" in repr(f) and f.path == str(path)  # what names it still answers
+
+
+def test_a_slice_taken_before_close_reads_nothing_after(sample):
+    path, arrays = sample
+    with eredu.safe_open(path, "np") as f:
+        s = f.get_slice("zeta")
+    assert s.get_shape() == [3, 4] and s.get_dtype() == "F32"  # known without the file
+    with pytest.raises(eredu.InvalidArgumentError, match="File is closed"):
+        s[0:1]
+    with pytest.raises(eredu.InvalidArgumentError, match="File is closed"):
+        asyncio.run(s.aread((0,)))
+
+
+@pytest.mark.parametrize("framework", ["np", "pt"])
+def test_get_tensors_is_every_tensor_in_file_order(sample, framework):
+    # safetensors' get_tensors() (its load_file calls it): {name: tensor} in offset_keys() order.
+    if framework == "pt":
+        pytest.importorskip("torch")
+    path, arrays = sample
+    ref = reference_read(path)
+    with eredu.safe_open(path, framework) as f:
+        got = f.get_tensors()
+        assert list(got) == f.offset_keys() == list(arrays)
+    for name, t in got.items():
+        a = t if isinstance(t, np.ndarray) else t.numpy()
+        assert a.tobytes() == ref[name] and a.shape == arrays[name].shape
+
+
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+@pytest.mark.parametrize("framework", ["np", "pt"])
+def test_both_backends_give_the_file_bytes(sample, backend, framework):
+    if framework == "pt":
+        pytest.importorskip("torch")
+    path, arrays = sample
+    ref = reference_read(path)
+    with eredu.safe_open(path, framework, backend=backend) as f:
+        got = {**f.get_tensors(), "slice": f.get_slice("zeta")[1:3]}
+    for name in arrays:
+        a = got[name] if framework == "np" else got[name].numpy()
+        assert a.tobytes() == ref[name]
+    sliced = got["slice"] if framework == "np" else got["slice"].numpy()
+    assert np.array_equal(sliced, arrays["zeta"][1:3])
+    loaded = eredu.load_file(path, framework, backend=backend)
+    assert all((t if framework == "np" else t.numpy()).tobytes() == ref[n] for n, t in loaded.items())
+
+
+def test_backend_pread_maps_nothing(tmp_path, writer):
+    # A cast of a page-cache-resident tensor converts from a mapping of the file when eredu may map
+    # (map_resident: eredu's default, backend="mmap"). backend="pread" maps nothing: the same cast
+    # reads its bytes with pread into staging leases, which the pool's high-water mark shows.
+    path = writer(tmp_path / "bf.safetensors", {"w": ("BF16", [1 << 16], b"\1" * (2 << 16))})
+    path.read_bytes()  # resident
+    with eredu.safe_open(path, "np", bf16="float32", backend="pread") as f:
+        w = f.get_tensor("w")
+        assert w.dtype == np.float32 and f.staging()["high_water"] > 0
+    assert eredu._options.open_options(path, {"backend": "pread"})["reader"] == "pread"
+    assert eredu._options.open_options(path, {"backend": "pread"})["map_resident"] is False
+    assert eredu._options.open_options(path, {"backend": "mmap"}) == eredu._options.open_options(path, {})
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"backend": "not_a_backend"}, "backend must be 'mmap' or 'pread', not 'not_a_backend'"),
+    ({"backend": None, "beckend": "pread"}, "unknown option beckend"),
+    ({"backend": "pread", "reader": "uring"}, "reader='uring' contradicts it"),
+    ({"backend": "pread", "map_resident": True}, "map_resident=True contradicts it"),
+    ({"backend": "pread", "weights": "map"}, "weights='map' contradicts it"),
+])
+def test_a_backend_eredu_cannot_honour_is_refused(sample, options, words):
+    path, _ = sample
+    with pytest.raises(eredu.InvalidArgumentError) as e:
+        eredu.safe_open(path, "np", **options)
+    assert words in str(e.value), str(e.value)
 
 
 def test_the_context_manager_closes_even_on_error(sample):

@@ -1,5 +1,6 @@
 # get_slice: every index form safetensors' PySafeSlice takes gives what numpy indexing of the
-# whole tensor gives, reads only the selected bytes, and the forms it refuses are typed errors.
+# whole tensor gives, reads only the selected bytes, and the forms it refuses are typed errors;
+# bounds past a dimension raise as safetensors >= 0.6 raises, not clamped.
 import os
 
 import numpy as np
@@ -9,7 +10,8 @@ import eredu
 from conftest import bf16_bits
 
 INDICES = [
-    (), Ellipsis, 0, -1, 3, slice(None), slice(1, 4), slice(-3, None), slice(None, -2), slice(5, 2), slice(2, 100),
+    (), Ellipsis, 0, -1, 3, slice(None), slice(1, 4), slice(-3, None), slice(None, -2), slice(5, 2), slice(2, 7),
+    slice(7, None), slice(-7, 7), [], (slice(None), slice(5, 5)),
     (slice(1, 3), slice(None)), (slice(None), 2), (slice(None), slice(1, 4)), (0, 1), (-1, -1, -1),
     (slice(1, 3), slice(0, 2), slice(1, 2)), (Ellipsis, 1), (Ellipsis, slice(0, 1)), (1, Ellipsis),
     (slice(0, 7), Ellipsis, slice(2, 3)), (np.int64(2),), (slice(0, 0), slice(None)), (slice(None, None, 1), 4),
@@ -72,9 +74,11 @@ def test_slice_shape_and_dtype_without_reading(cube):
     (True, "index True is not supported"),
     ((0, 0, 0, 0), "too many indices for a tensor of rank 3"),
     ((Ellipsis, Ellipsis), "single ellipsis"),
-    (7, "index 7 is out of range for size 7"),
-    (-8, "index -8 is out of range"),
-    ((0, 5), "dimension 1: index 5 is out of range for size 5"),
+    (7, "slicing [7] with shape [7, 5, 3]: index 7 out of bounds for tensor dimension #0 of size 7"),
+    (-8, "index -8 out of bounds for tensor dimension #0 of size 7"),
+    ((0, 5), "slicing [0, 5] with shape [7, 5, 3]: index 5 out of bounds for tensor dimension #1 of size 5"),
+    ([[]], "type list is not supported"),
+    (([], 0), "type list is not supported"),
     ("a", "type str is not supported"),
 ])
 def test_refused_index_forms_are_selection_errors(cube, index, words):
@@ -84,6 +88,68 @@ def test_refused_index_forms_are_selection_errors(cube, index, words):
             f.get_slice("f32")[index]
         assert words in str(e.value) and isinstance(e.value, IndexError)
         assert e.value.kind == "invalid_selection" and e.value.tensor == "f32"
+
+
+@pytest.mark.parametrize("index, words", [
+    (slice(None, 20), "slicing [:20] with shape [7, 5, 3]: index 19 out of bounds for tensor dimension #0 of size 7"),
+    ((slice(None), slice(None, 20)),
+     "slicing [:, :20] with shape [7, 5, 3]: index 19 out of bounds for tensor dimension #1 of size 5"),
+    (slice(2, 8), "index 7 out of bounds for tensor dimension #0 of size 7"),
+    (slice(8, None), "index 8 out of bounds for tensor dimension #0 of size 7"),
+    (slice(-8, None), "index -8 out of bounds for tensor dimension #0 of size 7"),
+    (slice(None, -8), "index -8 out of bounds for tensor dimension #0 of size 7"),
+    ((Ellipsis, slice(1, 4)), "slicing [..., 1:4] with shape [7, 5, 3]: index 3 out of bounds for tensor "
+                              "dimension #2 of size 3"),
+])
+def test_bounds_past_a_dimension_raise_not_clamp(cube, index, words):
+    # Python's slices clamp (numpy's [:20] of 7 rows is 7 rows); safetensors >= 0.6 refuses, and
+    # so does eredu: a tensor-parallel shard computed past the end is a bug to report, not to hide.
+    path, _, _ = cube
+    for framework in ("np", "pt"):
+        if framework == "pt":
+            pytest.importorskip("torch")
+        with eredu.safe_open(path, framework) as f:
+            with pytest.raises(eredu.SelectionError) as e:
+                f.get_slice("f32")[index]
+        assert words in str(e.value), str(e.value)
+        assert isinstance(e.value, IndexError) and e.value.kind == "invalid_selection" and e.value.tensor == "f32"
+
+
+def test_safetensors_own_out_of_bounds_cases(tmp_path, writer):
+    # safetensors' test_numpy_slice: a (10, 5) tensor, its messages word for word after the file
+    # and tensor eredu's messages start with.
+    a = np.random.default_rng(0).random((10, 5))
+    path = writer(tmp_path / "slice.safetensors", {"a": a})
+    with eredu.safe_open(path, "np") as f:
+        s = f.get_slice("a")
+        assert np.array_equal(s[:10], a) and np.array_equal(s[:, :5], a)
+        for index, words in ((slice(None, 20), "slicing [:20] with shape [10, 5]: index 19 out of bounds for "
+                                               "tensor dimension #0 of size 10"),
+                             ((slice(None), slice(None, 20)), "slicing [:, :20] with shape [10, 5]: index 19 out of "
+                                                              "bounds for tensor dimension #1 of size 5"),
+                             ((slice(2, None), 20), "slicing [2:, 20] with shape [10, 5]: index 20 out of bounds for "
+                                                    "tensor dimension #1 of size 5")):
+            with pytest.raises(eredu.SelectionError, match="out of bounds") as e:
+                s[index]
+            assert str(e.value) == f"{path}: tensor 'a': {words} [invalid_selection]"
+
+
+@pytest.mark.parametrize("framework", ["np", "pt"])
+def test_an_empty_list_selects_no_row(tmp_path, writer, framework):
+    # safetensors (and numpy, and torch) give `t[[]]` as an empty selection of dimension 0.
+    if framework == "pt":
+        torch = pytest.importorskip("torch")
+    a = np.arange(50, dtype=np.float32).reshape(10, 5)
+    path = writer(tmp_path / "rows.safetensors", {"a": a, "s": np.array(1.0, np.float32)})
+    with eredu.safe_open(path, framework) as f:
+        got = f.get_slice("a")[[]]
+        assert tuple(got.shape) == (0, 5) == a[[]].shape
+        if framework == "pt":
+            assert got.dtype == torch.float32 and torch.equal(got, torch.from_numpy(a)[[]])
+        else:
+            assert got.dtype == np.float32
+        with pytest.raises(eredu.SelectionError, match="too many indices for a tensor of rank 0"):
+            f.get_slice("s")[[]]  # a scalar has no dimension 0 (safetensors: too many slices)
 
 
 def test_a_file_cut_after_open_fails_every_slice_typed(tmp_path, writer):
