@@ -1,0 +1,114 @@
+"""Writing safetensors files as Hugging Face's writer lays them out, byte for byte: tensors
+ordered by dtype (largest first, in safetensors' own dtype order) then by name, the header in
+compact JSON with `__metadata__` first, non-ASCII written as UTF-8, padded with spaces to a
+multiple of 8 bytes. python/tests/data/safetensors_reference holds that writer's own output,
+which the tests reproduce. The one freedom: safetensors orders the metadata's keys as its hash
+map happens to, so they are written here in the caller's order.
+
+Reading bytes back (`load`) goes through eredu's own parser, so a bad buffer gets the same
+typed errors as a bad file."""
+
+import json
+import os
+import tempfile
+
+import numpy as np
+
+from ._errors import InvalidArgumentError
+
+# safetensors' Dtype enum, in its declaration order: the writer sorts tensors by it, largest first.
+_DTYPE_ORDER = ["BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "I16", "U16",
+                "F16", "BF16", "I32", "U32", "F32", "C64", "F64", "I64", "U64"]
+_RANK = {name: i for i, name in enumerate(_DTYPE_ORDER)}
+
+_NP_DTYPE = {np.dtype(np.bool_): "BOOL", np.dtype(np.uint8): "U8", np.dtype(np.int8): "I8",
+             np.dtype(np.int16): "I16", np.dtype(np.uint16): "U16", np.dtype(np.float16): "F16",
+             np.dtype(np.int32): "I32", np.dtype(np.uint32): "U32", np.dtype(np.float32): "F32",
+             np.dtype(np.float64): "F64", np.dtype(np.int64): "I64", np.dtype(np.uint64): "U64",
+             np.dtype(np.complex64): "C64"}
+
+
+def _check_metadata(metadata):
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                 for k, v in metadata.items()):
+        raise InvalidArgumentError("metadata must be a dict of str to str", kind="invalid_argument")
+    return metadata
+
+
+def serialize(entries, metadata=None):
+    """The file's bytes for `entries`, a list of (name, dtype name, shape, raw little-endian bytes)."""
+    metadata = _check_metadata(metadata)
+    names = set()
+    for name, _, _, _ in entries:
+        if not isinstance(name, str):
+            raise InvalidArgumentError(f"a tensor name must be a str, not {type(name).__name__}",
+                                       kind="invalid_argument")
+        if name == "__metadata__" or name in names:
+            raise InvalidArgumentError(f"tensor name {name!r} is reserved or repeated", kind="invalid_argument")
+        names.add(name)
+    ordered = sorted(entries, key=lambda e: (-_RANK[e[1]], e[0]))
+    header, offset = {}, 0
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    for name, dtype, shape, data in ordered:
+        header[name] = {"dtype": dtype, "shape": [int(d) for d in shape], "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+    text = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    return b"".join([len(text).to_bytes(8, "little"), text] + [e[3] for e in ordered])
+
+
+def numpy_entries(tensors):
+    """(name, dtype, shape, bytes) of each numpy array of `tensors`, as safetensors.numpy takes them."""
+    if not isinstance(tensors, dict):
+        raise InvalidArgumentError("tensors must be a dict of name to numpy array", kind="invalid_argument")
+    entries = []
+    for name, array in tensors.items():
+        if not isinstance(array, np.ndarray):
+            raise InvalidArgumentError(f"tensor {name!r} is a {type(array).__name__}, not a numpy array",
+                                       kind="invalid_argument")
+        dtype = _NP_DTYPE.get(array.dtype.newbyteorder("="))
+        if dtype is None:
+            raise InvalidArgumentError(f"tensor {name!r}: numpy dtype {array.dtype} has no safetensors dtype",
+                                       kind="invalid_argument")
+        little = array.astype(array.dtype.newbyteorder("<"), copy=False)
+        entries.append((name, dtype, array.shape, np.ascontiguousarray(little).tobytes()))
+    return entries
+
+
+def write_file(data, filename):
+    """Writes `data` to `filename` whole or not at all: into a temporary file beside it, renamed
+    over it once complete, so a failure or a reader never sees half a checkpoint."""
+    path = os.fspath(filename)
+    directory = os.path.dirname(os.path.abspath(path)) or "."
+    fd, tmp = tempfile.mkstemp(prefix=".eredu-save-", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def load_bytes(data, loader):
+    """`loader(path)` of a safetensors file held in `data` (bytes-like), through an anonymous
+    in-memory file: eredu's parser and its typed errors, no file on disk."""
+    try:
+        view = memoryview(data)
+    except TypeError:
+        raise InvalidArgumentError(f"load takes bytes, not {type(data).__name__}", kind="invalid_argument") from None
+    fd = os.memfd_create("eredu-load", os.MFD_CLOEXEC)
+    try:
+        with os.fdopen(os.dup(fd), "wb") as f:
+            f.write(view)
+        return loader(f"/proc/self/fd/{fd}")
+    finally:
+        os.close(fd)
