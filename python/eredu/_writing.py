@@ -112,3 +112,55 @@ def load_bytes(data, loader):
         return loader(f"/proc/self/fd/{fd}")
     finally:
         os.close(fd)
+
+
+# torch dtype names (str(torch.dtype) without "torch.") and safetensors', for the types a given
+# torch has: torch 1.13 has no float8 nor uint16/32/64.
+_TORCH_DTYPE = {"bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "uint16": "U16", "float16": "F16",
+                "bfloat16": "BF16", "int32": "I32", "uint32": "U32", "float32": "F32", "float64": "F64",
+                "int64": "I64", "uint64": "U64", "complex64": "C64", "float8_e4m3fn": "F8_E4M3",
+                "float8_e5m2": "F8_E5M2", "float8_e8m0fnu": "F8_E8M0"}
+
+
+def _storage_span(t):
+    """(storage address, first byte, end byte) of a tensor's bytes, to find tensors that share memory."""
+    storage = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+    start = t.data_ptr()
+    return storage.data_ptr(), start, start + t.numel() * t.element_size()
+
+
+def torch_entries(tensors):
+    """(name, dtype, shape, bytes) of each torch tensor of `tensors`, refusing what
+    safetensors.torch refuses: non-tensors, sparse and non-contiguous tensors, and tensors that
+    share memory (writing both would duplicate it, and loading them back would untie them)."""
+    from ._frameworks import torch_module
+    torch = torch_module()
+    if not isinstance(tensors, dict):
+        raise InvalidArgumentError("tensors must be a dict of name to torch tensor", kind="invalid_argument")
+    entries, spans = [], []
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise InvalidArgumentError(f"tensor {name!r} is a {type(t).__name__}, not a torch tensor",
+                                       kind="invalid_argument")
+        if t.layout != torch.strided:
+            raise InvalidArgumentError(f"tensor {name!r} is sparse: only dense tensors can be saved",
+                                       kind="invalid_argument")
+        if not t.is_contiguous():
+            raise InvalidArgumentError(f"tensor {name!r} is not contiguous: save a .contiguous() copy",
+                                       kind="invalid_argument")
+        dtype = _TORCH_DTYPE.get(str(t.dtype).removeprefix("torch."))
+        if dtype is None:
+            raise InvalidArgumentError(f"tensor {name!r}: torch dtype {t.dtype} has no safetensors dtype",
+                                       kind="invalid_argument")
+        t = t.detach().cpu()
+        if t.numel():
+            spans.append((_storage_span(t), name))
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        entries.append((name, dtype, tuple(t.shape), raw))
+    spans.sort()
+    for ((storage_a, _, end_a), a), ((storage_b, start_b, _), b) in zip(spans, spans[1:]):
+        if storage_a == storage_b and start_b < end_a:
+            raise InvalidArgumentError(
+                f"tensors {a!r} and {b!r} share memory: saving both would write it twice and load them "
+                "back untied; save one of them (safetensors.torch raises here too)", kind="invalid_argument")
+    return entries

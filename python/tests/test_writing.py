@@ -99,3 +99,49 @@ def test_bad_tensors_are_refused_typed(bad, what):
 def test_metadata_must_map_str_to_str(metadata):
     with pytest.raises(eredu.InvalidArgumentError, match="metadata"):
         enp.save({"x": np.zeros(1)}, metadata=metadata)
+
+
+# --- eredu.torch: the same files, written from torch tensors ---
+
+TORCH_FILES = sorted(f for f, m in MANIFEST["files"].items() if m["writer"] == "safetensors.torch.save_file")
+
+
+def torch_or_skip(name=None):
+    torch = pytest.importorskip("torch", reason="eredu.torch's writers need torch")
+    if name is not None:
+        missing = [t["dtype"] for t in MANIFEST["files"][name]["tensors"] if not hasattr(torch, t["dtype"])]
+        if missing:
+            pytest.skip(f"this torch ({torch.__version__}) has no {', '.join(missing)}: {name} cannot be loaded")
+    return torch
+
+
+@pytest.mark.parametrize("name", TORCH_FILES)
+def test_torch_save_writes_what_safetensors_writes(name):
+    torch_or_skip(name)
+    import eredu.torch as et
+    reference = (REF / name).read_bytes()
+    ours = et.save(et.load_file(REF / name), metadata=MANIFEST["files"][name]["metadata"])
+    assert ours == reference
+
+
+def test_torch_save_file_load_and_refusals(tmp_path):
+    torch = torch_or_skip()
+    import eredu.torch as et
+    w = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    tensors = {"w": w, "h": torch.ones(2, dtype=torch.bfloat16), "s": torch.tensor(7, dtype=torch.int64)}
+    path = tmp_path / "m.safetensors"
+    et.save_file(tensors, path)
+    assert path.read_bytes() == et.save(tensors)
+    back = et.load(path.read_bytes())
+    assert all(torch.equal(back[k], v) and back[k].dtype == v.dtype for k, v in tensors.items())
+    before = path.read_bytes()
+    with pytest.raises(eredu.InvalidArgumentError, match="not contiguous"):
+        et.save_file({"t": w.t()}, path)
+    with pytest.raises(eredu.InvalidArgumentError, match="share memory"):
+        et.save_file({"a": w, "b": w[1:]}, path)  # tied weights: safetensors refuses them too
+    with pytest.raises(eredu.InvalidArgumentError, match="not a torch tensor"):
+        et.save({"a": [1.0]})
+    assert path.read_bytes() == before
+    # Views of disjoint parts of one storage do not overlap: both are written.
+    parts = et.load(et.save({"a": w[0], "b": w[1]}))
+    assert torch.equal(parts["a"], w[0]) and torch.equal(parts["b"], w[1])
