@@ -79,6 +79,11 @@ class ModelSlot:
                  verify=None, canary=None, **options):
         self._rules = _Reader.options(framework, dtype, bf16, unsupported)
         check_weights(options, self._rules[0], where="ModelSlot")
+        if self._rules[0] == "pt":
+            # Imported now, not by the first swap's canary: a swap's canary_s must time the
+            # canary, not torch's import (seconds, on a cold start).
+            from ._frameworks import torch_module
+            torch_module()
         self._options = options
         self._native = _native.ModelSlot(parse_count("threads", threads))
         self._plans = None

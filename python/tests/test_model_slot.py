@@ -183,3 +183,13 @@ def test_readers_on_other_threads_see_whole_versions(two):
         t.join()
     assert not bad and slot.generation == 7
     assert slot.storage()["live_bytes"] <= 2 * 3 * 256 * 64 * 4 + 3 * 4096
+
+
+def test_a_torch_slot_imports_torch_before_its_first_swap():
+    # The first swap's canary_s would otherwise time torch's import (seconds on a cold start).
+    pytest.importorskip("torch", reason="a framework='pt' slot needs torch")
+    import subprocess
+    import sys
+    code = "import sys, eredu; eredu.ModelSlot(framework='pt'); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
