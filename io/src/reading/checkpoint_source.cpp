@@ -175,7 +175,17 @@ std::unique_ptr<Reader> CheckpointSource::make_reader(const asio::any_io_executo
   std::string uring_missing;
   if (untrusted < files.size()) {
     try {
-      auto ring = std::make_unique<UringReader>(executor, files, pool.memory(), options);
+      // Registered as fixed buffers: the part of the pool the files' reads can use. The pool
+      // hands out its lowest free block first, so staging never goes past the files' bytes plus
+      // each lease's rounding; registering beyond that would pin pages no read uses, and the
+      // first read waits for the pinning (0.73 s for a 256 MiB pool, for a 1 MiB file).
+      std::uint64_t files_bytes = 0;
+      for (const auto& f : files) files_bytes += f.size;
+      constexpr std::uint64_t mib2 = std::uint64_t{2} << 20;  // whole 2 MiB: no partial block to log about
+      const std::uint64_t usable = (files_bytes + files_bytes / 8 + (std::uint64_t{4} << 20) + mib2 - 1) / mib2 * mib2;
+      std::span<std::byte> registrable = pool.memory();
+      if (usable < registrable.size()) registrable = registrable.first(static_cast<std::size_t>(usable));
+      auto ring = std::make_unique<UringReader>(executor, files, registrable, options);
       // An idle pool returns its pages only after the ring has let go of them.
       pool.set_release_hook(ring->pool_release_hook());
       uring = std::move(ring);
