@@ -37,8 +37,10 @@ def _check_metadata(metadata):
     return metadata
 
 
-def serialize(entries, metadata=None):
-    """The file's bytes for `entries`, a list of (name, dtype name, shape, raw little-endian bytes)."""
+def layout(entries, metadata=None):
+    """The file's parts in order, the header first, then each tensor's bytes as given (no copy),
+    for `entries`, a list of (name, dtype name, shape, raw little-endian bytes: any buffer whose
+    len() is its byte count)."""
     metadata = _check_metadata(metadata)
     names = set()
     for name, _, _, _ in entries:
@@ -57,7 +59,12 @@ def serialize(entries, metadata=None):
         offset += len(data)
     text = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     text += b" " * (-len(text) % 8)
-    return b"".join([len(text).to_bytes(8, "little"), text] + [e[3] for e in ordered])
+    return [len(text).to_bytes(8, "little") + text] + [e[3] for e in ordered]
+
+
+def serialize(entries, metadata=None):
+    """The file's bytes for `entries` (see layout)."""
+    return b"".join(layout(entries, metadata))
 
 
 def numpy_entries(tensors):
@@ -74,19 +81,23 @@ def numpy_entries(tensors):
             raise InvalidArgumentError(f"tensor {name!r}: numpy dtype {array.dtype} has no safetensors dtype",
                                        kind="invalid_argument")
         little = array.astype(array.dtype.newbyteorder("<"), copy=False)
-        entries.append((name, dtype, array.shape, np.ascontiguousarray(little).tobytes()))
+        # A uint8 view of the array's own memory where it is already contiguous little-endian:
+        # writing it is the only copy.
+        entries.append((name, dtype, array.shape, np.ascontiguousarray(little).reshape(-1).view(np.uint8)))
     return entries
 
 
-def write_file(data, filename):
-    """Writes `data` to `filename` whole or not at all: into a temporary file beside it, renamed
-    over it once complete, so a failure or a reader never sees half a checkpoint."""
+def write_file(parts, filename):
+    """Writes `parts` (layout's) to `filename` one after the other, whole or not at all: into a
+    temporary file beside it, renamed over it once complete, so a failure or a reader never sees
+    half a checkpoint. Nothing is joined in memory first."""
     path = os.fspath(filename)
     directory = os.path.dirname(os.path.abspath(path)) or "."
     fd, tmp = tempfile.mkstemp(prefix=".eredu-save-", dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            for part in parts:
+                f.write(part)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -155,7 +166,7 @@ def torch_entries(tensors):
         t = t.detach().cpu()
         if t.numel():
             spans.append((_storage_span(t), name))
-        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        raw = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b""  # a view: no copy
         entries.append((name, dtype, tuple(t.shape), raw))
     spans.sort()
     for ((storage_a, _, end_a), a), ((storage_b, start_b, _), b) in zip(spans, spans[1:]):

@@ -7,7 +7,7 @@ order of the metadata's keys, which safetensors does not fix either).
 """
 
 from ._loading import load_file as _load_file
-from ._writing import load_bytes, numpy_entries, serialize, write_file
+from ._writing import layout, load_bytes, numpy_entries, serialize, write_file
 
 __all__ = ["load_file", "load", "save_file", "save"]
 
@@ -31,4 +31,4 @@ def save(tensors, metadata=None):
 def save_file(tensors, filename, metadata=None):
     """Writes save(tensors, metadata) to `filename`, whole or not at all (a temporary file
     beside it, renamed over it once complete)."""
-    write_file(save(tensors, metadata), filename)
+    write_file(layout(numpy_entries(tensors), metadata), filename)

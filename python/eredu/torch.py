@@ -8,7 +8,7 @@ save_model.
 """
 
 from ._loading import load_file as _load_file
-from ._writing import load_bytes, serialize, torch_entries, write_file
+from ._writing import layout, load_bytes, serialize, torch_entries, write_file
 
 __all__ = ["load_file", "load", "save_file", "save"]
 
@@ -32,4 +32,4 @@ def save(tensors, metadata=None):
 def save_file(tensors, filename, metadata=None):
     """Writes save(tensors, metadata) to `filename`, whole or not at all (a temporary file
     beside it, renamed over it once complete)."""
-    write_file(save(tensors, metadata), filename)
+    write_file(layout(torch_entries(tensors), metadata), filename)
