@@ -1,5 +1,7 @@
 #include "eredu/app/option_presets.hpp"
 
+#include <cctype>
+
 namespace eredu::app {
 
 std::span<const NamedRange> option_ranges() noexcept {
@@ -18,6 +20,16 @@ std::span<const NamedRange> option_ranges() noexcept {
       NamedRange{"head_dim", option_range::heads},
   };
   return table;
+}
+
+std::optional<std::optional<DType>> parse_cast(std::string_view name) noexcept {
+  // Longer than every choice: no need to lower-case it to know it names none.
+  constexpr std::size_t longest = 8;
+  if (name.size() > longest) return std::nullopt;
+  char lowered[longest];
+  for (std::size_t i = 0; i < name.size(); ++i)
+    lowered[i] = static_cast<char>(std::tolower(static_cast<unsigned char>(name[i])));
+  return parse_choice(cast_choices, std::string_view(lowered, name.size()));
 }
 
 }  // namespace eredu::app

@@ -264,11 +264,9 @@ def device(value):
                   f"(the CUDA backend has no Python binding yet); use device='cpu' and move the tensors")
 
 
-_CASTS = {
-    "float32": "F32", "f32": "F32", "fp32": "F32", "float": "F32",
-    "float16": "F16", "f16": "F16", "fp16": "F16", "half": "F16",
-    "bfloat16": "BF16", "bf16": "BF16",
-}
+# The names dtype= accepts are the CLI's --dtype names (eredu/app/option_presets.hpp), in any
+# letter case: one table for both front ends. "keep" (like None) casts nothing.
+_CASTS = {name: target for name, target in _native.cast_choices()}
 
 
 def cast_target(value):
@@ -277,10 +275,11 @@ def cast_target(value):
         return None
     text = value if isinstance(value, str) else getattr(value, "name", None) or str(value)
     text = text.replace("torch.", "").replace("<class 'numpy.", "").rstrip("'>")
-    target = _CASTS.get(text.lower()) or (text.upper() if text.upper() in ("F32", "F16", "BF16") else None)
-    if target is None:
-        raise invalid(f"dtype must be float32, float16 or bfloat16 (a name, a numpy or a torch dtype), not {value!r}")
-    return target
+    key = text.lower()
+    if key not in _CASTS:
+        names = ", ".join(_CASTS)
+        raise invalid(f"dtype must be one of {names} (any case), a numpy or a torch float dtype, not {value!r}")
+    return _CASTS[key]
 
 
 def choice(name, value, allowed):

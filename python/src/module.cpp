@@ -74,6 +74,17 @@ PYBIND11_MODULE(_native, m) {
     return out;
   });
   m.def(
+      "cast_choices",
+      [] {
+        py::list out;
+        for (const auto& c : app::cast_choices)
+          out.append(py::make_tuple(std::string(c.name), c.value
+                                                             ? py::object(py::str(std::string(dtype_name(*c.value))))
+                                                             : py::object(py::none())));
+        return out;
+      },
+      "Every name dtype= accepts (lower case) and the dtype it casts to (None: keep), as the CLI's --dtype.");
+  m.def(
       "dtype_bits", [](const std::string& name) { return dtype_bits(dtype_arg(name)); },
       "Bits one element of the named dtype occupies.");
   m.def(

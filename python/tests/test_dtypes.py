@@ -78,6 +78,17 @@ def test_dtype_casts_float_tensors_on_load(mixed):
     assert d["f32"].dtype == np.float16 and np.array_equal(d["f32"], v["f32"].astype(np.float16))
 
 
+@pytest.mark.parametrize("name, target", [("keep", None), ("KEEP", None), ("fp16", np.float16), ("F16", np.float16),
+                                          ("half", np.float16), ("float32", np.float32), ("FP32", np.float32),
+                                          ("float", np.float32)])
+def test_dtype_names_are_the_clis(mixed, name, target):
+    path, v = mixed
+    d = eredu.load_file(path, "np", dtype=name, unsupported="raw")
+    assert d["f32"].dtype == (target or np.float32) and d["f16"].dtype == (target or np.float16)
+    names = dict(eredu._native.cast_choices())
+    assert {"keep", "bf16", "f16", "fp16", "float16", "half", "f32", "fp32", "float32", "float", "bfloat16"} == set(names)
+
+
 @pytest.mark.parametrize("framework", ["np", "pt"])
 def test_types_a_framework_cannot_hold_are_refused_before_loading(mixed, framework):
     if framework == "pt":

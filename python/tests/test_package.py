@@ -55,7 +55,7 @@ def test_a_library_error_keeps_its_message_and_parts(tmp_path):
     ({"budget": 0}, "budget must be from 4096 (4K) to 1099511627776 (1T) bytes, not 0"),
     ({"budget": "12 parsecs"}, "budget must be a number of bytes"),
     ({"threads": 0}, "threads must be from 1 to 1024, not 0"),
-    ({"dtype": "int8"}, "dtype must be float32, float16 or bfloat16"),
+    ({"dtype": "int8"}, "dtype must be one of keep, bf16, bfloat16, f16, fp16, float16, half, f32, fp32, float32, float"),
     ({"reader": "mmap"}, "reader must be"),
     ({"bf16": "float64"}, "bf16 must be"),
     ({"unsupported": "ignore"}, "unsupported must be"),

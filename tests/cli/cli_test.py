@@ -614,7 +614,8 @@ def case_gguf(tmp):
             n *= d
         elements += n
     # load: blocks kept byte for byte in size; dequantized to f32 / bf16.
-    for dtype, per_element in (("keep", None), ("f32", 4), ("bf16", 2)):
+    # Every spelling of a dtype Python's dtype= takes, the CLI takes too (one table: app::cast_choices).
+    for dtype, per_element in (("keep", None), ("f32", 4), ("bf16", 2), ("fp32", 4), ("BFloat16", 2), ("half", 2)):
         code, out, _ = run("load", m, "--dtype", dtype, "--json", expect=0)
         if code != 0:
             continue

@@ -55,10 +55,7 @@ void watch_progress(asio::steady_timer& timer, const engine::MaterializeProgress
 }
 
 std::optional<DType> cast_of(const std::string& text) {
-  if (text == "bf16") return DType::BF16;
-  if (text == "f16") return DType::F16;
-  if (text == "f32") return DType::F32;
-  return std::nullopt;  // keep
+  return app::parse_cast(text).value_or(std::nullopt);  // the option's check refused any other
 }
 
 }  // namespace
@@ -221,10 +218,11 @@ Command add_load_command(CLI::App& app, CommonFlags& flags) {
   add_path(*cmd, "PATH", o->path,
            "a .safetensors file, a sharded directory or its model.safetensors.index.json, a .gguf file, a split "
            "GGUF's file (*-00001-of-0000N.gguf), or a directory holding one GGUF checkpoint");
-  add_choice(*cmd, "--dtype", o->dtype, {"keep", "bf16", "f16", "f32"},
+  add_choice(*cmd, "--dtype", o->dtype, app::choice_names<std::vector<std::string>>(app::cast_choices),
              "cast every float tensor to this dtype, and dequantize every quantized GGUF tensor to it (ggml's f32 "
              "values, rounded once to bf16 or f16); keep delivers each tensor's bytes as stored, quantized blocks "
-             "too");
+             "too. Any letter case; the names Python's dtype= takes (docs/python.md)",
+             /*any_case=*/true);
   add_integer(*cmd, "--threads", o->threads, app::option_range::threads, "TBB threads that populate and convert",
               "the number of CPUs; --tensor-parallel: divided among the ranks on this host");
   add_bytes(*cmd, "--budget", o->budget, app::option_range::budget, "staging memory of the lease pool");
@@ -285,7 +283,7 @@ Command add_load_command(CLI::App& app, CommonFlags& flags) {
             // A rank holds slices of tensors: there is no whole tensor to cast in place of
             // another, and one trace file per rank would overwrite each other. Its shards are
             // verified against shard digests (`eredu checksum --tensor-parallel N`).
-            if (o->dtype != "keep")
+            if (cast_of(o->dtype))
               throw UsageError("--dtype: --tensor-parallel loads keep the stored dtypes (give --dtype keep)");
             if (trace->count() > 0) throw UsageError("--trace: not with --tensor-parallel");
             if (o->weights != "copy") throw UsageError("--weights: --tensor-parallel loads copy their shards");

@@ -113,11 +113,15 @@ CLI::Option* add_bytes(CLI::App& command, const std::string& name, std::uint64_t
 }
 
 CLI::Option* add_choice(CLI::App& command, const std::string& name, std::string& value,
-                        std::vector<std::string> choices, const std::string& what) {
+                        std::vector<std::string> choices, const std::string& what, bool any_case) {
   const std::string list = fmt::format("{}", fmt::join(choices, "|"));
   CLI::Validator check(
-      [choices](std::string& text) -> std::string {
-        if (std::find(choices.begin(), choices.end(), text) != choices.end()) return {};
+      [choices, any_case](std::string& text) -> std::string {
+        std::string key = text;
+        if (any_case)
+          std::transform(key.begin(), key.end(), key.begin(),
+                         [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+        if (std::find(choices.begin(), choices.end(), key) != choices.end()) return {};
         return fmt::format("'{}' is not one of {}", text, fmt::join(choices, ", "));
       },
       "", "choice");

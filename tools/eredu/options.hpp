@@ -109,9 +109,10 @@ inline CLI::Option* add_bytes(CLI::App& command, const std::string& name, std::u
   return add_bytes(command, name, value, range.min, range.max, what, zero, default_text);
 }
 
-/// An option taking one of `choices` (its current value is the default shown).
+/// An option taking one of `choices` (its current value is the default shown); `any_case`
+/// accepts them in any letter case (the value keeps the case given).
 CLI::Option* add_choice(CLI::App& command, const std::string& name, std::string& value,
-                        std::vector<std::string> choices, const std::string& what);
+                        std::vector<std::string> choices, const std::string& what, bool any_case = false);
 
 /// The choices add_choice registered for `option` (for shell completion); empty otherwise.
 const std::vector<std::string>& choices_of(const CLI::Option* option);

@@ -13,6 +13,7 @@
 #include <string>
 #include <string_view>
 
+#include "eredu/core/dtype.hpp"
 #include "eredu/cpu/weight_storage.hpp"
 #include "eredu/io/reading/reader.hpp"
 
@@ -75,6 +76,21 @@ inline constexpr std::array direct_choices{Choice<io::DirectMode>{"auto", io::Di
 inline constexpr std::array weight_choices{Choice<cpu::WeightStorage>{"copy", cpu::WeightStorage::copied},
                                            Choice<cpu::WeightStorage>{"map", cpu::WeightStorage::mapped},
                                            Choice<cpu::WeightStorage>{"map-lock", cpu::WeightStorage::mapped_locked}};
+
+/// --dtype / dtype=: the dtype float tensors are cast to on load; "keep" (Python: None) casts
+/// nothing. Every spelling the CLI accepts Python accepts too, and the reverse: Python's and
+/// PyTorch's names (float16, half), the short ones (f16, fp16) and safetensors' (F16, any case).
+inline constexpr std::array cast_choices{
+    Choice<std::optional<DType>>{"keep", std::nullopt},    Choice<std::optional<DType>>{"bf16", DType::BF16},
+    Choice<std::optional<DType>>{"bfloat16", DType::BF16}, Choice<std::optional<DType>>{"f16", DType::F16},
+    Choice<std::optional<DType>>{"fp16", DType::F16},      Choice<std::optional<DType>>{"float16", DType::F16},
+    Choice<std::optional<DType>>{"half", DType::F16},      Choice<std::optional<DType>>{"f32", DType::F32},
+    Choice<std::optional<DType>>{"fp32", DType::F32},      Choice<std::optional<DType>>{"float32", DType::F32},
+    Choice<std::optional<DType>>{"float", DType::F32}};
+
+/// The cast `name` selects (case-insensitive, so "F16" and "BF16" as safetensors spells them
+/// work too): an engaged optional holding nullopt for "keep", nullopt when no choice matches.
+std::optional<std::optional<DType>> parse_cast(std::string_view name) noexcept;
 
 /// The value `name` selects among `choices`; nullopt when none does.
 template <class T, std::size_t N>
