@@ -13,6 +13,7 @@
 #include "commands.hpp"
 #include "eredu/core/error.hpp"
 #include "options.hpp"
+#include "progress.hpp"
 #include "shard_options.hpp"
 
 using namespace eredu::cli;
@@ -237,4 +238,19 @@ TEST_CASE("shard rules – attention dims come from the options, eredu gen's rul
   CHECK(rules.find("model.layers.0.self_attn.q_proj.weight") == eredu::engine::Shard::replicated());
   CHECK(rules.find("model.layers.0.self_attn.k_proj.weight") == eredu::engine::Shard::column_parallel(64));
   CHECK(rules.find("model.norm.weight") == eredu::engine::Shard::replicated());
+}
+
+TEST_CASE("the progress line's time left", "[progress]") {
+  // Nothing while an estimate would mislead: too early, nothing done, or finished.
+  CHECK(eta_text(0, 100, 5.0).empty());
+  CHECK(eta_text(50, 100, 0.2).empty());
+  CHECK(eta_text(100, 100, 5.0).empty());
+  CHECK(eta_text(150, 100, 5.0).empty());
+  CHECK(eta_text(1, 100, std::nan("")).empty());
+  // At the rate so far: half done in 4 s leaves 4 s.
+  CHECK(eta_text(50, 100, 4.0) == "ETA 4.0 s");
+  CHECK(eta_text(25, 100, 10.0) == "ETA 30 s");
+  CHECK(eta_text(10, 100, 10.0) == "ETA 1m30s");
+  CHECK(eta_text(1, 1000, 10.0) == "ETA 2h46m");
+  CHECK(eta_text(1, std::uint64_t{1} << 62, 100.0) == "ETA 99h59m");  // capped, never an overflow
 }

@@ -65,12 +65,24 @@ void Progress::update(std::uint64_t done) {
   draw(t);
 }
 
+std::string eta_text(std::uint64_t done, std::uint64_t total, double elapsed) {
+  // The first half second is mostly opening and the first reads' latency: a rate from it
+  // promises minutes for what takes seconds.
+  if (done == 0 || done >= total || !(elapsed >= 0.5)) return {};
+  const double left = elapsed * static_cast<double>(total - done) / static_cast<double>(done);
+  if (left < 10) return fmt::format("ETA {:.1f} s", left);
+  if (left < 60) return fmt::format("ETA {:.0f} s", left);
+  const auto whole = static_cast<std::uint64_t>(std::min(left, 359999.0) + 0.5);  // under 100 h
+  if (whole < 3600) return fmt::format("ETA {}m{:02}s", whole / 60, whole % 60);
+  return fmt::format("ETA {}h{:02}m", whole / 3600, whole / 60 % 60);
+}
+
 void Progress::draw(double now) {
   last_ = now;
   const double elapsed = now - start_;
   const std::size_t width = static_cast<std::size_t>(std::max(1, terminal_width() - 1));  // never the last column
   // The label and the percentage (or the elapsed time) always; then, while they fit, the
-  // bytes, the rate and the bar, each whole or not at all.
+  // bytes, the rate, the time left and the bar, each whole or not at all.
   std::string line = label_;
   if (total_ > 0) {
     const double frac = std::min(1.0, static_cast<double>(done_) / static_cast<double>(total_));
@@ -81,6 +93,8 @@ void Progress::draw(double now) {
         elapsed > 0.05 ? fmt::format("  {:.2f} GB/s", static_cast<double>(done_) / elapsed / 1e9) : std::string();
     if (columns(line) + columns(tail) + columns(bytes) <= width) tail += bytes;
     if (!rate.empty() && columns(line) + columns(tail) + columns(rate) <= width) tail += rate;
+    const std::string eta = eta_text(done_, total_, elapsed);
+    if (!eta.empty() && columns(line) + columns(tail) + 2 + columns(eta) <= width) tail += "  " + eta;
     const std::size_t used = columns(line) + columns(tail);
     if (used + 13 <= width) {  // a bar of at least 10 columns
       const std::size_t bar = std::min<std::size_t>(30, width - used - 3);

@@ -8,7 +8,8 @@
 /// cut to the terminal's width, so a narrow terminal never wraps it into a scroll of lines.
 /// The line names its phase (open, read, convert, verify, canary, publish, write, hash):
 /// a step without a byte counter (a checksum pass the engine runs as one step) shows its
-/// elapsed time instead of sitting at 100% with a falling rate.
+/// elapsed time instead of sitting at 100% with a falling rate. A phase with a byte total
+/// shows the time left at the phase's rate so far (eta_text), once it is worth estimating.
 ///
 /// Bytes are counted in one unit per command, the unit its summary uses (a load counts the
 /// checkpoint's bytes as stored, whatever dtype it converts to).
@@ -58,6 +59,10 @@ class Progress {
   double start_ = 0;
   double last_ = 0;
 };
+
+/// "ETA 12 s": the time left for `total` bytes at the rate `done` bytes took `elapsed` seconds;
+/// empty while the estimate means nothing (under half a second in, nothing done yet, or done).
+std::string eta_text(std::uint64_t done, std::uint64_t total, double elapsed);
 
 /// app::hash_checkpoint's reports shown as `display`'s phase "hash", and a signal stopping the
 /// hashing one buffer after it arrived ("hashing FILE; no sidecar was written").
