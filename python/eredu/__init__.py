@@ -18,12 +18,13 @@ from . import _native
 from ._errors import (BackendError, BudgetError, CancelledError, CanaryError, ChecksumError, CollectiveError,
                       DeclarationError,
                       Error, FormatError, InvalidArgumentError, IoError, OrchestrationError, OutOfMemoryError,
-                      RecipeError, ResourceExhaustedError, SafetensorError, SelectionError, StoreError,
+                      RecipeError, ResourceExhaustedError, SafetensorError, SelectionError, SharedTensorsError, StoreError,
                       SwapInProgressError, TensorNotFoundError, UnsupportedDTypeError, _from_native)
 from ._loading import aload, aread, load_file
 from ._model_slot import ModelSlot, Version
 from ._prefetch import Unit, prefetch
 from ._safe_open import Slice, TensorInfo, safe_open
+from ._serialize import TensorSpec, _safe_open_handle, deserialize, serialize, serialize_file
 
 __version__ = _native.__version__
 
@@ -95,8 +96,8 @@ def write_checksums(path, digest="sha256", *, tensor_parallel=None, heads=None, 
 __all__ = [
     "__version__", "safe_open", "Slice", "TensorInfo", "load_file", "aload", "aread", "prefetch", "Unit",
     "ModelSlot", "Version", "storage_stats", "set_storage_retention", "trim_storage",
-    "write_checksums",
-    "Error", "SafetensorError", "FormatError", "StoreError", "IoError", "TensorNotFoundError", "SelectionError", "BudgetError",
+    "write_checksums", "TensorSpec", "serialize", "serialize_file", "deserialize",
+    "Error", "SafetensorError", "SharedTensorsError", "FormatError", "StoreError", "IoError", "TensorNotFoundError", "SelectionError", "BudgetError",
     "ChecksumError", "RecipeError", "DeclarationError", "OrchestrationError", "CanaryError", "SwapInProgressError",
     "BackendError", "CollectiveError", "OutOfMemoryError", "ResourceExhaustedError", "InvalidArgumentError", "UnsupportedDTypeError", "CancelledError",
 ]

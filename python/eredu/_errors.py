@@ -31,7 +31,7 @@ import builtins
 import os
 
 __all__ = [
-    "Error", "SafetensorError", "FormatError", "StoreError", "IoError", "TensorNotFoundError", "SelectionError", "BudgetError",
+    "Error", "SafetensorError", "SharedTensorsError", "FormatError", "StoreError", "IoError", "TensorNotFoundError", "SelectionError", "BudgetError",
     "ChecksumError", "RecipeError", "DeclarationError", "OrchestrationError", "CanaryError", "SwapInProgressError",
     "BackendError", "OutOfMemoryError", "ResourceExhaustedError", "InvalidArgumentError", "UnsupportedDTypeError",
     "CancelledError",
@@ -180,6 +180,11 @@ class CollectiveError(Error):
 
 class InvalidArgumentError(Error, ValueError):
     """An option or argument out of range."""
+
+
+class SharedTensorsError(InvalidArgumentError, RuntimeError):
+    """Tensors given to save that share memory (a RuntimeError too, as safetensors raises): saving
+    both would write the memory twice and load them back untied. save_model handles them."""
 
 
 class UnsupportedDTypeError(Error, TypeError):

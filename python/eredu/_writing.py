@@ -14,7 +14,7 @@ import tempfile
 
 import numpy as np
 
-from ._errors import InvalidArgumentError
+from ._errors import InvalidArgumentError, SharedTensorsError
 
 # safetensors' Dtype enum, in its declaration order: the writer sorts tensors by it, largest first.
 _DTYPE_ORDER = ["BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "I16", "U16",
@@ -146,16 +146,23 @@ def torch_entries(tensors):
     share memory (writing both would duplicate it, and loading them back would untie them)."""
     from ._frameworks import torch_module
     torch = torch_module()
+    # The call's errors in safetensors.torch's words (ValueError, RuntimeError for shared memory),
+    # so code matching them keeps working.
     if not isinstance(tensors, dict):
-        raise InvalidArgumentError("tensors must be a dict of name to torch tensor", kind="invalid_argument")
+        raise InvalidArgumentError(f"Expected a dict of [str, torch.Tensor] but received {type(tensors)}",
+                                   kind="invalid_argument")
     entries, spans = [], []
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
-            raise InvalidArgumentError(f"tensor {name!r} is a {type(t).__name__}, not a torch tensor",
+            raise InvalidArgumentError(f"Key `{name}` is invalid, expected torch.Tensor but received {type(t)}",
                                        kind="invalid_argument")
-        if t.layout != torch.strided:
-            raise InvalidArgumentError(f"tensor {name!r} is sparse: only dense tensors can be saved",
-                                       kind="invalid_argument")
+    sparse = [name for name, t in tensors.items() if t.layout != torch.strided]
+    if sparse:
+        raise InvalidArgumentError(
+            f"You are trying to save a sparse tensors: `{sparse}` which this library does not support. You can make "
+            "it a dense tensor before saving with `.to_dense()` but be aware this might make a much larger file than "
+            "needed.", kind="invalid_argument")
+    for name, t in tensors.items():
         if not t.is_contiguous():
             raise InvalidArgumentError(f"tensor {name!r} is not contiguous: save a .contiguous() copy",
                                        kind="invalid_argument")
@@ -171,7 +178,8 @@ def torch_entries(tensors):
     spans.sort()
     for ((storage_a, _, end_a), a), ((storage_b, start_b, _), b) in zip(spans, spans[1:]):
         if storage_a == storage_b and start_b < end_a:
-            raise InvalidArgumentError(
+            raise SharedTensorsError(
                 f"tensors {a!r} and {b!r} share memory: saving both would write it twice and load them "
-                "back untied; save one of them (safetensors.torch raises here too)", kind="invalid_argument")
+                "back untied; save one of them, or the model with save_model (safetensors.torch raises here "
+                "too)", kind="invalid_argument")
     return entries
