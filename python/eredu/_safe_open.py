@@ -107,13 +107,17 @@ class _Reader:
         specs, plans = zip(*(self.spec(n) for n in names)) if names else ((), ())
         return self.native.read(list(specs), self.verify), list(plans)
 
-    def read(self, names):
+    def read(self, names, progress=None):
         op, plans = self.start_read(names)
-        return dict(zip(names, self.convert(_bridge.wait(op), plans)))
+        out = dict(zip(names, self.convert(_bridge.wait(op, progress), plans)))
+        _bridge.done(op, progress)
+        return out
 
-    async def aread(self, names):
+    async def aread(self, names, progress=None):
         op, plans = self.start_read(names)
-        return dict(zip(names, self.convert(await _bridge.wait_async(op), plans)))
+        out = dict(zip(names, self.convert(await _bridge.wait_async(op, progress), plans)))
+        _bridge.done(op, progress)
+        return out
 
     def start_slice(self, name, index):
         info = self.info(name)
@@ -194,10 +198,11 @@ class safe_open:
         self._check()
         return self._reader.read([name])[name]
 
-    def get_tensors(self):
+    def get_tensors(self, *, progress=None):
         """Every tensor, {name: tensor} in file order (as safetensors' offset_keys()), read as one
-        unit: the reads and conversions of all of them run concurrently; all or nothing."""
-        return self.load()
+        unit: the reads and conversions of all of them run concurrently; all or nothing.
+        `progress` as load()'s."""
+        return self.load(progress=progress)
 
     def get_slice(self, name):
         """A lazy view of tensor `name`: index it to read only the selected bytes."""
@@ -211,21 +216,24 @@ class safe_open:
         self._check()
         return self._reader.info(name)
 
-    def load(self, names=None):
+    def load(self, names=None, *, progress=None):
         """Reads `names` (default: every tensor) as one unit: concurrent reads and conversions; all
-        or nothing. A dict in the order given (file order by default)."""
+        or nothing. A dict in the order given (file order by default). `progress(done, total,
+        phase)` is called from this thread as the bytes land (eredu._bridge says when)."""
         self._check()
-        return self._reader.read(list(self._reader.order if names is None else names))
+        _bridge.check_progress(progress)
+        return self._reader.read(list(self._reader.order if names is None else names), progress)
 
     async def aget_tensor(self, name):
         """get_tensor, awaitable."""
         self._check()
         return (await self._reader.aread([name]))[name]
 
-    async def aload(self, names=None):
-        """load, awaitable."""
+    async def aload(self, names=None, *, progress=None):
+        """load, awaitable; `progress` is called on the asyncio loop's thread."""
         self._check()
-        return await self._reader.aread(list(self._reader.order if names is None else names))
+        _bridge.check_progress(progress)
+        return await self._reader.aread(list(self._reader.order if names is None else names), progress)
 
     def staging(self):
         """The staging pool's budget, bytes in use, high-water mark and waiters."""

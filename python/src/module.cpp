@@ -52,7 +52,10 @@ PYBIND11_MODULE(_native, m) {
   m.def("_set_error_factory", &set_error_factory, "Sets the callable that builds eredu exceptions.");
 
   py::class_<Operation, std::shared_ptr<Operation>>(m, "Operation", "An eredu operation in flight.")
-      .def("wait", &Operation::wait, "Blocks (GIL released, Ctrl-C cancels) and returns the result.")
+      .def("wait", &Operation::wait, py::arg("progress") = py::none(),
+           "Blocks (GIL released, Ctrl-C cancels) and returns the result; calls progress(done, total, 'read') "
+           "every 50 ms at most while bytes land, and once with done == total at the end.")
+      .def("bytes", &Operation::bytes, "(bytes done, bytes total) of a load so far.")
       .def("bind", &Operation::bind, py::arg("loop"), py::arg("on_done"), py::arg("on_jobs"),
            "Delivers completion to an asyncio loop through call_soon_threadsafe.")
       .def("run_jobs", &Operation::run_jobs, "Runs Python work the operation asked for.")
