@@ -27,6 +27,8 @@ import asyncio
 import inspect
 import time
 
+from . import _native
+
 # Seconds between two "read" calls at most (the blocking wait's is operation.cpp's 50 ms).
 PROGRESS_INTERVAL = 0.05
 
@@ -114,7 +116,10 @@ async def wait_async(op, progress=None):
     try:
         if progress is not None:
             await _report_until_done(op, future, progress)
-        return await asyncio.shield(future)
+        try:
+            return await asyncio.shield(future)
+        finally:
+            _native._drain_log()  # what the operation logged, before its caller goes on
     except asyncio.CancelledError:
         if future.done():
             if not future.cancelled():

@@ -14,6 +14,7 @@
 #include "eredu/core/error.hpp"
 #include "eredu/core/float_formats.hpp"
 #include "error_translation.hpp"
+#include "log_forwarding.hpp"
 #include "model_slot.hpp"
 #include "operation.hpp"
 #include "prefetch.hpp"
@@ -70,6 +71,7 @@ PYBIND11_MODULE(_native, m) {
   bind_model_slot(m);
   bind_read_gate(m);
   bind_write_checksums(m);
+  bind_log_forwarding(m);
 
   m.def("dtype_names", [] {
     py::list out;
@@ -110,6 +112,7 @@ PYBIND11_MODULE(_native, m) {
       [] {
         // A runtime that never started has nothing to stop (and starting one here could fail).
         if (Runtime* runtime = Runtime::if_started()) runtime->stop_delivery();
+        uninstall_log_forwarding();
       },
       "atexit hook: stops delivering completions to Python.");
 }

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "log_forwarding.hpp"
 #include "runtime.hpp"
 
 namespace eredu::python {
@@ -156,6 +157,7 @@ py::object Operation::wait(const py::object& on_progress) {
       finished = done_;
       jobs = !jobs_.empty();
     }
+    drain_log_records();  // lines eredu's threads logged meanwhile reach `logging` now
     if (jobs) run_jobs();
     if (finished) {
       run_jobs();  // a job queued just before the end still runs (and so completes its waiter)
