@@ -17,7 +17,8 @@ from ._errors import python_error
 from ._frameworks import plan_tensor, to_framework
 from ._indexing import selection
 from ._options import (cast_target, check_weights, choice, device as check_device, framework as check_framework,
-                       open_options, os_path, verify_mode)
+                       open_options, os_path, parse_size, verify_mode)
+from ._read_ahead import DEFAULT_LIMIT, ReadAhead
 
 
 class TensorInfo:
@@ -141,14 +142,18 @@ class safe_open:
     True: every read must be verifiable — a slice is only with a shard digest). `backend` is
     safetensors' ("mmap", its default, or "pread"): eredu._options.backend_options says what each
     means in eredu. Once closed, every method raises InvalidArgumentError "File is closed".
-    The other keywords are eredu's options (eredu._options: staging budget, threads, reader, ...).
+    `readahead` (bytes, or "256M"; 0 turns it off) bounds what get_tensor reads ahead when the
+    names asked for follow keys() or offset_keys() order (eredu._read_ahead; default 256 MiB,
+    at most 8 tensors). The other keywords are eredu's options (eredu._options: staging budget, threads, reader, ...).
     """
 
     def __init__(self, filename, framework="np", device="cpu", *, dtype=None, bf16=None, unsupported="error",
-                 verify=False, **options):
+                 verify=False, readahead=None, **options):
         check_device(device)
+        limit = parse_size("readahead", readahead)
         self._reader = _Reader.open(filename, framework, dtype, bf16, unsupported, copy_resident=False, verify=verify,
                                     **options)
+        self._ahead = ReadAhead(self._reader, DEFAULT_LIMIT if limit is None else limit)
         self._closed = False
 
     # --- context manager ---
@@ -160,14 +165,17 @@ class safe_open:
         return False
 
     def close(self):
-        """Closes the files (reads in flight finish first). Tensors already read stay valid."""
+        """Closes the files (reads in flight finish first; what get_tensor read ahead is
+        cancelled and freed). Tensors already read stay valid."""
         if not self._closed:
             self._closed = True
+            self._ahead.discard()
             self._reader.native.close()
 
     def __del__(self):
         reader = getattr(self, "_reader", None)
         if reader is not None and not getattr(self, "_closed", True):
+            self._ahead.discard(wait=False)
             reader.native.close()
 
     def _check(self):
@@ -193,10 +201,11 @@ class safe_open:
         m = self._reader.native.metadata()
         return m or None
 
-    def get_tensor(self, name):
-        """Reads tensor `name` whole."""
+    def get_tensor(self, name, *, progress=None):
+        """Reads tensor `name` whole. Called in keys() or offset_keys() order, the next tensors'
+        reads start while the caller works on this one (see `readahead`)."""
         self._check()
-        return self._reader.read([name])[name]
+        return self._ahead.get(name, _bridge.check_progress(progress))
 
     def get_tensors(self, *, progress=None):
         """Every tensor, {name: tensor} in file order (as safetensors' offset_keys()), read as one
