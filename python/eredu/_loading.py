@@ -53,16 +53,19 @@ async def aload(filename, framework="np", dtype=None, threads=None, budget=None,
 
 
 async def aread(filename, name, index=None, framework="np", *, dtype=None, device="cpu", bf16=None,
-                unsupported="error", verify=False, **options):
+                unsupported="error", verify=False, progress=None, **options):
     """One tensor of `filename`, awaitable; with `index` (what `slice[index]` takes) only the
-    selected part is read."""
+    selected part is read. `progress` as aload's."""
     _check(device)
+    _bridge.check_progress(progress)
     reader = await _Reader.aopen(filename, framework, dtype, bf16, unsupported, copy_resident=False,
                                  verify=verify, **options)
     try:
         if index is None:
-            return (await reader.aread([name]))[name]
+            return (await reader.aread([name], progress))[name]
         op, plan = reader.start_slice(name, index)
-        return reader.convert(await _bridge.wait_async(op), [plan])[0]
+        out = reader.convert(await _bridge.wait_async(op, progress), [plan])[0]
+        _bridge.done(op, progress)
+        return out
     finally:
         reader.native.close()

@@ -233,10 +233,10 @@ class safe_open:
         _bridge.check_progress(progress)
         return self._reader.read(list(self._reader.order if names is None else names), progress)
 
-    async def aget_tensor(self, name):
-        """get_tensor, awaitable."""
+    async def aget_tensor(self, name, *, progress=None):
+        """get_tensor, awaitable (without read-ahead)."""
         self._check()
-        return (await self._reader.aread([name]))[name]
+        return (await self._reader.aread([name], _bridge.check_progress(progress)))[name]
 
     async def aload(self, names=None, *, progress=None):
         """load, awaitable; `progress` is called on the asyncio loop's thread."""

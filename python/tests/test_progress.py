@@ -91,6 +91,11 @@ def test_every_load_entry_point_takes_progress(model):
     rec = Recorder()
     assert len(eredu.load_file(path, progress=rec)) == len(arrays)
     check_calls(rec, total)
+    with eredu.safe_open(path, "np") as f:
+        for name in f.keys():  # read-ahead or not, each get_tensor reports its own bytes
+            rec = Recorder()
+            f.get_tensor(name, progress=rec)
+            check_calls(rec, arrays[name].nbytes)
 
 
 def test_torch_load_file_takes_progress(model):
@@ -141,7 +146,16 @@ def test_asyncio_loads_report_on_the_loop_thread(model):
         rec = Recorder()
         with eredu.safe_open(path, "np") as f:
             out = await f.aload(progress=rec)
-        check_calls(rec, total)
+            check_calls(rec, total)
+            rec = Recorder()
+            await f.aget_tensor("w01", progress=rec)
+            check_calls(rec, arrays["w01"].nbytes)
+        rec = Recorder()
+        await eredu.aread(path, "w02", progress=rec)
+        check_calls(rec, arrays["w02"].nbytes)
+        rec = Recorder()
+        part = await eredu.aread(path, "w02", index=(slice(0, 4),), progress=rec)
+        check_calls(rec, part.nbytes)
 
     asyncio.run(main())
 
