@@ -12,6 +12,8 @@ already there. One load per tensor read ahead was tried first and was slower tha
 (docs/performance.md, 2026-12-04): eight single-tensor loads competed for the staging pool and
 the workers, and each finished late.
 
+It is off unless safe_open is given `readahead=` (bytes): see DEFAULT_LIMIT for why.
+
 Rules:
   * it starts after two accesses in a row follow one of the two orders (a single get_tensor
     reads nothing more);
@@ -34,8 +36,12 @@ import threading
 
 from . import _bridge
 
-# Bytes read ahead at most by default (safe_open's readahead=).
-DEFAULT_LIMIT = 256 << 20
+# Bytes read ahead by default (safe_open's readahead=): none. On the 2-core VM it was measured
+# on, the plain loop already ran at f.load()'s speed, and reading ahead brought no gain in keys()
+# order and cost time in file order (docs/performance.md, 2026-12-04): it stays opt-in until it
+# is measured where f.load() outpaces the loop. 256 MiB (SUGGESTED_LIMIT) is what was measured.
+DEFAULT_LIMIT = 0
+SUGGESTED_LIMIT = 256 << 20
 
 
 class _Batch:

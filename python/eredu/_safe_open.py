@@ -142,9 +142,9 @@ class safe_open:
     True: every read must be verifiable — a slice is only with a shard digest). `backend` is
     safetensors' ("mmap", its default, or "pread"): eredu._options.backend_options says what each
     means in eredu. Once closed, every method raises InvalidArgumentError "File is closed".
-    `readahead` (bytes, or "256M"; 0 turns it off) bounds what get_tensor reads ahead when the
-    names asked for follow keys() or offset_keys() order (eredu._read_ahead; default 256 MiB,
-    at most 8 tensors). The other keywords are eredu's options (eredu._options: staging budget, threads, reader, ...).
+    `readahead` (bytes, or "256M"; default 0: off) lets get_tensor read up to that many bytes
+    ahead when the names asked for follow keys() or offset_keys() order (eredu._read_ahead).
+    The other keywords are eredu's options (eredu._options: staging budget, threads, reader, ...).
     """
 
     def __init__(self, filename, framework="np", device="cpu", *, dtype=None, bf16=None, unsupported="error",
@@ -202,8 +202,8 @@ class safe_open:
         return m or None
 
     def get_tensor(self, name, *, progress=None):
-        """Reads tensor `name` whole. Called in keys() or offset_keys() order, the next tensors'
-        reads start while the caller works on this one (see `readahead`)."""
+        """Reads tensor `name` whole. With `readahead=`, called in keys() or offset_keys() order,
+        the next tensors' reads start while the caller works on this one."""
         self._check()
         return self._ahead.get(name, _bridge.check_progress(progress))
 

@@ -91,11 +91,12 @@ def test_every_load_entry_point_takes_progress(model):
     rec = Recorder()
     assert len(eredu.load_file(path, progress=rec)) == len(arrays)
     check_calls(rec, total)
-    with eredu.safe_open(path, "np") as f:
-        for name in f.keys():  # read-ahead or not, each get_tensor reports its own bytes
-            rec = Recorder()
-            f.get_tensor(name, progress=rec)
-            check_calls(rec, arrays[name].nbytes)
+    for readahead in (0, "256M"):  # read ahead or not, each get_tensor reports its own bytes
+        with eredu.safe_open(path, "np", readahead=readahead) as f:
+            for name in f.keys():
+                rec = Recorder()
+                f.get_tensor(name, progress=rec)
+                check_calls(rec, arrays[name].nbytes)
 
 
 def test_torch_load_file_takes_progress(model):

@@ -1,5 +1,5 @@
-# get_tensor's read-ahead (eredu/_read_ahead.py): a get_tensor loop in keys() or offset_keys()
-# order reads the next tensors ahead; the bytes are those load() gives, a random access pattern is
+# get_tensor's read-ahead (eredu/_read_ahead.py, opt-in with readahead=): a get_tensor loop in
+# keys() or offset_keys() order reads the next tensors ahead; the bytes are those load() gives, a random access pattern is
 # still served right, close() with reads ahead in flight frees everything, and the staging pool
 # never goes above its budget.
 import random
@@ -27,7 +27,7 @@ def baseline_live():
 @pytest.mark.parametrize("order", ["keys", "offset_keys"])
 def test_a_sequential_loop_reads_ahead_and_gives_what_load_gives(model, order):
     path, arrays = model
-    with eredu.safe_open(path, "np", budget="1M", chunk="128K") as f:
+    with eredu.safe_open(path, "np", budget="1M", chunk="128K", readahead="256M") as f:
         whole = f.load()
         names = f.keys() if order == "keys" else f.offset_keys()
         seen_ahead = 0
@@ -56,10 +56,11 @@ def test_read_ahead_is_bounded(model):
             assert nbytes <= 2 * one
             most = max(most, nbytes)
         assert most > one  # it does read ahead, up to the limit
-    with eredu.safe_open(path, "np", readahead=0) as f:
-        for name in f.keys()[:6]:
-            f.get_tensor(name)
-            assert f._ahead.pending() == (0, 0)
+    for off in ({"readahead": 0}, {}):  # off, and off by default
+        with eredu.safe_open(path, "np", **off) as f:
+            for name in f.keys()[:6]:
+                f.get_tensor(name)
+                assert f._ahead.pending() == (0, 0)
     with pytest.raises(eredu.InvalidArgumentError, match="readahead"):
         eredu.safe_open(path, "np", readahead=-1)
 
@@ -67,7 +68,7 @@ def test_read_ahead_is_bounded(model):
 def test_a_random_access_pattern_is_served_right(model):
     path, arrays = model
     rng = random.Random(7)
-    with eredu.safe_open(path, "np") as f:
+    with eredu.safe_open(path, "np", readahead="256M") as f:
         keys = f.keys()
         pattern = keys[:5] + [rng.choice(keys) for _ in range(40)] + keys[3:9] + keys[2:4] + f.offset_keys()[:6]
         for name in pattern:
@@ -80,7 +81,7 @@ def test_a_random_access_pattern_is_served_right(model):
 def test_close_with_reads_ahead_in_flight_frees_everything(model):
     path, arrays = model
     live = baseline_live()
-    f = eredu.safe_open(path, "np")
+    f = eredu.safe_open(path, "np", readahead="256M")
     keys = f.keys()
     a = f.get_tensor(keys[0])
     b = f.get_tensor(keys[1])
@@ -101,7 +102,7 @@ def test_a_failed_read_ahead_fails_the_get_tensor_that_asks_for_it(tmp_path, wri
     metadata = {f"sha256:{k}": sha256(v.tobytes()) for k, v in arrays.items()}
     metadata["sha256:t2"] = sha256(b"something else")
     path = writer(tmp_path / "bad.safetensors", arrays, metadata=metadata)
-    with eredu.safe_open(path, "np", verify=True) as f:
+    with eredu.safe_open(path, "np", verify=True, readahead="256M") as f:
         assert f.get_tensor("t0")[0] == 0
         assert f.get_tensor("t1")[0] == 1
         with pytest.raises(eredu.ChecksumError):
@@ -125,7 +126,7 @@ def test_names_that_neighbour_in_both_orders_do_not_make_it_drop_its_reads(tmp_p
         return ops
 
     monkeypatch.setattr(ra.ReadAhead, "_drop_locked", counting)
-    with eredu.safe_open(path, "np") as f:
+    with eredu.safe_open(path, "np", readahead="256M") as f:
         assert f.offset_keys() == names
         ahead = 0
         for n in f.offset_keys():
