@@ -33,9 +33,10 @@ struct Forwarding {
 };
 
 Forwarding& forwarding() {
-  // Never destroyed: an eredu thread may log during static destruction.
-  static auto* f = new Forwarding;
-  return *f;
+  // Destroyed at exit, after the atexit hook (uninstall_log_forwarding) has put the previous
+  // sink back: no line reaches queue_line by then.
+  static Forwarding f;
+  return f;
 }
 
 int python_level(log::Level level) {
