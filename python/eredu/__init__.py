@@ -29,6 +29,9 @@ from ._serialize import TensorSpec, _safe_open_handle, deserialize, serialize, s
 __version__ = _native.__version__
 
 _native._set_error_factory(_from_native)
+# eredu's log lines become records of logging.getLogger("eredu") (queued by eredu's threads,
+# emitted from Python's: python/src/log_forwarding.hpp says why).
+_native._install_logging()
 # Stop handing completions to Python while the interpreter can still run this: afterwards no
 # eredu thread takes the GIL.
 _atexit.register(_native._shutdown)

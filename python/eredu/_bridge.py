@@ -11,17 +11,96 @@ operation through its Asio cancellation slot, keeps awaiting it until it has sto
 are back and no memory is still being written when the task ends), and raises
 asyncio.CancelledError — unless the operation had succeeded before the cancellation reached
 it (a swap already published), when the task returns its result instead.
+
+Progress: `wait(op, progress)` and `wait_async(op, progress)` call `progress(done, total, phase)`
+from the waiting thread (the blocked caller's, or the asyncio loop's: never one of eredu's), so a
+callback may touch Python state without locks. Phases, in order: "read" — bytes of tensors that
+have landed (read, converted to the asked dtype and, with verify=, checked), called at most every
+PROGRESS_INTERVAL seconds while they move and once more with done == total when they are all in;
+then "done" — (total, total) once, after the tensors are handed to numpy or torch, just before
+the load returns (`done(op, progress)`). `done` never decreases; a failed or cancelled load makes
+no "done" call. An exception the callback raises cancels the load (every lease back, nothing still
+writing) and is raised from it.
 """
 
 import asyncio
 import inspect
+import time
+
+from . import _native
+
+# Seconds between two "read" calls at most (the blocking wait's is operation.cpp's 50 ms).
+PROGRESS_INTERVAL = 0.05
 
 
-def wait(op):
-    return op.wait()
+def check_progress(progress):
+    """`progress`, checked: None or a callable."""
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress must be a callable (done, total, phase) or None, not {progress!r}")
+    return progress
 
 
-async def wait_async(op):
+def wait(op, progress=None):
+    return op.wait(progress) if progress is not None else op.wait()
+
+
+def done(op, progress):
+    """The "done" call: (total, total, "done"), when `progress` is set."""
+    if progress is not None:
+        total = op.bytes()[1]
+        progress(total, total, "done")
+
+
+class Reporter:
+    """Progress of work Python counts itself (prefetch's units): "read" calls at most every
+    PROGRESS_INTERVAL seconds, and the last one whatever the time."""
+
+    def __init__(self, progress):
+        self.progress = progress
+        self.last = None
+
+    def read(self, done_bytes, total, last=False):
+        if self.progress is None:
+            return
+        now = time.monotonic()
+        if last or self.last is None or now - self.last >= PROGRESS_INTERVAL:
+            self.last = now
+            self.progress(done_bytes, total, "read")
+
+    def done(self, total):
+        if self.progress is not None:
+            self.progress(total, total, "done")
+
+
+async def _report_until_done(op, future, progress):
+    # Polls the operation's byte counters on the asyncio loop's own thread. A CancelledError
+    # from asyncio.wait (the task cancelled) reaches wait_async's handler, which cancels op.
+    reported = None
+    while not future.done():
+        await asyncio.wait({future}, timeout=PROGRESS_INTERVAL)
+        if future.done():
+            break
+        done_bytes, total = op.bytes()
+        if total and done_bytes != reported:
+            reported = done_bytes
+            try:
+                progress(done_bytes, total, "read")
+            except BaseException:  # noqa: B036 - the callback's exception cancels the load
+                op.cancel()
+                while not future.done():
+                    try:
+                        await asyncio.wait({future})
+                    except asyncio.CancelledError:
+                        continue
+                if not future.cancelled():
+                    future.exception()  # the cancelled load's own outcome is dropped
+                raise
+    if not future.cancelled() and future.exception() is None:
+        total = op.bytes()[1]
+        progress(total, total, "read")
+
+
+async def wait_async(op, progress=None):
     loop = asyncio.get_running_loop()
     future = loop.create_future()
 
@@ -35,7 +114,12 @@ async def wait_async(op):
 
     op.bind(loop, settle, op.run_jobs)
     try:
-        return await asyncio.shield(future)
+        if progress is not None:
+            await _report_until_done(op, future, progress)
+        try:
+            return await asyncio.shield(future)
+        finally:
+            _native._drain_log()  # what the operation logged, before its caller goes on
     except asyncio.CancelledError:
         if future.done():
             if not future.cancelled():

@@ -153,24 +153,32 @@ class ModelSlot:
         self._cached = None  # the retired version goes when its last reader lets go
         return report
 
-    def swap_sync(self, path, *, verify=None, canary=None, origin=None, **options):
+    def swap_sync(self, path, *, verify=None, canary=None, origin=None, progress=None, **options):
         """swap(), blocking (Ctrl-C cancels it); returns the swap report."""
+        _bridge.check_progress(progress)
         op, record = self._start(path, verify, canary, origin, True, options)
         try:
-            return self._finished(_bridge.wait(op))
+            report = self._finished(_bridge.wait(op, progress))
         except CanaryError as e:
             raise e from record.exception
+        _bridge.done(op, progress)
+        return report
 
-    async def swap(self, path, *, verify=None, canary=None, origin=None, **options):
+    async def swap(self, path, *, verify=None, canary=None, origin=None, progress=None, **options):
         """Loads, verifies, canaries and publishes `path`; returns the report (generation, bytes,
         verified_bytes, load_s, verify_s, canary_s, publish_pause_ns). Raises, leaving the old
         version serving, on any failure; cancelling the task cancels the swap (before publication).
+        `progress(done, total, phase)` is called on the loop's thread as the new version's bytes
+        land ("read"), and once the swap has published ("done"); what it raises cancels the swap.
         `options` (budget, reader, ...) override the slot's for this swap."""
+        _bridge.check_progress(progress)
         op, record = self._start(path, verify, canary, origin, False, options)
         try:
-            return self._finished(await _bridge.wait_async(op))
+            report = self._finished(await _bridge.wait_async(op, progress))
         except CanaryError as e:
             raise e from record.exception
+        _bridge.done(op, progress)
+        return report
 
     def storage(self):
         """The slot's storage pool: live_bytes, retained_bytes (kept for the next swap), ..."""

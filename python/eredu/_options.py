@@ -53,6 +53,7 @@ RANGES = {
     "concurrent_loads": (1, 64),   # at most lookahead + 1 units load at once anyway
     "nbytes": (0, (1 << 64) - 1),  # set_storage_retention: a cap, kept in 64 bits
     "keep": (0, (1 << 64) - 1),    # trim_storage
+    "readahead": (0, (1 << 64) - 1),  # safe_open: bytes get_tensor reads ahead (0: none)
 }
 
 

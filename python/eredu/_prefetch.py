@@ -122,11 +122,15 @@ class prefetch:
              bf16=None, unsupported="error", threads=None, concurrent_loads=1, staging=None, verify=False, ...)
 
     `path` is a str, bytes or os.PathLike. `verify` checks each unit against the checkpoint's recorded digests before it is delivered
-    (False: never; None: what is recorded; True: every tensor must have a digest).
+    (False: never; None: what is recorded; True: every tensor must have a digest). `progress(done,
+    total, phase)` is called as units are delivered: "read" with the stored bytes of the units
+    delivered so far (at most every 50 ms, and at the last unit), total None when passes=0; then
+    ("done", done, done) when the iteration ends. What it raises closes the pipeline and propagates.
     """
 
     def __init__(self, path, units="layers", *, lookahead=2, budget=None, passes=1, framework="np", dtype=None,
-                 bf16=None, unsupported="error", threads=None, concurrent_loads=1, staging=None, **options):
+                 bf16=None, unsupported="error", threads=None, concurrent_loads=1, staging=None, progress=None,
+                 **options):
         lookahead = parse_count("lookahead", lookahead)
         passes = 0 if passes is None else parse_count("passes", passes)
         concurrent_loads = parse_count("concurrent_loads", concurrent_loads)
@@ -147,6 +151,12 @@ class prefetch:
                 native_units.append((name, specs))
                 self._plans.append(plans)
             self.units = [name for name, _ in grouped]
+            # Progress counts the stored bytes of the units delivered, over every pass (total None
+            # when the passes are endless).
+            self._unit_bytes = [sum(self._reader.info(t).nbytes for t, _ in members) for _, members in grouped]
+            self._progress = _bridge.Reporter(_bridge.check_progress(progress))
+            self._delivered = 0
+            self._total = sum(self._unit_bytes) * passes if passes else None
             self._native = _native.Prefetch(self._reader.native, native_units, lookahead, budget, passes,
                                             concurrent_loads, threads or 0,
                                             self._reader.verify)
@@ -160,7 +170,19 @@ class prefetch:
             return None
         plans = self._plans[native.index]
         tensors = self._reader.convert(native.tensors(), [p for _, p in plans])
-        return Unit(native, dict(zip((name for name, _ in plans), tensors)))
+        unit = Unit(native, dict(zip((name for name, _ in plans), tensors)))
+        self._delivered += self._unit_bytes[native.index]
+        self._report(lambda: self._progress.read(self._delivered, self._total, last=self._delivered == self._total))
+        return unit
+
+    def _report(self, call):
+        # The callback's exception stops the pipeline (every lease back) and propagates.
+        try:
+            call()
+        except BaseException:
+            self._finished = True
+            _bridge.wait(self._native.close())
+            raise
 
     # --- iteration ---
     def __iter__(self):
@@ -172,6 +194,7 @@ class prefetch:
         unit = self._unit(_bridge.wait(self._native.next()))
         if unit is None:
             self.close()
+            self._progress.done(self._delivered)
             raise StopIteration
         return unit
 
@@ -184,6 +207,7 @@ class prefetch:
         unit = self._unit(await _bridge.wait_async(self._native.next()))
         if unit is None:
             await self.aclose()
+            self._progress.done(self._delivered)
             raise StopAsyncIteration
         return unit
 

@@ -17,7 +17,8 @@ from ._errors import python_error
 from ._frameworks import plan_tensor, to_framework
 from ._indexing import selection
 from ._options import (cast_target, check_weights, choice, device as check_device, framework as check_framework,
-                       open_options, os_path, verify_mode)
+                       open_options, os_path, parse_size, verify_mode)
+from ._read_ahead import DEFAULT_LIMIT, ReadAhead
 
 
 class TensorInfo:
@@ -107,13 +108,17 @@ class _Reader:
         specs, plans = zip(*(self.spec(n) for n in names)) if names else ((), ())
         return self.native.read(list(specs), self.verify), list(plans)
 
-    def read(self, names):
+    def read(self, names, progress=None):
         op, plans = self.start_read(names)
-        return dict(zip(names, self.convert(_bridge.wait(op), plans)))
+        out = dict(zip(names, self.convert(_bridge.wait(op, progress), plans)))
+        _bridge.done(op, progress)
+        return out
 
-    async def aread(self, names):
+    async def aread(self, names, progress=None):
         op, plans = self.start_read(names)
-        return dict(zip(names, self.convert(await _bridge.wait_async(op), plans)))
+        out = dict(zip(names, self.convert(await _bridge.wait_async(op, progress), plans)))
+        _bridge.done(op, progress)
+        return out
 
     def start_slice(self, name, index):
         info = self.info(name)
@@ -137,14 +142,18 @@ class safe_open:
     True: every read must be verifiable — a slice is only with a shard digest). `backend` is
     safetensors' ("mmap", its default, or "pread"): eredu._options.backend_options says what each
     means in eredu. Once closed, every method raises InvalidArgumentError "File is closed".
+    `readahead` (bytes, or "256M"; default 0: off) lets get_tensor read up to that many bytes
+    ahead when the names asked for follow keys() or offset_keys() order (eredu._read_ahead).
     The other keywords are eredu's options (eredu._options: staging budget, threads, reader, ...).
     """
 
     def __init__(self, filename, framework="np", device="cpu", *, dtype=None, bf16=None, unsupported="error",
-                 verify=False, **options):
+                 verify=False, readahead=None, **options):
         check_device(device)
+        limit = parse_size("readahead", readahead)
         self._reader = _Reader.open(filename, framework, dtype, bf16, unsupported, copy_resident=False, verify=verify,
                                     **options)
+        self._ahead = ReadAhead(self._reader, DEFAULT_LIMIT if limit is None else limit)
         self._closed = False
 
     # --- context manager ---
@@ -156,14 +165,17 @@ class safe_open:
         return False
 
     def close(self):
-        """Closes the files (reads in flight finish first). Tensors already read stay valid."""
+        """Closes the files (reads in flight finish first; what get_tensor read ahead is
+        cancelled and freed). Tensors already read stay valid."""
         if not self._closed:
             self._closed = True
+            self._ahead.discard()
             self._reader.native.close()
 
     def __del__(self):
         reader = getattr(self, "_reader", None)
         if reader is not None and not getattr(self, "_closed", True):
+            self._ahead.discard(wait=False)
             reader.native.close()
 
     def _check(self):
@@ -189,15 +201,17 @@ class safe_open:
         m = self._reader.native.metadata()
         return m or None
 
-    def get_tensor(self, name):
-        """Reads tensor `name` whole."""
+    def get_tensor(self, name, *, progress=None):
+        """Reads tensor `name` whole. With `readahead=`, called in keys() or offset_keys() order,
+        the next tensors' reads start while the caller works on this one."""
         self._check()
-        return self._reader.read([name])[name]
+        return self._ahead.get(name, _bridge.check_progress(progress))
 
-    def get_tensors(self):
+    def get_tensors(self, *, progress=None):
         """Every tensor, {name: tensor} in file order (as safetensors' offset_keys()), read as one
-        unit: the reads and conversions of all of them run concurrently; all or nothing."""
-        return self.load()
+        unit: the reads and conversions of all of them run concurrently; all or nothing.
+        `progress` as load()'s."""
+        return self.load(progress=progress)
 
     def get_slice(self, name):
         """A lazy view of tensor `name`: index it to read only the selected bytes."""
@@ -211,21 +225,24 @@ class safe_open:
         self._check()
         return self._reader.info(name)
 
-    def load(self, names=None):
+    def load(self, names=None, *, progress=None):
         """Reads `names` (default: every tensor) as one unit: concurrent reads and conversions; all
-        or nothing. A dict in the order given (file order by default)."""
+        or nothing. A dict in the order given (file order by default). `progress(done, total,
+        phase)` is called from this thread as the bytes land (eredu._bridge says when)."""
         self._check()
-        return self._reader.read(list(self._reader.order if names is None else names))
+        _bridge.check_progress(progress)
+        return self._reader.read(list(self._reader.order if names is None else names), progress)
 
-    async def aget_tensor(self, name):
-        """get_tensor, awaitable."""
+    async def aget_tensor(self, name, *, progress=None):
+        """get_tensor, awaitable (without read-ahead)."""
         self._check()
-        return (await self._reader.aread([name]))[name]
+        return (await self._reader.aread([name], _bridge.check_progress(progress)))[name]
 
-    async def aload(self, names=None):
-        """load, awaitable."""
+    async def aload(self, names=None, *, progress=None):
+        """load, awaitable; `progress` is called on the asyncio loop's thread."""
         self._check()
-        return await self._reader.aread(list(self._reader.order if names is None else names))
+        _bridge.check_progress(progress)
+        return await self._reader.aread(list(self._reader.order if names is None else names), progress)
 
     def staging(self):
         """The staging pool's budget, bytes in use, high-water mark and waiters."""

@@ -132,6 +132,8 @@ std::shared_ptr<Operation> Checkpoint::read(std::vector<ReadSpec> specs, int ver
   engine::MaterializeOptions options;
   options.verify = verify_options(verify);
   auto op = Operation::create(fmt::format("load from {}", path_));
+  // The operation outlives the load (its handler holds it), so its counters may be the load's.
+  options.progress = &op->progress();
   Runtime::get().post(
       [self = shared_from_this(), op, specs = std::move(specs), options = std::move(options)]() mutable {
         try {

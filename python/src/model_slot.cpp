@@ -113,6 +113,7 @@ std::shared_ptr<Operation> SlotBinding::swap(std::shared_ptr<Checkpoint> checkpo
       engine::SwapOptions<TensorSetModule> options;
       options.origin = std::move(origin);
       options.checksums = std::move(checksums);
+      options.progress = &op->progress();  // the operation outlives the swap: its handler holds it
       if (canary) {
         options.canary = [op, canary, blocking](const TensorSetModule& model) {
           std::vector<cpu::Tensor> tensors;

@@ -14,6 +14,7 @@
 #include "eredu/core/error.hpp"
 #include "eredu/core/float_formats.hpp"
 #include "error_translation.hpp"
+#include "log_forwarding.hpp"
 #include "model_slot.hpp"
 #include "operation.hpp"
 #include "prefetch.hpp"
@@ -52,7 +53,10 @@ PYBIND11_MODULE(_native, m) {
   m.def("_set_error_factory", &set_error_factory, "Sets the callable that builds eredu exceptions.");
 
   py::class_<Operation, std::shared_ptr<Operation>>(m, "Operation", "An eredu operation in flight.")
-      .def("wait", &Operation::wait, "Blocks (GIL released, Ctrl-C cancels) and returns the result.")
+      .def("wait", &Operation::wait, py::arg("progress") = py::none(),
+           "Blocks (GIL released, Ctrl-C cancels) and returns the result; calls progress(done, total, 'read') "
+           "every 50 ms at most while bytes land, and once with done == total at the end.")
+      .def("bytes", &Operation::bytes, "(bytes done, bytes total) of a load so far.")
       .def("bind", &Operation::bind, py::arg("loop"), py::arg("on_done"), py::arg("on_jobs"),
            "Delivers completion to an asyncio loop through call_soon_threadsafe.")
       .def("run_jobs", &Operation::run_jobs, "Runs Python work the operation asked for.")
@@ -67,6 +71,7 @@ PYBIND11_MODULE(_native, m) {
   bind_model_slot(m);
   bind_read_gate(m);
   bind_write_checksums(m);
+  bind_log_forwarding(m);
 
   m.def("dtype_names", [] {
     py::list out;
@@ -118,6 +123,7 @@ PYBIND11_MODULE(_native, m) {
       [] {
         // A runtime that never started has nothing to stop (and starting one here could fail).
         if (Runtime* runtime = Runtime::if_started()) runtime->stop_delivery();
+        uninstall_log_forwarding();
       },
       "atexit hook: stops delivering completions to Python.");
 }

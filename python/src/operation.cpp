@@ -1,11 +1,13 @@
 #include "operation.hpp"
 
+#include <algorithm>
 #include <asio/cancellation_type.hpp>
 #include <chrono>
 #include <optional>
 #include <stdexcept>
 #include <utility>
 
+#include "log_forwarding.hpp"
 #include "runtime.hpp"
 
 namespace eredu::python {
@@ -17,6 +19,9 @@ namespace {
 // How often a blocked waiter takes the GIL to look for Ctrl-C: short enough that an
 // interrupt feels immediate, long enough to cost nothing.
 constexpr auto signal_poll = std::chrono::milliseconds(25);
+// How often a progress callback is called at most: a display redrawn 20 times a second looks
+// live, and a callback that does Python work costs the load nothing measurable.
+constexpr auto progress_interval = std::chrono::milliseconds(50);
 
 }  // namespace
 
@@ -117,8 +122,31 @@ bool Operation::done() const {
   return done_;
 }
 
-py::object Operation::wait() {
+std::pair<std::uint64_t, std::uint64_t> Operation::bytes() const noexcept {
+  // Total first: it is set before any byte is counted, so done never passes it.
+  const std::uint64_t total = progress_.bytes_total.load(std::memory_order_acquire);
+  const std::uint64_t done = progress_.bytes_done.load(std::memory_order_acquire);
+  return {std::min(done, total), total};
+}
+
+py::object Operation::wait(const py::object& on_progress) {
+  using clock = std::chrono::steady_clock;
   std::optional<py::error_already_set> interrupted;
+  const bool reporting = !on_progress.is_none();
+  clock::time_point last_report = clock::now();
+  std::uint64_t reported = 0;
+  // Calls the callback on this thread, GIL held; what it raises cancels the operation and is
+  // raised once it has stopped, as Ctrl-C is.
+  auto report = [&](std::uint64_t done, std::uint64_t total) {
+    reported = done;
+    last_report = clock::now();
+    try {
+      on_progress(done, total, "read");
+    } catch (py::error_already_set& e) {
+      interrupted.emplace(std::move(e));
+      cancel();
+    }
+  };
   for (;;) {
     bool finished = false;
     bool jobs = false;
@@ -129,6 +157,7 @@ py::object Operation::wait() {
       finished = done_;
       jobs = !jobs_.empty();
     }
+    drain_log_records();  // lines eredu's threads logged meanwhile reach `logging` now
     if (jobs) run_jobs();
     if (finished) {
       run_jobs();  // a job queued just before the end still runs (and so completes its waiter)
@@ -140,8 +169,24 @@ py::object Operation::wait() {
       interrupted.emplace();
       cancel();
     }
+    if (reporting && !interrupted && clock::now() - last_report >= progress_interval) {
+      const auto [done, total] = bytes();
+      if (total != 0 && (done != reported || reported == 0)) report(done, total);
+    }
   }
   if (interrupted) throw *interrupted;
+  if (reporting) {
+    bool failed = false;
+    {
+      std::lock_guard lock(mutex_);
+      failed = error_ != nullptr;
+    }
+    // The last call says the bytes are all there: done == total, whatever the last poll saw.
+    if (!failed) {
+      const std::uint64_t total = bytes().second;
+      on_progress(total, total, "read");
+    }
+  }
   return result();
 }
 

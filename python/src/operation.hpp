@@ -20,18 +20,28 @@
 /// An operation may also ask for Python code to run while it is in flight (a hot-swap's
 /// canary): run_in_python() queues a job that runs on the consumer's thread — the blocked
 /// waiter, or the asyncio loop — with the GIL held.
+///
+/// Progress: a load feeds progress() (engine::MaterializeProgress: bytes_total set when the
+/// load starts, bytes_done as each tensor lands) from eredu's threads; wait(on_progress) calls
+/// `on_progress(done, total, "read")` from the waiting thread at most every 50 ms while the
+/// bytes move, and once more with done == total when the load succeeds. An exception the
+/// callback raises is handled like Ctrl-C: the operation is cancelled, awaited to its end, and
+/// the callback's exception is raised. The asyncio glue reads bytes() itself (_bridge.py).
 
 #include <pybind11/pybind11.h>
 
 #include <asio/cancellation_signal.hpp>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "eredu/core/unique_function.hpp"
+#include "eredu/engine/orchestration/materialize_options.hpp"
 #include "py_handle.hpp"
 
 namespace eredu::python {
@@ -78,8 +88,9 @@ class Operation : public std::enable_shared_from_this<Operation> {
 
   // --- consumer side: Python, GIL held ---
 
-  /// Blocks until finished (see file comment); returns result() or raises.
-  pybind11::object wait();
+  /// Blocks until finished (see file comment); returns result() or raises. `on_progress`
+  /// (None or a callable) is called as the file comment says.
+  pybind11::object wait(const pybind11::object& on_progress = pybind11::none());
   /// Delivers completion (and jobs) to an asyncio loop: `on_done()` and `on_jobs()` are called
   /// through `loop.call_soon_threadsafe`. Once.
   void bind(const pybind11::object& loop, const pybind11::object& on_done, const pybind11::object& on_jobs);
@@ -93,6 +104,12 @@ class Operation : public std::enable_shared_from_this<Operation> {
   /// The result, or raises the operation's error as an eredu exception. Call once finished;
   /// the result can be taken once.
   pybind11::object result();
+  /// The counters a load updates (engine::MaterializeOptions::progress); they live as long as
+  /// the operation, so a load's handler that holds the operation may hand them to the engine.
+  engine::MaterializeProgress& progress() noexcept { return progress_; }
+  /// (bytes done, bytes total) of progress(), done never above total; (0, 0) before the load
+  /// has planned its bytes. Any thread.
+  std::pair<std::uint64_t, std::uint64_t> bytes() const noexcept;
   /// What the operation is, for messages.
   const std::string& what() const noexcept { return what_; }
 
@@ -111,6 +128,7 @@ class Operation : public std::enable_shared_from_this<Operation> {
   std::deque<UniqueFunction<void()>> jobs_;
   bool bound_ = false;
   PyHandle loop_, on_done_, on_jobs_;
+  engine::MaterializeProgress progress_;
 };
 
 }  // namespace eredu::python
