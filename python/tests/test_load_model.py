@@ -200,3 +200,24 @@ def test_the_peak_bound_can_fail(big):
     # model's load_model is held to, so the check above would see one.
     r = peak(big, "naive")
     assert r["peak"] - r["baseline"] > (128 << 20)
+
+
+def test_ctrl_c_stops_a_load_into_parameters_once_the_reads_in_flight_have_landed(tmp_path):
+    from eredu import _native
+    from test_interrupt import interrupt_when_held
+    path = tmp_path / "many.safetensors"
+    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64, bias=False) for _ in range(40)])
+    et.save_model(model, path)
+    target = torch.nn.Sequential(*[torch.nn.Linear(64, 64, bias=False) for _ in range(40)])
+    gate = _native._ReadGate()
+    helper = interrupt_when_held(gate)
+    import time
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        et.load_model(target, path, _faults=gate)
+    helper.join()
+    assert time.monotonic() - started >= 0.25  # raised only once the held reads had landed
+    # No read started after the interrupt: at most the reads in flight when it came (8 tensors).
+    assert 1 <= gate.arrivals <= 8
+    et.load_model(target, path)  # the model still loads afterwards
+    assert_same_state(target, model)
