@@ -133,6 +133,11 @@ _TORCH_DTYPE = {"bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "ui
                 "float8_e5m2": "F8_E5M2", "float8_e8m0fnu": "F8_E8M0"}
 
 
+class SharedMemoryError(InvalidArgumentError, RuntimeError):
+    """save_file's refusal of tensors that share memory: an InvalidArgumentError, and the
+    RuntimeError safetensors.torch raises there, so code catching either catches it."""
+
+
 def _storage_span(t):
     """(storage address, first byte, end byte) of a tensor's bytes, to find tensors that share memory."""
     storage = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
@@ -171,7 +176,8 @@ def torch_entries(tensors):
     spans.sort()
     for ((storage_a, _, end_a), a), ((storage_b, start_b, _), b) in zip(spans, spans[1:]):
         if storage_a == storage_b and start_b < end_a:
-            raise InvalidArgumentError(
+            raise SharedMemoryError(
                 f"tensors {a!r} and {b!r} share memory: saving both would write it twice and load them "
-                "back untied; save one of them (safetensors.torch raises here too)", kind="invalid_argument")
+                "back untied; save one of them, or the model with eredu.torch.save_model (safetensors.torch "
+                "raises here too)", kind="invalid_argument")
     return entries

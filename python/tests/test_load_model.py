@@ -221,3 +221,12 @@ def test_ctrl_c_stops_a_load_into_parameters_once_the_reads_in_flight_have_lande
     assert 1 <= gate.arrivals <= 8
     et.load_model(target, path)  # the model still loads afterwards
     assert_same_state(target, model)
+
+
+def test_save_file_refuses_shared_memory_as_safetensors_does(tmp_path):
+    model = Tied()
+    # safetensors.torch raises RuntimeError here; eredu's refusal is that and an InvalidArgumentError.
+    for kind in (RuntimeError, eredu.InvalidArgumentError):
+        with pytest.raises(kind, match="share memory"):
+            et.save_file(model.state_dict(), tmp_path / "tied.safetensors")
+    assert not (tmp_path / "tied.safetensors").exists()
