@@ -33,13 +33,7 @@ from . import _bridge, _native
 from ._frameworks import torch_module
 from ._options import device as check_device
 from ._safe_open import _Reader
-
-# safetensors' dtype names of the torch dtypes a file can hold (by torch's name, so that dtypes a
-# given torch lacks are simply absent).
-_DTYPE_NAMES = {"bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "uint16": "U16", "float16": "F16",
-                "bfloat16": "BF16", "int32": "I32", "uint32": "U32", "float32": "F32", "float64": "F64",
-                "int64": "I64", "uint64": "U64", "complex64": "C64", "float8_e4m3fn": "F8_E4M3",
-                "float8_e5m2": "F8_E5M2", "float8_e8m0fnu": "F8_E8M0"}
+from ._writing import _TORCH_DTYPE as _DTYPE_NAMES  # torch dtype name -> safetensors'
 
 
 # --- safetensors.torch's private helpers (same names, same results) ---
