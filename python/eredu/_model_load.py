@@ -17,7 +17,8 @@ Where each tensor goes (decided per tensor, before anything is read):
             no tensor of eredu's in between. Peak memory: the model itself.
   assign    the model's tensor is on the meta device (built without memory): eredu loads the
             tensor and it becomes the parameter (buffer) itself — a new Parameter object with
-            the old one's requires_grad, the same new object wherever the old one was tied.
+            the old one's requires_grad, the same new object wherever the old one was tied
+            (cast to the meta tensor's dtype a group at a time, as for copy, where they differ).
   copy      anything else (another dtype, a non-contiguous tensor): eredu loads the tensor and
             torch copies it in (casting), in groups of at most the staging budget's bytes, so
             the transient second copy stays bounded.
@@ -247,7 +248,13 @@ def _load_into(model, reader, strict, torch):
         routes[_route(tensors[name], in_file[name], torch)].append(name)
 
     # Meta tensors first, all or nothing: nothing is assigned until every one of them is loaded.
-    loaded = reader.read(routes["assign"]) if routes["assign"] else {}
+    # Those of the model's dtype in one unit; the others a budget's worth at a time, each cast
+    # before the next group is read, so the stored dtype's copy never exists whole.
+    same = [n for n in routes["assign"] if _DTYPE_NAMES.get(str(tensors[n].dtype).removeprefix("torch.")) ==
+            in_file[n].dtype]
+    loaded = reader.read(same) if same else {}
+    for group in _groups(reader, [n for n in routes["assign"] if n not in loaded]):
+        loaded.update({n: t.to(tensors[n].dtype) for n, t in reader.read(group).items()})
     if routes["into"]:
         destinations = [(n, tensors[n].data_ptr(), in_file[n].nbytes) for n in routes["into"]]
         _bridge.wait(_native.read_into(reader.native, destinations))
@@ -257,19 +264,27 @@ def _load_into(model, reader, strict, torch):
     return missing, unexpected
 
 
-def _copy_in(reader, names, tensors, torch):
-    """Loads `names` in groups of at most the staging budget's bytes (one tensor at least) and
-    copies each into the model's tensor, casting as torch's copy_ does."""
+def _groups(reader, names):
+    """`names` in groups of at most the staging budget's bytes (one tensor at least), in order."""
     budget = max(1, reader.native.staging()["budget"])
     group, size = [], 0
-    for i, name in enumerate(names):
+    for name in names:
         group.append(name)
         size += reader.infos[name].nbytes
-        if size >= budget or i == len(names) - 1:
-            with torch.no_grad():
-                for n, t in reader.read(group).items():
-                    tensors[n].copy_(t)
+        if size >= budget:
+            yield group
             group, size = [], 0
+    if group:
+        yield group
+
+
+def _copy_in(reader, names, tensors, torch):
+    """Loads `names` a group at a time (_groups) and copies each into the model's tensor,
+    casting as torch's copy_ does."""
+    for group in _groups(reader, names):
+        with torch.no_grad():
+            for n, t in reader.read(group).items():
+                tensors[n].copy_(t)
 
 
 def _assign(model, replacements, torch):

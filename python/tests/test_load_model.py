@@ -230,3 +230,16 @@ def test_save_file_refuses_shared_memory_as_safetensors_does(tmp_path):
         with pytest.raises(kind, match="share memory"):
             et.save_file(model.state_dict(), tmp_path / "tied.safetensors")
     assert not (tmp_path / "tied.safetensors").exists()
+
+
+def test_a_meta_model_of_another_dtype_gets_its_own_dtype(tmp_path):
+    path = tmp_path / "m.safetensors"
+    source = filled(Tied(), 7)
+    et.save_model(source, path)
+    model = Tied(device="meta", dtype=torch.bfloat16)
+    et.load_model(model, path, budget="1M")
+    assert model.lm_head.weight is model.embed.weight
+    for k, v in source.state_dict().items():
+        got = model.state_dict()[k]
+        assert got.dtype == (torch.bfloat16 if v.is_floating_point() else v.dtype), k
+        assert torch.equal(got, v.to(got.dtype)), k
