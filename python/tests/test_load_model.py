@@ -243,3 +243,25 @@ def test_a_meta_model_of_another_dtype_gets_its_own_dtype(tmp_path):
         got = model.state_dict()[k]
         assert got.dtype == (torch.bfloat16 if v.is_floating_point() else v.dtype), k
         assert torch.equal(got, v.to(got.dtype)), k
+
+
+def test_read_into_refuses_a_wrong_size_or_name_with_the_file_and_tensor(tmp_path):
+    from eredu import _bridge, _native
+    path = tmp_path / "m.safetensors"
+    et.save_file({"w": torch.arange(16, dtype=torch.float32)}, path)
+    out = torch.zeros(16)
+    native = _bridge.wait(_native.open(os.fsencode(path), {"budget": 1 << 20}))
+    try:
+        with pytest.raises(eredu.InvalidArgumentError, match=r"tensor 'w'.*destination holds 60 bytes but the "
+                                                             r"selection has 64") as e:
+            _bridge.wait(_native.read_into(native, [("w", out.data_ptr(), 60)]))
+        assert e.value.file == str(path)
+        with pytest.raises(eredu.TensorNotFoundError, match="'nope'"):
+            _bridge.wait(_native.read_into(native, [("nope", out.data_ptr(), 64)]))
+        assert torch.equal(out, torch.zeros(16))  # nothing written by the refused reads
+        _bridge.wait(_native.read_into(native, [("w", out.data_ptr(), 64)]))
+        assert torch.equal(out, torch.arange(16, dtype=torch.float32))
+    finally:
+        native.close()
+    with pytest.raises(eredu.InvalidArgumentError, match="closed"):
+        _bridge.wait(_native.read_into(native, [("w", out.data_ptr(), 64)]))
