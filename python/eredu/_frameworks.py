@@ -101,7 +101,7 @@ def to_framework(tensor, fw, post=None):
         array = np.from_dlpack(tensor)
         if getattr(tensor, "mapped", False):
             # DLPack 0.6 cannot mark bytes read-only: a write to a mapped weight must raise here,
-            # not SIGSEGV. (torch, which has no read-only tensors, is refused mapped weights.)
+            # not SIGSEGV. (torch, which has no read-only tensors, gets private copy-on-write mappings.)
             array.flags.writeable = False
         if post == "bool":
             array = array.view(np.bool_)

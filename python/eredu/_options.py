@@ -14,11 +14,13 @@ An option added to the library is added here and there, nowhere else.
     chunk           largest chunk a cast reads at once
     map_resident    convert page-cache-resident tensors straight from a mapping (default True)
     weights         where tensors kept in their stored dtype live: "copy" (process memory, the
-                    default), "map" (the checkpoint's page-cache pages, mapped read-only: no copy;
-                    numpy arrays come back read-only) or "map-lock" (mapped and pinned with mlock,
-                    within RLIMIT_MEMLOCK). Whole-checkpoint loads and safe_open only; numpy only
-                    (torch has no read-only tensors, and a write to a read-only mapping kills the
-                    process). The trade-offs are in docs/python.md.
+                    default), "map" (the checkpoint's page-cache pages, mapped: no copy; numpy
+                    arrays come back read-only, torch tensors are mapped privately, as
+                    "map-private"), "map-private" (mapped copy-on-write, MAP_PRIVATE as
+                    torch.load(mmap=True) maps: writable, a written page becomes the process's own
+                    copy and the file never changes) or "map-lock" (mapped read-only and pinned with
+                    mlock, within RLIMIT_MEMLOCK; numpy only). Whole-checkpoint loads and safe_open
+                    only. The trade-offs are in docs/python.md.
     backend         safetensors' `backend=`, "mmap" or "pread", as eredu can honour it
                     (backend_options): "mmap" is eredu's default reading, "pread" reads every
                     byte with pread(2) and maps nothing.
@@ -42,7 +44,7 @@ _MIB = 1 << 20
 OPEN_KEYS = ("budget", "threads", "depth", "request", "reader", "direct", "chunk", "map_resident", "copy_resident",
              "weights", "backend", "_faults")
 BACKENDS = ("mmap", "pread")
-WEIGHTS = ("copy", "map", "map-lock")
+WEIGHTS = ("copy", "map", "map-lock", "map-private")
 
 # The accepted range of every integer option, inclusive. The shared ones (budget, staging,
 # request, chunk, threads, depth, lookahead, passes) are the `eredu` command's own table
@@ -163,20 +165,24 @@ def verify_mode(verify):
 
 
 def check_weights(options, fw, *, where=None):
-    """Refuses a `weights` keyword that cannot be honoured: a value other than WEIGHTS, a mapping for
-    torch (no read-only tensors: a write would kill the process with SIGSEGV), or any mapping where
-    `where` (a class that only copies) names the caller."""
+    """Refuses a `weights` keyword that cannot be honoured: a value other than WEIGHTS, "map-lock" for
+    torch (torch has no read-only tensors, so its mappings are private copy-on-write ones, which eredu
+    does not lock), or any mapping where `where` (a class that only copies) names the caller. For
+    torch, "map" becomes "map-private" in `options`: a write to a read-only mapping would kill the
+    process with SIGSEGV, a write to a private one copies the page."""
     value = options.get("weights")
     if value is None or value == "copy":
         return
     if value not in WEIGHTS:
-        raise invalid(f"weights must be 'copy', 'map' or 'map-lock', not {value!r}")
+        raise invalid(f"weights must be 'copy', 'map', 'map-lock' or 'map-private', not {value!r}")
     if where is not None:
         raise invalid(f"weights={value!r}: {where} copies its tensors (mapped weights are offered by load_file, "
                       f"aload and safe_open)")
     if fw == "pt":
-        raise invalid(f"weights={value!r} needs framework='np': torch has no read-only tensors, and a write to "
-                      f"the read-only mapping would kill the process")
+        if value == "map-lock":
+            raise invalid("weights='map-lock' needs framework='np': torch's mapped weights (weights='map') are "
+                          "private copy-on-write mappings, which eredu does not lock")
+        options["weights"] = "map-private"
 
 
 def backend_options(options):

@@ -9,14 +9,10 @@ import ctypes
 import os
 
 from ._errors import InvalidArgumentError
-from ._writing import _DTYPE_ORDER, layout, load_bytes, serialize as _serialize_entries, write_file
+from ._writing import _DTYPE_ORDER, _TORCH_DTYPE, layout, load_bytes, serialize as _serialize_entries, write_file
 
 # Constructor-style names (numpy's and torch's dtype names) of safetensors' format codes.
-_BY_NAME = {"bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "uint16": "U16", "float16": "F16",
-            "bfloat16": "BF16", "int32": "I32", "uint32": "U32", "float32": "F32", "float64": "F64",
-            "int64": "I64", "uint64": "U64", "complex64": "C64", "float8_e4m3fn": "F8_E4M3",
-            "float8_e5m2": "F8_E5M2", "float8_e8m0fnu": "F8_E8M0", "float4_e2m1fn_x2": "F4",
-            "float6_e2m3fn": "F6_E2M3", "float6_e3m2fn": "F6_E3M2"}
+_BY_NAME = {**_TORCH_DTYPE, "float4_e2m1fn_x2": "F4", "float6_e2m3fn": "F6_E2M3", "float6_e3m2fn": "F6_E3M2"}
 _BITS = {"BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "I16": 16, "U16": 16, "F16": 16,
          "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "C64": 64, "F64": 64, "I64": 64, "U64": 64, "F4": 4,
          "F6_E2M3": 6, "F6_E3M2": 6}

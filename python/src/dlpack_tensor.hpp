@@ -81,8 +81,9 @@ class DLPackTensor {
   /// The tensor itself.
   const cpu::Tensor& tensor() const noexcept { return tensor_; }
   /// True when the bytes are a read-only mapping of the checkpoint (weights="map"): DLPack
-  /// 0.6 cannot say so, so the Python layer marks the consumer's array read-only itself.
-  bool mapped() const noexcept { return tensor_ && tensor_.storage()->mapping() != nullptr; }
+  /// 0.6 cannot say so, so the Python layer marks the consumer's array read-only itself. A
+  /// private copy-on-write mapping (weights="map-private") is writable: false.
+  bool mapped() const noexcept { return tensor_ && tensor_.storage()->read_only(); }
 
  private:
   cpu::Tensor tensor_;

@@ -19,6 +19,7 @@
 #include "operation.hpp"
 #include "prefetch.hpp"
 #include "read_gate.hpp"
+#include "read_into.hpp"
 #include "runtime.hpp"
 #include "write_checksums.hpp"
 
@@ -70,6 +71,7 @@ PYBIND11_MODULE(_native, m) {
   bind_prefetch(m);
   bind_model_slot(m);
   bind_read_gate(m);
+  bind_read_into(m);
   bind_write_checksums(m);
   bind_log_forwarding(m);
 

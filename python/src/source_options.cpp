@@ -83,7 +83,12 @@ OpenOptions open_options(const py::dict& options) {
     } else if (key == "copy_resident") {
       o.copy_resident = flag(key, value);
     } else if (key == "weights") {
-      o.weights = choice(key, value, app::weight_choices);
+      // "map-private" is Python's alone (the eredu command's --weights has no use for writable
+      // weights): copy-on-write mappings, what torch's mapped weights are made of.
+      if (py::isinstance<py::str>(value) && value.cast<std::string>() == "map-private")
+        o.weights = cpu::WeightStorage::mapped_private;
+      else
+        o.weights = choice(key, value, app::weight_choices);
     } else if (key == "_faults") {
       if (!py::isinstance<ReadGate>(value)) throw bad(key, "must be an eredu._native._ReadGate");
       o.faults = value.cast<std::shared_ptr<ReadGate>>();

@@ -121,3 +121,7 @@ def rss_bytes():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+
+# safetensors' own tests run through their runner (safetensors_suite/run_suite.py: a shim on
+# sys.path, a scratch directory), never collected with eredu's.
+collect_ignore = ["safetensors_suite"]

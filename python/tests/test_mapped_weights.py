@@ -1,7 +1,8 @@
 # weights="map" / "map-lock": tensors kept in their stored dtype are the checkpoint's page-cache
 # pages, mapped read-only (cpu::WeightStorage). Each trade-off docs/python.md states is shown
 # here: the arrays are the file's mapping (no copy), writes raise instead of killing the process,
-# torch and the copying classes refuse the option, a rename over the file leaves the weights
+# torch's (and numpy's with "map-private") are private copy-on-write mappings whose writes never
+# reach the file, the copying classes refuse the option, a rename over the file leaves the weights
 # intact while a rewrite in place changes them, and map-lock pins the pages.
 import asyncio
 import os
@@ -133,10 +134,10 @@ def test_map_lock_pins_the_pages_while_the_arrays_live(checkpoint):
 
 def test_refusals_are_typed_and_name_the_reason(checkpoint):
     path, _ = checkpoint
-    with pytest.raises(eredu.Error, match="torch has no read-only tensors") as e:
-        eredu.load_file(path, framework="pt", weights="map")
+    with pytest.raises(eredu.Error, match="private copy-on-write mappings, which eredu does not lock") as e:
+        eredu.load_file(path, framework="pt", weights="map-lock")
     assert e.value.kind == "invalid_argument"
-    with pytest.raises(eredu.Error, match="weights must be 'copy', 'map' or 'map-lock', not 'mapped'"):
+    with pytest.raises(eredu.Error, match="weights must be 'copy', 'map', 'map-lock' or 'map-private', not 'mapped'"):
         eredu.load_file(path, weights="mapped")
     with pytest.raises(eredu.Error, match="ModelSlot copies its tensors"):
         eredu.ModelSlot(weights="map")
@@ -163,3 +164,48 @@ def test_map_lock_beyond_the_memlock_limit_is_a_typed_error_naming_it(checkpoint
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("refused: out_of_memory"), out.stdout + out.stderr
     assert "RLIMIT_MEMLOCK is 64 KiB" in out.stdout and "embed" in out.stdout
+
+
+def mapping_line(address):
+    """The /proc/self/maps line of the mapping holding `address`."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= address < hi:
+                return line
+    raise AssertionError(f"address {address:#x} is not mapped")
+
+
+@pytest.mark.parametrize("how", ["load_file", "safe_open"])
+def test_torch_mapped_weights_are_writable_private_copies_of_the_files_pages(checkpoint, how):
+    torch = pytest.importorskip("torch")
+    path, arrays = checkpoint
+    original = path.read_bytes()
+    if how == "load_file":
+        loaded = eredu.load_file(path, framework="pt", weights="map")
+    else:
+        with eredu.safe_open(path, framework="pt", weights="map") as f:
+            loaded = {n: f.get_tensor(n) for n in f.keys()}
+    for name, want in arrays.items():
+        t = loaded[name]
+        assert torch.equal(t, torch.from_numpy(want)), name  # reads are the file's bytes
+        line = mapping_line(t.data_ptr())
+        assert line.rstrip().endswith(str(path)) and " rw-p " in line, (name, line)  # zero-copy, private
+    embed = loaded["embed"]
+    embed[0].fill_(-7.0)  # a write through the tensor: no SIGSEGV, a private copy of the page
+    embed.mul_(2)
+    assert float(embed[0, 0]) == -14.0 and float(embed[255, 255]) == 2 * float(arrays["embed"][255, 255])
+    assert path.read_bytes() == original  # the file never sees it
+    again = eredu.load_file(path, framework="np", weights="map")
+    np.testing.assert_array_equal(again["embed"], arrays["embed"])  # nor do other mappings of it
+
+
+def test_numpy_map_private_maps_privately(checkpoint):
+    # numpy 1.x marks every DLPack import read-only (copied arrays too), so numpy cannot write
+    # these; what "map-private" changes for numpy is only the kind of mapping.
+    path, arrays = checkpoint
+    loaded = eredu.load_file(path, framework="np", weights="map-private")
+    for name, want in arrays.items():
+        np.testing.assert_array_equal(loaded[name], want)
+        line = mapping_line(loaded[name].ctypes.data)
+        assert line.rstrip().endswith(str(path)) and " rw-p " in line, (name, line)

@@ -134,6 +134,54 @@ TEST_CASE("mapped weights are the checkpoint's page-cache pages, byte for byte, 
   cpu::Backend::validate_bind(cpu::Parameter(DType::BF16, {1024, 2304}), big);
 }
 
+TEST_CASE("private mapped weights are writable copy-on-write pages: reads are the file's, writes never reach it",
+          "[mapped]") {
+  Env env(cpu::WeightStorage::mapped_private);
+  cpu::Tensor big = env.load("big");
+  cpu::Tensor small = env.load("small");
+  // Reads equal the file, from a private mapping of it, faulted in by the load.
+  CHECK(to_vector(big.bytes()) == env.ckpt.bytes("big"));
+  CHECK(to_vector(small.bytes()) == env.ckpt.bytes("small"));
+  REQUIRE(big.storage()->mapping() != nullptr);
+  CHECK(big.storage()->mapping()->copy_on_write());
+  CHECK_FALSE(big.storage()->read_only());
+  CHECK(env.storage.stats().fresh_allocations == 0);  // no pool memory until a page is written
+  const std::string line = mapping_line(big.bytes().data());
+  CHECK(line.find(env.ckpt.path.filename().string()) != std::string::npos);
+  CHECK(line.find(" rw-p ") != std::string::npos);  // writable, private
+  CHECK(big.storage()->mapping()->resident_bytes() == big.nbytes());
+
+  // Writable through the tensor: every byte of the first and last page, and one in between.
+  const std::span<std::byte> out = big.mutable_bytes();
+  REQUIRE(out.data() == big.storage()->mapping()->writable_bytes().data());
+  std::vector<std::byte> expected = env.ckpt.bytes("big");
+  for (std::size_t i : {std::size_t{0}, std::size_t{4095}, out.size() / 2, out.size() - 1}) {
+    out[i] ^= std::byte{0xff};
+    expected[i] ^= std::byte{0xff};
+  }
+  CHECK(to_vector(big.bytes()) == expected);
+
+  // The file's bytes are unchanged: read back from it, and through a shared mapping of it.
+  std::vector<std::byte> on_disk(big.nbytes());
+  {
+    io::UniqueFd fd(::open(env.ckpt.path.c_str(), O_RDONLY));
+    REQUIRE(fd);
+    REQUIRE(::pread(fd.get(), on_disk.data(), on_disk.size(), static_cast<off_t>(env.offset_of("big"))) ==
+            static_cast<ssize_t>(on_disk.size()));
+  }
+  CHECK(on_disk == env.ckpt.bytes("big"));
+  cpu::MaterializationContext sharing{env.executor, env.storage, false, cpu::WeightStorage::mapped};
+  io::TensorReadRequest request{"big"};
+  cpu::Tensor shared = finish(env.ctx, cpu::Backend::materialize(*env.source, request, sharing, {}));
+  REQUIRE(shared.storage()->read_only());
+  CHECK(to_vector(shared.bytes()) == env.ckpt.bytes("big"));
+
+  // A private mapping is still a mapping of the file: an in-place swap refuses it as any other.
+  cpu::Parameter slot(DType::BF16, {1024, 2304});
+  cpu::Backend::bind(slot, cpu::Tensor(big));
+  CHECK_THROWS_AS(cpu::Backend::overwrite(env.executor, slot, shared), BackendError);
+}
+
 TEST_CASE("a file rewritten in place changes mapped weights (not copied ones), and the next bind refuses them",
           "[mapped]") {
   Env env;

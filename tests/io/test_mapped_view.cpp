@@ -10,6 +10,7 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "eredu/io/mapping/guarded_read.hpp"
 #include "eredu/io/reading/checkpoint_source.hpp"
@@ -65,6 +66,42 @@ TEST_CASE("mapped view – a resident tensor maps to exactly its bytes", "[mappe
   off.map_resident = false;
   auto unmapped = CheckpointSource::open(ctx.get_executor(), ckpt.path, off);
   CHECK_FALSE(unmapped->map_resident(w));
+}
+
+TEST_CASE("mapped view – made private, the same addresses are writable and a write never reaches the file",
+          "[mapped]") {
+  MappedCheckpoint ckpt;
+  asio::io_context ctx;
+  auto source = CheckpointSource::open(ctx.get_executor(), ckpt.path);
+  TensorReadRequest w{"w"};
+  std::optional<MappedView> view = source->map_resident(w);
+  REQUIRE(view);
+  const std::byte* before = view->bytes().data();
+  CHECK_FALSE(view->copy_on_write());
+  view->make_private();
+  REQUIRE(view->copy_on_write());
+  CHECK(view->bytes().data() == before);  // remapped in place: addresses handed out stay valid
+  CHECK(std::memcmp(view->bytes().data(), ckpt.data[1].data(), ckpt.data[1].size()) == 0);
+
+  auto* out = const_cast<std::byte*>(view->bytes().data());
+  std::memset(out, 0x5a, 4096 + 3);  // a page and a bit: two pages copied
+  CHECK(std::to_integer<int>(view->bytes()[4096 + 2]) == 0x5a);
+  view->make_private();  // idempotent: the written pages stay written
+  CHECK(std::to_integer<int>(view->bytes()[0]) == 0x5a);
+
+  // The file, and a fresh mapping of it, still hold the original bytes.
+  std::optional<MappedView> again = source->map_resident(w);
+  REQUIRE(again);
+  CHECK(std::memcmp(again->bytes().data(), ckpt.data[1].data(), ckpt.data[1].size()) == 0);
+  std::vector<std::byte> on_disk(ckpt.data[1].size());
+  std::ifstream file(ckpt.path, std::ios::binary);
+  file.seekg(static_cast<std::streamoff>(source->catalog().at("w").offset));
+  file.read(reinterpret_cast<char*>(on_disk.data()), static_cast<std::streamsize>(on_disk.size()));
+  CHECK(on_disk == ckpt.data[1]);
+
+  MappedView moved = std::move(*view);
+  CHECK(moved.copy_on_write());
+  CHECK_FALSE(view->copy_on_write());
 }
 
 TEST_CASE("mapped view – a fault injector turns mapping off unless it allows it", "[mapped]") {

@@ -167,10 +167,13 @@ StorageBlock::~StorageBlock() {
   if (data_ && pool_) pool_->give_back(data_ - lead_, capacity_, fresh_);
 }
 
+bool StorageBlock::read_only() const noexcept { return mapping_ != nullptr && !mapping_->copy_on_write(); }
+
 StorageBlock StorageBlock::adopt(std::shared_ptr<const io::MappedTensor> mapping) noexcept {
   StorageBlock block;
   const std::span<const std::byte> bytes = mapping->bytes();
-  // Written only by code that checks read_only() first: nothing writes a mapped block.
+  // Written only by code that checks read_only() first: nothing writes a shared mapped block;
+  // a copy-on-write one (MappedTensor::make_private) is the process's to write.
   block.data_ = const_cast<std::byte*>(bytes.data());
   block.size_ = block.capacity_ = bytes.size();
   block.mapping_ = std::move(mapping);

@@ -46,7 +46,8 @@ MappedView::MappedView(MappedView&& other) noexcept
       path_(std::move(other.path_)),
       tensor_(std::move(other.tensor_)),
       file_size_(other.file_size_),
-      stamp_(other.stamp_) {}
+      stamp_(other.stamp_),
+      copy_on_write_(std::exchange(other.copy_on_write_, false)) {}
 
 MappedView& MappedView::operator=(MappedView&& other) noexcept {
   if (this != &other) {
@@ -61,6 +62,7 @@ MappedView& MappedView::operator=(MappedView&& other) noexcept {
     tensor_ = std::move(other.tensor_);
     file_size_ = other.file_size_;
     stamp_ = other.stamp_;
+    copy_on_write_ = std::exchange(other.copy_on_write_, false);
   }
   return *this;
 }
@@ -69,6 +71,27 @@ void MappedView::reset() noexcept {
   if (base_) ::munmap(const_cast<std::byte*>(base_), map_length_);
   base_ = data_ = nullptr;
   map_length_ = length_ = 0;
+  copy_on_write_ = false;
+}
+
+void MappedView::make_private() {
+  if (copy_on_write_ || !base_) {
+    copy_on_write_ = copy_on_write_ || base_ != nullptr;
+    return;
+  }
+  // MAP_FIXED over our own mapping swaps it atomically: the addresses handed out stay valid.
+  void* p = ::mmap(const_cast<std::byte*>(base_), map_length_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd_,
+                   static_cast<off_t>(map_offset_));
+  if (p == MAP_FAILED) {
+    const int e = errno;
+    throw Error(errc::io_error,
+                {.file = path_,
+                 .tensor = tensor_,
+                 .offset = map_offset_ + static_cast<std::uint64_t>(data_ - base_),
+                 .os_error = {e, std::system_category()}},
+                fmt::format("cannot map {} bytes copy-on-write", length_));
+  }
+  copy_on_write_ = true;
 }
 
 bool MappedView::looks_resident(unsigned samples) const noexcept {

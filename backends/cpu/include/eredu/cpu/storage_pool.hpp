@@ -92,8 +92,9 @@ class StorageBlock {
   explicit operator bool() const noexcept { return data_ != nullptr; }
   /// The file mapping a read-only block holds the bytes of, or nullptr for pool memory.
   const io::MappedTensor* mapping() const noexcept { return mapping_.get(); }
-  /// True for a mapped block: bytes() must not be written (the pages are the file's).
-  bool read_only() const noexcept { return mapping_ != nullptr; }
+  /// True for a mapped block whose bytes() must not be written (the pages are the file's);
+  /// false for pool memory and for a private copy-on-write mapping (WeightStorage::mapped_private).
+  bool read_only() const noexcept;
 
  private:
   friend class StoragePool;

@@ -18,7 +18,9 @@
 ///  * without locking, clean pages may be evicted under memory pressure and read back from
 ///    the file on their next use (slow, not wrong); `mapped_locked` pins them with mlock,
 ///    which counts against RLIMIT_MEMLOCK (checked, and a refusal names it);
-///  * they are read-only: an in-place swap (InPlaceModelSlot) refuses a mapped slot.
+///  * they are read-only (mapped_private: copy-on-write, so written pages become the
+///    process's own and the file never changes): an in-place swap (InPlaceModelSlot) refuses
+///    a mapped slot either way.
 /// Only tensors read whole or as one contiguous run, with their stored dtype, from a local
 /// file system (not FUSE, NFS and the like) and whose elements the file aligns are mapped;
 /// any other is copied as usual. Casts and other recipes always produce copied tensors.
@@ -30,6 +32,10 @@ enum class WeightStorage {
   copied,         ///< pooled memory the reader copies into (the default)
   mapped,         ///< the file's page-cache pages, mapped read-only and faulted in at load
   mapped_locked,  ///< as mapped, and pinned with mlock
+  /// As mapped, but private and copy-on-write (MAP_PRIVATE, as torch.load(mmap=True) maps):
+  /// writable, a write copies the page it lands in into the process's memory and never
+  /// reaches the file; pages never written stay the page cache's, with mapped's trade-offs.
+  mapped_private,
 };
 
 }  // namespace eredu::cpu

@@ -81,6 +81,19 @@ class MappedTensor {
 
   /// The tensor's bytes (unguarded reads may raise SIGBUS: see file comment).
   std::span<const std::byte> bytes() const noexcept { return view_.bytes(); }
+  /// The tensor's bytes, writable once make_private() made them a private copy-on-write
+  /// mapping (empty before: the shared mapping is read-only).
+  std::span<std::byte> writable_bytes() const noexcept {
+    const std::span<const std::byte> b = view_.bytes();
+    return view_.copy_on_write() ? std::span<std::byte>(const_cast<std::byte*>(b.data()), b.size())
+                                 : std::span<std::byte>{};
+  }
+  /// Makes the mapping private and copy-on-write (MappedView::make_private): writes land in
+  /// the process's own copies of the pages written, never in the file; pages never written
+  /// stay the page cache's. Call before handing the bytes out. Throws Error(io_error).
+  void make_private() { view_.make_private(); }
+  /// True after make_private().
+  bool copy_on_write() const noexcept { return view_.copy_on_write(); }
   /// The whole page-aligned mapping: the region to pass to guarded_read.
   std::span<const std::byte> region() const noexcept { return view_.region(); }
   /// The file the bytes are mapped from.

@@ -57,6 +57,14 @@ class MappedView {
   /// the one it had when opened or it was rewritten since (FileStamp::rewritten): bytes read
   /// from the view may then mix two versions. Call it after the last read. One fstat.
   void check_unchanged() const;
+  /// Remaps the view in place (same addresses) as a private copy-on-write mapping, readable
+  /// and writable: reads are the file's page-cache pages until a page is written, and a
+  /// written page becomes the process's own copy — the file never sees a write (MAP_PRIVATE,
+  /// what torch.load(mmap=True) maps). Throws Error(io_error) naming file and tensor when
+  /// mmap refuses; the view is then unchanged.
+  void make_private();
+  /// True after make_private(): bytes() may be written.
+  bool copy_on_write() const noexcept { return copy_on_write_; }
 
  private:
   void reset() noexcept;
@@ -71,6 +79,7 @@ class MappedView {
   std::string tensor_;
   std::uint64_t file_size_ = 0;
   FileStamp stamp_{};
+  bool copy_on_write_ = false;
 };
 
 }  // namespace eredu::io

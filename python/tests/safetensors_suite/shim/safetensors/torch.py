@@ -1,7 +1,5 @@
-"""`safetensors.torch`, answered by eredu.torch (the private helpers safetensors' tests import
-included)."""
-from eredu.torch import *  # noqa: F401,F403
-from eredu import torch as _eredu_torch
+"""safetensors.torch, served by eredu.torch (with the private helpers safetensors' tests import)."""
 
-def __getattr__(name):
-    return getattr(_eredu_torch, name)
+from eredu.torch import *  # noqa: F401,F403
+from eredu.torch import (_end_ptr, _find_shared_tensors, _is_complete, _remove_duplicate_names,  # noqa: F401
+                         storage_ptr, storage_size)

@@ -334,6 +334,8 @@ Materialization materialize_from(S& source, const io::TensorReadRequest& request
   if (placed.landing == engine::Landing::mapped) {
     // The tensor's handle is read-only; this job's, which pins the pages, is not.
     auto shared = std::make_shared<io::MappedTensor>(std::move(*placed.mapping));
+    // Before anyone sees the bytes: the remap swaps the pages under the same addresses.
+    if (context.weights == WeightStorage::mapped_private) shared->make_private();
     Tensor weight(info.dtype, std::move(shape), std::make_shared<StorageBlock>(StorageBlock::adopt(shared)));
     return Backend::start(source.get_executor(), weight,
                           map_weight(job.executor, job.stop, std::move(shared), context.weights));
