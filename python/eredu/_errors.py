@@ -28,6 +28,7 @@ parts it names as attributes:
 
 import asyncio
 import builtins
+import errno
 import os
 
 __all__ = [
@@ -39,12 +40,18 @@ __all__ = [
 
 
 class Error(Exception):
-    """An eredu failure. `str(e)` is the library's message, which names file, tensor and offset."""
+    """An eredu failure. `str(e)` is the library's message, which names file, tensor and offset;
+    where safetensors raises the same error in words code may match (a missing file, a slice out
+    of bounds), `str(e)` is those words and the library's message is the exception's note
+    (PEP 678: tracebacks print it), and `e.message` either way."""
 
     def __init__(self, message, *, kind="unknown", family=None, detail=None, file=None, tensor=None,
-                 parameter=None, offset=None, os_errno=None):
-        super().__init__(message)
+                 parameter=None, offset=None, os_errno=None, text=None):
+        super().__init__(message if text is None else text)
         self.message = message
+        self.text = text            # safetensors' words for this error, or None
+        if text is not None and hasattr(self, "add_note"):
+            self.add_note(message)
         self.kind = kind            # the errc name: "invalid_offset", "checksum_mismatch", ...
         self.family = family        # "format", "store", "recipe", "declaration", "orchestration", "backend"
         self.detail = detail if detail is not None else message
@@ -57,7 +64,7 @@ class Error(Exception):
         _os_fields(self)
 
     def __str__(self):
-        return self.message
+        return self.message if self.text is None else self.text
 
     def __reduce__(self):  # picklable (multiprocessing, pytest-xdist) with its attributes
         cls = type(self)
@@ -225,8 +232,10 @@ def error_class(kind, family=None, os_errno=None):
 def _from_native(kind, family, message, detail, file, tensor, parameter, offset, os_errno):
     """Called by the extension for every eredu::Error it raises."""
     cls = error_class(kind, family, os_errno)
+    # A missing file in safetensors' words (its FileNotFoundError), the library's message as the note.
+    text = f"No such file or directory: {printable(file)}" if os_errno == errno.ENOENT and file else None
     e = cls(message, kind=kind, family=family, detail=detail, file=file, tensor=tensor, parameter=parameter,
-            offset=offset, os_errno=os_errno)
+            offset=offset, os_errno=os_errno, text=text)
     return e
 
 
@@ -264,7 +273,7 @@ def printable(text):
 _NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
 
 
-def python_error(kind, detail, *, file=None, tensor=None):
+def python_error(kind, detail, *, file=None, tensor=None, text=None):
     """An error raised by the Python layer, with a message composed as the library composes its own:
     "<file>: tensor '<name>': <detail> [<kind>]", made printable as the library makes its own."""
     parts = []
@@ -276,4 +285,5 @@ def python_error(kind, detail, *, file=None, tensor=None):
     family = "store" if kind in ("invalid_selection", "tensor_not_found") else None
     if kind == "size_overflow":
         family = "format"
-    return error_class(kind, family)(message, kind=kind, family=family, detail=detail, file=file, tensor=tensor)
+    return error_class(kind, family)(message, kind=kind, family=family, detail=detail, file=file, tensor=tensor,
+                                     text=text)

@@ -17,8 +17,10 @@ import operator
 from ._errors import python_error
 
 
-def _error(detail, name, file):
-    return python_error("invalid_selection", detail, file=file, tensor=name)
+def _error(detail, name, file, text=None):
+    """SelectionError naming file and tensor; `text`: safetensors' words for it, which str() gives
+    (the library's message is then the exception's note)."""
+    return python_error("invalid_selection", detail, file=file, tensor=name, text=text)
 
 
 def _spell(items):
@@ -38,6 +40,9 @@ def _index(value, dim, name, file):
     if value is None or isinstance(value, bool) or type(value).__name__ == "bool_":
         raise _error(f"dimension {dim}: index {value!r} is not supported (ints, slices with step 1 and '...' are)",
                      name, file)
+    if isinstance(value, list) and value:
+        raise _error(f"dimension {dim}: a non-empty list (fancy indexing) is not supported", name, file,
+                     text="Non empty lists are not implemented")
     try:
         return operator.index(value)
     except TypeError:
@@ -65,8 +70,9 @@ def selection(index, shape, *, name=None, file=None):
 
     def out_of_bounds(asked, dim, size):
         # safetensors' own words (its slice.rs), after the selection and the tensor's shape.
-        return _error(f"slicing {_spell(items)} with shape {list(shape)}: index {asked} out of bounds for tensor "
-                      f"dimension #{dim} of size {size}", name, file)
+        words = (f"slicing {_spell(items)} with shape {list(shape)}: index {asked} out of bounds for tensor "
+                 f"dimension #{dim} of size {size}")
+        return _error(words, name, file, text="Error during " + words)
 
     ranges, result = [], []
     for dim, (i, size) in enumerate(zip(expanded, shape)):
@@ -90,7 +96,10 @@ def selection(index, shape, *, name=None, file=None):
             result.append(stop - start)
             continue
         k = _index(i, dim, name, file)
-        if not -size <= k < size:
+        if k < -size:  # safetensors' words for a negative index past the start
+            raise _error(f"index {k} out of bounds for tensor dimension #{dim} of size {size}", name, file,
+                         text=f"Invalid index {k} for dimension {dim} of size {size}")
+        if k >= size:
             raise out_of_bounds(k, dim, size)
         k %= size
         ranges.append((k, k + 1))

@@ -46,7 +46,10 @@ def test_a_library_error_keeps_its_message_and_parts(tmp_path):
         eredu.load_file(missing)
     assert e.value.kind == "io_error" and e.value.family == "store"
     assert e.value.errno == 2 and e.value.file == str(missing)
-    assert str(e.value) == f"{missing}: cannot open the checkpoint [io_error] (No such file or directory)"
+    # safetensors' words in str(), the library's message (file and kind) as the note a traceback prints.
+    assert str(e.value) == f"No such file or directory: {missing}" and isinstance(e.value, FileNotFoundError)
+    assert e.value.message == f"{missing}: cannot open the checkpoint [io_error] (No such file or directory)"
+    assert e.value.__notes__ == [e.value.message]
 
 
 @pytest.mark.parametrize("kwargs, words", [

@@ -69,7 +69,7 @@ def test_slice_shape_and_dtype_without_reading(cube):
     ((slice(None), slice(None, None, -1)), "step of -1"),
     (None, "index None is not supported"),
     ((0, None), "index None"),
-    ([0, 1], "type list is not supported"),
+    ([0, 1], "a non-empty list (fancy indexing) is not supported"),
     (np.array([0, 1]), "type ndarray is not supported"),
     (True, "index True is not supported"),
     ((0, 0, 0, 0), "too many indices for a tensor of rank 3"),
@@ -77,7 +77,7 @@ def test_slice_shape_and_dtype_without_reading(cube):
     (7, "slicing [7] with shape [7, 5, 3]: index 7 out of bounds for tensor dimension #0 of size 7"),
     (-8, "index -8 out of bounds for tensor dimension #0 of size 7"),
     ((0, 5), "slicing [0, 5] with shape [7, 5, 3]: index 5 out of bounds for tensor dimension #1 of size 5"),
-    ([[]], "type list is not supported"),
+    ([[]], "a non-empty list (fancy indexing) is not supported"),
     (([], 0), "type list is not supported"),
     ("a", "type str is not supported"),
 ])
@@ -86,8 +86,11 @@ def test_refused_index_forms_are_selection_errors(cube, index, words):
     with eredu.safe_open(path, "np") as f:
         with pytest.raises(eredu.SelectionError) as e:
             f.get_slice("f32")[index]
-        assert words in str(e.value) and isinstance(e.value, IndexError)
+        assert words in e.value.message and isinstance(e.value, IndexError)
         assert e.value.kind == "invalid_selection" and e.value.tensor == "f32"
+        # Where safetensors raises the same error, str() is its words; the message is the note.
+        if e.value.text is not None:
+            assert str(e.value) == e.value.text and e.value.__notes__ == [e.value.message]
 
 
 @pytest.mark.parametrize("index, words", [
@@ -131,7 +134,14 @@ def test_safetensors_own_out_of_bounds_cases(tmp_path, writer):
                                                     "tensor dimension #1 of size 5")):
             with pytest.raises(eredu.SelectionError, match="out of bounds") as e:
                 s[index]
-            assert str(e.value) == f"{path}: tensor 'a': {words} [invalid_selection]"
+            assert e.value.message == f"{path}: tensor 'a': {words} [invalid_selection]"
+            assert str(e.value) == f"Error during {words}"  # safetensors' str(), exactly
+        with pytest.raises(eredu.SelectionError) as e:
+            s[2:, -6]
+        assert str(e.value) == "Invalid index -6 for dimension 1 of size 5"
+        with pytest.raises(eredu.SelectionError) as e:
+            s[[0, 1]]
+        assert str(e.value) == "Non empty lists are not implemented"
 
 
 @pytest.mark.parametrize("framework", ["np", "pt"])
