@@ -12,9 +12,9 @@
 #   4. checks every public header is installed and all compile, in one unit, with -Wall -Wextra
 #      -Werror and plain -I (each alone is the release suite's `package: header_check`);
 #   5. checks the man page and the bash completion are installed and well-formed;
-#   6. where the build has the Python module: installs it (`--component python`, staged under
-#      DESTDIR so the system's site-packages stays untouched) and loads a checkpoint with it
-#      from outside the source and build trees.
+#   6. where the build has the Python module: loads a checkpoint with the package installed
+#      under the prefix (PYTHONPATH=<prefix>/<EREDU_PYTHON_INSTALL_DIR>) from outside the source
+#      and build trees.
 # usage: scripts/package-check.sh [build dir, default build/release]   (the build must exist)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,8 +30,14 @@ rm -rf "$work"
 mkdir -p "$work"
 step "installing $build into $prefix"
 cmake --build "$build" -j "$jobs" >"$work/build.log" 2>&1 || { tail -n 40 "$work/build.log"; exit 1; }
-# The C++ package only: the python component goes to the interpreter's platlib (step 6).
-cmake --install "$build" --prefix "$prefix" --component Unspecified >"$work/install.log"
+# Everything, the Python package included, goes under the prefix; unless a user made its
+# directory absolute, which would write outside it.
+python_dir="$(sed -n 's/^EREDU_PYTHON_INSTALL_DIR:[A-Z]*=//p' "$build/CMakeCache.txt")"
+if [[ "$python_dir" == /* ]]; then
+  echo "package-check: EREDU_PYTHON_INSTALL_DIR=$python_dir is absolute: installing would write outside $prefix" >&2
+  exit 1
+fi
+cmake --install "$build" --prefix "$prefix" >"$work/install.log"
 
 step "1. what the CMake package exports"
 targets="$prefix/lib/cmake/eredu/eredu-targets.cmake"
@@ -170,16 +176,14 @@ completion="$prefix/share/bash-completion/completions/eredu"
 [ -s "$man" ] && grep -q '^\.TH EREDU' "$man" || { echo "package-check: no man page at $man" >&2; exit 1; }
 [ -s "$completion" ] && bash -n "$completion" || { echo "package-check: no valid completion at $completion" >&2; exit 1; }
 "$prefix/bin/eredu" --version
-python_dir="$(sed -n 's/^EREDU_PYTHON_INSTALL_DIR:PATH=//p' "$build/CMakeCache.txt")"
 if [ -n "$python_dir" ] && [ -f "$build/python/eredu/__init__.py" ]; then
-  step "6. the Python module, installed (cmake --install --component python)"
+  step "6. the Python module, installed under the prefix"
   python="$(sed -n 's/^Python3_EXECUTABLE:FILEPATH=//p' "$build/CMakeCache.txt")"
-  stage="$PWD/$work/python-stage"
-  DESTDIR="$stage" cmake --install "$build" --component python >"$work/install-python.log"
+  site="$prefix/$python_dir"
   model="$PWD/$work/python-model"
   "$prefix/bin/eredu" gen "$model" --size 4M >"$work/python-gen.log"
-  # From /: neither the checkout nor the build tree is importable, only the staged install.
-  (cd / && PYTHONPATH="$stage$python_dir" PYTHONNOUSERSITE=1 "$python" - "$stage$python_dir" "$model" <<'PY'
+  # From /: neither the checkout nor the build tree is importable, only the install.
+  (cd / && PYTHONPATH="$site" PYTHONNOUSERSITE=1 "$python" - "$site" "$model" <<'PY'
 import sys
 import eredu
 site, model = sys.argv[1], sys.argv[2]
