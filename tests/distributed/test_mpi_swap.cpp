@@ -221,7 +221,7 @@ TEST_CASE("mpi – a failure on one rank leaves every rank on the old version, b
     if (!me) source = io::CheckpointSource::open(env.ctx.get_executor(), env.b.path, env.options);
     const auto t = std::chrono::steady_clock::now();
     auto f = me ? env.slot.async_decline(cause, env.ctx.get_executor(), asio::use_future)
-                : env.slot.async_swap(*source, env.plan.bindings, env.context, {}, asio::use_future);
+                : env.slot.async_swap(*source, env.plan.bindings, env.context, asio::use_future);
     try {
       run_until_ready(env.ctx, f);
       FAIL("the swap did not fail");

@@ -12,12 +12,14 @@
 #include "eredu/engine/serving/prefetch_pipeline.hpp"
 
 #include <asio/awaitable.hpp>
+#include <asio/co_spawn.hpp>
 #include <asio/experimental/deferred.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/use_future.hpp>
 #include <catch2/catch.hpp>
 #include <cstddef>
 #include <exception>
+#include <filesystem>
 #include <future>
 #include <memory>
 #include <optional>
@@ -226,4 +228,38 @@ TEST_CASE("async contract – a deferred load runs after its plan and options ha
   CHECK(to_vector(module.w.value.bytes()) == ckpt.bytes("w"));
   CHECK(progress.owners_done == 1);
   CHECK(source->pool().in_use() == 0);
+}
+
+// g++ 12 relocates a class temporary written inside a co_await expression bitwise
+// (docs/io.md, "Compiler caveats"): `co_await io::async_open_checkpoint(ex, path,
+// io::SourceOptions{}, token)` aborts with "free(): invalid pointer". The first calls a user
+// writes have overloads without the options, whose defaults are made outside the coroutine.
+asio::awaitable<void> open_read_load(std::filesystem::path path, One* module, cpu::MaterializationContext* mc,
+                                     std::vector<std::byte>* read) {
+  auto ex = co_await asio::this_coro::executor;
+  auto source = co_await io::async_open_checkpoint(ex, path, asio::use_awaitable);
+  io::TensorReadRequest request{"w"};
+  io::Lease lease = co_await source->async_read(request, asio::use_awaitable);
+  read->assign(lease.bytes().begin(), lease.bytes().end());
+  lease.release();
+  WeightBindingPlan plan({WeightBinding::tensor("w", "w", Selection::all(), 16)});
+  engine::MaterializedUnit<cpu::Backend> unit =
+      co_await engine::async_materialize<cpu::Backend>(*source, plan, *mc, asio::use_awaitable);
+  CHECK(unit.size() == 1);
+  co_await engine::async_load<cpu::Backend>(*module, *source, plan, *mc, asio::use_awaitable);
+}
+
+TEST_CASE("async contract – open, read, materialize and load from a coroutine with no options temporary",
+          "[engine][async][coroutine]") {
+  CpuCheckpoint ckpt{{{"w", DType::U8, {16}}}};
+  asio::io_context ctx;
+  cpu::Executor executor{1};
+  cpu::StoragePool storage;
+  cpu::MaterializationContext mc{executor, storage};
+  One module;
+  std::vector<std::byte> read;
+  std::future<void> done = asio::co_spawn(ctx, open_read_load(ckpt.path, &module, &mc, &read), asio::use_future);
+  run_until_ready(ctx, done);  // rethrows the coroutine's failure
+  CHECK(read == ckpt.bytes("w"));
+  CHECK(to_vector(module.w.value.bytes()) == ckpt.bytes("w"));
 }

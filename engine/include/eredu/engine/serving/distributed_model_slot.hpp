@@ -183,6 +183,15 @@ class DistributedModelSlot {
         token, &state_, &source, plan, &context, std::move(options));
   }
 
+  /// async_swap with default options. Inside a coroutine it spares the caller an options temporary in the co_await
+  /// expression, which g++ 12 corrupts (docs/io.md, "Compiler caveats").
+  template <io::ByteSource Source, asio::completion_token_for<void(std::exception_ptr, DistributedSwapReport)> Token>
+  requires ParameterBackend<B, Source>
+  auto async_swap(Source& source, const WeightBindingPlan& plan, typename B::MaterializationContext& context,
+                  Token&& token) {
+    return async_swap(source, plan, context, SwapOptions<Model>{}, std::forward<Token>(token));
+  }
+
   /// Takes part in a swap this rank cannot run — its source did not open, its shard plan or
   /// model could not be made — by voting no with `cause`, where the other ranks call
   /// async_swap. Without it they would wait for this rank's ballot until their vote timeout;

@@ -8,7 +8,7 @@
 ///
 /// \code
 ///   std::filesystem::path path = "model/";
-///   auto source = co_await io::async_open_checkpoint(ex, path, io::SourceOptions{}, asio::use_awaitable);
+///   auto source = co_await io::async_open_checkpoint(ex, path, asio::use_awaitable);  // default options
 ///   io::TensorReadRequest request{"model.embed_tokens.weight"};
 ///   io::Lease w = co_await source->async_read(request, asio::use_awaitable);
 ///   consume(w.bytes());   // drop `w` to return its staging memory
@@ -19,8 +19,9 @@
 /// offset. Leases must be dropped before the source is destroyed.
 ///
 /// g++ 12 note: inside a coroutine, name the request (`TensorReadRequest r{key};
-/// co_await source->async_read(r, ...)`) rather than writing a temporary in the co_await
-/// expression: that compiler relocates such temporaries bitwise, corrupting std::string.
+/// co_await source->async_read(r, ...)`) and the options, or call async_open_checkpoint without
+/// them, rather than writing a temporary in the co_await expression: that compiler relocates
+/// such temporaries bitwise, corrupting std::string (`io::SourceOptions{}` there aborts).
 
 #include <asio/any_io_executor.hpp>
 #include <asio/async_result.hpp>
