@@ -13,9 +13,10 @@
 ///     max_bytes_in_flight at a time: reads, conversions and recipe execution of different
 ///     tensors overlap, limited by the lease pool (staging) and the reader's queue depth. The
 ///     window is above what a reader keeps in flight, so it costs no overlap; it is what lets
-///     a stop end a unit at once, since the realizations not started are never started, and
-///     started ones queue reads a stop cannot recall (a unit of 100 000 tiny tensors, or 2 GiB
-///     of large ones, otherwise read to its end after the stop).
+///     a stop end a unit at once, since the realizations not started are never started (a
+///     unit of 100 000 tiny tensors, or 2 GiB of large ones, otherwise read to its end after
+///     the stop). A started one's read drops its queued requests when the backend binds the
+///     stop to it (the CPU backend does: detail::StopCancellation; io::Reader::cancel).
 ///  3. When one fails, the others are told to stop (std::stop_token) and the orchestration
 ///     waits until every one has completed — so every lease is back in its pool and no
 ///     backend work still writes into a weight — before it reports the first root-cause
