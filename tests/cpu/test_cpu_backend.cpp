@@ -8,8 +8,10 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <fstream>
+#include <mutex>
 #include <new>
 #include <optional>
 #include <sstream>
@@ -550,6 +552,71 @@ TEST_CASE("materialize – a stop request before the work starts completes it as
       *env.source, DerivedWeightRecipe::cast(DerivedWeightRecipe::source("big"), DType::F32), env.mc, stop.get_token());
   drive_until(env.ctx, c.done);
   CHECK(c.done.error());
+  CHECK(env.source->pool().in_use() == 0);
+}
+
+namespace {
+
+// Holds the first read it sees until opened: that read is then in the pread worker, the rest
+// of its batch queued behind it.
+struct ReadGate final : io::FaultInjector {
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool entered = false;
+  bool open = false;
+  io::ReadFault on_complete(std::uint32_t, std::uint64_t, std::uint64_t) override {
+    std::unique_lock lock(mutex);
+    entered = true;
+    changed.notify_all();
+    changed.wait(lock, [&] { return open; });
+    return {};
+  }
+  bool has_entered() {
+    std::lock_guard lock(mutex);
+    return entered;
+  }
+  void release() {
+    {
+      std::lock_guard lock(mutex);
+      open = true;
+    }
+    changed.notify_all();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("materialize – a stop while its read waits in the reader drops the read's queued requests",
+          "[cpu][materialize][cancel]") {
+  ReadGate gate;
+  io::SourceOptions options = small_source_options();
+  options.reader.kind = io::ReaderKind::pread;
+  options.reader.direct = io::DirectMode::off;
+  options.reader.depth = 1;           // one request in flight, the rest queued
+  options.reader.max_request = 4096;  // "big" is 38 requests
+  options.reader.faults = &gate;      // no mappings either: the source reads
+  Env env(options);
+  std::stop_source stop;
+  io::TensorReadRequest r{"big"};
+  cpu::Materialization m = cpu::Backend::materialize(*env.source, r, env.mc, stop.get_token());
+  while (!gate.has_entered()) {
+    env.ctx.restart();
+    env.ctx.run_one_for(std::chrono::milliseconds(5));
+  }
+  stop.request_stop();
+  // The stop's cancellation is emitted on the loop (StopCancellation): let it reach the reader
+  // before the gate lets the worker go on to the queued requests.
+  env.ctx.restart();
+  env.ctx.poll();
+  gate.release();
+  drive_until(env.ctx, m.done);
+  try {
+    cpu::Backend::finish_materialization(std::move(m));
+    FAIL("expected cancellation");
+  } catch (const Error& e) {
+    CHECK(e.kind() == errc::cancelled);
+  }
+  CHECK(env.source->reader().stats().requests == 1);  // without the stop reaching the read: 38
   CHECK(env.source->pool().in_use() == 0);
 }
 

@@ -389,11 +389,15 @@ TEST_CASE("orchestration – cancelling a load through its Asio cancellation slo
   asio::cancellation_signal signal;
   std::exception_ptr result;
   bool done = false;
+  std::size_t in_use_when_told = 1;
+  std::uint64_t live_when_told = 0;
   WeightBindingPlan plan(good_bindings());
   engine::async_load<cpu::Backend>(model, *env.source, plan, env.mc,
                                    asio::bind_cancellation_slot(signal.slot(), [&](std::exception_ptr e) {
                                      result = e;
                                      done = true;
+                                     in_use_when_told = env.source->pool().in_use();
+                                     live_when_told = env.storage.stats().live_bytes;
                                    }));
   env.ctx.restart();
   env.ctx.run_one();  // the orchestration starts every owner and waits for them
@@ -410,6 +414,12 @@ TEST_CASE("orchestration – cancelling a load through its Asio cancellation slo
     CHECK_THAT(e.what(), Catch::Contains("cancelled"));
   }
   CHECK(snapshot(model) == before);
+  CHECK(in_use_when_told == 0);  // every lease was back before the caller was told
+  // The partial unit's storage is freed after the caller was told (engine::detail::ReleasesLate),
+  // in a task the loop runs next: a cancelled load does not wait for it.
+  CHECK(live_when_told > live_before);
+  env.ctx.restart();
+  env.ctx.poll();
   CHECK(env.source->pool().in_use() == 0);
   CHECK(env.storage.stats().live_bytes == live_before);
 }

@@ -202,14 +202,20 @@ PreadReader::~PreadReader() {
   impl_->core.cancel_all();
 }
 
-void PreadReader::read(std::vector<ReadSegment> segments, ReadCallback done) {
+void PreadReader::read(std::vector<ReadSegment> segments, ReadCallback done, BatchId id) {
   std::lock_guard lock(impl_->mutex);
   if (impl_->stopping) {
     done(impl_->core.to_exception(detail::ReadFailure{make_error_code(errc::cancelled), {}, 0, 0, "reader shut down"}));
     return;
   }
-  impl_->core.add(segments, SureCallback(std::move(done)));
+  impl_->core.add(segments, SureCallback(std::move(done)), id);
   impl_->wake.notify_all();
+}
+
+void PreadReader::cancel(BatchId id) {
+  // Queued pieces go at once; a worker in a pread finishes it, then finds the batch failed.
+  std::lock_guard lock(impl_->mutex);
+  if (detail::Batch* b = impl_->core.find(id)) impl_->core.cancel(*b);
 }
 
 ReaderStats PreadReader::stats() const { return impl_->core.stats(); }

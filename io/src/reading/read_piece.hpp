@@ -30,6 +30,7 @@ struct ReadFailure {
 
 /// A batch of segments handed to Reader::read(), completed once.
 struct Batch {
+  BatchId id = 0;                      ///< as given to Reader::read (0: none)
   std::size_t remaining = 0;           ///< pieces not yet finished (queued or in flight)
   std::optional<ReadFailure> failure;  ///< the first failure
   ReadCallback done;                   ///< run once remaining reaches 0
@@ -51,6 +52,7 @@ struct Piece {
   std::uint64_t request_limit = 0;  ///< longest next read (0: none); see ReaderCore's page-cache guard
   unsigned cache_retries = 0;       ///< guarded reads in a row that delivered nothing trusted
   std::uint64_t issued_ns = 0;      ///< when the read in flight was issued, while tracing (trace::now_ns)
+  bool in_flight = false;           ///< the io_uring reader handed a read of it to the kernel
 };
 
 /// EAGAIN or EINTR results in a row after which a piece fails: a blocking read does not

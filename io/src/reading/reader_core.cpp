@@ -115,8 +115,9 @@ void ReaderCore::on_cache_suspect(Piece& p, bool cached) {
   pending.push_front(&p);
 }
 
-void ReaderCore::add(const std::vector<ReadSegment>& segments, ReadCallback done) {
+void ReaderCore::add(const std::vector<ReadSegment>& segments, ReadCallback done, BatchId id) {
   auto& state = batches_.emplace_back();
+  state.batch.id = id;
   state.batch.done = std::move(done);
   state.pieces = split_segments(segments, &state.batch, options.max_request);
   state.batch.remaining = state.pieces.size();
@@ -125,6 +126,27 @@ void ReaderCore::add(const std::vector<ReadSegment>& segments, ReadCallback done
     return;
   }
   for (auto& p : state.pieces) pending.push_back(&p);
+}
+
+Batch* ReaderCore::find(BatchId id) noexcept {
+  if (id == 0) return nullptr;
+  for (auto& s : batches_)
+    if (s.batch.id == id) return &s.batch;
+  return nullptr;
+}
+
+std::span<Piece> ReaderCore::pieces_of(Batch& b) noexcept {
+  for (auto& s : batches_)
+    if (&s.batch == &b) return s.pieces;
+  return {};
+}
+
+void ReaderCore::cancel(Batch& b) {
+  const std::span<Piece> pieces = pieces_of(b);
+  const std::uint32_t file = pieces.empty() ? 0 : pieces.front().file;
+  const std::uint64_t offset = pieces.empty() ? 0 : pieces.front().offset;
+  fail(b, {make_error_code(errc::cancelled), {}, file, offset, "the read was cancelled"});
+  if (b.remaining == 0) complete(b);  // nothing of it was in flight
 }
 
 bool ReaderCore::want_direct(const Piece& p, std::uint64_t pos, const std::byte* dst, std::uint64_t len) {
@@ -298,6 +320,11 @@ ReaderStats ReaderCore::stats() const {
 }  // namespace eredu::io::detail
 
 namespace eredu::io {
+
+BatchId Reader::new_batch_id() noexcept {
+  static std::atomic<BatchId> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
 
 void validate(const ReaderOptions& o) {
   auto bad = [](const std::string& what) { throw Error(errc::invalid_argument, {}, what); };

@@ -36,7 +36,14 @@ class ReaderCore {
 
   /// Queues a batch's pieces at the back of `pending`; a batch with nothing to read is
   /// completed at once.
-  void add(const std::vector<ReadSegment>& segments, ReadCallback done);
+  void add(const std::vector<ReadSegment>& segments, ReadCallback done, BatchId id);
+  /// The unfinished batch `id`, or null (completed, unknown, or 0).
+  Batch* find(BatchId id) noexcept;
+  /// The pieces of unfinished batch `b`.
+  std::span<Piece> pieces_of(Batch& b) noexcept;
+  /// Fails `b` with errc::cancelled unless it failed already, dropping its queued pieces
+  /// unread (Reader::cancel), and completes it when none of its pieces is in flight.
+  void cancel(Batch& b);
   /// Whether the next read of `p` ([pos, pos+len) into dst) should use O_DIRECT.
   bool want_direct(const Piece& p, std::uint64_t pos, const std::byte* dst, std::uint64_t len);
   /// Interprets one completed read of `p` (bytes, or -errno): finishes the piece, queues
@@ -44,7 +51,8 @@ class ReaderCore {
   /// `res` has the injected fault (options.faults) applied here, unless `fault_applied`
   /// says the caller did it already (the pread workers do, outside their lock).
   void on_result(Piece& p, long res, bool fault_applied = false);
-  /// Fails `b` with `failure` unless it failed already, dropping its queued pieces.
+  /// Fails `b` with `failure` unless it failed already, dropping its queued pieces. The
+  /// caller still holds one of its pieces (so the batch stays unfinished).
   void fail(Batch& b, ReadFailure failure);
   /// Fails every unfinished batch with `failure` (see fail()).
   void fail_all(const ReadFailure& failure);

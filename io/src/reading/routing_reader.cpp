@@ -22,13 +22,19 @@ Reader& RoutingReader::route(std::uint32_t file) const noexcept {
   return file < use_second_.size() && use_second_[file] ? *second_ : *first_;
 }
 
-void RoutingReader::read(std::vector<ReadSegment> segments, ReadCallback done) {
+void RoutingReader::read(std::vector<ReadSegment> segments, ReadCallback done, BatchId id) {
   // A source's batch reads one tensor, so one file; a batch that mixed files would go to
   // the second (pread) reader, which is correct on every file system.
   const bool any_second = std::any_of(segments.begin(), segments.end(), [&](const ReadSegment& s) {
     return s.file < use_second_.size() && use_second_[s.file];
   });
-  (any_second ? *second_ : *first_).read(std::move(segments), std::move(done));
+  (any_second ? *second_ : *first_).read(std::move(segments), std::move(done), id);
+}
+
+void RoutingReader::cancel(BatchId id) {
+  // Ids are unique in the process: the reader that does not hold the batch ignores it.
+  first_->cancel(id);
+  second_->cancel(id);
 }
 
 ReaderStats RoutingReader::stats() const {

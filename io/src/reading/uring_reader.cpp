@@ -53,6 +53,9 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
   bool closed = false;
   bool armed = false;            // an eventfd wait is queued on the loop
   bool workers_refused = false;  // io-wq could not start a thread: no more IOSQE_ASYNC
+  // Reader::cancel asks the kernel to cancel a batch's reads in flight (IORING_OP_ASYNC_CANCEL),
+  // unless EREDU_URING_CANCEL_IN_FLIGHT=0 (then they finish: for measuring the difference).
+  bool cancel_in_flight = true;
 
   Impl(asio::any_io_executor ex, std::span<OpenFile> f, const ReaderOptions& o)
       : strand(asio::make_strand(ex)), core(f, o), event_desc(ex) {}
@@ -71,6 +74,7 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
       throw Error(errc::uring_unavailable, {.os_error = sys_error(-r)}, "io_uring_setup failed");
     }
     ring_ready = true;
+    if (const char* v = std::getenv("EREDU_URING_CANCEL_IN_FLIGHT"); v && *v == '0') cancel_in_flight = false;
     int efd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (efd < 0) throw Error(errc::uring_unavailable, {.os_error = sys_error(errno)}, "eventfd failed");
     event_fd.reset(efd);
@@ -136,13 +140,39 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
 
   // --- everything below runs on the strand (or in the destructor) ---
 
-  void start(std::vector<ReadSegment> segments, ReadCallback done) {
+  void start(std::vector<ReadSegment> segments, ReadCallback done, BatchId id) {
     if (closed) {
       done(core.to_exception(detail::ReadFailure{make_error_code(errc::cancelled), {}, 0, 0, "reader shut down"}));
       return;
     }
-    core.add(segments, std::move(done));
+    core.add(segments, std::move(done), id);
     drive();
+  }
+
+  // Reader::cancel on the strand: the batch's queued pieces are dropped unread; the kernel is
+  // asked to cancel its reads in flight (a read it already runs, a page-cache copy or a
+  // direct read in the block layer, finishes: their results are then dropped too).
+  void cancel(BatchId id) {
+    detail::Batch* b = core.find(id);
+    if (!b || b->failure) return;
+    std::vector<Piece*> running;
+    for (Piece& p : core.pieces_of(*b))
+      if (p.in_flight) running.push_back(&p);
+    core.cancel(*b);  // completes the batch now when nothing of it is in flight
+    if (running.empty() || !cancel_in_flight || closed) return;
+    for (Piece* p : running) {
+      io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+      if (!sqe) {
+        io_uring_submit(&ring);
+        core.count_syscall();
+        sqe = io_uring_get_sqe(&ring);
+        if (!sqe) break;  // the reads left run to their end
+      }
+      io_uring_prep_cancel(sqe, p, 0);
+      io_uring_sqe_set_data(sqe, nullptr);  // its own completion is skipped in reap()
+    }
+    io_uring_submit(&ring);
+    core.count_syscall();
   }
 
   // Submits and reaps until neither makes progress: page-cache hits complete inside the
@@ -205,6 +235,7 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
       // punted to io-wq, the requests in flight copy on several cores at once.
       if (!p->direct && core.options.parallel_buffered_copies && !workers_refused) sqe->flags |= IOSQE_ASYNC;
       io_uring_sqe_set_data(sqe, p);
+      p->in_flight = true;
       ++in_flight;
       ++queued;
       core.count_request(*p, fixed_buf);
@@ -239,6 +270,7 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
       for (unsigned i = 0; i < n; ++i) {
         auto* p = static_cast<Piece*>(io_uring_cqe_get_data(cqes[i]));
         int res = cqes[i]->res;
+        if (!p) continue;  // an IORING_OP_ASYNC_CANCEL's own completion (see cancel())
         try {
           handle(*p, res);
         } catch (...) {
@@ -255,11 +287,13 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
   void handle(Piece& p, long res) {
     --in_flight;
     in_flight_bytes -= p.submitted;
-    // This reader cancels nothing: io_uring cancels a request it queued for its worker
+    p.in_flight = false;
+    // Besides a cancelled batch's reads (cancel()), io_uring cancels a request it queued for its worker
     // threads (io-wq) when it cannot start one (RLIMIT_NPROC, a pids limit). Such reads are
     // issued again without IOSQE_ASYNC, which most complete without a worker (page-cache
     // copies inline, O_DIRECT through the block layer); a read that still needs one fails.
-    if (res == -ECANCELED && !closed) {
+    // A read of a cancelled batch (cancel()) ends here, whatever its result.
+    if (res == -ECANCELED && !closed && !p.batch->failure) {
       if (!workers_refused) {
         workers_refused = true;
         log::warn(
@@ -327,8 +361,9 @@ struct UringReader::Impl : std::enable_shared_from_this<UringReader::Impl> {
         continue;
       }
       if (r < 0) break;
+      const bool read = io_uring_cqe_get_data(cqe) != nullptr;  // not a cancel's own completion
       io_uring_cqe_seen(&ring, cqe);
-      --in_flight;
+      if (read) --in_flight;
     }
     core.cancel_all();
     std::error_code ignored;
@@ -344,9 +379,16 @@ UringReader::UringReader(asio::any_io_executor executor, std::span<OpenFile> fil
 
 UringReader::~UringReader() { impl_->shutdown(); }
 
-void UringReader::read(std::vector<ReadSegment> segments, ReadCallback done) {
-  asio::post(impl_->strand, [self = impl_, segs = std::move(segments), d = std::move(done)]() mutable {
-    self->start(std::move(segs), std::move(d));
+void UringReader::read(std::vector<ReadSegment> segments, ReadCallback done, BatchId id) {
+  asio::post(impl_->strand, [self = impl_, segs = std::move(segments), d = std::move(done), id]() mutable {
+    self->start(std::move(segs), std::move(d), id);
+  });
+}
+
+void UringReader::cancel(BatchId id) {
+  // After the read's own post (one strand, in order): the batch is known by then.
+  asio::post(impl_->strand, [self = impl_, id] {
+    if (!self->closed) self->cancel(id);
   });
 }
 

@@ -54,6 +54,10 @@ struct Backend : engine::BackendGlue<Tensor, Executor> {
   /// What tensor storage (StorageBlock) offers the placement planner: host memory the source
   /// reads into, 64-byte aligned, that can adopt a file mapping (mapped weights) and be laid
   /// out as a direct window (StoragePool::allocate_window).
+  /// A weight's storage block holds what its release needs (the pool's state, or its
+  /// mapping): a cancelled unit's weights may be freed after its caller was told
+  /// (engine::detail::ReleasesLate).
+  static constexpr bool weights_release_alone = true;
   static constexpr engine::BufferTraits buffer_traits{
       .host = true, .alignment = 64, .adopts_mappings = true, .reads_into = true, .lays_out_windows = true};
 

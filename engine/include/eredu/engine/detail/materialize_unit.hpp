@@ -13,9 +13,10 @@
 ///     max_bytes_in_flight at a time: reads, conversions and recipe execution of different
 ///     tensors overlap, limited by the lease pool (staging) and the reader's queue depth. The
 ///     window is above what a reader keeps in flight, so it costs no overlap; it is what lets
-///     a stop end a unit at once, since the realizations not started are never started, and
-///     started ones queue reads a stop cannot recall (a unit of 100 000 tiny tensors, or 2 GiB
-///     of large ones, otherwise read to its end after the stop).
+///     a stop end a unit at once, since the realizations not started are never started (a
+///     unit of 100 000 tiny tensors, or 2 GiB of large ones, otherwise read to its end after
+///     the stop). A started one's read drops its queued requests when the backend binds the
+///     stop to it (the CPU backend does: detail::StopCancellation; io::Reader::cancel).
 ///  3. When one fails, the others are told to stop (std::stop_token) and the orchestration
 ///     waits until every one has completed — so every lease is back in its pool and no
 ///     backend work still writes into a weight — before it reports the first root-cause
@@ -29,6 +30,7 @@
 #include <asio/awaitable.hpp>
 #include <asio/cancellation_state.hpp>
 #include <asio/co_spawn.hpp>
+#include <asio/post.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 #include <atomic>
@@ -66,6 +68,28 @@ inline constexpr std::size_t max_realizations_in_flight = 256;
 /// alone is larger (see step 2 above): four times what a reader keeps in flight by default
 /// (depth 8 × 8 MiB), and what a local disk reads in about a tenth of a second.
 inline constexpr std::uint64_t max_bytes_in_flight = std::uint64_t{256} << 20;
+
+/// Whether a cancelled unit's weights may be freed after its caller was told (B declares
+/// `weights_release_alone`: a weight holds everything its release needs, so it may outlive
+/// the backend's context). Freeing a partly loaded unit takes time (a process holding 2 GiB
+/// needs about half a second to give it back here, docs/performance.md): a cancelled load's
+/// caller should not wait for it. A unit that failed otherwise frees them before it reports.
+template <class B>
+concept ReleasesLate = requires {
+  requires B::weights_release_alone;
+};
+
+/// Destroys `held` in a task posted to `executor`: after the handler the caller's completion
+/// dispatches from there now. Destroyed at once when no memory is left to post it.
+template <class T>
+void release_later(const asio::any_io_executor& executor, T held) {
+  try {
+    auto box = std::make_shared<T>(std::move(held));
+    asio::post(executor, [box = std::move(box)]() mutable { box.reset(); });
+  } catch (...) {
+    // Freed here, on the way to the caller's error.
+  }
+}
 
 /// An owner's hash check where it landed: another handle to the weight, and its digest.
 template <class B>
@@ -285,7 +309,13 @@ asio::awaitable<MaterializedUnit<B>> materialize_unit(
     failure = e;
   if (start_error && (!failure || is_cancellation(failure))) failure = start_error;
   if (cancel_state.slot().is_connected()) cancel_state.slot().clear();
-  if (cancelled_by_caller->load() && (!failure || is_cancellation(failure)))
+  const bool cancelled = cancelled_by_caller->load() && (!failure || is_cancellation(failure));
+  if constexpr (ReleasesLate<B>) {
+    // Every realization has completed (nothing writes into the weights, every lease is back):
+    // only freeing the partial unit is left, which need not delay the cancellation.
+    if (cancelled) release_later(source.get_executor(), std::move(in_flight));
+  }
+  if (cancelled)
     throw Error(errc::cancelled, {},
                 fmt::format("the load of {} weight(s) was cancelled; nothing was published", owners.size()));
   if (failure) std::rethrow_exception(failure);

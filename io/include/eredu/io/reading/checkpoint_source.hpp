@@ -121,9 +121,10 @@ class CheckpointSource {
   /// naming file, tensor and offset.
   ///
   /// @par Per-Operation Cancellation
-  /// terminal: a wait for staging memory ends at once; a read already in flight completes
-  /// first (the kernel writes into the lease's memory). Then the operation fails with
-  /// errc::cancelled.
+  /// terminal: a wait for staging memory ends at once; the read's requests not yet issued are
+  /// dropped, and those in flight cancelled where the kernel can or let finish (the kernel
+  /// writes into the lease's memory: Reader::cancel). Then the lease is back in the pool and
+  /// the operation fails with errc::cancelled.
   ///
   /// The request is copied; the source must outlive the operation and the lease.
   template <asio::completion_token_for<void(std::exception_ptr, Lease)> Token>
@@ -141,7 +142,9 @@ class CheckpointSource {
   /// invalid_argument when `destination` is not the selection's size.
   ///
   /// @par Per-Operation Cancellation
-  /// terminal, checked before the read starts: a read in flight runs to its end.
+  /// terminal: the read's requests not yet issued are dropped, those in flight cancelled
+  /// where the kernel can or let finish (Reader::cancel); then the operation fails with
+  /// errc::cancelled, `destination` holding some of the bytes or none.
   ///
   /// The request is copied; the source and the memory of `destination` must outlive the
   /// operation.
@@ -172,7 +175,8 @@ class CheckpointSource {
   /// `window` has the wrong size or alignment or the request has no window.
   ///
   /// @par Per-Operation Cancellation
-  /// none: a read in flight runs to its end.
+  /// terminal, as async_read_into (a cancelled window read is not retried as the selection's
+  /// bytes alone).
   ///
   /// The request is copied; the source and the memory of `window` must outlive the operation.
   template <asio::completion_token_for<void(std::exception_ptr)> Token>

@@ -27,7 +27,8 @@ class PreadReader final : public Reader {
   ~PreadReader() override;
 
   std::string_view name() const noexcept override { return "pread"; }
-  void read(std::vector<ReadSegment> segments, ReadCallback done) override;
+  void read(std::vector<ReadSegment> segments, ReadCallback done, BatchId id) override;
+  void cancel(BatchId id) override;
   ReaderStats stats() const override;
   std::size_t direct_alignment(std::uint32_t file) const noexcept override;
   bool reads_direct(std::uint32_t file, std::uint64_t offset, std::uint64_t length) const noexcept override;

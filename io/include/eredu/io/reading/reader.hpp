@@ -10,7 +10,9 @@
 /// the errno. It knows nothing of tensors or formats (CheckpointSource adds the tensor).
 
 #include <asio/any_io_executor.hpp>
+#include <asio/associated_cancellation_slot.hpp>
 #include <asio/async_result.hpp>
+#include <asio/cancellation_type.hpp>
 #include <cstdint>
 #include <exception>
 #include <string>
@@ -106,15 +108,26 @@ void validate(const ReaderOptions& options);
 /// and the errno (os_error) of an io_error.
 using ReadCallback = UniqueFunction<void(std::exception_ptr)>;
 
+/// Names one batch handed to Reader::read(), for Reader::cancel(); unique in the process.
+using BatchId = std::uint64_t;
+
 /// A reader of byte ranges (see file comment).
 class Reader {
  public:
   virtual ~Reader() = default;
+  /// A fresh BatchId (never 0). Thread-safe.
+  static BatchId new_batch_id() noexcept;
   /// "io_uring" or "pread".
   virtual std::string_view name() const noexcept = 0;
   /// Starts reading every segment fully; `done` runs once, after the last byte landed or
-  /// after the first failure once nothing of the batch is in flight any more.
-  virtual void read(std::vector<ReadSegment> segments, ReadCallback done) = 0;
+  /// after the first failure once nothing of the batch is in flight any more. `id` (from
+  /// new_batch_id(); 0: none) is what cancel() names the batch by.
+  virtual void read(std::vector<ReadSegment> segments, ReadCallback done, BatchId id) = 0;
+  /// Stops batch `id` if it has not completed: its requests not yet handed to the kernel (or
+  /// to a worker) are dropped unread, those in flight are cancelled where the kernel can
+  /// (io_uring) or left to finish, and the batch completes with errc::cancelled once none is
+  /// in flight. Harmless for a completed or unknown batch. Thread-safe.
+  virtual void cancel(BatchId id) = 0;
   /// Counters so far.
   virtual ReaderStats stats() const = 0;
   /// Alignment a direct read of `file` needs (0: the file is read buffered only).
@@ -134,16 +147,25 @@ class Reader {
   /// value), never inline on the reaping thread.
   ///
   /// @par Per-Operation Cancellation
-  /// none: a read in flight cannot be recalled from the kernel; it completes, or fails with
-  /// errc::cancelled when the reader is destroyed first.
+  /// terminal, partial and total, as cancel(): requests not yet issued are dropped, those in
+  /// flight are cancelled where the kernel can or finish; then the operation fails with
+  /// errc::cancelled (the memory behind the segments holds some of the bytes, or none). The
+  /// slot's handler may be called from any thread.
   ///
   /// The reader and the memory behind the segments must outlive the operation.
   template <asio::completion_token_for<void(std::exception_ptr)> Token>
   auto async_read(std::vector<ReadSegment> segments, asio::any_io_executor fallback, Token&& token) {
     return asio::async_initiate<Token, void(std::exception_ptr)>(
         [](auto handler, Reader* self, std::vector<ReadSegment> segs, asio::any_io_executor ex) {
+          const BatchId id = new_batch_id();
+          // Installed before the read starts: a handler assigned after could outlive the batch.
+          if (auto slot = asio::get_associated_cancellation_slot(handler); slot.is_connected()) {
+            slot.assign([self, id](asio::cancellation_type type) {
+              if (type != asio::cancellation_type::none) self->cancel(id);
+            });
+          }
           self->read(std::move(segs),
-                     eredu::detail::deliver_on_handler_executor<std::exception_ptr>(std::move(handler), ex));
+                     eredu::detail::deliver_on_handler_executor<std::exception_ptr>(std::move(handler), ex), id);
         },
         token, this, std::move(segments), std::move(fallback));
   }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "eredu/core/completion.hpp"
+#include "eredu/core/detail/stop_cancellation.hpp"
 #include "eredu/cpu/backend.hpp"
 #include "eredu/cpu/convert.hpp"
 #include "eredu/cpu/layout.hpp"
@@ -115,7 +116,9 @@ asio::awaitable<void> read_direct(Job<S> job, std::unique_ptr<io::TensorReadRequ
                             tensor.dtype(), tensor.mutable_bytes());
     co_return;
   }
-  co_await job.source.async_read_into(*request, tensor.mutable_bytes(), asio::use_awaitable);
+  // A stop drops the read's queued requests (Reader::cancel) instead of waiting for them.
+  eredu::detail::StopCancellation cancel(job.stop, job.source.get_executor());
+  co_await job.source.async_read_into(*request, tensor.mutable_bytes(), cancel.use_awaitable());
   if (fresh) storage.mark_populated();  // every page was written: recycling the block saves its faults
 }
 
@@ -127,7 +130,9 @@ asio::awaitable<void> read_window(Job<S> job, std::unique_ptr<io::TensorReadRequ
                                   Tensor tensor) {
   if (job.stop.stop_requested()) throw_stopped(request->key);
   StorageBlock& storage = *tensor.storage();
-  co_await job.source.async_read_window_into(*request, storage.allocation().first(window.bytes), asio::use_awaitable);
+  eredu::detail::StopCancellation cancel(job.stop, job.source.get_executor());
+  co_await job.source.async_read_window_into(*request, storage.allocation().first(window.bytes),
+                                             cancel.use_awaitable());
   storage.mark_populated();  // the window is the whole allocation (allocate_window)
 }
 
@@ -146,6 +151,7 @@ asio::awaitable<void> stream_convert(const Job<S>& job, const io::TensorReadRequ
   std::size_t carry_n = 0;
   std::uint64_t consumed = 0;  // input bytes converted so far
   Completion pending = Completion::ready_now();
+  eredu::detail::StopCancellation cancel(job.stop, job.source.get_executor());
   for (;;) {
     std::exception_ptr failure;
     std::optional<io::Lease> lease;
@@ -153,7 +159,7 @@ asio::awaitable<void> stream_convert(const Job<S>& job, const io::TensorReadRequ
       failure = std::make_exception_ptr(engine::stopped_error(source.key));
     } else {
       try {
-        lease = co_await stream.async_next(asio::use_awaitable);
+        lease = co_await stream.async_next(cancel.use_awaitable());
       } catch (...) {
         failure = std::current_exception();
       }
@@ -224,7 +230,8 @@ struct RecipePrimitives {
 
   /// The reader writes the selected bytes straight into `out`: one copy, no lease.
   asio::awaitable<void> read_into(const io::TensorReadRequest& request, Region out) const {
-    co_await job.source.async_read_into(request, out, asio::use_awaitable);
+    eredu::detail::StopCancellation cancel(job.stop, job.source.get_executor());
+    co_await job.source.async_read_into(request, out, cancel.use_awaitable());
   }
 
   /// As placed (engine::plan_placement for converted bytes): resident in the page cache,
