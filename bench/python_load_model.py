@@ -14,7 +14,10 @@ a fresh process per round, in an order rotated each round:
   load_model(meta)    eredu.torch.load_model into a model built on the meta device (assigned)
   load_file+lsd       model.load_state_dict(eredu.torch.load_file(path), strict=False) (save_model
                       wrote the tied lm_head once, under embed.weight)
-  torch.load+lsd      model.load_state_dict(torch.load(path.pt))   (torch 1.13: no mmap=)
+  torch.load+lsd      model.load_state_dict(torch.load(path.pt))
+  torch.load(mmap)+lsd  model.load_state_dict(torch.load(path.pt, mmap=True)) (where torch has mmap=:
+                      2.1 and later; Debian's 1.13 has not)
+  safetensors.load_model  safetensors.torch.load_model(model, path) (where safetensors is installed)
 
 An existing model is built on the meta device, given memory with to_empty, re-tied and zeroed
 before the timer starts: its bytes are resident, as after a real initialisation, and the baseline
@@ -74,6 +77,11 @@ if how in ("load_model", "load_model(meta)"):
     eredu.torch.load_model(model, st)
 elif how == "load_file+lsd":
     model.load_state_dict(eredu.torch.load_file(st), strict=False)  # the file names the tied weight once
+elif how == "torch.load(mmap)+lsd":
+    model.load_state_dict(torch.load(pt, mmap=True, weights_only=True))
+elif how == "safetensors.load_model":
+    import safetensors.torch
+    safetensors.torch.load_model(model, st)
 else:
     model.load_state_dict(torch.load(pt))
 seconds = time.perf_counter() - t0
@@ -94,6 +102,9 @@ print(sum(p.numel() * p.element_size() for p in model.parameters()))
 """
 
 CONTENDERS = ["load_model", "load_model(meta)", "load_file+lsd", "torch.load+lsd"]
+# Contenders this interpreter may lack: (name, the check that it can run here).
+OPTIONAL = [("torch.load(mmap)+lsd", "import inspect, torch; assert 'mmap' in inspect.signature(torch.load).parameters"),
+            ("safetensors.load_model", "import safetensors.torch")]
 
 
 def main():
@@ -116,10 +127,12 @@ def main():
                 pass  # page-cache hot for every contender
     print(f"model: {nbytes / 1e6:.0f} MB of parameters (tied lm_head counted once); files: "
           f"{st.stat().st_size / 1e6:.0f} MB safetensors, {pt.stat().st_size / 1e6:.0f} MB torch.save")
-    runs = {c: [] for c in CONTENDERS}
+    contenders = CONTENDERS + [name for name, check in OPTIONAL
+                               if subprocess.run([sys.executable, "-c", check], capture_output=True).returncode == 0]
+    runs = {c: [] for c in contenders}
     checks = {}
     for r in range(args.rounds):
-        order = CONTENDERS[r % len(CONTENDERS):] + CONTENDERS[:r % len(CONTENDERS)]
+        order = contenders[r % len(contenders):] + contenders[:r % len(contenders)]
         for c in order:
             out = subprocess.run([sys.executable, "-c", CHILD, c, str(st), str(pt), *shape], capture_output=True,
                                  text=True)
@@ -128,7 +141,7 @@ def main():
             res = json.loads(out.stdout)
             runs[c].append(res)
             checks.setdefault(res["check"], []).append(c)
-            print(f"round {r + 1} {c:18s} {res['seconds']:.3f} s  peak {res['peak'] / MIB:.0f} MiB  "
+            print(f"round {r + 1} {c:22s} {res['seconds']:.3f} s  peak {res['peak'] / MIB:.0f} MiB  "
                   f"(+{(res['peak'] - res['baseline']) / MIB:.0f} over {res['baseline'] / MIB:.0f})", flush=True)
     if len(checks) != 1:
         sys.exit(f"contenders loaded different weights: {checks}")
@@ -137,10 +150,10 @@ def main():
         return f"{fmt(statistics.median(values))} ({fmt(min(values))}-{fmt(max(values))})"
 
     print(f"\n{args.rounds} rounds, median (min-max)")
-    print(f"{'contender':18s} | {'seconds':22s} | {'peak RSS MiB':18s} | {'peak over baseline MiB':22s}")
-    for c in CONTENDERS:
+    print(f"{'contender':22s} | {'seconds':22s} | {'peak RSS MiB':18s} | {'peak over baseline MiB':22s}")
+    for c in contenders:
         rs = runs[c]
-        print(f"{c:18s} | {med([x['seconds'] for x in rs], lambda v: f'{v:.2f}'):22s} | "
+        print(f"{c:22s} | {med([x['seconds'] for x in rs], lambda v: f'{v:.2f}'):22s} | "
               f"{med([x['peak'] / MIB for x in rs], lambda v: f'{v:.0f}'):18s} | "
               f"{med([(x['peak'] - x['baseline']) / MIB for x in rs], lambda v: f'{v:.0f}'):22s}")
 

@@ -72,8 +72,9 @@ def _unsupported(name, dtype, fw, file):
                         tensor=name)
 
 
-def plan_tensor(name, dtype, fw, *, cast=None, bf16="uint16", unsupported="error", file=None):
-    """The TensorPlan of tensor `name` stored as `dtype` for framework `fw` ("np" or "pt")."""
+def plan_tensor(name, dtype, fw, *, cast=None, bf16="uint16", unsupported="error", file=None, shape=None):
+    """The TensorPlan of tensor `name` stored as `dtype` for framework `fw` ("np" or "pt");
+    `shape`: the tensor's, when it is read whole (F4 reaches torch >= 2.8 whole only)."""
     out = dtype
     conversion = None
     if cast is not None and cast != dtype and _native.supported_cast(dtype, cast):
@@ -89,6 +90,10 @@ def plan_tensor(name, dtype, fw, *, cast=None, bf16="uint16", unsupported="error
             return TensorPlan(conversion, "stored", None)
     elif fw == "pt" and out in _TORCH_FLOAT8 and hasattr(torch_module(), _TORCH_FLOAT8[out]):
         return TensorPlan(conversion, "raw", _TORCH_FLOAT8[out])
+    elif (fw == "pt" and out == "F4" and shape and shape[-1] % 2 == 0
+          and hasattr(torch_module(), "float4_e2m1fn_x2")):
+        # torch's float4_e2m1fn_x2 holds two F4 values per element: the last dimension halves.
+        return TensorPlan(conversion, "raw", ("float4_e2m1fn_x2", tuple(shape[:-1]) + (shape[-1] // 2,)))
     if unsupported == "raw":
         return TensorPlan(conversion, "raw", None)
     raise _unsupported(name, out, fw, file)
@@ -110,6 +115,8 @@ def to_framework(tensor, fw, post=None):
     t = torch.utils.dlpack.from_dlpack(tensor)
     if post == "bool":
         t = t.view(torch.bool)
+    elif isinstance(post, tuple):  # (dtype name, shape): packed elements
+        t = t.view(getattr(torch, post[0])).reshape(post[1])
     elif post is not None:
         t = t.view(getattr(torch, post))
     return t

@@ -11,12 +11,12 @@ budget, and a failure anywhere fails the whole load with nothing returned.
 """
 
 from . import _bridge
-from ._options import device as check_device
+from ._options import device as check_device, framework as check_framework
 from ._safe_open import _Reader
 
 
-def _check(device):
-    check_device(device)
+def _check(device, framework):
+    return check_device(device, check_framework(framework))
 
 
 def load_file(filename, framework="np", dtype=None, threads=None, budget=None, *, device="cpu", bf16=None,
@@ -27,10 +27,11 @@ def load_file(filename, framework="np", dtype=None, threads=None, budget=None, *
     those it records; True: every tensor must have one); `progress(done, total, phase)` is called
     from this thread as the bytes land (eredu._bridge says when); see safe_open for `bf16`,
     `unsupported` and the other options."""
-    _check(device)
+    target = _check(device, framework)
     _bridge.check_progress(progress)
     reader = _Reader.open(filename, framework, dtype, bf16, unsupported, threads=threads, budget=budget,
                           verify=verify, **options)
+    reader.device = target
     try:
         return reader.read(list(reader.order), progress)
     finally:
@@ -42,10 +43,11 @@ async def aload(filename, framework="np", dtype=None, threads=None, budget=None,
     """load_file, awaitable: the asyncio loop keeps running while eredu loads. `names` loads only
     those tensors; `progress` is called on the asyncio loop's thread. Cancelling the task cancels
     the load, returns every lease and raises asyncio.CancelledError."""
-    _check(device)
+    target = _check(device, framework)
     _bridge.check_progress(progress)
     reader = await _Reader.aopen(filename, framework, dtype, bf16, unsupported, threads=threads,
                                  budget=budget, verify=verify, **options)
+    reader.device = target
     try:
         return await reader.aread(list(reader.order if names is None else names), progress)
     finally:
@@ -56,10 +58,11 @@ async def aread(filename, name, index=None, framework="np", *, dtype=None, devic
                 unsupported="error", verify=False, progress=None, **options):
     """One tensor of `filename`, awaitable; with `index` (what `slice[index]` takes) only the
     selected part is read. `progress` as aload's."""
-    _check(device)
+    target = _check(device, framework)
     _bridge.check_progress(progress)
     reader = await _Reader.aopen(filename, framework, dtype, bf16, unsupported, copy_resident=False,
                                  verify=verify, **options)
+    reader.device = target
     try:
         if index is None:
             return (await reader.aread([name], progress))[name]

@@ -210,7 +210,11 @@ def load_model(model, filename, strict=True, device="cpu", **options):
     non-empty raises RuntimeError with torch's message, before anything is read. A shape that
     differs from the model's raises RuntimeError ("size mismatch for ...") whatever `strict`."""
     torch = torch_module()
-    check_device(device)
+    if check_device(device, "pt") != "cpu":
+        from ._errors import python_error
+        raise python_error("invalid_argument", f"load_model(device={device!r}): eredu loads into a model's CPU "
+                           "parameters; load it, then model.to(device)", file=filename if isinstance(filename, str)
+                           else None)
     reader = _Reader.open(filename, "pt", copier="load_model", **options)
     try:
         return _load_into(model, reader, strict, torch)

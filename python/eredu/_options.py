@@ -262,13 +262,26 @@ def framework(name):
     return fw
 
 
-def device(value):
-    """Checks that `value` names the CPU; eredu's Python module loads into host memory only."""
+def device(value, fw="np"):
+    """The device tensors are delivered on: "cpu" (where eredu loads them), or for torch any
+    device torch names (`"cuda:0"`, `0`, a torch.device), which the tensors are moved to once
+    loaded, as safetensors moves them."""
     text = str(value)
     if text in ("cpu", "cpu:0"):
         return "cpu"
-    raise invalid(f"device {value!r} is not supported: eredu's Python module loads into CPU memory only "
-                  f"(the CUDA backend has no Python binding yet); use device='cpu' and move the tensors")
+    if fw == "pt":
+        from ._frameworks import torch_module
+        torch = torch_module()
+        try:
+            target = torch.device(value)
+        except (RuntimeError, TypeError, ValueError) as e:
+            raise invalid(f"device {value!r} is not a device torch knows ({e})") from None
+        if target.type == "cuda" and not torch.cuda.is_available():
+            # Refused before reading rather than failing in the move after the whole load.
+            raise invalid(f"device {value!r}: this torch sees no CUDA device")
+        return "cpu" if target.type == "cpu" else target
+    raise invalid(f"device {value!r} is not supported with numpy: numpy arrays live in CPU memory (use "
+                  f"framework='pt' for a GPU)")
 
 
 # The names dtype= accepts are the CLI's --dtype names (eredu/app/option_presets.hpp), in any

@@ -94,15 +94,20 @@ class _Reader:
         """(the extension's read spec, the TensorPlan) of tensor `name`."""
         info = self.info(name)
         plan = plan_tensor(name, info.dtype, self.fw, cast=self.cast, bf16=self.bf16, unsupported=self.unsupported,
-                           file=self.files[info.file])
+                           file=self.files[info.file], shape=info.shape if ranges is None else None)
         # numpy refuses arrays whose dimensions multiply (zeros left out) past 2**63 bytes, even
         # empty ones; the extension checks that, with the file and tensor, before any read.
         spec = {"key": name, "cast": plan.cast, "view": plan.view, "ranges": ranges, "shape": shape, "name": slot,
                 "numpy": self.fw == "np"}
         return spec, plan
 
+    device = "cpu"  # where delivered tensors go: eredu loads into CPU memory, torch moves them on
+
     def convert(self, tensors, plans):
-        return [to_framework(t, self.fw, p.post) for t, p in zip(tensors, plans)]
+        out = [to_framework(t, self.fw, p.post) for t, p in zip(tensors, plans)]
+        if self.device != "cpu":
+            out = [t.to(self.device) for t in out]
+        return out
 
     def start_read(self, names):
         specs, plans = zip(*(self.spec(n) for n in names)) if names else ((), ())
@@ -149,10 +154,11 @@ class safe_open:
 
     def __init__(self, filename, framework="np", device="cpu", *, dtype=None, bf16=None, unsupported="error",
                  verify=False, readahead=None, **options):
-        check_device(device)
+        target = check_device(device, check_framework(framework))
         limit = parse_size("readahead", readahead)
         self._reader = _Reader.open(filename, framework, dtype, bf16, unsupported, copy_resident=False, verify=verify,
                                     **options)
+        self._reader.device = target
         self._ahead = ReadAhead(self._reader, DEFAULT_LIMIT if limit is None else limit)
         self._closed = False
 

@@ -17,8 +17,8 @@ import numpy as np
 from ._errors import InvalidArgumentError, SharedTensorsError
 
 # safetensors' Dtype enum, in its declaration order: the writer sorts tensors by it, largest first.
-_DTYPE_ORDER = ["BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "I16", "U16",
-                "F16", "BF16", "I32", "U32", "F32", "C64", "F64", "I64", "U64"]
+_DTYPE_ORDER = ["BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ",
+                "F8_E5M2FNUZ", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "C64", "F64", "I64", "U64"]
 _RANK = {name: i for i, name in enumerate(_DTYPE_ORDER)}
 
 _NP_DTYPE = {np.dtype(np.bool_): "BOOL", np.dtype(np.uint8): "U8", np.dtype(np.int8): "I8",
@@ -130,7 +130,8 @@ def load_bytes(data, loader):
 _TORCH_DTYPE = {"bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "uint16": "U16", "float16": "F16",
                 "bfloat16": "BF16", "int32": "I32", "uint32": "U32", "float32": "F32", "float64": "F64",
                 "int64": "I64", "uint64": "U64", "complex64": "C64", "float8_e4m3fn": "F8_E4M3",
-                "float8_e5m2": "F8_E5M2", "float8_e8m0fnu": "F8_E8M0"}
+                "float8_e5m2": "F8_E5M2", "float8_e8m0fnu": "F8_E8M0", "float8_e4m3fnuz": "F8_E4M3FNUZ",
+                "float8_e5m2fnuz": "F8_E5M2FNUZ", "float4_e2m1fn_x2": "F4"}
 
 
 def _storage_span(t):
@@ -174,7 +175,10 @@ def torch_entries(tensors):
         if t.numel():
             spans.append((_storage_span(t), name))
         raw = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b""  # a view: no copy
-        entries.append((name, dtype, tuple(t.shape), raw))
+        shape = tuple(t.shape)
+        if dtype == "F4" and shape:  # torch's element holds two F4 values: the file counts values
+            shape = shape[:-1] + (shape[-1] * 2,)
+        entries.append((name, dtype, shape, raw))
     spans.sort()
     for ((storage_a, _, end_a), a), ((storage_b, start_b, _), b) in zip(spans, spans[1:]):
         if storage_a == storage_b and start_b < end_a:

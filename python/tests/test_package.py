@@ -54,7 +54,7 @@ def test_a_library_error_keeps_its_message_and_parts(tmp_path):
 
 @pytest.mark.parametrize("kwargs, words", [
     ({"framework": "tf"}, "framework must be 'np'"),
-    ({"device": "cuda:0"}, "CPU memory only"),
+    ({"device": "cuda:0"}, "numpy arrays live in CPU memory"),
     ({"budget": 0}, "budget must be from 4096 (4K) to 1099511627776 (1T) bytes, not 0"),
     ({"budget": "12 parsecs"}, "budget must be a number of bytes"),
     ({"threads": 0}, "threads must be from 1 to 1024, not 0"),
@@ -93,3 +93,19 @@ def test_the_numpy_and_torch_modules_mirror_safetensors(tmp_path, writer):
     path = writer(tmp_path / "a.safetensors", {"w": np.arange(6, dtype=np.float32).reshape(2, 3)})
     assert np.array_equal(np_load(path)["w"], np.arange(6).reshape(2, 3))
     assert torch.equal(pt_load(path, device="cpu")["w"], torch.arange(6, dtype=torch.float32).reshape(2, 3))
+
+
+def test_torch_tensors_go_to_the_device_asked_for(tmp_path, writer):
+    # eredu loads into CPU memory; for torch, device= moves the tensors on, as safetensors does.
+    # The meta device stands for a GPU here: the same .to() path, on any machine.
+    torch = pytest.importorskip("torch")
+    path = writer(tmp_path / "a.safetensors", {"w": np.arange(6, dtype=np.float32).reshape(2, 3)})
+    d = eredu.load_file(path, "pt", device="meta")
+    assert d["w"].device.type == "meta" and tuple(d["w"].shape) == (2, 3)
+    with eredu.safe_open(path, "pt", device=torch.device("meta")) as f:
+        assert f.get_tensor("w").device.type == "meta" and f.get_slice("w")[:1].device.type == "meta"
+    assert eredu.load_file(path, "pt", device="cpu")["w"].device.type == "cpu"
+    with pytest.raises(eredu.InvalidArgumentError, match="not a device torch knows"):
+        eredu.load_file(path, "pt", device="warp-drive")
+    with pytest.raises(eredu.InvalidArgumentError, match="numpy arrays live in CPU memory"):
+        eredu.load_file(path, "np", device="cuda:0")

@@ -56,11 +56,16 @@ def test_read_ahead_is_bounded(model):
             assert nbytes <= 2 * one
             most = max(most, nbytes)
         assert most > one  # it does read ahead, up to the limit
-    for off in ({"readahead": 0}, {}):  # off, and off by default
-        with eredu.safe_open(path, "np", **off) as f:
-            for name in f.keys()[:6]:
-                f.get_tensor(name)
-                assert f._ahead.pending() == (0, 0)
+    with eredu.safe_open(path, "np", readahead=0) as f:  # off
+        for name in f.keys()[:6]:
+            f.get_tensor(name)
+            assert f._ahead.pending() == (0, 0)
+    with eredu.safe_open(path, "np") as f:  # on by default, within its 256 MiB
+        most = 0
+        for name in f.keys()[:6]:
+            f.get_tensor(name)
+            most = max(most, f._ahead.pending()[1])
+        assert 0 < most <= 256 << 20
     with pytest.raises(eredu.InvalidArgumentError, match="readahead"):
         eredu.safe_open(path, "np", readahead=-1)
 

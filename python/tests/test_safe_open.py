@@ -188,11 +188,18 @@ def test_the_context_manager_closes_even_on_error(sample):
         f.get_tensor("zeta")
 
 
-def test_only_the_cpu_device(sample):
+def test_devices_other_than_the_cpu(sample):
+    # numpy lives in CPU memory; torch tensors are moved to a device torch has (a GPU absent here
+    # is refused before anything is read).
     path, _ = sample
     for device in ("cuda", "cuda:0", 0, "mps"):
-        with pytest.raises(eredu.InvalidArgumentError, match="CPU memory only"):
-            eredu.safe_open(path, "pt", device=device)
+        with pytest.raises(eredu.InvalidArgumentError, match="numpy arrays live in CPU memory"):
+            eredu.safe_open(path, "np", device=device)
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        for device in ("cuda", "cuda:0"):
+            with pytest.raises(eredu.InvalidArgumentError, match="sees no CUDA device"):
+                eredu.safe_open(path, "pt", device=device)
     with eredu.safe_open(path, "np", device="cpu"):
         pass
 
