@@ -22,7 +22,8 @@ a fresh process per round, in an order rotated each round:
 An existing model is built on the meta device, given memory with to_empty, re-tied and zeroed
 before the timer starts: its bytes are resident, as after a real initialisation, and the baseline
 RSS (after import torch and the model's construction) includes them. Seconds: the load call only.
-Peak: the process's ru_maxrss, and its growth over that baseline. Every file is page-cache hot
+Peak: the process's VmHWM, reset (clear_refs 5) once the model is built, and its growth over
+that baseline. Every file is page-cache hot
 (read once before the rounds). Prints the median with min-max of each.
 """
 import argparse
@@ -70,8 +71,14 @@ import json, resource, sys, time
 import eredu.torch
 how, st, pt, vocab, dim, layers = sys.argv[1], sys.argv[2], sys.argv[3], *map(int, sys.argv[4:7])
 model = GPT(vocab, dim, layers, device="meta") if how == "load_model(meta)" else existing(vocab, dim, layers)
-with open("/proc/self/statm") as f:
-    baseline = int(f.read().split()[1]) * resource.getpagesize()
+def status(field):
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith(field + ":"))
+# The load's own peak: the high-water mark reset after import torch and the model's construction
+# (a CUDA build of torch peaks far above where it settles while it imports).
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+baseline = status("VmRSS")
 t0 = time.perf_counter()
 if how in ("load_model", "load_model(meta)"):
     eredu.torch.load_model(model, st)
@@ -87,7 +94,7 @@ else:
 seconds = time.perf_counter() - t0
 assert model.lm_head.weight is model.embed.weight
 check = float(model.blocks[-1].down.weight[-1, -8:].sum()) + float(model.embed.weight[-1, :8].sum())
-print(json.dumps({"seconds": seconds, "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+print(json.dumps({"seconds": seconds, "peak": status("VmHWM"),
                   "baseline": baseline, "check": check}))
 """
 
@@ -114,6 +121,7 @@ def main():
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--dim", type=int, default=1024)
     ap.add_argument("--vocab", type=int, default=32768)
+    ap.add_argument("--only", help="comma-separated contenders to run (default: every one this interpreter can)")
     args = ap.parse_args()
     d = Path(args.dir)
     d.mkdir(parents=True, exist_ok=True)
@@ -129,6 +137,8 @@ def main():
           f"{st.stat().st_size / 1e6:.0f} MB safetensors, {pt.stat().st_size / 1e6:.0f} MB torch.save")
     contenders = CONTENDERS + [name for name, check in OPTIONAL
                                if subprocess.run([sys.executable, "-c", check], capture_output=True).returncode == 0]
+    if args.only:
+        contenders = [c for c in contenders if c in args.only.split(",")]
     runs = {c: [] for c in contenders}
     checks = {}
     for r in range(args.rounds):
