@@ -17,20 +17,13 @@
 #include <vector>
 
 #include "eredu/core/error.hpp"
+#include "support/error_kind.hpp"
 
 using namespace eredu;
 
 namespace {
 
-errc kind_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const Error& err) {
-    return err.kind();
-  } catch (...) {
-    return errc::invalid_argument;
-  }
-}
+using eredu::test::kind_of;
 
 /// A callback that records its error and counts its calls.
 struct Recorder {

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "eredu/core/error.hpp"
+#include "support/error_kind.hpp"
 
 // Allocation failure on demand, per thread: this executable's operator new throws
 // std::bad_alloc on a thread that set `refuse_allocations`, as it does when the address space
@@ -62,15 +63,7 @@ struct RefuseAllocations {
   RefuseAllocations& operator=(const RefuseAllocations&) = delete;
 };
 
-errc kind_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const Error& err) {
-    return err.kind();
-  } catch (...) {
-    return errc::invalid_argument;
-  }
-}
+using eredu::test::kind_of;
 }  // namespace
 
 TEST_CASE("completion – pending, then complete, and callbacks run once", "[core][completion]") {

@@ -21,20 +21,13 @@
 #include <type_traits>
 
 #include "eredu/core/error.hpp"
+#include "support/error_kind.hpp"
 
 using namespace eredu;
 
 namespace {
 
-errc kind_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const Error& err) {
-    return err.kind();
-  } catch (...) {
-    return errc::invalid_argument;
-  }
-}
+using eredu::test::kind_of;
 
 asio::awaitable<std::string> greet(std::string name) { co_return "hello " + name; }
 

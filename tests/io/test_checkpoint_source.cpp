@@ -15,6 +15,7 @@
 #include "eredu/io/reading/pread_reader.hpp"
 #include "eredu/io/reading/uring_reader.hpp"
 #include "io/read_fixture.hpp"
+#include "support/error_kind.hpp"
 
 using namespace eredu;
 using namespace eredu::io;
@@ -59,15 +60,7 @@ SourceOptions options_for(ReaderKind kind, DirectMode direct, std::size_t budget
 std::vector<std::byte> copy_of(const Lease& l) { return {l.bytes().begin(), l.bytes().end()}; }
 
 /// The errc kind of a completion's error.
-errc kind_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const Error& err) {
-    return err.kind();
-  } catch (...) {
-    return errc::invalid_argument;
-  }
-}
+using eredu::test::kind_of;
 
 struct ShortReads final : FaultInjector {
   std::atomic<int> calls{0};

@@ -19,6 +19,7 @@
 
 #include "eredu/core/errc.hpp"
 #include "eredu/core/error.hpp"
+#include "support/error_kind.hpp"
 
 using namespace eredu;
 using namespace eredu::io;
@@ -28,16 +29,7 @@ constexpr std::size_t KiB = 1024;
 LeasePoolOptions small_pool(std::size_t bytes) { return {.budget = bytes, .huge_pages = false, .prefault = false}; }
 
 /// The errc kind of a completion's error; errc{} for none.
-errc kind_of(const std::exception_ptr& e) {
-  if (!e) return errc{};
-  try {
-    std::rethrow_exception(e);
-  } catch (const Error& err) {
-    return err.kind();
-  } catch (...) {
-    return errc::invalid_argument;
-  }
-}
+using eredu::test::kind_of;
 }  // namespace
 
 TEST_CASE("lease pool – staging never exceeds the budget under many concurrent requests", "[io][pool]") {

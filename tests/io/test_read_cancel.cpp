@@ -20,6 +20,7 @@
 #include "eredu/io/reading/pread_reader.hpp"
 #include "eredu/io/reading/uring_reader.hpp"
 #include "io/read_fixture.hpp"
+#include "support/error_kind.hpp"
 
 using namespace eredu;
 using namespace eredu::io;
@@ -29,15 +30,7 @@ namespace {
 constexpr std::size_t KiB = 1024;
 constexpr std::size_t MiB = KiB * KiB;
 
-errc kind_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const Error& err) {
-    return err.kind();
-  } catch (...) {
-    return errc::invalid_argument;
-  }
-}
+using eredu::test::kind_of;
 
 // Holds the first read it sees until opened: the read is then in a worker, the rest queued.
 struct Gate final : FaultInjector {

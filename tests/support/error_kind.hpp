@@ -1,0 +1,24 @@
+#pragma once
+// The kind of the failure an exception_ptr carries, for tests that check which error a
+// completion delivered.
+
+#include <exception>
+
+#include "eredu/core/error.hpp"
+
+namespace eredu::test {
+
+/// The errc of the eredu::Error `e` holds; errc{} for no exception; invalid_argument for any
+/// other exception (which no test expects, so a check on the kind fails).
+inline errc kind_of(const std::exception_ptr& e) {
+  if (!e) return errc{};
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& err) {
+    return err.kind();
+  } catch (...) {
+    return errc::invalid_argument;
+  }
+}
+
+}  // namespace eredu::test
