@@ -35,6 +35,7 @@ has its own lock, held by the one thread that waits for it.
 import threading
 
 from . import _bridge
+from ._errors import Error
 
 # Bytes read ahead by default (safe_open's readahead=). On the 16-core H200 machine the plain loop
 # took 5.98x f.load()'s time over a 1 GiB file and read-ahead brought it to 1.02x; on the 2-core
@@ -176,7 +177,7 @@ class ReadAhead:
                 if not batch_names and self._pending_bytes + size > self._limit:
                     return  # a tensor larger than what is left of the limit is not read ahead
                 self._next += 1
-                if n in self._where:
+                if n in self._where or not self._readable(n):
                     continue
                 batch_names.append(n)
                 nbytes += size
@@ -188,6 +189,16 @@ class ReadAhead:
             for n in batch_names:
                 self._where[n] = batch
             self._pending_bytes += nbytes
+
+    def _readable(self, name):
+        """Whether `name` can be read as get_tensor would read it: a tensor the framework cannot
+        hold (an F8 tensor for numpy, say) is left out of read-ahead, so that its own
+        get_tensor raises its error and no other tensor's does."""
+        try:
+            self._reader.spec(name)
+        except Error:
+            return False
+        return True
 
     def _drop_locked(self, keep=None):
         """Forgets every batch but `keep`; returns their loads, cancelled."""

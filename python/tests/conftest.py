@@ -125,3 +125,16 @@ def rss_bytes():
 # safetensors' own tests run through their runner (safetensors_suite/run_suite.py: a shim on
 # sys.path, a scratch directory), never collected with eredu's.
 collect_ignore = ["safetensors_suite"]
+
+
+def settled_live_bytes(expected, within=5.0):
+    """eredu's live tensor bytes once they equal `expected`, or what they are after `within`
+    seconds: the storage of a cancelled load is freed by eredu's loop just after the
+    cancellation is reported (docs/reliability.md), not before the exception reaches Python."""
+    import time
+
+    import eredu
+    deadline = time.monotonic() + within
+    while (now := eredu.storage_stats()["live_bytes"]) != expected and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return now

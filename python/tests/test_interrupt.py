@@ -15,7 +15,7 @@ import pytest
 
 import eredu
 from eredu import _native
-from conftest import bf16_bits
+from conftest import bf16_bits, settled_live_bytes
 
 
 @pytest.fixture
@@ -61,8 +61,8 @@ def test_keyboard_interrupt_cancels_a_blocking_load(model):
             f.load()
         helper.join()
         assert time.monotonic() - started >= 0.25  # raised only after the load stopped (gate opened)
-        assert f.staging()["in_use"] == 0
-        assert eredu.storage_stats()["live_bytes"] == baseline
+        assert f.staging()["in_use"] == 0  # every lease back before the exception
+        assert settled_live_bytes(baseline) == baseline  # the partial load's storage freed just after
         assert f.get_tensor("w0").dtype == np.float32  # still serving
 
 

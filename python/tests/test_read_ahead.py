@@ -3,12 +3,12 @@
 # still served right, close() with reads ahead in flight frees everything, and the staging pool
 # never goes above its budget.
 import random
-import time
 
 import numpy as np
 import pytest
 
 import eredu
+from conftest import settled_live_bytes
 
 
 @pytest.fixture
@@ -23,15 +23,6 @@ def model(tmp_path, writer):
 
 def baseline_live():
     return eredu.storage_stats()["live_bytes"]
-
-
-def settled_live(expected, within=5.0):
-    """live_bytes once it equals `expected`, or what it is after `within` seconds: storage a
-    cancellation frees is freed by a task eredu's loop runs next, not before close() returns."""
-    deadline = time.monotonic() + within
-    while (now := baseline_live()) != expected and time.monotonic() < deadline:
-        time.sleep(0.001)
-    return now
 
 
 @pytest.mark.parametrize("order", ["keys", "offset_keys"])
@@ -105,9 +96,9 @@ def test_close_with_reads_ahead_in_flight_frees_everything(model):
     assert f._reader.native.staging()["in_use"] == 0  # every lease back before close returns
     # A cancelled unit's storage is freed on eredu's loop just after the cancellation is reported
     # (docs/reliability.md): it must be gone at once after that, not at some later load.
-    assert settled_live(live + a.nbytes + b.nbytes) == live + a.nbytes + b.nbytes  # only what the caller holds
+    assert settled_live_bytes(live + a.nbytes + b.nbytes) == live + a.nbytes + b.nbytes  # only what the caller holds
     del a, b
-    assert settled_live(live) == live
+    assert settled_live_bytes(live) == live
 
 
 def test_a_failed_read_ahead_fails_the_get_tensor_that_asks_for_it(tmp_path, writer):
