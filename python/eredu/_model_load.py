@@ -259,10 +259,18 @@ def _load_into(model, reader, strict, torch):
     loaded = reader.read(same) if same else {}
     for group in _groups(reader, [n for n in routes["assign"] if n not in loaded]):
         loaded.update({n: t.to(tensors[n].dtype) for n, t in reader.read(group).items()})
-    if routes["into"]:
-        destinations = [(n, tensors[n].data_ptr(), in_file[n].nbytes) for n in routes["into"]]
-        _bridge.wait(_native.read_into(reader.native, destinations))
-    _copy_in(reader, routes["copy"], tensors, torch)
+    try:
+        if routes["into"]:
+            destinations = [(n, tensors[n].data_ptr(), in_file[n].nbytes) for n in routes["into"]]
+            _bridge.wait(_native.read_into(reader.native, destinations))
+        _copy_in(reader, routes["copy"], tensors, torch)
+    except BaseException as e:
+        # Without a second copy there is nothing to roll back to: the caller must know that
+        # the model is neither the old weights nor the new ones.
+        if routes["into"] or routes["copy"]:
+            e.add_note(f"load_model stopped partway: some of the model's parameters already hold the bytes "
+                       f"of {reader.native.path}, the others their old values; load the model again")
+        raise
     if loaded:
         _assign(model, {id(tensors[n]): (tensors[n], t) for n, t in loaded.items()}, torch)
     return missing, unexpected
