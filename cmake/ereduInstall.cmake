@@ -69,9 +69,9 @@ foreach(dir LIBDIR INCLUDEDIR)
   endif()
 endforeach()
 # Static libraries carry no record of their own dependencies: their consumers link liburing,
-# libxxhash and libcrypto (eredu::io's reader and digests) themselves, so they are public
+# libxxhash, libcrypto and libcurl (eredu::io's reader, digests and remote sources) themselves, so they are public
 # requirements unless eredu is built shared.
-set(_eredu_pc_io_deps "liburing >= 2.0, libxxhash, libcrypto >= 3")
+set(_eredu_pc_io_deps "liburing >= 2.0, libxxhash, libcrypto >= 3, libcurl >= 7.80")
 if(BUILD_SHARED_LIBS)
   set(EREDU_PC_REQUIRES "fmt >= 9, tbb")
   set(EREDU_PC_REQUIRES_PRIVATE "${_eredu_pc_io_deps}")

@@ -158,6 +158,18 @@ class Category final : public std::error_category {
         return "layout would cut a quantized block";
       case errc::resource_exhausted:
         return "the system refused a resource (threads, file descriptors)";
+      case errc::access_denied:
+        return "access denied";
+      case errc::remote_not_found:
+        return "no such remote object";
+      case errc::range_unsupported:
+        return "the server ignores byte ranges";
+      case errc::tls_error:
+        return "TLS failure";
+      case errc::remote_error:
+        return "remote transfer failed";
+      case errc::timed_out:
+        return "timed out";
     }
     return "unknown eredu error";
   }
@@ -248,6 +260,12 @@ const char* errc_name(errc e) noexcept {
     EREDU_ERRC_NAME(split_mismatch)
     EREDU_ERRC_NAME(recipe_cuts_block)
     EREDU_ERRC_NAME(resource_exhausted)
+    EREDU_ERRC_NAME(access_denied)
+    EREDU_ERRC_NAME(remote_not_found)
+    EREDU_ERRC_NAME(range_unsupported)
+    EREDU_ERRC_NAME(tls_error)
+    EREDU_ERRC_NAME(remote_error)
+    EREDU_ERRC_NAME(timed_out)
 #undef EREDU_ERRC_NAME
   }
   return "unknown";
@@ -259,6 +277,7 @@ error_family errc_family(errc e) noexcept {
   if (e == errc::canary_failed || e == errc::swap_in_progress) return error_family::orchestration;
   if (e == errc::outside_root) return error_family::format;
   if (e == errc::recipe_cuts_block) return error_family::recipe;
+  if (e >= errc::access_denied && e <= errc::timed_out) return error_family::store;
   if (e >= errc::bad_magic && e <= errc::split_mismatch) return error_family::format;
   if (e <= errc::unknown_format) return error_family::format;
   if (e <= errc::invalid_argument) return error_family::store;

@@ -15,10 +15,10 @@ thread with the GIL released; Ctrl-C cancels a blocking load cleanly. See docs/p
 import atexit as _atexit
 
 from . import _native
-from ._errors import (BackendError, BudgetError, CancelledError, CanaryError, ChecksumError, CollectiveError,
+from ._errors import (AccessDeniedError, BackendError, BudgetError, CancelledError, CanaryError, ChecksumError, CollectiveError,
                       DeclarationError,
                       Error, FormatError, InvalidArgumentError, IoError, OrchestrationError, OutOfMemoryError,
-                      RecipeError, ResourceExhaustedError, SafetensorError, SelectionError, SharedTensorsError, StoreError,
+                      RecipeError, RemoteError, RemoteNotFoundError, RemoteTimeoutError, ResourceExhaustedError, SafetensorError, SelectionError, SharedTensorsError, StoreError,
                       SwapInProgressError, TensorNotFoundError, UnsupportedDTypeError, _from_native)
 from ._loading import aload, aread, load_file
 from ._model_slot import ModelSlot, Version
@@ -103,4 +103,5 @@ __all__ = [
     "Error", "SafetensorError", "SharedTensorsError", "FormatError", "StoreError", "IoError", "TensorNotFoundError", "SelectionError", "BudgetError",
     "ChecksumError", "RecipeError", "DeclarationError", "OrchestrationError", "CanaryError", "SwapInProgressError",
     "BackendError", "CollectiveError", "OutOfMemoryError", "ResourceExhaustedError", "InvalidArgumentError", "UnsupportedDTypeError", "CancelledError",
+    "RemoteError", "AccessDeniedError", "RemoteNotFoundError", "RemoteTimeoutError",
 ]

@@ -198,6 +198,22 @@ class UnsupportedDTypeError(Error, TypeError):
     """A dtype the framework cannot hold; ask for raw bytes or a cast."""
 
 
+class RemoteError(IoError):
+    """A remote source (HTTP/S, S3) failed: a status, a transport failure after the retries, TLS."""
+
+
+class AccessDeniedError(RemoteError, PermissionError):
+    """The server refused the credentials or the request (HTTP 401/403)."""
+
+
+class RemoteNotFoundError(RemoteError, FileNotFoundError):
+    """The server has no such object or bucket (HTTP 404)."""
+
+
+class RemoteTimeoutError(RemoteError, TimeoutError):
+    """A connection or a stalled transfer passed its time limit, after the retries."""
+
+
 class CancelledError(Error, asyncio.CancelledError):
     """The operation was cancelled (also an asyncio.CancelledError)."""
 
@@ -213,6 +229,8 @@ _BY_KIND = {
     "swap_in_progress": SwapInProgressError,
     "out_of_memory": OutOfMemoryError,
     "resource_exhausted": ResourceExhaustedError,
+    "access_denied": AccessDeniedError, "remote_not_found": RemoteNotFoundError, "timed_out": RemoteTimeoutError,
+    "range_unsupported": RemoteError, "tls_error": RemoteError, "remote_error": RemoteError,
     "invalid_argument": InvalidArgumentError,
     "cancelled": CancelledError,
     "unsupported_dtype": UnsupportedDTypeError,

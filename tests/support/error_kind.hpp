@@ -2,6 +2,7 @@
 // The kind of the failure an exception_ptr carries, for tests that check which error a
 // completion delivered.
 
+#include <concepts>
 #include <exception>
 
 #include "eredu/core/error.hpp"
@@ -18,6 +19,17 @@ inline errc kind_of(const std::exception_ptr& e) {
     return err.kind();
   } catch (...) {
     return errc::invalid_argument;
+  }
+}
+
+/// The errc of what `f()` throws (see above); errc{} when it returns.
+template <std::invocable F>
+errc kind_of(F&& f) {
+  try {
+    f();
+    return errc{};
+  } catch (...) {
+    return kind_of(std::current_exception());
   }
 }
 

@@ -95,6 +95,13 @@ enum class errc {
                         ///< block
   // --- later additions: the process's limits ---
   resource_exhausted,  ///< backend: the system refused a thread, file descriptor or other per-process resource
+  // --- later additions: remote sources (HTTP/S, S3); family store ---
+  access_denied,      ///< store: the server refused the credentials or the request (HTTP 401/403, S3 AccessDenied)
+  remote_not_found,   ///< store: the server has no such object or bucket (HTTP 404, S3 NoSuchKey/NoSuchBucket)
+  range_unsupported,  ///< store: the server answered a ranged GET with the whole object (it ignores Range)
+  tls_error,          ///< store: the TLS handshake or the server's certificate failed verification
+  remote_error,       ///< store: any other HTTP status, or a transport failure still failing after the retries
+  timed_out,          ///< store: a connection or a stalled transfer passed its time limit, after the retries
 };
 
 /// The layer a kind belongs to: which of the seed's error types it realises.
