@@ -363,7 +363,11 @@ struct ObjectCache::State {
       auto lock = EntryLock::try_acquire(names.lock);
       if (!lock) continue;  // being filled or evicted by someone else
       const auto meta = read_meta(names.meta);
-      if (!meta) continue;  // gone meanwhile
+      struct stat st {};
+      if (!meta || !complete_data(dir, *meta, &st)) continue;  // gone meanwhile
+      if (st.st_mtim.tv_sec != c.used.tv_sec || st.st_mtim.tv_nsec != c.used.tv_nsec) {
+        continue;  // used (or refilled) since the listing: no longer the least recent
+      }
       // The meta goes first: from then on nobody finds the entry; whoever opened its data file
       // keeps reading it (unlink, not truncate).
       ::unlink(names.meta.c_str());
