@@ -532,3 +532,29 @@ TEST_CASE("object cache - a directory that cannot be made or written is io_error
   }
   fs::permissions(ro, fs::perms::owner_all);
 }
+
+TEST_CASE("object cache - files a crashed process left are removed, files not the cache's are not", "[remote][cache]") {
+  test::TempDir tmp;
+  const fs::path dir = tmp / "cache";
+  const CacheKey key{.url = "https://h.example/left", .etag = "e", .size = 100};
+  int calls = 0;
+  fs::path data;
+  {
+    ObjectCache cache(dir, 0);
+    data = cache.get(key, CountingFill{key.size, 'l', &calls});
+  }
+  const std::string name = data.filename().string();
+  const std::string hash = name.substr(0, name.find('.'));
+  // A half-written temp, a data file renamed without its meta (another version), and a stranger.
+  { std::ofstream(dir / (hash + ".tmp.99999.7")) << "half"; }
+  { std::ofstream(dir / (hash + ".0123456789abcdef.data")) << "orphan"; }
+  { std::ofstream(dir / "notes.txt") << "mine"; }
+
+  ObjectCache reopened(dir, 0);
+  CHECK_FALSE(fs::exists(dir / (hash + ".tmp.99999.7")));
+  CHECK_FALSE(fs::exists(dir / (hash + ".0123456789abcdef.data")));
+  CHECK(fs::exists(dir / "notes.txt"));
+  CHECK(reopened.get(key, CountingFill{key.size, '?', &calls}) == data);
+  CHECK(calls == 1);
+  CHECK(holds(data, key.size, 'l'));
+}
