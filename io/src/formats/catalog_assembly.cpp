@@ -127,7 +127,8 @@ Catalog assemble_sharded(const ShardedIndex& index, const std::string& index_nam
   return catalog;
 }
 
-Catalog assemble_split_gguf(const gguf::SplitName& split, const std::string& any_name, const ParseNamed& parse) {  std::vector<ParsedFile> files;
+Catalog assemble_split_gguf(const gguf::SplitName& split, const std::string& any_name, const ParseNamed& parse) {
+  std::vector<ParsedFile> files;
   files.reserve(split.count);
   for (std::uint32_t i = 1; i <= split.count; ++i) {
     const Naming naming{errc::shard_missing, fmt::format("split file {} of {} of {}", i, split.count, any_name)};
@@ -173,6 +174,5 @@ Catalog assemble_split_gguf(const gguf::SplitName& split, const std::string& any
   for (auto& f : files) add_to_catalog(catalog, std::move(f));
   return catalog;
 }
-
 
 }  // namespace eredu::io::detail
