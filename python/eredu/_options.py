@@ -42,7 +42,10 @@ _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _MIB = 1 << 20
 
 OPEN_KEYS = ("budget", "threads", "depth", "request", "reader", "direct", "chunk", "map_resident", "copy_resident",
-             "weights", "backend", "_faults")
+             "weights", "backend", "_faults",
+             # A checkpoint behind a URL (docs/remote.md): the local cache, TLS, S3, ranged GETs.
+             "cache", "cache_max", "ca_file", "s3_endpoint", "s3_region", "s3_addressing", "anonymous",
+             "connections", "part_size")
 BACKENDS = ("mmap", "pread")
 WEIGHTS = ("copy", "map", "map-lock", "map-private")
 
@@ -56,6 +59,10 @@ RANGES = {
     "nbytes": (0, (1 << 64) - 1),  # set_storage_retention: a cap, kept in 64 bits
     "keep": (0, (1 << 64) - 1),    # trim_storage
     "readahead": (0, (1 << 64) - 1),  # safe_open: bytes get_tensor reads ahead (0: none)
+    # Remote checkpoints (io::RemoteOptions' ranges, validated again there).
+    "cache_max": (0, 1 << 50),
+    "part_size": (4096, 1 << 30),
+    "connections": (1, 1024),
 }
 
 
@@ -247,6 +254,30 @@ def open_options(path, options, *, copy_resident=True):
         out["weights"] = options["weights"]  # check_weights validated it (every caller runs it first)
     if options.get("_faults") is not None:
         out["_faults"] = options["_faults"]
+    for key in ("cache", "ca_file"):
+        if options.get(key) is not None:
+            out[key] = os_path(options[key], key)
+    for key in ("s3_endpoint", "s3_region"):
+        v = options.get(key)
+        if v is not None:
+            if not isinstance(v, str):
+                raise invalid(f"{key} must be a str, not {type(v).__name__}")
+            out[key] = v
+    v = options.get("s3_addressing")
+    if v is not None:
+        if v not in ("auto", "path", "virtual"):
+            raise invalid(f"s3_addressing must be auto, path or virtual, not {v!r}")
+        out["s3_addressing"] = v
+    v = options.get("anonymous")
+    if v is not None:
+        if not isinstance(v, bool):
+            raise invalid(f"anonymous must be True or False, not {v!r}")
+        out["anonymous"] = v
+    if options.get("cache_max") is not None:
+        out["cache_max"] = parse_size("cache_max", options["cache_max"])
+    if options.get("part_size") is not None:
+        out["part_size"] = parse_size("part_size", options["part_size"])
+    out["connections"] = parse_count("connections", options.get("connections"))
     out.update(backend)
     return out
 

@@ -2,8 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
+#include <filesystem>
 #include <limits>
 #include <string>
 
@@ -89,6 +91,28 @@ OpenOptions open_options(const py::dict& options) {
         o.weights = cpu::WeightStorage::mapped_private;
       else
         o.weights = choice(key, value, app::weight_choices);
+    } else if (key == "cache") {
+      o.source.remote.cache_dir = std::filesystem::path(value.cast<std::string>());
+    } else if (key == "cache_max") {
+      o.source.remote.cache_max_bytes = value.cast<std::uint64_t>();
+    } else if (key == "ca_file") {
+      o.source.remote.http.ca_file = std::filesystem::path(value.cast<std::string>());
+    } else if (key == "s3_endpoint") {
+      o.source.remote.s3.endpoint = value.cast<std::string>();
+    } else if (key == "s3_region") {
+      o.source.remote.s3.region = value.cast<std::string>();
+    } else if (key == "s3_addressing") {
+      const std::string v = value.cast<std::string>();
+      o.source.remote.s3.addressing = v == "path"      ? io::S3Options::Addressing::path
+                                      : v == "virtual" ? io::S3Options::Addressing::virtual_host
+                                                       : io::S3Options::Addressing::automatic;
+    } else if (key == "anonymous") {
+      o.source.remote.s3.anonymous = flag(key, value);
+    } else if (key == "part_size") {
+      o.source.remote.part_bytes = positive<std::size_t>(key, value);
+    } else if (key == "connections") {
+      o.source.remote.concurrency = positive<unsigned>(key, value);
+      o.source.remote.http.max_transfers = std::max(o.source.remote.http.max_transfers, o.source.remote.concurrency);
     } else if (key == "_faults") {
       if (!py::isinstance<ReadGate>(value)) throw bad(key, "must be an eredu._native._ReadGate");
       o.faults = value.cast<std::shared_ptr<ReadGate>>();

@@ -25,7 +25,7 @@ struct OpenOptions {
 };
 
 /// Maps `options` (keys: budget, depth, request, reader, direct, chunk, map_resident,
-/// register_buffers, threads, copy_resident, weights, _faults) onto OpenOptions. Throws
+/// register_buffers, threads, copy_resident, weights, the remote ones of _options.py, _faults) onto OpenOptions. Throws
 /// Error(invalid_argument) naming the key for an unknown key or a bad value.
 OpenOptions open_options(const pybind11::dict& options);
 

@@ -70,6 +70,7 @@ io::SourceOptions source_options(const LoadOptions& o) {
   opts.reader.kind = app::parse_choice(app::reader_choices, o.reader).value_or(io::ReaderKind::automatic);
   opts.reader.uring_policy = o.uring_files == "all" ? io::UringPolicy::every_file : io::UringPolicy::by_file_system;
   opts.chunk_bytes = o.chunk;
+  opts.remote = remote_options(o.remote);
   return opts;
 }
 
@@ -217,7 +218,8 @@ Command add_load_command(CLI::App& app, CommonFlags& flags) {
       "previous load's storage.");
   add_path(*cmd, "PATH", o->path,
            "a .safetensors file, a sharded directory or its model.safetensors.index.json, a .gguf file, a split "
-           "GGUF's file (*-00001-of-0000N.gguf), or a directory holding one GGUF checkpoint");
+           "GGUF's file (*-00001-of-0000N.gguf), or a directory holding one GGUF checkpoint; or the URL of one "
+           "(https://, http://, s3://: a file, an index, or an s3:// prefix)");
   add_choice(*cmd, "--dtype", o->dtype, app::choice_names<std::vector<std::string>>(app::cast_choices),
              "cast every float tensor to this dtype, and dequantize every quantized GGUF tensor to it (ggml's f32 "
              "values, rounded once to bf16 or f16); keep delivers each tensor's bytes as stored, quantized blocks "
@@ -250,6 +252,7 @@ Command add_load_command(CLI::App& app, CommonFlags& flags) {
              "(MADV_HUGEPAGE: faster recycled loads, a first touch that may wait for compaction)");
   add_weights_flag(*cmd, o->weights);
   add_verify_flags(*cmd, o->verify, o->checksums, "of every tensor as it lands (each load)");
+  add_remote_flags(*cmd, o->remote);
   auto trace_path = std::make_shared<std::string>();
   add_trace_option(*cmd, *trace_path);
   CLI::Option* trace = cmd->get_option("--trace");

@@ -11,6 +11,7 @@
 
 #include "eredu/io/reading/checkpoint_source.hpp"
 #include "options.hpp"
+#include "remote_flags.hpp"
 
 namespace eredu::cli {
 
@@ -47,6 +48,7 @@ struct LoadOptions {
   std::string verify = "off";
   std::string checksums;  // --checksums FILE
   TensorParallelOptions tensor_parallel;
+  RemoteFlags remote;  // --cache, --ca-file, --s3-*, --part-size, --connections
 };
 
 /// `eredu load --tensor-parallel`: every MPI rank loads its shard and rank 0 prints the

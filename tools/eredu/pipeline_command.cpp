@@ -34,6 +34,7 @@
 #include "eredu/io/reading/checkpoint_source.hpp"
 #include "interrupt.hpp"
 #include "progress.hpp"
+#include "remote_flags.hpp"
 #include "trace_option.hpp"
 #include "verify_flags.hpp"
 
@@ -52,6 +53,7 @@ struct PipelineCommandOptions {
   std::string verify = "off";
   std::string checksums;  // --checksums FILE
   std::string units = "layers";
+  RemoteFlags remote;
 };
 
 using Pipeline = engine::PrefetchPipeline<cpu::Backend, app::TensorSetModule>;
@@ -124,6 +126,7 @@ int run_pipeline(const PipelineCommandOptions& o, const CommonFlags& flags) {
   // requests in flight, as `eredu load`; a small pool keeps peak RSS near the budget.
   opts.reader.depth = 8;
   opts.reader.max_request = std::size_t{8} << 20;
+  opts.remote = remote_options(o.remote);
 
   // The event loop thread only submits reads and resumes coroutines: `threads` TBB workers
   // besides it run the populates and the matvecs (without this, TBB warns that the number of
@@ -248,7 +251,8 @@ Command add_pipeline_command(CLI::App& app, CommonFlags& flags) {
       "into CPU tensors, within --budget bytes of resident units. Prints GB/s, I/O, compute and stall time, "
       "the resident high-water against the budget (exit status 1 when over it) and peak RSS.");
   add_path(*cmd, "PATH", o->path,
-           "a .safetensors file, a sharded directory or its model.safetensors.index.json, or a GGUF checkpoint");
+           "a .safetensors file, a sharded directory or its model.safetensors.index.json, or a GGUF checkpoint; or the "
+           "URL of one (https://, http://, s3://)");
   add_bytes(*cmd, "--budget", o->budget, app::option_range::budget, "bytes of resident units", {},
             "(lookahead + 1) x the largest unit");
   add_integer(*cmd, "--lookahead", o->lookahead, app::option_range::lookahead,
@@ -264,6 +268,7 @@ Command add_pipeline_command(CLI::App& app, CommonFlags& flags) {
              "releases each unit at once (pure streaming)");
   add_bytes(*cmd, "--staging", o->staging, app::option_range::staging, "staging memory of the lease pool");
   add_verify_flags(*cmd, o->verify, o->checksums, "of every unit as it is read (each pass)");
+  add_remote_flags(*cmd, o->remote);
   auto trace_path = std::make_shared<std::string>();
   add_trace_option(*cmd, *trace_path);
   add_common_flags(*cmd, flags, true);

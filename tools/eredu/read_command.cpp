@@ -21,8 +21,10 @@
 #include "eredu/core/printable.hpp"
 #include "eredu/io/reading/checkpoint_source.hpp"
 #include "eredu/io/reading/unique_fd.hpp"
+#include "eredu/io/remote/remote_url.hpp"
 #include "interrupt.hpp"
 #include "progress.hpp"
+#include "remote_flags.hpp"
 #include "trace_option.hpp"
 
 namespace eredu::cli {
@@ -40,6 +42,7 @@ struct ReadOptions {
   unsigned concurrency = 2;
   std::uint64_t chunk = std::uint64_t{4} << 20;
   std::string verify = "on";
+  RemoteFlags remote;
 };
 
 struct ReadState {
@@ -128,7 +131,11 @@ int run_read(const ReadOptions& o, const CommonFlags& flags) {
   // a second after the last read (counted in the read's time, and keeping a signal that came
   // then waiting for it).
   opts.pool.release_after = std::chrono::milliseconds(0);
-  const bool verify = o.verify == "on";
+  opts.remote = remote_options(o.remote);
+  // The independent pass preads local files; a checkpoint behind a URL has none to pread (its
+  // ranged GETs are pinned by ETag and checked for length instead).
+  const bool remote = io::is_remote(o.path);
+  const bool verify = o.verify == "on" && !remote;
 
   Progress progress(!flags.quiet);
   asio::io_context ctx(1);
@@ -220,7 +227,8 @@ int run_read(const ReadOptions& o, const CommonFlags& flags) {
                    printable(first_mismatch));
       }
     } else {
-      fmt::print("  verify   off: nothing was compared\n");
+      fmt::print("  verify   off: nothing was compared{}\n",
+                 remote && o.verify == "on" ? " (the independent pread pass reads local files only)" : "");
     }
     fmt::print("  memory   peak RSS {}\n", format_bytes(rss));
   }
@@ -236,7 +244,8 @@ Command add_read_command(CLI::App& app, CommonFlags& flags) {
                   "Reads every tensor through the bounded lease pool (in --chunk sized leases), checks each against an "
                   "independent pread pass, and prints bytes, seconds, GB/s, staging high-water and peak RSS.");
   add_path(*cmd, "PATH", o->path,
-           "a .safetensors file, a sharded directory or its model.safetensors.index.json, or a GGUF checkpoint");
+           "a .safetensors file, a sharded directory or its model.safetensors.index.json, or a GGUF checkpoint; or the "
+           "URL of one (https://, http://, s3://)");
   add_choice(*cmd, "--reader", o->reader, app::choice_names<std::vector<std::string>>(app::reader_choices),
              "reader: io_uring, pread, or auto (io_uring where the kernel allows it)");
   add_choice(*cmd, "--uring-files", o->uring_files, {"local", "all"},
@@ -251,7 +260,9 @@ Command add_read_command(CLI::App& app, CommonFlags& flags) {
   add_bytes(*cmd, "--chunk", o->chunk, app::option_range::chunk, "lease size tensors are consumed in",
             "one lease per tensor where it fits the budget");
   add_choice(*cmd, "--verify", o->verify, {"on", "off"},
-             "compare every tensor with an independent pread + xxh3 pass (exit status 1 on a difference)");
+             "compare every tensor with an independent pread + xxh3 pass (exit status 1 on a difference); local "
+             "files only");
+  add_remote_flags(*cmd, o->remote);
   auto trace_path = std::make_shared<std::string>();
   add_trace_option(*cmd, *trace_path);
   add_common_flags(*cmd, flags, true);

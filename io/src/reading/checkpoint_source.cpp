@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "../remote/remote_catalog.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/core/log.hpp"
 #include "eredu/core/trace.hpp"
@@ -17,6 +18,7 @@
 #include "eredu/io/reading/read_fault.hpp"
 #include "eredu/io/reading/regular_file.hpp"
 #include "eredu/io/reading/uring_reader.hpp"
+#include "eredu/io/remote/remote_url.hpp"
 #include "posix_values.hpp"
 #include "routing_reader.hpp"
 
@@ -64,6 +66,7 @@ CheckpointSource::~CheckpointSource() {
 void validate(const SourceOptions& options) {
   validate(options.pool);
   validate(options.reader);
+  validate(options.remote);
   if (options.chunk_bytes < 1) {
     throw Error(errc::invalid_argument, {},
                 fmt::format("SourceOptions::chunk_bytes is 0; it must be at least 1 (chunks are clamped to 4 KiB "
@@ -143,6 +146,10 @@ std::unique_ptr<CheckpointSource> CheckpointSource::open(asio::any_io_executor e
   validate(options);
   // The constructor is private, out of std::make_unique's reach; the pointer is owned at once.
   std::unique_ptr<CheckpointSource> source(new CheckpointSource(executor, options));
+  if (is_remote(path.native())) {
+    source->open_remote(path.native());
+    return source;
+  }
   source->catalog_ = open_catalog(path, {.confine_to = options.confine_to});
   std::size_t no_direct = 0;
   std::string no_direct_example;
@@ -158,6 +165,43 @@ std::unique_ptr<CheckpointSource> CheckpointSource::open(asio::any_io_executor e
   source->pool_ = std::make_unique<LeasePool>(executor, options.pool);
   source->reader_ = make_reader(executor, source->files_, *source->pool_, options.reader);
   return source;
+}
+
+void CheckpointSource::open_remote(const std::string& location) {
+  remote_ = std::make_unique<detail::RemoteSession>(options_.remote);
+  detail::RemoteCheckpoint checkpoint = detail::open_remote_catalog(*remote_, location);
+  catalog_ = std::move(checkpoint.catalog);
+  pool_ = std::make_unique<LeasePool>(executor_, options_.pool);
+  if (remote_->cache) {
+    // Whole objects into the cache (or found there with the same ETag), then read as local
+    // files: a cache hit is a local io_uring load.
+    for (std::size_t i = 0; i < checkpoint.objects.size(); ++i) {
+      const detail::RemoteObject& object = checkpoint.objects[i];
+      const std::filesystem::path local =
+          remote_->cache->get(CacheKey{.url = object.display, .etag = object.etag, .size = object.size},
+                              [&](int fd) { detail::download_object(*remote_->client, object, options_.remote, fd); });
+      CheckpointFile file = catalog_.files()[i];
+      file.path = local.string();
+      file.inode = 0;
+      file.stamp = {};
+      std::string no_direct;
+      files_.push_back(open_checkpoint_file(file, options_.reader.direct, no_direct));
+    }
+    log::info("{}: {} object{} from the cache in {}", location, files_.size(), files_.size() == 1 ? "" : "s",
+              remote_->cache->dir().string());
+    reader_ = make_reader(executor_, files_, *pool_, options_.reader);
+    return;
+  }
+  for (const auto& object : checkpoint.objects) {
+    OpenFile f;
+    f.path = object.display;
+    f.size = object.size;
+    f.remote = true;
+    files_.push_back(std::move(f));
+  }
+  reader_ = std::make_unique<detail::RemoteReader>(*remote_->client, std::move(checkpoint.objects),
+                                                   options_.remote.part_bytes, options_.remote.concurrency);
+  log::debug("{}: {}", location, reader_->describe());
 }
 
 std::unique_ptr<Reader> CheckpointSource::make_reader(const asio::any_io_executor& executor, std::span<OpenFile> files,
@@ -227,6 +271,7 @@ std::unique_ptr<Reader> CheckpointSource::make_reader(const asio::any_io_executo
 
 void CheckpointSource::check_unchanged(const TensorInfo& tensor) const {
   const OpenFile& f = files_[tensor.file];
+  if (f.remote) return;  // every ranged GET carried If-Match: a changed object already failed
   struct stat st {};
   // On FUSE this fstat is a getattr that may drop the file's cached pages (PageCacheGuardLock).
   const std::unique_lock<std::shared_mutex> alone = f.guard->hold_for_check();
@@ -276,8 +321,8 @@ SourceCapabilities CheckpointSource::capabilities() const {
     caps.window_alignment = std::max(caps.window_alignment, reader_->direct_alignment(f));
   }
   caps.direct_windows = caps.window_alignment != 0;
-  caps.request_bytes = options_.reader.max_request;
-  caps.concurrency = options_.reader.depth;
+  caps.request_bytes = remote_ && !remote_->cache ? options_.remote.part_bytes : options_.reader.max_request;
+  caps.concurrency = remote_ && !remote_->cache ? options_.remote.concurrency : options_.reader.depth;
   caps.trusted_errors = true;
   return caps;
 }

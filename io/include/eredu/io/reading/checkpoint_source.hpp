@@ -48,6 +48,7 @@
 #include "eredu/io/reading/open_file.hpp"
 #include "eredu/io/reading/reader.hpp"
 #include "eredu/io/reading/tensor_read_request.hpp"
+#include "eredu/io/remote/remote_options.hpp"
 
 namespace eredu::io {
 
@@ -64,6 +65,8 @@ struct SourceOptions {
   /// When not empty, every checkpoint file must resolve (symbolic links followed) inside
   /// this directory (CatalogOptions::confine_to); else errc::outside_root.
   std::filesystem::path confine_to{};
+  /// Transport, S3, read sizes and cache for a checkpoint behind a URL (docs/remote.md).
+  RemoteOptions remote{};
 };
 
 /// Throws eredu::Error(invalid_argument) naming the first option of `options` out of its
@@ -71,13 +74,17 @@ struct SourceOptions {
 void validate(const SourceOptions& options);
 
 class ChunkStream;
+namespace detail {
+struct RemoteSession;
+}
 
 /// An open checkpoint (see file comment); an io::ByteSource. Not movable: readers and leases
 /// point into it.
 class CheckpointSource {
  public:
-  /// Opens the checkpoint at `path` (file, directory or index) and its files, creates the
-  /// pool and the reader: io_uring for files on local file systems, pread for files on
+  /// Opens the checkpoint at `path` (file, directory or index; or a URL: `https://`, `http://`,
+  /// `s3://`, read with ranged GETs, see docs/remote.md) and its files, creates the pool and the
+  /// reader: io_uring for files on local file systems, pread for files on
   /// FUSE, NFS, SMB and other file systems where io_uring can hide a failed read
   /// (ReaderOptions::uring_policy), pread everywhere when io_uring is unavailable; one log
   /// line per file says which reader it got and why. Blocking; throws eredu::Error
@@ -215,6 +222,8 @@ class CheckpointSource {
   // Only open() constructs (and then fills the catalog, files, pool and reader).
   CheckpointSource(asio::any_io_executor executor, const SourceOptions& options);
   Plan make_plan(const TensorReadRequest& request) const;
+  // open() of a URL: the remote catalog, then the cache's local copies or the remote reader.
+  void open_remote(const std::string& location);
   asio::awaitable<Lease> read_lease(std::unique_ptr<TensorReadRequest> request);
   asio::awaitable<void> read_into(std::unique_ptr<TensorReadRequest> request, std::span<std::byte> destination);
   asio::awaitable<Lease> read_chunk(const Plan& plan, std::uint64_t offset, std::uint64_t length);
@@ -235,6 +244,8 @@ class CheckpointSource {
   SourceOptions options_;
   Catalog catalog_;
   std::vector<OpenFile> files_;
+  // A remote checkpoint's client, signers and cache: destroyed after the reader, which uses them.
+  std::unique_ptr<detail::RemoteSession> remote_;
   std::unique_ptr<LeasePool> pool_;  // destroyed after the reader, which may write into it
   std::unique_ptr<Reader> reader_;
   std::atomic<std::uint64_t> alignment_bytes_{0};

@@ -63,6 +63,9 @@ struct OpenFile {
   FileStamp stamp{};             ///< times and links when opened (a rewrite seen later fails reads: file_changed)
   FileSystemInfo file_system{};  ///< the file system holding it
   bool read_with_pread = false;  ///< the source's reader policy sent it to the pread reader
+  /// A remote object (`path` is its URL, redacted), read by ranged GETs: no descriptors; its
+  /// ETag, not its attributes, proves it unchanged.
+  bool remote = false;
   /// How the page-cache guard's reads of this file, and the source's checks of its
   /// attributes, exclude each other (see PageCacheGuardLock).
   std::unique_ptr<PageCacheGuardLock> guard = std::make_unique<PageCacheGuardLock>();
