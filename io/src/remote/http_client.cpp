@@ -421,7 +421,9 @@ struct HttpClient::State {
     curl_easy_setopt(
         e, CURLOPT_HTTP_VERSION,
         options.http2 ? static_cast<long>(CURL_HTTP_VERSION_2TLS) : static_cast<long>(CURL_HTTP_VERSION_1_1));
-    curl_easy_setopt(e, CURLOPT_PIPEWAIT, 1L);  // wait for a multiplexed HTTP/2 connection rather than open more
+    // Over TLS, wait for a connection being set up to tell whether it multiplexes (HTTP/2) rather
+    // than open another; plain HTTP is HTTP/1.1 here, where waiting would serialize transfers.
+    if (options.http2 && iequals_prefix(t->url, "https://")) curl_easy_setopt(e, CURLOPT_PIPEWAIT, 1L);
 
     curl_slist* h = nullptr;
     if (t->ranged) {
