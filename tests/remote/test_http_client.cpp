@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -50,6 +51,24 @@ Error error_of(F&& f) {
   }
   return Error(errc::invalid_argument, {}, "no error");
 }
+
+// Counts the attempts it signed, and the URLs, to see what a retry and a redirect sign.
+class CountingSigner final : public RequestSigner {
+ public:
+  HttpHeaders sign(std::string_view method, std::string_view url) const override {
+    std::lock_guard lock(mutex_);
+    urls_.emplace_back(url);
+    return {{"x-eredu-test", std::string(method)}};
+  }
+  std::vector<std::string> urls() const {
+    std::lock_guard lock(mutex_);
+    return urls_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  mutable std::vector<std::string> urls_;
+};
 
 }  // namespace
 
@@ -390,4 +409,39 @@ TEST_CASE("async_get completes on the handler's executor", "[http]") {
   ioc.run();
   CHECK(ran);
   CHECK(same(buf, data, 77));
+}
+
+TEST_CASE("every attempt is signed afresh, and a redirect to another origin is not signed", "[http]") {
+  test::NginxDir served;
+  const auto data = served.add("blob.bin", 50'000, 20);
+  std::filesystem::create_directory(served.dir() / "d");
+  const auto index = served.add("d/index.html", 3000, 21);
+  served.start();
+  EREDU_REQUIRE_SERVER(served.server());
+  HttpClient client(quick_options());
+  CountingSigner signer;
+
+  SECTION("retries") {
+    auto proxy = test::fault_proxy(served.url(), "503", 2);
+    EREDU_REQUIRE_SERVER(*proxy);
+    std::vector<std::byte> buf(1000);
+    const std::string url = proxy->url() + "/blob.bin";
+    CHECK(client.get_blocking(RangeGet{.url = url, .offset = 9, .dest = buf, .signer = &signer}).attempts == 3);
+    CHECK(same(buf, data, 9));
+    CHECK(signer.urls() == std::vector<std::string>(3, url));
+  }
+  SECTION("a redirect within the origin is signed") {
+    const DocumentResult d = client.get_blocking(DocumentGet{.url = served.url() + "/d", .signer = &signer});
+    REQUIRE(d.body.size() == index.size());
+    CHECK(std::memcmp(d.body.data(), index.data(), index.size()) == 0);
+    CHECK(signer.urls() == std::vector<std::string>{served.url() + "/d", served.url() + "/d/"});
+  }
+  SECTION("a redirect to another origin is not") {
+    // Behind the proxy, nginx redirects to its own port: another origin than the proxy's.
+    auto proxy = test::fault_proxy(served.url(), "pass", 0);
+    EREDU_REQUIRE_SERVER(*proxy);
+    const DocumentResult d = client.get_blocking(DocumentGet{.url = proxy->url() + "/d", .signer = &signer});
+    CHECK(d.body.size() == index.size());
+    CHECK(signer.urls() == std::vector<std::string>{proxy->url() + "/d"});
+  }
 }
