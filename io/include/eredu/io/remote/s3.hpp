@@ -81,9 +81,9 @@ class S3Endpoint {
 
 /// One object of a listing.
 struct S3Object {
-  std::string key{};        ///< full key
-  std::uint64_t size = 0;   ///< bytes
-  std::string etag{};       ///< ETag (quotes kept)
+  std::string key{};       ///< full key
+  std::uint64_t size = 0;  ///< bytes
+  std::string etag{};      ///< ETag (quotes kept)
 };
 
 /// Every object under `prefix` (ListObjectsV2, following continuation tokens), in key order.
