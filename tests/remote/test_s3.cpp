@@ -522,10 +522,12 @@ ServerProcess& s3_server(bool allow_anonymous) {
     if (anonymous) argv.push_back("--allow-anonymous");
     return std::make_unique<ServerProcess>(argv);
   };
+  if (allow_anonymous) {
+    static std::unique_ptr<ServerProcess> lenient = start(true);
+    return *lenient;
+  }
   static std::unique_ptr<ServerProcess> strict = start(false);
-  if (!allow_anonymous) return *strict;
-  static std::unique_ptr<ServerProcess> lenient = start(true);
-  return *lenient;
+  return *strict;
 }
 
 // One request with the curl CLI: signed by `signer` (unless null), optionally ranged.
