@@ -219,6 +219,10 @@ TEST_CASE("find_credentials reads the profile of the shared credentials file", "
     CHECK(c.source == (dir / "creds").string() + " [prod]");
     c = find_credentials({.profile = "default"});
     CHECK(c.access_key_id == "DEFAULTKEY");
+    // `~/` in the variable is the home directory, as the AWS CLI reads it.
+    write_file(env.home() / "elsewhere" / "creds", text);
+    env.set("AWS_SHARED_CREDENTIALS_FILE", "~/elsewhere/creds");
+    CHECK(find_credentials({}).source == (env.home() / "elsewhere" / "creds").string() + " [prod]");
   }
   SECTION("a profile named but missing is access_denied naming it and the file") {
     TempDir dir;

@@ -213,10 +213,14 @@ std::optional<Ini> read_ini(const std::filesystem::path& path) {
   return ini;
 }
 
+// $variable (a leading `~/` is the home directory, as the AWS CLI reads it), else ~/.aws/NAME.
 std::filesystem::path aws_file(const char* variable, const char* name) {
-  if (std::string v = env(variable); !v.empty()) return v;
   const std::string home = env("HOME");
-  return std::filesystem::path(home.empty() ? "." : home) / ".aws" / name;
+  const std::filesystem::path home_dir(home.empty() ? "." : home);
+  if (std::string v = env(variable); !v.empty()) {
+    return v.rfind("~/", 0) == 0 ? home_dir / v.substr(2) : std::filesystem::path(v);
+  }
+  return home_dir / ".aws" / name;
 }
 
 // The profile, and whether someone named it (a named profile that is missing is an error; a
