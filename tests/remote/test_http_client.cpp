@@ -396,8 +396,8 @@ TEST_CASE("async_get completes on the handler's executor", "[http]") {
   const auto data = served.add("blob.bin", 10'000, 10);
   served.start();
   EREDU_REQUIRE_SERVER(served.server());
+  asio::io_context ioc;  // outlives the client, whose thread posts the completion to it
   HttpClient client(quick_options());
-  asio::io_context ioc;
   std::vector<std::byte> buf(500);
   bool ran = false;
   client.async_get(RangeGet{.url = served.url() + "/blob.bin", .offset = 77, .dest = buf}, ioc.get_executor(),
