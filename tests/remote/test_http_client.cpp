@@ -217,6 +217,13 @@ TEST_CASE("statuses map to their error kinds, naming the URL without its query",
   CHECK(test::kind_of([&] {
           client.get_blocking(RangeGet{.url = served.url() + "/blob.bin", .offset = 20'000, .dest = buf});
         }) == errc::remote_error);
+  // Redirects to another scheme, or more than 10 of them, are refused.
+  for (const char* where : {"/__redirect/ftp", "/__redirect/loop"}) {
+    INFO(where);
+    const Error r = error_of([&] { client.get_blocking(DocumentGet{.url = served.url() + where}); });
+    CHECK(r.kind() == errc::remote_error);
+    CHECK(std::string(r.what()).find("redirect") != std::string::npos);
+  }
   // Nothing listens: retried, then remote_error.
   HttpOptions o = quick_options();
   o.max_retries = 1;

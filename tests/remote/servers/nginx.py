@@ -7,7 +7,7 @@ Writes its config, pid, logs and temp paths into a fresh temp dir, listens on a 
 prints `READY http://127.0.0.1:PORT` (or `READY https://127.0.0.1:PORT CAFILE=/path/ca.pem`
 with --tls, where a throwaway CA signs a certificate for 127.0.0.1 and localhost, and the
 listener offers HTTP/2) and serves until SIGTERM. Range requests and ETags are nginx's
-defaults. A line without READY says why it cannot serve (the test skips with it).
+defaults; /__redirect/ftp and /__redirect/loop answer redirects a client must refuse. A line without READY says why it cannot serve (the test skips with it).
 """
 import argparse
 import os
@@ -78,6 +78,9 @@ http {{
     {ssl}
     root {root};
     location / {{ }}
+    # Redirects the client must refuse: to another scheme, and in a loop.
+    location = /__redirect/ftp {{ return 302 ftp://127.0.0.1/x; }}
+    location = /__redirect/loop {{ return 302 /__redirect/loop; }}
   }}
 }}
 """
