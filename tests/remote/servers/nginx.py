@@ -10,6 +10,7 @@ listener offers HTTP/2) and serves until SIGTERM. Range requests and ETags are n
 defaults; /__redirect/ftp and /__redirect/loop answer redirects a client must refuse. A line without READY says why it cannot serve (the test skips with it).
 """
 import argparse
+import ctypes
 import os
 import shutil
 import signal
@@ -20,6 +21,17 @@ import tempfile
 import time
 
 NGINX = "/usr/sbin/nginx"
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig=signal.SIGTERM):
+    """Asks the kernel for `sig` when the parent dies: a test killed outright leaves no server."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except OSError:
+        pass
 
 
 def free_port():
@@ -107,6 +119,10 @@ def main():
     if not os.access(NGINX, os.X_OK):
         print(f"nginx not found at {NGINX} (Debian: nginx-light)", flush=True)
         return 1
+    parent = os.getppid()
+    die_with_parent()
+    if os.getppid() != parent:  # the test died before the request took effect
+        return 1
     root = os.path.abspath(args.root)
     tmp = tempfile.mkdtemp(prefix="eredu-nginx-")
     proc = None
@@ -132,7 +148,8 @@ def main():
             with open(conf, "w") as f:
                 f.write(config(tmp, root, port, args.tls))
             proc = subprocess.Popen([NGINX, "-p", tmp, "-e", f"{tmp}/error.log", "-c", conf],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    preexec_fn=lambda: die_with_parent(signal.SIGKILL))
             if wait_listening(port, proc):
                 break
             if proc.poll() is None:
