@@ -332,6 +332,9 @@ struct HttpClient::State {
   }
 
   void action(curl_socket_t s, int events) {
+    // A timer's completion may already be queued when shut_down() cleans the multi handle up;
+    // libcurl reads the handle before it checks it, so null must not reach it.
+    if (!multi) return;
     int still = 0;
     curl_multi_socket_action(multi, s, events, &still);
     reap();

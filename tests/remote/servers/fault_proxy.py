@@ -21,6 +21,8 @@ answers JSON counters (requests, active, max_active) without being counted or fa
 """
 import argparse
 import asyncio
+import ctypes
+import os
 import json
 import signal
 import sys
@@ -122,6 +124,17 @@ class Proxy:
         return True
 
 
+def die_with_parent():
+    """SIGTERM when the parent (the test) dies, even killed outright (PR_SET_PDEATHSIG)."""
+    parent = os.getppid()
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)
+    except OSError:
+        pass
+    if os.getppid() != parent:
+        sys.exit(1)
+
+
 async def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--upstream", required=True)
@@ -145,5 +158,6 @@ async def main():
 
 
 if __name__ == "__main__":
+    die_with_parent()
     asyncio.run(main())
     sys.exit(0)

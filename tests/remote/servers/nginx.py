@@ -7,9 +7,10 @@ Writes its config, pid, logs and temp paths into a fresh temp dir, listens on a 
 prints `READY http://127.0.0.1:PORT` (or `READY https://127.0.0.1:PORT CAFILE=/path/ca.pem`
 with --tls, where a throwaway CA signs a certificate for 127.0.0.1 and localhost, and the
 listener offers HTTP/2) and serves until SIGTERM. Range requests and ETags are nginx's
-defaults. A line without READY says why it cannot serve (the test skips with it).
+defaults; /__redirect/ftp and /__redirect/loop answer redirects a client must refuse. A line without READY says why it cannot serve (the test skips with it).
 """
 import argparse
+import ctypes
 import os
 import shutil
 import signal
@@ -20,6 +21,17 @@ import tempfile
 import time
 
 NGINX = "/usr/sbin/nginx"
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig=signal.SIGTERM):
+    """Asks the kernel for `sig` when the parent dies: a test killed outright leaves no server."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except OSError:
+        pass
 
 
 def free_port():
@@ -78,6 +90,9 @@ http {{
     {ssl}
     root {root};
     location / {{ }}
+    # Redirects the client must refuse: to another scheme, and in a loop.
+    location = /__redirect/ftp {{ return 302 ftp://127.0.0.1/x; }}
+    location = /__redirect/loop {{ return 302 /__redirect/loop; }}
   }}
 }}
 """
@@ -104,6 +119,10 @@ def main():
     if not os.access(NGINX, os.X_OK):
         print(f"nginx not found at {NGINX} (Debian: nginx-light)", flush=True)
         return 1
+    parent = os.getppid()
+    die_with_parent()
+    if os.getppid() != parent:  # the test died before the request took effect
+        return 1
     root = os.path.abspath(args.root)
     tmp = tempfile.mkdtemp(prefix="eredu-nginx-")
     proc = None
@@ -129,7 +148,8 @@ def main():
             with open(conf, "w") as f:
                 f.write(config(tmp, root, port, args.tls))
             proc = subprocess.Popen([NGINX, "-p", tmp, "-e", f"{tmp}/error.log", "-c", conf],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    preexec_fn=lambda: die_with_parent(signal.SIGKILL))
             if wait_listening(port, proc):
                 break
             if proc.poll() is None:
