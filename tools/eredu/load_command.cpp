@@ -20,6 +20,7 @@
 #include "eredu/cpu/convert.hpp"
 #include "eredu/engine/orchestration/load.hpp"
 #include "eredu/io/mapping/mapped_tensor.hpp"
+#include "eredu/io/remote/remote_url.hpp"
 #include "interrupt.hpp"
 #include "load_options.hpp"
 #include "progress.hpp"
@@ -102,7 +103,7 @@ int run_load(const LoadOptions& o, const CommonFlags& flags) {
   bar.phase("open");
   asio::io_context ctx(1);
   Interrupt interrupt(ctx);
-  interrupt.doing(fmt::format("opening {}", o.path));
+  interrupt.doing(fmt::format("opening {}", io::shown_location(o.path)));
   auto source = io::CheckpointSource::open(ctx.get_executor(), o.path, opts);
   interrupt.check();
   const auto& catalog = source->catalog();
@@ -134,7 +135,8 @@ int run_load(const LoadOptions& o, const CommonFlags& flags) {
     std::exception_ptr failure;
     double seconds = 0;
     // The one asynchronous engine call of this command.
-    interrupt.doing(fmt::format("loading {} (load {} of {}); the module was left unbound", o.path, r + 1, o.repeat));
+    interrupt.doing(fmt::format("loading {} (load {} of {}); the module was left unbound", io::shown_location(o.path),
+                                r + 1, o.repeat));
     engine::async_load<cpu::Backend>(*model, *source, blueprint.plan(), context,
                                      {.progress = &counters, .verify = verify},
                                      asio::bind_cancellation_slot(interrupt.slot(), [&](std::exception_ptr e) {
@@ -158,7 +160,7 @@ int run_load(const LoadOptions& o, const CommonFlags& flags) {
   if (flags.json) {
     JsonWriter json;
     begin_document(json, "load");
-    json.field("path", o.path).field("reader", source->reader().name());
+    json.field("path", io::shown_location(o.path)).field("reader", source->reader().name());
     json.count("tensor", catalog.size()).count("file", catalog.files().size());
     json.bytes("tensor", source_bytes).bytes("", source_bytes).bytes("output", blueprint.bytes());
     json.field("dtype", o.dtype).field("threads", o.threads).field("kernels", cpu::convert_isa_name());

@@ -32,6 +32,7 @@
 #include "eredu/cpu/backend.hpp"
 #include "eredu/engine/serving/prefetch_pipeline.hpp"
 #include "eredu/io/reading/checkpoint_source.hpp"
+#include "eredu/io/remote/remote_url.hpp"
 #include "interrupt.hpp"
 #include "progress.hpp"
 #include "remote_flags.hpp"
@@ -139,13 +140,13 @@ int run_pipeline(const PipelineCommandOptions& o, const CommonFlags& flags) {
   bar.phase("open");
   asio::io_context ctx(1);
   Interrupt interrupt(ctx);
-  interrupt.doing(fmt::format("opening {}", o.path));
+  interrupt.doing(fmt::format("opening {}", io::shown_location(o.path)));
   auto source = io::CheckpointSource::open(ctx.get_executor(), o.path, opts);
   interrupt.check();
   Grouping g = pipeline_units(source->catalog(), app::parse_unit_preset(o.units));
   if (g.units.empty())
     throw Error(
-        errc::invalid_argument, {.file = o.path},
+        errc::invalid_argument, {.file = io::shown_location(o.path)},
         fmt::format(
             "none of its {} tensors is named like '<prefix>layers.<N>.<name>' or 'blk.<N>.<name>': nothing to stream",
             source->catalog().size()));
@@ -166,7 +167,7 @@ int run_pipeline(const PipelineCommandOptions& o, const CommonFlags& flags) {
   const std::uint64_t total_bytes = pass_bytes * o.passes;
   bar.phase("read", total_bytes, o.passes > 1 ? fmt::format("pipeline ×{}", o.passes) : std::string("pipeline"));
   Consumed consumed;
-  interrupt.doing(fmt::format("streaming {} through the pipeline", o.path));
+  interrupt.doing(fmt::format("streaming {} through the pipeline", io::shown_location(o.path)));
   // Whatever the consumer is awaiting when the signal comes, every load stops now.
   interrupt.on_signal([&pipeline] { pipeline.async_close(asio::detached); });
   std::exception_ptr failure;  // a unit's load error, its parameter named after the unit
@@ -189,7 +190,7 @@ int run_pipeline(const PipelineCommandOptions& o, const CommonFlags& flags) {
   if (flags.json) {
     JsonWriter json;
     begin_document(json, "pipeline");
-    json.field("path", o.path).field("reader", source->reader().name());
+    json.field("path", io::shown_location(o.path)).field("reader", source->reader().name());
     json.count("unit", unit_count)
         .count("layer_tensor", g.layers.grouped_tensors)
         .count("skipped_tensor", g.layers.skipped.size());
@@ -214,7 +215,7 @@ int run_pipeline(const PipelineCommandOptions& o, const CommonFlags& flags) {
   } else {
     fmt::print("pipeline {} units ({} {} × {} pass{}) of {}: {} in {:.3f} s: {:.2f} GB/s\n", stats.delivered,
                unit_count, o.units == "layers" ? "layers" : "units", o.passes, o.passes == 1 ? "" : "es",
-               printable(o.path), format_bytes(total_bytes), consumed.wall_s, rate);
+               printable(io::shown_location(o.path)), format_bytes(total_bytes), consumed.wall_s, rate);
     fmt::print("  units    {} tensors in layers, largest unit {}; {} tensors outside layers skipped ({})\n",
                g.layers.grouped_tensors, format_bytes(largest), g.layers.skipped.size(),
                format_bytes(g.layers.skipped_bytes));

@@ -140,7 +140,7 @@ int run_read(const ReadOptions& o, const CommonFlags& flags) {
   Progress progress(!flags.quiet);
   asio::io_context ctx(1);
   Interrupt interrupt(ctx);
-  interrupt.doing(fmt::format("opening {}", o.path));
+  interrupt.doing(fmt::format("opening {}", io::shown_location(o.path)));
   progress.phase("open");
   const double t_setup = now_seconds();
   auto source = io::CheckpointSource::open(ctx.get_executor(), o.path, opts);
@@ -157,7 +157,7 @@ int run_read(const ReadOptions& o, const CommonFlags& flags) {
   st.progress = &progress;
   progress.phase("read", catalog.total_bytes());
   const double t0 = now_seconds();
-  interrupt.doing(fmt::format("reading {}", o.path));
+  interrupt.doing(fmt::format("reading {}", io::shown_location(o.path)));
   unsigned running = o.concurrency;
   for (unsigned w = 0; w < o.concurrency; ++w) {
     asio::co_spawn(ctx, read_worker(&st),
@@ -177,7 +177,8 @@ int run_read(const ReadOptions& o, const CommonFlags& flags) {
   if (verify) {
     progress.phase("verify", catalog.total_bytes());
     const double tv = now_seconds();
-    const std::string doing = fmt::format("verifying what was read of {} against an independent read", o.path);
+    const std::string doing =
+        fmt::format("verifying what was read of {} against an independent read", io::shown_location(o.path));
     auto ref = reference_hashes(
         catalog, [&progress](std::uint64_t done) { progress.update(done); }, doing);
     verify_s = now_seconds() - tv;
@@ -194,7 +195,7 @@ int run_read(const ReadOptions& o, const CommonFlags& flags) {
   if (flags.json) {
     JsonWriter json;
     begin_document(json, "read");
-    json.field("path", o.path).field("reader", source->reader().name());
+    json.field("path", io::shown_location(o.path)).field("reader", source->reader().name());
     json.count("tensor", st.tensors.size()).count("file", catalog.files().size());
     json.bytes("tensor", catalog.total_bytes()).bytes("", st.bytes_done).seconds("", read_s).rate("", rate);
     json.seconds("setup", setup_s).bytes("budget", source->pool().budget());

@@ -6,14 +6,17 @@ namespace eredu::cli {
 
 void add_remote_flags(CLI::App& command, RemoteFlags& flags) {
   const std::string group = "Remote checkpoints (https://, http://, s3://; docs/remote.md)";
-  command.add_option("--cache", flags.cache, "keep whole objects in this directory, shared by processes, and load them "
-                                             "from there while their ETag is unchanged (default: no cache)")
+  command
+      .add_option("--cache", flags.cache,
+                  "keep whole objects in this directory, shared by processes, and load them "
+                  "from there while their ETag is unchanged (default: no cache)")
       ->type_name("DIR")
       ->group(group);
   add_bytes(command, "--cache-max", flags.cache_max, 0, std::uint64_t{1} << 50,
             "bound on the cache's size: least recently used objects are removed past it", "unbounded", "unbounded")
       ->group(group);
-  command.add_option("--ca-file", flags.ca_file, "verify HTTPS servers against this PEM bundle instead of the system's")
+  command
+      .add_option("--ca-file", flags.ca_file, "verify HTTPS servers against this PEM bundle instead of the system's")
       ->type_name("FILE")
       ->check(CLI::ExistingFile)
       ->group(group);
@@ -23,7 +26,8 @@ void add_remote_flags(CLI::App& command, RemoteFlags& flags) {
                   "$AWS_ENDPOINT_URL_S3, $AWS_ENDPOINT_URL, else AWS")
       ->type_name("URL")
       ->group(group);
-  command.add_option("--s3-region", flags.s3_region, "region to sign for (default $AWS_REGION, the profile's, us-east-1)")
+  command
+      .add_option("--s3-region", flags.s3_region, "region to sign for (default $AWS_REGION, the profile's, us-east-1)")
       ->type_name("NAME")
       ->group(group);
   add_choice(command, "--s3-addressing", flags.s3_addressing, {"auto", "path", "virtual"},

@@ -14,15 +14,15 @@ namespace eredu::cli {
 
 /// What the flags set (defaults: io::RemoteOptions').
 struct RemoteFlags {
-  std::string cache;                 ///< --cache DIR
-  std::uint64_t cache_max = 0;       ///< --cache-max SIZE (0: unbounded)
-  std::string ca_file;               ///< --ca-file FILE
-  std::string s3_endpoint;           ///< --s3-endpoint URL
-  std::string s3_region;             ///< --s3-region NAME
-  std::string s3_addressing = "auto";  ///< --s3-addressing auto|path|virtual
-  bool anonymous = false;            ///< --anonymous
-  std::uint64_t part = io::RemoteOptions{}.part_bytes;          ///< --part-size SIZE
-  unsigned connections = io::RemoteOptions{}.concurrency;       ///< --connections N
+  std::string cache;                                       ///< --cache DIR
+  std::uint64_t cache_max = 0;                             ///< --cache-max SIZE (0: unbounded)
+  std::string ca_file;                                     ///< --ca-file FILE
+  std::string s3_endpoint;                                 ///< --s3-endpoint URL
+  std::string s3_region;                                   ///< --s3-region NAME
+  std::string s3_addressing = "auto";                      ///< --s3-addressing auto|path|virtual
+  bool anonymous = false;                                  ///< --anonymous
+  std::uint64_t part = io::RemoteOptions{}.part_bytes;     ///< --part-size SIZE
+  unsigned connections = io::RemoteOptions{}.concurrency;  ///< --connections N
 };
 
 /// Adds the flags to `command` (under the group "Remote checkpoints").

@@ -33,6 +33,7 @@
 #include "eredu/engine/orchestration/materialize.hpp"
 #include "eredu/engine/parallel/gather_replicated.hpp"
 #include "eredu/engine/parallel/sharding.hpp"
+#include "eredu/io/remote/remote_url.hpp"
 #include "eredu/mpi/backend.hpp"
 #include "eredu/mpi/communicator.hpp"
 #include "eredu/mpi/environment.hpp"
@@ -181,7 +182,7 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
   const bool gather = o.tensor_parallel.replicated == "gather";
   std::exception_ptr failure;
   try {
-    interrupt.doing(fmt::format("opening {}", o.path));
+    interrupt.doing(fmt::format("opening {}", io::shown_location(o.path)));
     source = io::CheckpointSource::open(ctx.get_executor(), o.path, opts);
     interrupt.check();
     const TensorParallelOptions& tp = o.tensor_parallel;
@@ -218,7 +219,7 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
     double seconds = 0, gather_seconds = 0;
     failure = nullptr;
     interrupt.doing(fmt::format("loading rank {} of {} of {} (load {} of {}); the module was left unbound", rank, size,
-                                o.path, r + 1, o.repeat));
+                                io::shown_location(o.path), r + 1, o.repeat));
     std::exception_ptr gathered;
     if (!gather) {
       engine::async_load<cpu::Backend>(*model, *source, plan->bindings, context,
@@ -332,7 +333,7 @@ int run_tensor_parallel_load(const LoadOptions& o, const CommonFlags& flags) {
   if (flags.json) {
     JsonWriter json;
     begin_document(json, "load");
-    json.field("path", o.path).field("reader", source->reader().name());
+    json.field("path", io::shown_location(o.path)).field("reader", source->reader().name());
     json.count("tensor", catalog.size()).count("file", catalog.files().size());
     json.bytes("tensor", source_bytes).bytes("", last.bytes).bytes("output", bound);
     json.field("dtype", o.dtype).field("threads", threads).field("kernels", cpu::convert_isa_name());

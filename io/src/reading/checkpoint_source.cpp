@@ -12,6 +12,7 @@
 #include "../remote/remote_catalog.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/core/log.hpp"
+#include "eredu/core/printable.hpp"
 #include "eredu/core/trace.hpp"
 #include "eredu/io/formats/open_catalog.hpp"
 #include "eredu/io/reading/pread_reader.hpp"
@@ -175,6 +176,7 @@ void CheckpointSource::open_remote(const std::string& location) {
   if (remote_->cache) {
     // Whole objects into the cache (or found there with the same ETag), then read as local
     // files: a cache hit is a local io_uring load.
+    const std::uint64_t fills_before = remote_->cache->stats().fills;
     for (std::size_t i = 0; i < checkpoint.objects.size(); ++i) {
       const detail::RemoteObject& object = checkpoint.objects[i];
       const std::filesystem::path local =
@@ -187,8 +189,9 @@ void CheckpointSource::open_remote(const std::string& location) {
       std::string no_direct;
       files_.push_back(open_checkpoint_file(file, options_.reader.direct, no_direct));
     }
-    log::info("{}: {} object{} from the cache in {}", location, files_.size(), files_.size() == 1 ? "" : "s",
-              remote_->cache->dir().string());
+    const std::uint64_t fetched = remote_->cache->stats().fills - fills_before;
+    log::info("{}: {} of {} object{} fetched into the cache {}, the rest found there", shown_location(location),
+              fetched, files_.size(), files_.size() == 1 ? "" : "s", printable(remote_->cache->dir().string()));
     reader_ = make_reader(executor_, files_, *pool_, options_.reader);
     return;
   }
@@ -201,7 +204,7 @@ void CheckpointSource::open_remote(const std::string& location) {
   }
   reader_ = std::make_unique<detail::RemoteReader>(*remote_->client, std::move(checkpoint.objects),
                                                    options_.remote.part_bytes, options_.remote.concurrency);
-  log::debug("{}: {}", location, reader_->describe());
+  log::debug("{}: {}", shown_location(location), reader_->describe());
 }
 
 std::unique_ptr<Reader> CheckpointSource::make_reader(const asio::any_io_executor& executor, std::span<OpenFile> files,

@@ -145,6 +145,15 @@ std::string redacted(const RemoteUrl& url) {
   return printable(out);
 }
 
+std::string shown_location(std::string_view location) {
+  if (!is_remote(location)) return std::string(location);
+  try {
+    return redacted(parse_remote_url(location));
+  } catch (const Error&) {
+    return shown(location);
+  }
+}
+
 RemoteUrl sibling(const RemoteUrl& base, std::string_view name) {
   const bool bad = name.empty() || name == "." || name == ".." || name.find('/') != std::string_view::npos ||
                    name.find('\\') != std::string_view::npos ||

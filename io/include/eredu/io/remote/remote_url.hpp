@@ -35,6 +35,9 @@ RemoteUrl parse_remote_url(std::string_view location);
 /// presigned signature) is replaced by `?…`.
 std::string redacted(const RemoteUrl& url);
 
+/// What messages show of a location the user gave: a URL redacted (above), a local path as is.
+std::string shown_location(std::string_view location);
+
 /// `base` with its last path segment replaced by `name` (a shard named by an index); the query
 /// is dropped. Refuses (invalid_index) a name with `/`, `\`, `..`, a control byte, or empty.
 RemoteUrl sibling(const RemoteUrl& base, std::string_view name);
