@@ -88,7 +88,7 @@ def test_the_eredu_command_loads_a_url(served, eredu_cli, llama_like):
     r = subprocess.run([eredu_cli, "load", f"{base}/m.safetensors", "--json", "-q"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
-    assert report["tensor_count"] == 14 and report["path"].startswith("http://127.0.0.1:")
+    assert report["tensor_count"] == 15 and report["path"].startswith("http://127.0.0.1:")
     r = subprocess.run([eredu_cli, "load", f"{base}/nothing.safetensors"], capture_output=True, text=True)
     assert r.returncode != 0
     assert "remote_not_found" in r.stderr
