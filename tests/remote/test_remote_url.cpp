@@ -41,9 +41,9 @@ TEST_CASE("parse_remote_url splits host, port, path and query", "[remote][url]")
 }
 
 TEST_CASE("parse_remote_url refuses what it cannot use, without printing the query", "[remote][url]") {
-  for (const char* bad : {"https://", "https://user:pw@host/x", "http://host:99999/x", "http://host:port/x",
-                          "s3:///key", "https://host/a b", "https://host/x#frag", "ftp://host/x",
-                          "https://host:/x", "s3://b/k?x=1"}) {
+  for (const char* bad :
+       {"https://", "https://user:pw@host/x", "http://host:99999/x", "http://host:port/x", "s3:///key",
+        "https://host/a b", "https://host/x#frag", "ftp://host/x", "https://host:/x", "s3://b/k?x=1"}) {
     INFO(bad);
     CHECK(test::kind_of([&] { parse_remote_url(bad); }) == errc::invalid_argument);
   }

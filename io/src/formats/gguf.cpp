@@ -102,39 +102,21 @@ class MemorySource final : public Source {
 // (never past the file, which limit() checks first).
 class FileSource final : public Source {
  public:
-  FileSource(int fd, std::uint64_t file_size, const std::string& path) : fd_(fd), size_(file_size), path_(path) {}
+  FileSource(HeaderReader& reader, std::uint64_t file_size) : reader_(reader), size_(file_size) {}
   std::uint64_t limit() const noexcept override { return size_; }
   const std::uint8_t* need(std::uint64_t offset, std::size_t n) override {
     if (offset >= start_ && offset + n <= start_ + buffer_.size()) return buffer_.data() + (offset - start_);
     const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(size_ - offset, std::max(n, window)));
     buffer_.resize(want);
-    std::size_t done = 0;
-    while (done < want) {
-      const ssize_t r = ::pread(fd_, buffer_.data() + done, want - done, static_cast<off_t>(offset + done));
-      if (r < 0) {
-        if (errno == EINTR) continue;
-        throw Error(
-            errc::io_error,
-            {.file = path_, .offset = offset + done, .os_error = std::error_code(errno, std::system_category())},
-            fmt::format("reading the GGUF header ({} bytes at offset {}) failed", want, offset));
-      }
-      if (r == 0) {
-        throw Error(errc::unexpected_eof, {.file = path_, .offset = offset + done},
-                    fmt::format("the file ended at offset {} while reading its GGUF header; it was {} bytes when "
-                                "opened",
-                                offset + done, size_));
-      }
-      done += static_cast<std::size_t>(r);
-    }
+    reader_.read(offset, std::as_writable_bytes(std::span(buffer_)), "GGUF header");
     start_ = offset;
     return buffer_.data();
   }
 
  private:
   static constexpr std::size_t window = std::size_t{1} << 20;
-  int fd_;
+  HeaderReader& reader_;
   std::uint64_t size_;
-  const std::string& path_;
   std::vector<std::uint8_t> buffer_;
   std::uint64_t start_ = 0;
 };
@@ -612,9 +594,14 @@ Header parse_header(std::span<const std::byte> bytes, std::uint64_t file_size, c
   return Parser(source, file_size, path).parse();
 }
 
-Header read_header(int fd, std::uint64_t file_size, const std::string& path) {
-  FileSource source(fd, file_size, path);
+Header read_header(HeaderReader& reader, std::uint64_t file_size, const std::string& path) {
+  FileSource source(reader, file_size);
   return Parser(source, file_size, path).parse();
+}
+
+Header read_header(int fd, std::uint64_t file_size, const std::string& path) {
+  FileHeaderReader reader(fd, file_size, path);
+  return read_header(reader, file_size, path);
 }
 
 bool GgufFormat::probe(std::span<const std::byte> head, std::string_view path) const noexcept {
@@ -622,8 +609,8 @@ bool GgufFormat::probe(std::span<const std::byte> head, std::string_view path) c
   return head.size() >= 4 && std::memcmp(head.data(), magic.data(), 4) == 0;
 }
 
-FileLayout GgufFormat::parse(int fd, std::uint64_t file_size, const std::string& path) const {
-  Header h = read_header(fd, file_size, path);
+FileLayout GgufFormat::parse(HeaderReader& reader, std::uint64_t file_size, const std::string& path) const {
+  Header h = read_header(reader, file_size, path);
   FileLayout layout;
   layout.format = "gguf";
   layout.data_offset = h.data_offset;

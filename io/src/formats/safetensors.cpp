@@ -293,28 +293,6 @@ bool is_gguf(std::span<const std::byte> bytes) noexcept {
   return bytes.size() >= magic.size() && std::memcmp(bytes.data(), magic.data(), magic.size()) == 0;
 }
 
-void pread_exact(int fd, std::byte* buf, std::size_t n, std::uint64_t offset, std::uint64_t file_size,
-                 const std::string& path) {
-  std::size_t done = 0;
-  while (done < n) {
-    const ssize_t r = ::pread(fd, buf + done, n - done, static_cast<off_t>(offset + done));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      throw Error(errc::io_error,
-                  {.file = path, .offset = offset + done, .os_error = std::error_code(err, std::system_category())},
-                  fmt::format("reading the safetensors header ({} bytes at offset {}) failed", n, offset));
-    }
-    if (r == 0) {
-      throw Error(errc::unexpected_eof, {.file = path, .offset = offset + done},
-                  fmt::format("the file ended at offset {} while reading its header; it was {} bytes "
-                              "when opened",
-                              offset + done, file_size));
-    }
-    done += static_cast<std::size_t>(r);
-  }
-}
-
 }  // namespace
 
 FileLayout parse_file_prefix(std::span<const std::byte> bytes, std::uint64_t file_size, const std::string& path) {
@@ -366,10 +344,10 @@ FileLayout parse_file_prefix(std::span<const std::byte> bytes, std::uint64_t fil
   return HeaderChecker(path, n, file_size).check(*doc);
 }
 
-FileLayout read_layout(int fd, std::uint64_t file_size, const std::string& path) {
+FileLayout read_layout(HeaderReader& reader, std::uint64_t file_size, const std::string& path) {
   std::byte prefix[prefix_size] = {};
   if (file_size < prefix_size) return parse_file_prefix({}, file_size, path);
-  pread_exact(fd, prefix, prefix_size, 0, file_size, path);
+  reader.read(0, prefix, "safetensors header");
   const std::uint64_t n = read_le64(prefix);
   // Let the parser report a bad length before anything is allocated for it.
   if (n > max_header_size || n > file_size - prefix_size) {
@@ -377,8 +355,13 @@ FileLayout read_layout(int fd, std::uint64_t file_size, const std::string& path)
   }
   std::vector<std::byte> buffer(static_cast<std::size_t>(prefix_size + n));
   std::memcpy(buffer.data(), prefix, prefix_size);
-  pread_exact(fd, buffer.data() + prefix_size, static_cast<std::size_t>(n), prefix_size, file_size, path);
+  reader.read(prefix_size, std::span(buffer).subspan(prefix_size), "safetensors header");
   return parse_file_prefix(buffer, file_size, path);
+}
+
+FileLayout read_layout(int fd, std::uint64_t file_size, const std::string& path) {
+  FileHeaderReader reader(fd, file_size, path);
+  return read_layout(reader, file_size, path);
 }
 
 bool SafetensorsFormat::probe(std::span<const std::byte> head, std::string_view path) const noexcept {
@@ -389,8 +372,8 @@ bool SafetensorsFormat::probe(std::span<const std::byte> head, std::string_view 
   return c == '{' || c == ' ' || c == '\t' || c == '\n' || c == '\r';
 }
 
-FileLayout SafetensorsFormat::parse(int fd, std::uint64_t file_size, const std::string& path) const {
-  return read_layout(fd, file_size, path);
+FileLayout SafetensorsFormat::parse(HeaderReader& reader, std::uint64_t file_size, const std::string& path) const {
+  return read_layout(reader, file_size, path);
 }
 
 }  // namespace eredu::io::safetensors

@@ -158,7 +158,9 @@ RemoteUrl sibling(const RemoteUrl& base, std::string_view name) {
   const auto last = out.path.rfind('/');
   const std::string dir = last == std::string::npos ? std::string() : out.path.substr(0, last + 1);
   out.path = dir + (base.scheme == RemoteUrl::Scheme::s3 ? std::string(name) : encode_segment(name));
-  std::string scheme = base.scheme == RemoteUrl::Scheme::s3 ? "s3://" : base.scheme == RemoteUrl::Scheme::http ? "http://" : "https://";
+  std::string scheme = base.scheme == RemoteUrl::Scheme::s3     ? "s3://"
+                       : base.scheme == RemoteUrl::Scheme::http ? "http://"
+                                                                : "https://";
   out.text = scheme + out.host + (out.port ? fmt::format(":{}", out.port) : std::string()) + "/" + out.path;
   return out;
 }

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "eredu/io/formats/header_reader.hpp"
 #include "eredu/io/formats/tensor_info.hpp"
 
 namespace eredu::io {
@@ -33,9 +34,10 @@ class CheckpointFormat {
   virtual std::string_view name() const noexcept = 0;
   /// True when a file starting with `head` (up to 64 bytes) named `path` is of this format.
   virtual bool probe(std::span<const std::byte> head, std::string_view path) const noexcept = 0;
-  /// Reads and validates the header of the open file `fd` of `file_size` bytes; throws
-  /// eredu::Error naming `path`, the tensor and the offending numbers.
-  virtual FileLayout parse(int fd, std::uint64_t file_size, const std::string& path) const = 0;
+  /// Reads (through `reader`: a local file or a remote object) and validates the header of a
+  /// file of `file_size` bytes; throws eredu::Error naming `path`, the tensor and the offending
+  /// numbers.
+  virtual FileLayout parse(HeaderReader& reader, std::uint64_t file_size, const std::string& path) const = 0;
 };
 
 /// The formats eredu knows, most specific first; the last one (safetensors, which has no

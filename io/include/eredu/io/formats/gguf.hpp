@@ -147,8 +147,11 @@ std::string_view ggml_type_name(std::uint32_t type) noexcept;
 /// whole file's size, against which tensor data is checked. Throws eredu::Error.
 Header parse_header(std::span<const std::byte> bytes, std::uint64_t file_size, const std::string& path);
 
-/// Reads and validates the header of the open file `fd` of `file_size` bytes, reading only
-/// the header (in growing windows, never more than the file holds).
+/// Reads and validates the header of a file of `file_size` bytes through `reader`, reading
+/// only the header (in growing windows, never more than the file holds).
+Header read_header(HeaderReader& reader, std::uint64_t file_size, const std::string& path);
+
+/// read_header of the open file `fd`.
 Header read_header(int fd, std::uint64_t file_size, const std::string& path);
 
 /// The GGUF CheckpointFormat (name "gguf"): probes the magic or a `.gguf` name.
@@ -161,7 +164,7 @@ class GgufFormat final : public CheckpointFormat {
   bool probe(std::span<const std::byte> head, std::string_view path) const noexcept override;
   /// read_header, as a FileLayout whose metadata holds every KV pair as
   /// Value::to_metadata_text.
-  FileLayout parse(int fd, std::uint64_t file_size, const std::string& path) const override;
+  FileLayout parse(HeaderReader& reader, std::uint64_t file_size, const std::string& path) const override;
 };
 
 }  // namespace eredu::io::gguf

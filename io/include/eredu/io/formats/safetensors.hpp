@@ -47,8 +47,11 @@ inline constexpr std::uint64_t max_header_size = 100'000'000;
 /// offsets; throws eredu::Error naming `path`, the tensor and the offending numbers.
 FileLayout parse_file_prefix(std::span<const std::byte> bytes, std::uint64_t file_size, const std::string& path);
 
-/// Reads the prefix and header of the open file `fd` (checking the length before
+/// Reads the prefix and header of a file through `reader` (checking the length before
 /// allocating, so at most 100,000,008 bytes) and validates them as parse_file_prefix does.
+FileLayout read_layout(HeaderReader& reader, std::uint64_t file_size, const std::string& path);
+
+/// read_layout of the open file `fd`.
 FileLayout read_layout(int fd, std::uint64_t file_size, const std::string& path);
 
 /// The safetensors CheckpointFormat (name "safetensors"): the fallback format, since
@@ -60,8 +63,8 @@ class SafetensorsFormat final : public CheckpointFormat {
   /// True for a plausible length prefix followed by `{` or JSON whitespace, or a
   /// `.safetensors` name.
   bool probe(std::span<const std::byte> head, std::string_view path) const noexcept override;
-  /// read_layout(fd, file_size, path).
-  FileLayout parse(int fd, std::uint64_t file_size, const std::string& path) const override;
+  /// read_layout(reader, file_size, path).
+  FileLayout parse(HeaderReader& reader, std::uint64_t file_size, const std::string& path) const override;
 };
 
 }  // namespace eredu::io::safetensors

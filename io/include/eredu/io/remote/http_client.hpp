@@ -5,7 +5,9 @@
 /// The client owns one thread running an io_context; every libcurl call happens there. Its
 /// sockets are watched as Asio descriptors (CURLMOPT_SOCKETFUNCTION) and its timeout is an Asio
 /// timer (CURLMOPT_TIMERFUNCTION): no thread per request. Connections are kept alive and reused;
-/// HTTP/2 is offered over TLS. Every failure is an eredu::Error naming the URL, redacted (never a
+/// HTTP/2 is offered over TLS. Redirects (to http or https, at most 10) are followed; the signer
+/// signs only requests to the first URL's origin (a CDN a redirect names gets no credentials).
+/// Every failure is an eredu::Error naming the URL, redacted (never a
 /// credential or a signed query), and the offset:
 ///  - retried with exponential backoff and full jitter, resuming from the last byte received:
 ///    timeouts, stalls (the low-speed limit), resets, short bodies, 429/500/502/503/504;
@@ -34,11 +36,11 @@ namespace eredu::io {
 
 /// One ranged GET: bytes [offset, offset + dest.size()) of the object at `url`.
 struct RangeGet {
-  std::string url{};                       ///< absolute http(s) URL
-  std::uint64_t offset = 0;                ///< first byte
-  std::span<std::byte> dest{};             ///< where the bytes go; its size is the length asked
-  std::string if_match{};                  ///< ETag the object must still have (If-Match); empty: any
-  const RequestSigner* signer = nullptr;   ///< signs each attempt; null: unsigned. Must outlive the GET
+  std::string url{};                      ///< absolute http(s) URL
+  std::uint64_t offset = 0;               ///< first byte
+  std::span<std::byte> dest{};            ///< where the bytes go; its size is the length asked
+  std::string if_match{};                 ///< ETag the object must still have (If-Match); empty: any
+  const RequestSigner* signer = nullptr;  ///< signs each attempt; null: unsigned. Must outlive the GET
   /// Accept fewer bytes when the object ends first (a header probe); otherwise a body that ends
   /// before the range does is a short body (retried, then remote_error).
   bool allow_short = false;
@@ -50,12 +52,13 @@ struct RangeResult {
   std::string etag{};             ///< the object's ETag as sent (quotes kept); empty if none
   std::uint64_t object_size = 0;  ///< the object's size, from Content-Range
   unsigned attempts = 1;          ///< attempts made (1: no retry)
+  unsigned http_version = 0;      ///< HTTP major version of the last answer (1, 2 or 3)
 };
 
 /// A whole small document (an index, a listing): GET without Range, at most `max_bytes`.
 struct DocumentGet {
-  std::string url{};                      ///< absolute http(s) URL
-  const RequestSigner* signer = nullptr;  ///< signs each attempt; null: unsigned
+  std::string url{};                              ///< absolute http(s) URL
+  const RequestSigner* signer = nullptr;          ///< signs each attempt; null: unsigned
   std::size_t max_bytes = std::size_t{64} << 20;  ///< a larger body is remote_error
 };
 

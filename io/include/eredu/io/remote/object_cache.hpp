@@ -21,9 +21,9 @@ namespace eredu::io {
 
 /// One object's identity in the cache: its URL (redacted: no query) and its ETag and size.
 struct CacheKey {
-  std::string url{};             ///< redacted URL (remote_url.hpp); names the entry
-  std::string etag{};            ///< the object's current ETag; an entry with another is stale
-  std::uint64_t size = 0;        ///< the object's size
+  std::string url{};       ///< redacted URL (remote_url.hpp); names the entry
+  std::string etag{};      ///< the object's current ETag; an entry with another is stale
+  std::uint64_t size = 0;  ///< the object's size
 };
 
 /// Counters of one cache (tests, logs).
