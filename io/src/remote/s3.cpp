@@ -36,7 +36,11 @@ std::string_view trim(std::string_view s) noexcept {
   return s;
 }
 
-bool unreserved(unsigned char c) noexcept { return std::isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~'; }
+// ASCII only, whatever the process's locale (a UTF-8 locale must not keep a byte >= 0x80).
+bool unreserved(unsigned char c) noexcept {
+  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '.' ||
+         c == '_' || c == '~';
+}
 
 // SigV4's URI encoding: unreserved characters kept, every other byte %XX (upper-case hex);
 // `/` kept only where `keep_slash` (the path of an object URL).
