@@ -26,6 +26,20 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# The S3 test server (s3rver, npm; tests/remote/servers/package-lock.json pins it) goes into
+# build/npm-servers. Skipped quietly without npm (the S3 end-to-end tests then skip); redone only
+# when the lock file changed.
+if command -v npm >/dev/null 2>&1; then
+  npm_dir=build/npm-servers
+  if ! cmp -s tests/remote/servers/package-lock.json "$npm_dir/package-lock.json" ||
+     [ ! -f "$npm_dir/node_modules/s3rver/bin/s3rver.js" ]; then
+    mkdir -p "$npm_dir"
+    cp tests/remote/servers/package.json tests/remote/servers/package-lock.json "$npm_dir/"
+    npm ci --prefix "$npm_dir" --no-audit --no-fund --loglevel=error >/dev/null ||
+      echo "setup: npm could not install s3rver (the S3 end-to-end tests will skip)"
+  fi
+fi
+
 # A tree configured before keeps its generator (a developer's Ninja tree stays Ninja); a new
 # one gets CMake's default, as the presets name none.
 if [ ! -f "build/$preset/CMakeCache.txt" ]; then
