@@ -15,6 +15,7 @@
 #include <map>
 
 #include "eredu/core/error.hpp"
+#include "eredu/io/remote/http_client.hpp"
 #include "utf8.hpp"
 
 namespace eredu::io {
@@ -35,7 +36,11 @@ std::string_view trim(std::string_view s) noexcept {
   return s;
 }
 
-bool unreserved(unsigned char c) noexcept { return std::isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~'; }
+// ASCII only, whatever the process's locale (a UTF-8 locale must not keep a byte >= 0x80).
+bool unreserved(unsigned char c) noexcept {
+  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '.' ||
+         c == '_' || c == '~';
+}
 
 // SigV4's URI encoding: unreserved characters kept, every other byte %XX (upper-case hex);
 // `/` kept only where `keep_slash` (the path of an object URL).
@@ -577,6 +582,25 @@ std::pair<std::vector<S3Object>, std::string> parse_list_objects(std::string_vie
     }
   }
   return {std::move(objects), std::move(token)};
+}
+
+std::vector<S3Object> list_objects(HttpClient& client, const S3Endpoint& endpoint, std::string_view prefix) {
+  std::vector<S3Object> objects;
+  std::string token;
+  for (;;) {
+    const std::string url = endpoint.list_url(prefix, token);
+    const std::string shown = redacted(parse_remote_url(url));
+    const DocumentResult page = client.get_blocking(DocumentGet{.url = url, .signer = endpoint.signer()});
+    auto [found, next] = parse_list_objects(page.body, shown);
+    objects.insert(objects.end(), std::make_move_iterator(found.begin()), std::make_move_iterator(found.end()));
+    if (next.empty()) break;
+    // A server that hands back the token it was given would list forever.
+    if (next == token)
+      throw Error(errc::remote_error, {.file = shown}, "the S3 listing repeats its continuation token");
+    token = std::move(next);
+  }
+  std::stable_sort(objects.begin(), objects.end(), [](const S3Object& a, const S3Object& b) { return a.key < b.key; });
+  return objects;
 }
 
 }  // namespace eredu::io

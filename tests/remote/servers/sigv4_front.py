@@ -6,7 +6,8 @@ S3's XML `SignatureDoesNotMatch`, as S3 answers. A request that passes is forwar
 headers (Range, If-Match, ETag, Content-Range...) intact, to the server behind, over kept-alive
 connections; the answer is streamed back. Virtual-host requests (`Host: BUCKET.localhost:PORT`)
 are forwarded path-style, so the server behind needs no DNS. s3rver ignores If-Match: the front
-answers 412 PreconditionFailed itself when the object's ETag is not the one asked for.
+answers 412 PreconditionFailed itself when the object's ETag is not the one asked for; and
+s3rver answers `Range: bytes=0-0` with the whole object, which the front cuts to the byte asked.
 
 s3rver itself checks only the access key, so this front is what proves eredu's signing.
 """
@@ -32,6 +33,8 @@ _AUTH = re.compile(
     r"SignedHeaders=([a-z0-9;-]+),\s*Signature=([0-9a-f]{64})$")
 _EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 _CHUNK = 1 << 20
+_RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
+_CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 
 
 def _xml_error(code, message):
@@ -109,6 +112,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, format, *args):  # noqa: A002 - quiet: the test's output is the log
         pass
 
+    def handle(self):
+        # A client that drops its connection (a cancelled or refused transfer) is not an error.
+        try:
+            super().handle()
+        except (ConnectionResetError, BrokenPipeError):
+            pass
+
     def _headers(self):
         out = {}
         for name, value in self.headers.items():
@@ -180,25 +190,43 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                                    "At least one of the pre-conditions you specified did not hold")
                 return
         length = response.getheader("Content-Length")
+        content_range = response.getheader("Content-Range")
+        # s3rver reads `bytes=0-0` as `bytes=0-` (its end 0 is falsy): S3 sends the one byte asked.
+        asked = _RANGE.match(self.headers.get("Range", ""))
+        sent = _CONTENT_RANGE.match(content_range or "")
+        limit = None
+        if response.status == 206 and asked and asked.group(2) and sent and int(sent.group(2)) > int(asked.group(2)):
+            first, last, size = int(sent.group(1)), int(asked.group(2)), sent.group(3)
+            limit = last - first + 1
+            length = str(limit)
+            content_range = f"bytes {first}-{last}/{size}"
         body = None
         if length is None and self.command != "HEAD" and response.status not in (204, 304):
             body = response.read()
             length = str(len(body))
         self.send_response(response.status, response.reason)
         for name, value in response.getheaders():
-            if name.lower() not in _HOP_BY_HOP and name.lower() not in ("content-length", "date", "server"):
+            if name.lower() not in _HOP_BY_HOP and name.lower() not in ("content-length", "content-range", "date",
+                                                                        "server"):
                 self.send_header(name, value)
+        if content_range is not None:
+            self.send_header("Content-Range", content_range)
         if length is not None:
             self.send_header("Content-Length", length)
         self.end_headers()
         if body is not None:
             self.wfile.write(body)
         elif self.command != "HEAD":
-            while True:
-                chunk = response.read(_CHUNK)
+            left = limit
+            while left is None or left > 0:
+                chunk = response.read(_CHUNK if left is None else min(_CHUNK, left))
                 if not chunk:
                     break
+                if left is not None:
+                    left -= len(chunk)
                 self.wfile.write(chunk)
+            if limit is not None:
+                response.read()  # the bytes past the range, so the backend connection stays usable
         else:
             response.read()
 
