@@ -3,6 +3,8 @@
 // (on any thread) take it. A batch's callback runs outside it.
 #include "remote_reader.hpp"
 
+#include <sys/mman.h>
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -16,6 +18,14 @@
 #include "eredu/io/remote/remote_url.hpp"
 
 namespace eredu::io::detail {
+
+namespace {
+#ifdef MADV_POPULATE_WRITE
+constexpr int populate_write = MADV_POPULATE_WRITE;
+#else
+constexpr int populate_write = 23;  // Linux 5.14's value; older kernels answer EINVAL
+#endif
+}  // namespace
 
 namespace {
 
@@ -242,6 +252,22 @@ void RemoteReader::read(std::vector<ReadSegment> segments, ReadCallback done, Ba
     s.batches[b->id] = b;
     for (auto& p : parts) s.queue.push_back(std::move(p));
     s.pump();
+  }
+  // The client's thread copies each body into its destination, and fresh tensor storage makes
+  // it take a page fault per 4 KiB as well (a third of its time, measured with perf): fault the
+  // pages in here meanwhile, from the end backwards while the bodies land from the start, so
+  // two threads share the work. Page tables only: no byte changes, so it is harmless even where
+  // the batch has already completed. Kernels before 5.14 lack MADV_POPULATE_WRITE: skipped.
+  const std::uintptr_t page = 4096;
+  for (auto seg = segments.rbegin(); seg != segments.rend(); ++seg) {
+    const auto begin = (reinterpret_cast<std::uintptr_t>(seg->dest) + page - 1) / page * page;
+    const auto end = (reinterpret_cast<std::uintptr_t>(seg->dest) + seg->length) / page * page;
+    constexpr std::uintptr_t step = std::uintptr_t{2} << 20;
+    for (std::uintptr_t hi = end; hi > begin;) {
+      const std::uintptr_t lo = hi - begin > step ? hi - step : begin;
+      if (::madvise(reinterpret_cast<void*>(lo), hi - lo, populate_write) != 0) break;
+      hi = lo;
+    }
   }
 }
 
