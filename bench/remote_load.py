@@ -6,8 +6,10 @@ loopback (tests/remote/servers/nginx.py). Each round runs, in a fresh seeded shu
 
   eredu-url    `eredu load http://.../model.safetensors --json` (the load's own seconds)
   curl         `curl -s -o /dev/null URL` (one stream; wall seconds)
+  curl-tmpfs   the same into a file on tmpfs (one stream into memory, as a load must land)
   aria2c       `aria2c -x16 -s16` into a tmpfs directory (wall seconds; the file is removed)
   eredu-local  `eredu load PATH --json` of the same file, hot in the page cache
+  eredu-cache  `eredu load URL --cache DIR` with the object already in DIR (a cache hit)
 
 and prints, per contender, the median GB/s with min-max, and eredu-url's ratio to the faster of
 curl and aria2c in the same round. --rate caps loopback with tc tbf (root; the cap is the
@@ -105,6 +107,7 @@ def main():
         sh([EREDU, "gen", "--size", a.size, ck, "--force", "-q"])
     size = os.path.getsize(ck)
     aria_dir = os.path.join(a.dir, "aria")
+    cache_dir = os.path.join(a.dir, "cache")
     nginx = Nginx(a.dir)
     url = f"{nginx.url}/model.safetensors"
     link = "none"
@@ -114,16 +117,22 @@ def main():
         cases = {
             "eredu-url": lambda: run_eredu(url, remote_flags),
             "curl": lambda: (timed(["curl", "-s", "-f", "-o", "/dev/null", url]), None, None),
+            "curl-tmpfs": lambda: (timed(["curl", "-s", "-f", "-o", os.path.join(a.dir, "curl.out"), url]), None, None),
             "aria2c": lambda: (timed(["aria2c", "-q", "-x16", "-s16", "-k1M", "--file-allocation=none",
                                       "--allow-overwrite=true", "-d", aria_dir, "-o", "f", url]), None, None),
             "eredu-local": lambda: run_eredu(ck, []),
+            # A cache hit: the header GET proves the ETag unchanged, then a local load of the copy.
+            "eredu-cache": lambda: run_eredu(url, remote_flags + ["--cache", cache_dir]),
         }
         if a.only:
             cases = {k: v for k, v in cases.items() if k in a.only.split(",")}
         run_eredu(ck, [])  # the file hot in the page cache, as nginx serves it
+        if "eredu-cache" in cases:
+            run_eredu(url, remote_flags + ["--cache", cache_dir])  # fills the cache once
         rows = {k: [] for k in cases}
         rss = []
         ratios = []
+        cache_ratios = []
         for r in range(1, a.rounds + 1):
             order = random.Random(f"{a.seed}-{r}").sample(list(cases), len(cases))
             got = {}
@@ -131,10 +140,14 @@ def main():
                 time.sleep(1)
                 s, peak, staging = cases[c]()
                 shutil.rmtree(aria_dir, ignore_errors=True)
+                if os.path.exists(os.path.join(a.dir, "curl.out")):
+                    os.unlink(os.path.join(a.dir, "curl.out"))
                 got[c] = size / s / 1e9
                 rows[c].append(got[c])
                 if c == "eredu-url":
                     rss.append((peak, staging))
+            if "eredu-cache" in got and "eredu-local" in got:
+                cache_ratios.append(got["eredu-local"] / got["eredu-cache"])
             if "eredu-url" in got and ("curl" in got or "aria2c" in got):
                 ratios.append(got["eredu-url"] / max(got.get("curl", 0), got.get("aria2c", 0)))
             print(f"round {r}: " + ", ".join(f"{c} {got[c]:.2f} GB/s" for c in order), file=sys.stderr)
@@ -143,6 +156,7 @@ def main():
             subprocess.run(["tc", "qdisc", "del", "dev", "lo", "root"], capture_output=True)
         nginx.stop()
         shutil.rmtree(aria_dir, ignore_errors=True)
+        shutil.rmtree(cache_dir, ignore_errors=True)
 
     def med(v):
         return f"{statistics.median(v):.2f} ({min(v):.2f}–{max(v):.2f})"
@@ -155,6 +169,8 @@ def main():
         print(f"| {c} | {med(v)} |")
     if ratios:
         print(f"eredu-url / faster of curl and aria2c, per round: {med(ratios)}")
+    if cache_ratios:
+        print(f"eredu-cache seconds / eredu-local seconds, per round: {med(cache_ratios)}")
     if rss:
         peak = max(p for p, _ in rss)
         print(f"eredu-url peak RSS {peak / 2**20:.0f} MiB (model {size / 2**20:.0f} MiB; staging high water "
