@@ -40,24 +40,15 @@
 #include "eredu/io/reading/checkpoint_source.hpp"
 #include "eredu/io/reading/regular_file.hpp"
 #include "io/read_fixture.hpp"
+#include "support/error_kind.hpp"
 #include "support/st_bytes.hpp"
 
 using namespace eredu;
 using namespace eredu::io;
+using eredu::test::error_of;
 using eredu::test::run_on;
 
 namespace {
-
-template <class F>
-Error error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e;
-  }
-  FAIL("no eredu::Error was thrown");
-  throw std::logic_error("unreachable");
-}
 
 struct Small {
   test::TempDir dir;

@@ -21,6 +21,7 @@
 using namespace eredu;
 using namespace eredu::io;
 using namespace std::chrono_literals;
+using eredu::test::error_of;
 
 namespace {
 
@@ -39,17 +40,6 @@ HttpOptions quick_options() {
 
 bool same(std::span<const std::byte> got, const std::vector<std::byte>& data, std::uint64_t offset) {
   return offset + got.size() <= data.size() && std::memcmp(got.data(), data.data() + offset, got.size()) == 0;
-}
-
-// The error a call throws (an empty Error of kind invalid_argument when it returns).
-template <class F>
-Error error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e;
-  }
-  return Error(errc::invalid_argument, {}, "no error");
 }
 
 // Counts the attempts it signed, and the URLs, to see what a retry and a redirect sign.

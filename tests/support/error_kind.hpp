@@ -33,4 +33,16 @@ errc kind_of(F&& f) {
   }
 }
 
+/// The eredu::Error `f()` throws; when it returns, an Error of kind errc{} ("no error"), which
+/// no check on a kind expects. Any other exception passes through.
+template <std::invocable F>
+Error error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e;
+  }
+  return Error(errc{}, {}, "no eredu::Error was thrown");
+}
+
 }  // namespace eredu::test
