@@ -92,3 +92,27 @@ def test_the_eredu_command_loads_a_url(served, eredu_cli, llama_like):
     r = subprocess.run([eredu_cli, "load", f"{base}/nothing.safetensors"], capture_output=True, text=True)
     assert r.returncode != 0
     assert "remote_not_found" in r.stderr
+
+
+def test_prefetch_streams_layers_from_a_url(served, llama_like):
+    root, base = served
+    path, arrays = llama_like
+    (root / "m.safetensors").write_bytes(Path(path).read_bytes())
+    with eredu.prefetch(f"{base}/m.safetensors", lookahead=2) as p:
+        assert p.units == [f"model.layers.{i}" for i in range(4)]
+        for unit in p:
+            for k, v in unit.items():
+                np.testing.assert_array_equal(v, arrays[k])
+
+
+def test_a_model_slot_swaps_to_a_url_and_a_failed_swap_keeps_the_old_version(served, llama_like, tmp_path):
+    root, base = served
+    path, arrays = llama_like
+    (root / "m.safetensors").write_bytes(Path(path).read_bytes())
+    slot = eredu.ModelSlot(path)
+    report = slot.swap_sync(f"{base}/m.safetensors")
+    assert report["generation"] == 2 and slot.current().origin == f"{base}/m.safetensors"
+    np.testing.assert_array_equal(slot.current()["lm_head.weight"], arrays["lm_head.weight"])
+    with pytest.raises(eredu.RemoteNotFoundError):
+        slot.swap_sync(f"{base}/gone.safetensors")
+    assert slot.generation == 2  # the URL's version keeps serving
