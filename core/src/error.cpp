@@ -170,6 +170,10 @@ class Category final : public std::error_category {
         return "remote transfer failed";
       case errc::timed_out:
         return "timed out";
+      case errc::version_not_published:
+        return "no such published version";
+      case errc::version_withdrawn:
+        return "the published version was withdrawn";
     }
     return "unknown eredu error";
   }
@@ -266,6 +270,8 @@ const char* errc_name(errc e) noexcept {
     EREDU_ERRC_NAME(tls_error)
     EREDU_ERRC_NAME(remote_error)
     EREDU_ERRC_NAME(timed_out)
+    EREDU_ERRC_NAME(version_not_published)
+    EREDU_ERRC_NAME(version_withdrawn)
 #undef EREDU_ERRC_NAME
   }
   return "unknown";
@@ -277,7 +283,7 @@ error_family errc_family(errc e) noexcept {
   if (e == errc::canary_failed || e == errc::swap_in_progress) return error_family::orchestration;
   if (e == errc::outside_root) return error_family::format;
   if (e == errc::recipe_cuts_block) return error_family::recipe;
-  if (e >= errc::access_denied && e <= errc::timed_out) return error_family::store;
+  if (e >= errc::access_denied && e <= errc::version_withdrawn) return error_family::store;
   if (e >= errc::bad_magic && e <= errc::split_mismatch) return error_family::format;
   if (e <= errc::unknown_format) return error_family::format;
   if (e <= errc::invalid_argument) return error_family::store;

@@ -231,6 +231,7 @@ _BY_KIND = {
     "resource_exhausted": ResourceExhaustedError,
     "access_denied": AccessDeniedError, "remote_not_found": RemoteNotFoundError, "timed_out": RemoteTimeoutError,
     "range_unsupported": RemoteError, "tls_error": RemoteError, "remote_error": RemoteError,
+    "version_not_published": StoreError, "version_withdrawn": StoreError,
     "invalid_argument": InvalidArgumentError,
     "cancelled": CancelledError,
     "unsupported_dtype": UnsupportedDTypeError,

@@ -111,8 +111,8 @@ Environment::~Environment() {
   const bool stuck = progress_ && progress_->has_stuck_operations();
   if (stuck) {
     log::warn(
-        "MPI is not finalized: a collective that timed out is still inside MPI (a peer died or stalled), and "
-        "MPI_Finalize would wait for it");
+        "MPI is not finalized: a collective that timed out is still inside MPI, or a window was left to MPI (a "
+        "peer died or stalled), and MPI_Finalize would wait for it");
   } else {
     detail::free_custom_types();
     if (initialized_here_) {

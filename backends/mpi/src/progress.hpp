@@ -86,8 +86,11 @@ class Progress : public std::enable_shared_from_this<Progress> {
   /// operations not yet started fail with Error(cancelled). Idempotent.
   void stop();
   /// True when an operation timed out and may still be running inside MPI (finalizing would
-  /// wait for it).
+  /// wait for it), or something was left to MPI (leave_to_mpi).
   bool has_stuck_operations() const;
+  /// Records that an MPI object was left unfreed because freeing it would wait for a rank that
+  /// is gone (a live-update window): finalizing, which frees it, would wait the same way.
+  void leave_to_mpi() noexcept { stuck_.fetch_add(1, std::memory_order_acq_rel); }
   /// True once a collective failed or timed out on `comm`.
   bool is_broken(const CommState& comm) const;
 

@@ -102,6 +102,9 @@ enum class errc {
   tls_error,          ///< store: the TLS handshake or the server's certificate failed verification
   remote_error,       ///< store: any other HTTP status, or a transport failure still failing after the retries
   timed_out,          ///< store: a connection or a stalled transfer passed its time limit, after the retries
+  // --- later additions: live updates from a publisher; family store ---
+  version_not_published,  ///< store: the publisher offers no such version (or none yet)
+  version_withdrawn,      ///< store: the publisher withdrew the version before this rank was done with it
 };
 
 /// The layer a kind belongs to: which of the seed's error types it realises.

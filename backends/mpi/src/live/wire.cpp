@@ -1,0 +1,101 @@
+#include "live/wire.hpp"
+
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "eredu/core/error.hpp"
+
+namespace eredu::mpi::detail {
+
+void WireWriter::u32(std::uint32_t v) {
+  const auto* p = reinterpret_cast<const std::byte*>(&v);
+  out_.insert(out_.end(), p, p + sizeof v);
+}
+
+void WireWriter::u64(std::uint64_t v) {
+  const auto* p = reinterpret_cast<const std::byte*>(&v);
+  out_.insert(out_.end(), p, p + sizeof v);
+}
+
+void WireWriter::str(const std::string& s) {
+  u64(s.size());
+  const auto* p = reinterpret_cast<const std::byte*>(s.data());
+  out_.insert(out_.end(), p, p + s.size());
+}
+
+void WireReader::need(std::size_t n) const {
+  if (n > bytes_.size() - pos_)
+    throw Error(errc::invalid_argument, {},
+                fmt::format("malformed live-update message ({}): a record runs past its end at byte {}", what_, pos_));
+}
+
+std::uint32_t WireReader::u32() {
+  need(4);
+  std::uint32_t v = 0;
+  std::memcpy(&v, bytes_.data() + pos_, sizeof v);
+  pos_ += sizeof v;
+  return v;
+}
+
+std::uint64_t WireReader::u64() {
+  need(8);
+  std::uint64_t v = 0;
+  std::memcpy(&v, bytes_.data() + pos_, sizeof v);
+  pos_ += sizeof v;
+  return v;
+}
+
+std::string WireReader::str() {
+  const std::uint64_t n = u64();
+  need(n);
+  std::string s(reinterpret_cast<const char*>(bytes_.data() + pos_), n);
+  pos_ += n;
+  return s;
+}
+
+std::vector<std::byte> encode_manifest(const Manifest& m) {
+  WireWriter w;
+  w.u64(m.publication);
+  w.str(m.version);
+  w.str(m.base);
+  w.u64(m.tensors.size());
+  for (const ManifestTensor& t : m.tensors) {
+    w.str(t.name);
+    w.str(std::string(dtype_name(t.dtype)));
+    w.u64(t.shape.size());
+    for (std::uint64_t d : t.shape) w.u64(d);
+    w.u64(t.nbytes);
+    w.u64(t.address);
+    w.str(t.digest);
+  }
+  return std::move(w.bytes());
+}
+
+Manifest decode_manifest(std::span<const std::byte> bytes) {
+  WireReader r(bytes, "manifest");
+  Manifest m;
+  m.publication = r.u64();
+  m.version = r.str();
+  m.base = r.str();
+  const std::uint64_t n = r.u64();
+  if (n > bytes.size()) throw Error(errc::invalid_argument, {}, "malformed live-update manifest: tensor count");
+  for (std::uint64_t i = 0; i < n; ++i) {
+    ManifestTensor t;
+    t.name = r.str();
+    const std::string dtype = r.str();
+    const std::optional<DType> d = dtype_from_name(dtype);
+    if (!d) throw Error(errc::unknown_dtype, {.tensor = t.name}, fmt::format("manifest names dtype '{}'", dtype));
+    t.dtype = *d;
+    const std::uint64_t rank = r.u64();
+    if (rank > 64) throw Error(errc::invalid_argument, {.tensor = t.name}, "malformed live-update manifest: rank");
+    for (std::uint64_t k = 0; k < rank; ++k) t.shape.push_back(r.u64());
+    t.nbytes = r.u64();
+    t.address = r.u64();
+    t.digest = r.str();
+    m.tensors.push_back(std::move(t));
+  }
+  return m;
+}
+
+}  // namespace eredu::mpi::detail

@@ -1,0 +1,391 @@
+#include "eredu/mpi/published_source.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <set>
+#include <utility>
+
+#include <fmt/format.h>
+#include <asio/use_awaitable.hpp>
+
+#include "eredu/core/collective_error.hpp"
+#include "eredu/core/error.hpp"
+#include "eredu/core/log.hpp"
+#include "eredu/core/printable.hpp"
+#include "live/channel.hpp"
+#include "live/wire.hpp"
+#include "progress.hpp"
+
+namespace eredu::mpi {
+namespace detail {
+
+struct SubscriberState {
+  SubscriberState(std::shared_ptr<CommState> c, int p, asio::any_io_executor e, SubscriberOptions o)
+      : comm(c), publisher(p), executor(std::move(e)), options(o), window(std::move(c), true) {}
+
+  std::shared_ptr<CommState> comm;
+  int publisher;
+  asio::any_io_executor executor;
+  SubscriberOptions options;
+  LiveWindow window;
+  std::atomic<std::uint64_t> sequence{0};
+
+  /// The location errors name.
+  std::string location(const std::string& version) const {
+    return fmt::format("mpi://{}/rank{}/{}", comm->name, publisher, version);
+  }
+
+  std::vector<std::byte> head(RequestKind kind, int reply_tag, std::uint64_t publication) const {
+    WireWriter w;
+    w.u32(static_cast<std::uint32_t>(kind));
+    w.u32(static_cast<std::uint32_t>(comm->rank));
+    w.u32(static_cast<std::uint32_t>(reply_tag));
+    w.u64(publication);
+    return std::move(w.bytes());
+  }
+
+  /// Sends a request and waits for its reply: (status, body).
+  asio::awaitable<std::pair<ReplyStatus, std::vector<std::byte>>> request(RequestKind kind, std::uint64_t publication,
+                                                                          std::vector<std::byte> body) {
+    const int tag = reply_tag_base + 2 * static_cast<int>(sequence.fetch_add(1) % reply_tags);
+    std::vector<std::byte> message = head(kind, tag, publication);
+    message.insert(message.end(), body.begin(), body.end());
+    if (message.size() > max_request_bytes)
+      throw Error(errc::invalid_argument, {}, "a live-update request larger than the publisher receives");
+    auto [header, header_done] =
+        receive_message(comm, publisher, tag, reply_header_bytes, "the publisher's reply", options.timeout, false);
+    Completion sent =
+        send_message(comm, publisher, request_tag, std::make_shared<const std::vector<std::byte>>(std::move(message)),
+                     "a request to the publisher", options.timeout);
+    co_await sent.async_wait(asio::use_awaitable);
+    co_await header_done.async_wait(asio::use_awaitable);
+    WireReader r(header->buffer, "reply header");
+    const auto status = static_cast<ReplyStatus>(r.u32());
+    r.u32();
+    const std::uint64_t size = r.u64();
+    std::vector<std::byte> reply;
+    if (size > 0) {
+      if (size > (std::uint64_t{1} << 31))
+        throw Error(errc::invalid_argument, {}, "the publisher announced a reply larger than 2 GiB");
+      auto [rx, done] =
+          receive_message(comm, publisher, tag + 1, size, "the publisher's reply", options.timeout, false);
+      co_await done.async_wait(asio::use_awaitable);
+      reply = std::move(rx->buffer);
+    }
+    co_return std::pair{status, std::move(reply)};
+  }
+
+  /// Throws the error a non-ok reply stands for.
+  void check(ReplyStatus status, const std::vector<std::byte>& body, const std::string& version) const {
+    if (status == ReplyStatus::ok) return;
+    std::string detail;
+    try {
+      WireReader r(body, "reply");
+      detail = r.str();
+    } catch (const std::exception&) {}
+    const std::string where = location(version.empty() ? "(newest)" : version);
+    switch (status) {
+      case ReplyStatus::not_published:
+        throw Error(errc::version_not_published, {.file = where},
+                    fmt::format("the publisher (rank {}) offers no such version: {}", publisher, printable(detail)));
+      case ReplyStatus::withdrawn:
+        throw Error(errc::version_withdrawn, {.file = where},
+                    fmt::format("the publisher (rank {}) withdrew version {}", publisher, printable(detail)));
+      default:
+        throw Error(errc::invalid_argument, {.file = where},
+                    fmt::format("the publisher (rank {}) refused the request: {}", publisher, printable(detail)));
+    }
+  }
+
+  /// Rethrows the failure in flight with the location and tensor in its context.
+  [[noreturn]] void rethrow_located(const std::string& version, const std::string& tensor) const {
+    try {
+      throw;
+    } catch (const CollectiveError& e) {
+      if (!e.context().file.empty()) throw;
+      CollectiveContext c = e.collective();
+      c.where.file = location(version);
+      c.where.tensor = tensor;
+      throw CollectiveError(e.kind(), std::move(c),
+                            fmt::format("reading from the publisher (rank {}): {}", publisher, e.detail()));
+    }
+  }
+};
+
+}  // namespace detail
+
+// --- Subscriber ---
+
+Subscriber::Subscriber(Communicator& group, int publisher, asio::any_io_executor executor, SubscriberOptions options) {
+  if (!group.valid()) throw Error(errc::invalid_argument, {}, "a subscriber needs a communicator");
+  if (publisher < 0 || publisher >= group.size() || publisher == group.rank())
+    throw Error(errc::invalid_argument, {},
+                fmt::format("publisher rank {} is not another rank of group '{}' ({} ranks)", publisher, group.name(),
+                            group.size()));
+  if (options.part_size == 0 || options.part_size > (std::size_t{1} << 30) || options.timeout.count() <= 0)
+    throw Error(errc::invalid_argument, {}, "subscriber options: part_size must be 1 B..1 GiB and timeout positive");
+  state_ = std::make_shared<detail::SubscriberState>(group.state(), publisher, std::move(executor), options);
+}
+
+Subscriber::~Subscriber() = default;
+
+int Subscriber::publisher() const noexcept { return state_->publisher; }
+
+const asio::any_io_executor& Subscriber::executor() const noexcept { return state_->executor; }
+
+asio::awaitable<std::unique_ptr<PublishedSource>> Subscriber::open(std::string version) {
+  std::shared_ptr<detail::SubscriberState> s = state_;
+  detail::WireWriter body;
+  body.str(version);
+  std::pair<detail::ReplyStatus, std::vector<std::byte>> reply;
+  try {
+    reply = co_await s->request(detail::RequestKind::open, 0, std::move(body.bytes()));
+  } catch (...) {
+    s->rethrow_located(version.empty() ? "(newest)" : version, {});
+  }
+  s->check(reply.first, reply.second, version);
+  detail::Manifest manifest = detail::decode_manifest(reply.second);
+  co_return std::make_unique<PublishedSource>(s, std::move(manifest));
+}
+
+// --- PublishedSource ---
+
+PublishedSource::PublishedSource(std::shared_ptr<detail::SubscriberState> subscriber, detail::Manifest manifest)
+    : subscriber_(std::move(subscriber)),
+      manifest_(std::make_unique<detail::Manifest>(std::move(manifest))),
+      location_(subscriber_->location(manifest_->version)),
+      pool_(subscriber_->executor,
+            io::LeasePoolOptions{.budget = subscriber_->options.budget, .huge_pages = false, .prefault = false}) {
+  catalog_.add_file(io::CheckpointFile{.path = location_, .format = "published"});
+  std::uint64_t offset = 0;  // a catalog offset per tensor: where it lies in the version, for messages
+  for (const detail::ManifestTensor& t : manifest_->tensors) {
+    catalog_.add_tensor(io::TensorInfo{
+        .name = t.name, .dtype = t.dtype, .shape = t.shape, .file = 0, .offset = offset, .nbytes = t.nbytes});
+    offset += t.nbytes;
+  }
+}
+
+PublishedSource::~PublishedSource() { finish(false); }
+
+const std::string& PublishedSource::version() const noexcept { return manifest_->version; }
+const std::string& PublishedSource::base() const noexcept { return manifest_->base; }
+const asio::any_io_executor& PublishedSource::get_executor() const noexcept { return subscriber_->executor; }
+
+io::SourceCapabilities PublishedSource::capabilities() const {
+  return {.request_bytes = subscriber_->options.part_size, .concurrency = 16};
+}
+
+std::pair<const io::TensorInfo*, std::vector<ByteRun>> PublishedSource::runs_of(
+    const io::TensorReadRequest& request) const {
+  const io::TensorInfo& t = catalog_.at(request.key);
+  if (auto why = request.selection.check(t.shape); !why.empty())
+    throw Error(errc::invalid_selection, {.file = location_, .tensor = t.name}, why);
+  return {&t, selection_runs(t.shape, t.dtype, request.selection)};
+}
+
+std::uint64_t PublishedSource::selected_bytes(const io::TensorReadRequest& request) const {
+  std::uint64_t total = 0;
+  for (const ByteRun& r : runs_of(request).second) total += r.length;
+  return total;
+}
+
+std::optional<io::MappedTensor> PublishedSource::map_tensor(const io::TensorReadRequest& request) const {
+  selected_bytes(request);
+  return std::nullopt;
+}
+std::optional<io::MappedView> PublishedSource::map_resident(const io::TensorReadRequest& request) const {
+  selected_bytes(request);
+  return std::nullopt;
+}
+std::optional<io::DirectWindow> PublishedSource::direct_window(const io::TensorReadRequest& request) const {
+  selected_bytes(request);
+  return std::nullopt;
+}
+
+asio::awaitable<void> PublishedSource::no_window(std::string key) {
+  throw Error(errc::invalid_argument, {.file = location_, .tensor = key}, "a published version has no direct windows");
+  co_return;
+}
+
+namespace {
+
+/// The part [from, from + size) of the selection `runs` (destination offsets from `from`).
+std::vector<ByteRun> slice_runs(const std::vector<ByteRun>& runs, std::uint64_t from, std::uint64_t size) {
+  std::vector<ByteRun> out;
+  for (const ByteRun& r : runs) {
+    const std::uint64_t lo = std::max(from, r.dest_offset);
+    const std::uint64_t hi = std::min(from + size, r.dest_offset + r.length);
+    if (lo >= hi) continue;
+    out.push_back(
+        ByteRun{.source_offset = r.source_offset + (lo - r.dest_offset), .dest_offset = lo - from, .length = hi - lo});
+  }
+  return out;
+}
+
+}  // namespace
+
+asio::awaitable<void> PublishedSource::fetch(const io::TensorInfo& t, const std::vector<ByteRun>& runs,
+                                             std::uint64_t from, std::span<std::byte> out) {
+  const detail::ManifestTensor& m = manifest_->tensors[static_cast<std::size_t>(&t - &catalog_.tensors()[0])];
+  const std::size_t part = subscriber_->options.part_size;
+  std::vector<Completion> parts;
+  try {
+    for (std::uint64_t done = 0; done < out.size(); done += part) {
+      const std::uint64_t size = std::min<std::uint64_t>(part, out.size() - done);
+      parts.push_back(subscriber_->window.read(subscriber_->publisher, static_cast<MPI_Aint>(m.address),
+                                               slice_runs(runs, from + done, size), out.subspan(done, size),
+                                               fmt::format("the read of {} bytes of {} from version {}", size,
+                                                           printable(t.name), printable(manifest_->version)),
+                                               subscriber_->options.timeout));
+    }
+    for (const Completion& c : parts) co_await c.async_wait(asio::use_awaitable);
+  } catch (...) {
+    subscriber_->rethrow_located(manifest_->version, t.name);
+  }
+  if (corrupt_at_ && *corrupt_at_ < out.size()) {
+    out[*corrupt_at_] ^= std::byte{1};
+    corrupt_at_.reset();
+  }
+}
+
+asio::awaitable<io::Lease> PublishedSource::lease_of(const io::TensorInfo& t, const std::vector<ByteRun>& runs,
+                                                     std::uint64_t from, std::size_t size, std::uint64_t total) {
+  if (io::LeasePool::block_size(size) > pool_.budget())
+    throw Error(errc::exceeds_budget, {.file = location_, .tensor = t.name},
+                fmt::format("{} bytes are more than the staging budget ({} bytes): stream it", size, pool_.budget()));
+  io::StagingBuffer buffer = co_await pool_.async_acquire(size, asio::use_awaitable);
+  co_await fetch(t, runs, from, std::span(buffer.data(), size));
+  co_return io::Lease(std::move(buffer), 0, size, &t, from, total);
+}
+
+asio::awaitable<io::Lease> PublishedSource::read_lease(io::TensorReadRequest request) {
+  auto [t, runs] = runs_of(request);
+  std::uint64_t total = 0;
+  for (const ByteRun& r : runs) total += r.length;
+  co_return co_await lease_of(*t, runs, 0, total, total);
+}
+
+asio::awaitable<void> PublishedSource::read_into(io::TensorReadRequest request, std::span<std::byte> destination) {
+  auto [t, runs] = runs_of(request);
+  std::uint64_t total = 0;
+  for (const ByteRun& r : runs) total += r.length;
+  if (destination.size() != total)
+    throw Error(errc::invalid_argument, {.file = location_, .tensor = t->name},
+                fmt::format("a destination of {} bytes for a selection of {}", destination.size(), total));
+  co_await fetch(*t, runs, 0, destination);
+}
+
+PublishedChunks PublishedSource::stream(const io::TensorReadRequest& request) {
+  auto [t, runs] = runs_of(request);
+  std::uint64_t total = 0;
+  for (const ByteRun& r : runs) total += r.length;
+  const std::size_t chunk = std::min<std::size_t>(subscriber_->options.part_size, pool_.budget());
+  return PublishedChunks(this, t, std::move(runs), total, chunk);
+}
+
+asio::awaitable<std::optional<io::Lease>> PublishedChunks::next() {
+  if (next_ == total_) co_return std::nullopt;
+  const std::size_t size = static_cast<std::size_t>(std::min<std::uint64_t>(chunk_, total_ - next_));
+  io::Lease lease = co_await source_->lease_of(*tensor_, runs_, next_, size, total_);
+  next_ += size;
+  co_return lease;
+}
+
+asio::awaitable<io::Checksums> PublishedSource::checksums(engine::WeightBindingPlan plan) {
+  // Every (tensor, selection) the plan reads, once.
+  std::set<std::pair<std::string, std::string>> seen;
+  std::vector<std::pair<std::size_t, Selection>> wanted;
+  auto note = [&](const std::string& key, const Selection& selection) {
+    if (!seen.emplace(key, selection.to_string()).second) return;
+    const io::TensorInfo* t = catalog_.find(key);
+    if (t == nullptr)
+      throw Error(errc::tensor_not_found, {.file = location_, .tensor = key}, "the version has no such tensor");
+    wanted.emplace_back(static_cast<std::size_t>(t - &catalog_.tensors()[0]), selection);
+  };
+  for (const engine::WeightBinding* owner : plan.owners()) {
+    if (const engine::DerivedWeightRecipe* recipe = owner->recipe()) {
+      std::vector<const engine::DerivedWeightRecipe*> todo{recipe};
+      while (!todo.empty()) {
+        const engine::DerivedWeightRecipe* node = todo.back();
+        todo.pop_back();
+        if (node->kind() == engine::DerivedWeightRecipe::Kind::source)
+          note(node->key(), node->selection());
+        else
+          for (const engine::DerivedWeightRecipe& input : node->inputs()) todo.push_back(&input);
+      }
+    } else {
+      note(owner->checkpoint_key(), owner->selection());
+    }
+  }
+  io::Checksums out;
+  // Requests of at most ~1 MiB each, so that any plan fits the publisher's request size.
+  for (std::size_t first = 0; first < wanted.size();) {
+    detail::WireWriter body;
+    std::size_t last = first, bytes = 0;
+    detail::WireWriter list;
+    while (last < wanted.size() && bytes < (std::size_t{1} << 20)) {
+      const std::string text = wanted[last].second.to_string();
+      list.u64(wanted[last].first);
+      list.str(text);
+      bytes += 16 + text.size();
+      ++last;
+    }
+    body.u64(last - first);
+    body.bytes().insert(body.bytes().end(), list.bytes().begin(), list.bytes().end());
+    std::pair<detail::ReplyStatus, std::vector<std::byte>> reply;
+    try {
+      reply =
+          co_await subscriber_->request(detail::RequestKind::digests, manifest_->publication, std::move(body.bytes()));
+    } catch (...) {
+      subscriber_->rethrow_located(manifest_->version, {});
+    }
+    subscriber_->check(reply.first, reply.second, manifest_->version);
+    detail::WireReader r(reply.second, "digests");
+    if (r.u64() != last - first)
+      throw Error(errc::invalid_argument, {.file = location_}, "the publisher answered another number of digests");
+    for (std::size_t i = first; i < last; ++i) {
+      const std::string& name = manifest_->tensors[wanted[i].first].name;
+      std::string digest = r.str();
+      if (wanted[i].second.is_all()) {
+        if (digest != manifest_->tensors[wanted[i].first].digest)
+          throw Error(errc::checksum_mismatch, {.file = location_, .tensor = name},
+                      "the publisher's memory no longer matches the digest it published: the trainer wrote to "
+                      "a version it still offers");
+        out.add(name, io::DigestKind::xxh3_128, std::move(digest));
+      } else {
+        out.add_shard(name, wanted[i].second, io::DigestKind::xxh3_128, std::move(digest));
+      }
+    }
+    first = last;
+  }
+  co_return out;
+}
+
+asio::awaitable<void> PublishedSource::confirm() {
+  std::pair<detail::ReplyStatus, std::vector<std::byte>> reply;
+  try {
+    reply = co_await subscriber_->request(detail::RequestKind::confirm, manifest_->publication, {});
+  } catch (...) {
+    subscriber_->rethrow_located(manifest_->version, {});
+  }
+  subscriber_->check(reply.first, reply.second, manifest_->version);
+}
+
+void PublishedSource::finish(bool ok) noexcept {
+  if (finished_) return;
+  finished_ = true;
+  try {
+    std::vector<std::byte> message = subscriber_->head(detail::RequestKind::done, 0, manifest_->publication);
+    detail::WireWriter flag;
+    flag.u32(ok ? 1 : 0);
+    message.insert(message.end(), flag.bytes().begin(), flag.bytes().end());
+    detail::send_message(subscriber_->comm, subscriber_->publisher, detail::request_tag,
+                         std::make_shared<const std::vector<std::byte>>(std::move(message)),
+                         "the end of a read to the publisher", subscriber_->options.timeout);
+  } catch (const std::exception& e) {
+    log::warn("live subscriber: telling the publisher that version {} is done failed: {}",
+              printable(manifest_->version), e.what());
+  }
+}
+
+}  // namespace eredu::mpi

@@ -1,0 +1,358 @@
+#include "eredu/mpi/publisher.hpp"
+
+#include <algorithm>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <utility>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <asio/post.hpp>
+#include <asio/thread_pool.hpp>
+
+#include "eredu/core/error.hpp"
+#include "eredu/core/log.hpp"
+#include "eredu/core/printable.hpp"
+#include "eredu/core/selection.hpp"
+#include "eredu/io/integrity/digest.hpp"
+#include "live/channel.hpp"
+#include "live/wire.hpp"
+#include "progress.hpp"
+
+namespace eredu::mpi {
+namespace detail {
+
+/// One offered version: its manifest, its memory, and which subscribers opened and finished it.
+struct PublicationState {
+  Manifest manifest;
+  std::vector<std::span<const std::byte>> memory;  // by tensor, as attached
+  // Guarded by PublisherState::mutex:
+  bool withdrawn = false;
+  bool detached = false;
+  std::set<int> opened;
+  std::set<int> served;
+  std::set<int> failed;
+};
+
+struct PublisherState : std::enable_shared_from_this<PublisherState> {
+  PublisherState(std::shared_ptr<CommState> c, PublisherOptions o) : comm(c), options(o), window(std::move(c), false) {}
+
+  std::shared_ptr<CommState> comm;
+  PublisherOptions options;
+  LiveWindow window;
+  asio::thread_pool worker{1};  // answers requests: hashing never holds the progress thread
+
+  mutable std::mutex mutex;
+  mutable std::condition_variable changed;
+  std::map<std::uint64_t, std::shared_ptr<PublicationState>> publications;  // by id, in publication order
+  std::uint64_t next_id = 1;
+  bool stopping = false;
+  std::shared_ptr<PostedReceive> receive;  // the request being waited for
+
+  /// Waits for the next request (on the progress thread).
+  void post_receive() {
+    {
+      std::lock_guard lock(mutex);
+      if (stopping) return;
+    }
+    auto [rx, done] = receive_message(comm, MPI_ANY_SOURCE, request_tag, max_request_bytes, "a subscriber's request",
+                                      std::chrono::hours(24 * 365), true);
+    bool cancel_now = false;
+    {
+      std::lock_guard lock(mutex);
+      receive = rx;
+      cancel_now = stopping;  // the destructor ran meanwhile and cancelled the one before
+    }
+    if (cancel_now) cancel_receive(comm, rx);
+    // May run inline (a receive that failed at once), so no lock is held here.
+    done.on_complete([weak = weak_from_this(), rx = rx](std::exception_ptr error) {
+      std::shared_ptr<PublisherState> self = weak.lock();
+      if (!self) return;
+      {
+        std::lock_guard lock(self->mutex);
+        if (self->stopping) return;
+      }
+      if (error) {
+        try {
+          std::rethrow_exception(error);
+        } catch (const std::exception& e) {
+          log::warn("live publisher: receiving requests on group '{}' failed; no more requests are answered: {}",
+                    self->comm->name, e.what());
+        }
+        return;
+      }
+      asio::post(self->worker, [self, rx] { self->handle(rx->buffer); });
+      self->post_receive();
+    });
+  }
+
+  std::shared_ptr<PublicationState> find(std::uint64_t id) const {
+    auto it = publications.find(id);
+    return it == publications.end() ? nullptr : it->second;
+  }
+
+  void reply(int dest, int tag, ReplyStatus status, std::vector<std::byte> body) {
+    WireWriter head;
+    head.u32(static_cast<std::uint32_t>(status));
+    head.u32(0);
+    head.u64(body.size());
+    const auto what = fmt::format("a reply to rank {}", dest);
+    send_message(comm, dest, tag, std::make_shared<const std::vector<std::byte>>(std::move(head.bytes())), what,
+                 options.reply_timeout);
+    if (!body.empty())
+      send_message(comm, dest, tag + 1, std::make_shared<const std::vector<std::byte>>(std::move(body)), what,
+                   options.reply_timeout);
+  }
+
+  static std::vector<std::byte> text(const std::string& s) {
+    WireWriter w;
+    w.str(s);
+    return std::move(w.bytes());
+  }
+
+  void handle(const std::vector<std::byte>& message) {
+    RequestHead head;
+    try {
+      WireReader r(message, "request");
+      head.kind = static_cast<RequestKind>(r.u32());
+      head.sender = static_cast<int>(r.u32());
+      head.reply_tag = static_cast<int>(r.u32());
+      head.publication = r.u64();
+      if (head.sender < 0 || head.sender >= comm->size) return;  // nowhere to answer
+      answer(head, r);
+    } catch (const std::exception& e) {
+      if (head.kind == RequestKind::done || head.sender < 0 || head.sender >= comm->size || head.reply_tag == 0) {
+        log::warn("live publisher: a malformed request: {}", e.what());
+        return;
+      }
+      reply(head.sender, head.reply_tag, ReplyStatus::bad_request, text(e.what()));
+    }
+  }
+
+  void answer(const RequestHead& head, WireReader& r) {
+    if (head.kind == RequestKind::open) {
+      const std::string version = r.str();
+      std::shared_ptr<PublicationState> p;
+      bool withdrawn = false;
+      {
+        std::lock_guard lock(mutex);
+        for (auto it = publications.rbegin(); it != publications.rend(); ++it) {
+          if (!version.empty() && it->second->manifest.version != version) continue;
+          if (it->second->withdrawn) {
+            withdrawn = !version.empty();
+            if (withdrawn) break;
+            continue;
+          }
+          p = it->second;
+          p->opened.insert(head.sender);
+          break;
+        }
+      }
+      if (!p) {
+        reply(head.sender, head.reply_tag, withdrawn ? ReplyStatus::withdrawn : ReplyStatus::not_published,
+              text(version.empty() ? "no version is offered" : version));
+        return;
+      }
+      reply(head.sender, head.reply_tag, ReplyStatus::ok, encode_manifest(p->manifest));
+      return;
+    }
+    std::shared_ptr<PublicationState> p;
+    bool withdrawn = false;
+    {
+      std::lock_guard lock(mutex);
+      p = find(head.publication);
+      if (p) withdrawn = p->withdrawn;
+      if (p && head.kind == RequestKind::done) {
+        if (r.u32() != 0) {
+          p->served.insert(head.sender);
+          p->failed.erase(head.sender);
+        } else {
+          p->failed.insert(head.sender);
+        }
+        changed.notify_all();
+      }
+    }
+    if (head.kind == RequestKind::done) return;
+    if (!p || withdrawn) {
+      reply(head.sender, head.reply_tag, p ? ReplyStatus::withdrawn : ReplyStatus::not_published,
+            text(p ? p->manifest.version : fmt::format("publication {}", head.publication)));
+      return;
+    }
+    if (head.kind == RequestKind::confirm) {
+      reply(head.sender, head.reply_tag, ReplyStatus::ok, {});
+      return;
+    }
+    if (head.kind != RequestKind::digests)
+      throw Error(errc::invalid_argument, {}, fmt::format("unknown request kind {}", static_cast<int>(head.kind)));
+    const std::uint64_t n = r.u64();
+    WireWriter out;
+    out.u64(n);
+    for (std::uint64_t i = 0; i < n; ++i) {
+      const std::uint64_t index = r.u64();
+      const std::string text_selection = r.str();
+      if (index >= p->manifest.tensors.size())
+        throw Error(errc::tensor_not_found, {}, fmt::format("no tensor {} in version {}", index, p->manifest.version));
+      const ManifestTensor& t = p->manifest.tensors[index];
+      const std::optional<Selection> selection = Selection::parse(text_selection);
+      if (!selection) throw Error(errc::invalid_selection, {.tensor = t.name}, "a selection that does not parse");
+      if (std::string why = selection->check(t.shape); !why.empty())
+        throw Error(errc::invalid_selection, {.tensor = t.name}, why);
+      io::Hasher h(io::DigestKind::xxh3_128);
+      const std::span<const std::byte> bytes = p->memory[index];
+      for (const ByteRun& run : selection_runs(t.shape, t.dtype, *selection))
+        h.update(bytes.subspan(run.source_offset, run.length));
+      out.str(h.hex_digest());
+    }
+    reply(head.sender, head.reply_tag, ReplyStatus::ok, std::move(out.bytes()));
+  }
+
+  /// Withdraws `p` and detaches its memory (see Publication::withdraw).
+  void withdraw(const std::shared_ptr<PublicationState>& p) {
+    {
+      std::unique_lock lock(mutex);
+      if (p->detached) return;
+      p->withdrawn = true;
+      const auto all_done = [&] {
+        return std::all_of(p->opened.begin(), p->opened.end(),
+                           [&](int r) { return p->served.count(r) > 0 || p->failed.count(r) > 0; });
+      };
+      if (!changed.wait_for(lock, options.linger, all_done))
+        log::warn(
+            "live publisher: version {} withdrawn while {} subscriber(s) had not said they were done, after {} ms",
+            printable(p->manifest.version), p->opened.size() - p->served.size() - p->failed.size(),
+            options.linger.count());
+      p->detached = true;
+    }
+    for (std::span<const std::byte> m : p->memory) window.detach(m);
+    std::lock_guard lock(mutex);
+    publications.erase(p->manifest.publication);
+  }
+};
+
+}  // namespace detail
+
+Publication::Publication() noexcept = default;
+Publication::Publication(Publication&&) noexcept = default;
+Publication& Publication::operator=(Publication&& other) noexcept {
+  if (this != &other) {
+    withdraw();
+    owner_ = std::move(other.owner_);
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+Publication::~Publication() { withdraw(); }
+
+Publication::Publication(std::shared_ptr<detail::PublisherState> owner,
+                         std::shared_ptr<detail::PublicationState> state) noexcept
+    : owner_(std::move(owner)), state_(std::move(state)) {}
+
+const std::string& Publication::version() const noexcept {
+  static const std::string none;
+  return state_ ? state_->manifest.version : none;
+}
+
+int Publication::served() const {
+  if (!state_) return 0;
+  std::lock_guard lock(owner_->mutex);
+  return static_cast<int>(state_->served.size());
+}
+
+int Publication::failed() const {
+  if (!state_) return 0;
+  std::lock_guard lock(owner_->mutex);
+  return static_cast<int>(state_->failed.size());
+}
+
+bool Publication::wait_served(int subscribers, std::chrono::milliseconds timeout) const {
+  if (!state_) return false;
+  std::unique_lock lock(owner_->mutex);
+  return owner_->changed.wait_for(
+      lock, timeout, [&] { return static_cast<int>(state_->served.size() + state_->failed.size()) >= subscribers; });
+}
+
+void Publication::withdraw() noexcept {
+  if (!state_) return;
+  owner_->withdraw(state_);
+  state_.reset();
+  owner_.reset();
+}
+
+Publisher::Publisher(Communicator& group, PublisherOptions options) {
+  if (!group.valid()) throw Error(errc::invalid_argument, {}, "a publisher needs a communicator");
+  state_ = std::make_shared<detail::PublisherState>(group.state(), options);
+  state_->post_receive();
+}
+
+Publisher::~Publisher() {
+  std::vector<std::shared_ptr<detail::PublicationState>> left;
+  {
+    std::lock_guard lock(state_->mutex);
+    for (auto& [id, p] : state_->publications) left.push_back(p);
+  }
+  for (auto& p : left) state_->withdraw(p);
+  std::shared_ptr<detail::PostedReceive> rx;
+  {
+    std::lock_guard lock(state_->mutex);
+    state_->stopping = true;
+    rx = state_->receive;
+  }
+  if (rx) detail::cancel_receive(state_->comm, rx);
+  state_->worker.join();
+}
+
+bool Publisher::offered(const std::string& version) const {
+  std::lock_guard lock(state_->mutex);
+  return std::any_of(state_->publications.begin(), state_->publications.end(),
+                     [&](const auto& p) { return p.second->manifest.version == version && !p.second->withdrawn; });
+}
+
+int Publisher::rank() const noexcept { return state_->comm->rank; }
+
+Publication Publisher::publish(std::string version, std::string base, std::vector<PublishedTensor> tensors) {
+  if (version.empty()) throw Error(errc::invalid_argument, {}, "a version needs a non-empty tag");
+  auto p = std::make_shared<detail::PublicationState>();
+  p->manifest.version = version;
+  p->manifest.base = std::move(base);
+  std::set<std::string> names;
+  for (PublishedTensor& t : tensors) {
+    if (!names.insert(t.name).second)
+      throw Error(errc::invalid_argument, {.tensor = t.name},
+                  fmt::format("version {}: a tensor given twice", printable(version)));
+    const std::optional<std::uint64_t> elements = checked_element_count(t.shape);
+    const std::optional<std::uint64_t> expected = elements ? checked_byte_size(*elements, t.dtype) : std::nullopt;
+    if (!expected || *expected != t.bytes.size())
+      throw Error(errc::invalid_argument, {.tensor = t.name},
+                  fmt::format("version {}: {} bytes for {} [{}] ({} expected)", printable(version), t.bytes.size(),
+                              dtype_name(t.dtype), fmt::join(t.shape, ", "), expected ? *expected : 0));
+    p->manifest.tensors.push_back({.name = t.name,
+                                   .dtype = t.dtype,
+                                   .shape = t.shape,
+                                   .nbytes = t.bytes.size(),
+                                   .digest = io::digest_hex(io::DigestKind::xxh3_128, t.bytes)});
+    p->memory.push_back(t.bytes);
+  }
+  {
+    std::lock_guard lock(state_->mutex);
+    for (auto& [id, other] : state_->publications)
+      if (other->manifest.version == version && !other->withdrawn)
+        throw Error(errc::invalid_argument, {}, fmt::format("version {} is already offered", printable(version)));
+  }
+  std::size_t attached = 0;
+  try {
+    for (; attached < p->memory.size(); ++attached)
+      p->manifest.tensors[attached].address = static_cast<std::uint64_t>(state_->window.attach(p->memory[attached]));
+  } catch (...) {
+    for (std::size_t i = 0; i < attached; ++i) state_->window.detach(p->memory[i]);
+    throw;
+  }
+  std::lock_guard lock(state_->mutex);
+  p->manifest.publication = state_->next_id++;
+  state_->publications.emplace(p->manifest.publication, p);
+  return Publication(state_, p);
+}
+
+}  // namespace eredu::mpi
