@@ -80,6 +80,10 @@ void Environment::start(int* argc, char*** argv, const EnvironmentOptions& optio
       // chose (the environment or mpirun --mca), eredu asks for the ring; OpenMPI reads
       // OMPI_MCA_* from the environment in MPI_Init, other MPIs ignore it.
       ::setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", 0);
+      // osc/rdma attaches at most 64 regions to a dynamic window by default, and a publisher
+      // attaches one per separately allocated tensor (a 7B Llama has 291): unless the user
+      // chose, allow 16384 (a table of about 1 MiB per window).
+      ::setenv("OMPI_MCA_osc_rdma_max_attach", "16384", 0);
       const int rc = MPI_Init_thread(argc, argv, native_level(options.required), &provided);
       if (rc != MPI_SUCCESS) fail(fmt::format("MPI_Init_thread failed: {}", detail::mpi_error_text(rc)));
       initialized_here_ = true;

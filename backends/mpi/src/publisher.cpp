@@ -28,7 +28,8 @@ namespace detail {
 /// One offered version: its manifest, its memory, and which subscribers opened and finished it.
 struct PublicationState {
   Manifest manifest;
-  std::vector<std::span<const std::byte>> memory;  // by tensor, as attached
+  std::vector<std::span<const std::byte>> memory;  // by tensor
+  std::vector<std::span<const std::byte>> regions;  // attached for it: contiguous tensors merged
   // Guarded by PublisherState::mutex:
   bool withdrawn = false;
   bool detached = false;
@@ -51,6 +52,48 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
   std::uint64_t next_id = 1;
   bool stopping = false;
   std::shared_ptr<PostedReceive> receive;  // the request being waited for
+
+  // The regions attached to the window, by first byte, with the publications using each: the
+  // same memory offered in two versions at once is attached once (MPI forbids overlapping
+  // attachments).
+  struct Attached {
+    std::span<const std::byte> memory;
+    MPI_Aint address = 0;
+    int uses = 0;
+  };
+  std::mutex attach_mutex;
+  std::map<const std::byte*, Attached> attached;
+
+  /// Attaches `region` (or counts one more use of it); its window address. Throws
+  /// Error(invalid_argument) when it overlaps a region attached in another extent.
+  MPI_Aint attach(std::span<const std::byte> region, const std::string& version) {
+    std::lock_guard lock(attach_mutex);
+    auto next = attached.lower_bound(region.data());
+    if (next != attached.end() && next->first == region.data() && next->second.memory.size() == region.size()) {
+      ++next->second.uses;
+      return next->second.address;
+    }
+    const bool overlaps_next = next != attached.end() && next->first < region.data() + region.size();
+    const bool overlaps_previous =
+        next != attached.begin() && std::prev(next)->first + std::prev(next)->second.memory.size() > region.data();
+    if (overlaps_next || overlaps_previous)
+      throw Error(errc::invalid_argument, {},
+                  fmt::format("version {}: its memory overlaps memory another offered version uses in another "
+                              "layout (MPI cannot attach overlapping regions): withdraw that version first",
+                              printable(version)));
+    const MPI_Aint address = window.attach(region);
+    attached.emplace(region.data(), Attached{region, address, 1});
+    return address;
+  }
+
+  /// One use fewer of `region`; detached when unused.
+  void release(std::span<const std::byte> region) noexcept {
+    std::lock_guard lock(attach_mutex);
+    auto it = attached.find(region.data());
+    if (it == attached.end() || --it->second.uses > 0) return;
+    window.detach(region);
+    attached.erase(it);
+  }
 
   /// Waits for the next request (on the progress thread).
   void post_receive() {
@@ -226,7 +269,7 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
             options.linger.count());
       p->detached = true;
     }
-    for (std::span<const std::byte> m : p->memory) window.detach(m);
+    for (std::span<const std::byte> r : p->regions) release(r);
     std::lock_guard lock(mutex);
     publications.erase(p->manifest.publication);
   }
@@ -341,12 +384,32 @@ Publication Publisher::publish(std::string version, std::string base, std::vecto
       if (other->manifest.version == version && !other->withdrawn)
         throw Error(errc::invalid_argument, {}, fmt::format("version {} is already offered", printable(version)));
   }
-  std::size_t attached = 0;
+  // One region per run of contiguous tensors (a trainer's flat buffer is one attachment).
+  std::vector<std::size_t> order;
+  for (std::size_t i = 0; i < p->memory.size(); ++i)
+    if (!p->memory[i].empty()) order.push_back(i);
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return p->memory[a].data() < p->memory[b].data(); });
+  std::vector<std::pair<const std::byte*, const std::byte*>> runs;
+  for (std::size_t i : order) {
+    const std::byte* begin = p->memory[i].data();
+    const std::byte* end = begin + p->memory[i].size();
+    if (!runs.empty() && begin <= runs.back().second)
+      runs.back().second = std::max(runs.back().second, end);
+    else
+      runs.emplace_back(begin, end);
+  }
   try {
-    for (; attached < p->memory.size(); ++attached)
-      p->manifest.tensors[attached].address = static_cast<std::uint64_t>(state_->window.attach(p->memory[attached]));
+    for (const auto& [begin, end] : runs) {
+      const std::span<const std::byte> region(begin, static_cast<std::size_t>(end - begin));
+      const MPI_Aint address = state_->attach(region, version);
+      p->regions.push_back(region);
+      for (std::size_t i : order)
+        if (p->memory[i].data() >= begin && p->memory[i].data() < end)
+          p->manifest.tensors[i].address = static_cast<std::uint64_t>(address + (p->memory[i].data() - begin));
+    }
   } catch (...) {
-    for (std::size_t i = 0; i < attached; ++i) state_->window.detach(p->memory[i]);
+    for (std::span<const std::byte> r : p->regions) state_->release(r);
     throw;
   }
   std::lock_guard lock(state_->mutex);

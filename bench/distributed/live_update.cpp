@@ -1,0 +1,332 @@
+// live_update: a live weight update from a trainer's memory to a tensor-parallel pair of
+// inference ranks (mpi::Publisher → mpi::PublishedSource → DistributedModelSlot), against
+// the same bytes moved by MPI_Bcast and against each rank swapping to the same version from a
+// hot local file, in the same rounds (the order rotated each round). Run under mpirun -np 3:
+// rank 0 publishes, ranks 1 and 2 serve; rank 0 prints one JSON line per round and a summary.
+//
+//   mpirun -np 3 build/release/bench/distributed/live_update [--size-mib 2048] [--rounds 7] [--dir /dev/shm/eredu-live]
+//
+// Each round, on the subscribers:
+//   update  open the newest version, fetch the publisher's digests of this rank's selections,
+//           swap (every tensor verified where it lands, the canary confirms the version is
+//           still offered, the ranks vote): from the open to the commit, the slower rank's time;
+//   bcast   MPI_Bcast of the whole model from rank 0 in 64 MiB pieces (the naive weight sync);
+//   file    swap to the same version from a safetensors file in DIR (tmpfs: page cache), with
+//           the same digests verified.
+// Meanwhile a serving thread on each subscriber takes the version for each request
+// (version_for_step) and reads two tensors of it; its latencies are kept apart for requests
+// during an update and in steady state, and every response checks that both tensors come from
+// one version (a mixed response counts as an error).
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+#include <asio/use_awaitable.hpp>
+#include <asio/use_future.hpp>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "eredu/engine/description/plan_module.hpp"
+#include "eredu/engine/parallel/sharding.hpp"
+#include "eredu/engine/serving/distributed_model_slot.hpp"
+#include "eredu/io/reading/checkpoint_source.hpp"
+#include "eredu/mpi/backend.hpp"
+#include "eredu/mpi/environment.hpp"
+#include "eredu/mpi/published_source.hpp"
+#include "eredu/mpi/publisher.hpp"
+#include "eredu/synth/synthetic_checkpoint.hpp"
+
+using namespace eredu;
+
+namespace {
+
+using Module = engine::PlanModule<cpu::Parameter>;
+using Slot = engine::DistributedModelSlot<cpu::Backend, Module, mpi::Backend>;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const auto i = static_cast<std::size_t>(q * static_cast<double>(v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
+
+/// The slowest rank's value (every rank gets it).
+double slowest(double mine) {
+  double out = 0;
+  MPI_Allreduce(&mine, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return out;
+}
+
+template <class T>
+T run(asio::io_context& ctx, asio::awaitable<T> a) {
+  auto f = asio::co_spawn(ctx, std::move(a), asio::use_future);
+  while (f.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+    ctx.restart();
+    ctx.run_one_for(std::chrono::milliseconds(5));
+  }
+  return f.get();
+}
+
+template <class F>
+auto wait(asio::io_context& ctx, F& f) {
+  while (f.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+    ctx.restart();
+    ctx.run_one_for(std::chrono::milliseconds(5));
+  }
+  return f.get();
+}
+
+/// The serving thread of a subscriber (see file comment).
+struct Server {
+  explicit Server(Slot& s) : slot(s) {}
+  Slot& slot;
+  std::string first, last;  // two tensors every response reads
+  std::vector<std::uint64_t> first_prefix, last_prefix;  // their first 8 bytes, by version seed index
+  std::atomic<bool> stop{false};
+  std::atomic<bool> updating{false};
+  std::vector<double> steady_us, during_us;
+  std::uint64_t responses = 0, mixed = 0;
+  std::thread thread;
+
+  void start() {
+    thread = std::thread([this] {
+      for (std::uint64_t step = 0; !stop.load(std::memory_order_relaxed); ++step) {
+        const bool during = updating.load(std::memory_order_relaxed);
+        const Clock::time_point t0 = Clock::now();
+        auto v = slot.version_for_step(step);
+        if (v) {
+          std::uint64_t a = 0, b = 0;
+          std::memcpy(&a, v->model.find(first)->value.bytes().data(), 8);
+          std::memcpy(&b, v->model.find(last)->value.bytes().data(), 8);
+          const auto ia = std::find(first_prefix.begin(), first_prefix.end(), a) - first_prefix.begin();
+          const auto ib = std::find(last_prefix.begin(), last_prefix.end(), b) - last_prefix.begin();
+          if (ia != ib) ++mixed;
+          ++responses;
+        }
+        const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+        (during ? during_us : steady_us).push_back(us);
+        std::this_thread::sleep_for(std::chrono::microseconds(200));  // ~5000 requests a second
+      }
+    });
+  }
+};
+
+int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const std::filesystem::path& dir);
+
+int run_bench(int argc, char** argv) {
+  std::uint64_t size_mib = 2048;
+  int rounds = 7;
+  std::filesystem::path dir = "/dev/shm/eredu-live";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string_view flag = argv[i];
+    if (flag == "--size-mib")
+      size_mib = std::strtoull(argv[i + 1], nullptr, 10);
+    else if (flag == "--rounds")
+      rounds = std::atoi(argv[i + 1]);
+    else if (flag == "--dir")
+      dir = argv[i + 1];
+    else
+      throw std::invalid_argument(fmt::format("unknown option '{}' (--size-mib N, --rounds N, --dir D)", flag));
+  }
+  mpi::Environment env(argc, argv, {.required = mpi::ThreadLevel::multiple, .progress = {}});
+  try {
+    return run_ranks(env, size_mib, rounds, dir);
+  } catch (const std::exception& e) {
+    // The other ranks wait for this one in a barrier: end the job rather than hang it.
+    std::fprintf(stderr, "live_update: rank %d: %s\n", env.world_rank(), e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    return 1;
+  }
+}
+
+int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const std::filesystem::path& dir) {
+  mpi::Communicator world = mpi::Communicator::world(env, {.timeout = std::chrono::minutes(5)});
+  if (world.size() != 3) throw std::invalid_argument("run it with mpirun -np 3");
+  const int rank = world.rank();
+  mpi::Communicator live = world.split(0, rank, "live");
+  mpi::Communicator tp = world.split(rank == 0 ? -1 : 0, rank, "tp");
+
+  // Two versions (seeds 1 and 2), alternated round by round, so that a mixed response shows.
+  const synth::SyntheticOptions options_a{.target_bytes = size_mib << 20, .seed = 1};
+  synth::SyntheticOptions options_b = options_a;
+  options_b.seed = 2;
+  const synth::SyntheticModel model = synth::plan_model(options_a);
+  const std::filesystem::path file_a = dir / "a", file_b = dir / "b";
+  if (rank == 0) {
+    std::filesystem::create_directories(dir);
+    if (!std::filesystem::exists(file_a / "model.safetensors")) synth::write_synthetic(file_a, options_a);
+    if (!std::filesystem::exists(file_b / "model.safetensors")) synth::write_synthetic(file_b, options_b);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+
+  asio::io_context ctx;
+  const std::size_t piece = std::size_t{64} << 20;
+  std::vector<std::byte> bcast_buffer(piece);
+  if (rank == 0) {
+    // The trainer's memory: both versions, filled as the files were.
+    std::vector<std::vector<std::byte>> mem_a, mem_b;
+    for (const synth::TensorSpec& t : model.tensors) {
+      mem_a.emplace_back(synth::tensor_nbytes(t));
+      mem_b.emplace_back(synth::tensor_nbytes(t));
+      synth::fill_tensor_bytes(options_a.seed, t, 0, mem_a.back());
+      synth::fill_tensor_bytes(options_b.seed, t, 0, mem_b.back());
+    }
+    mpi::Publisher publisher(live);
+    for (int r = -2; r < rounds; ++r) {  // two warm-up updates first, one per version
+      for (int k = 0; k < (r < 0 ? 1 : 3); ++k) {
+        const int contender = r < 0 ? 0 : (r + k) % 3;
+        MPI_Barrier(MPI_COMM_WORLD);
+        if (contender == 0) {
+          auto& mem = ((r + 2) % 2 == 0) ? mem_a : mem_b;
+          std::vector<mpi::PublishedTensor> tensors;
+          for (std::size_t i = 0; i < model.tensors.size(); ++i)
+            tensors.push_back({model.tensors[i].name, model.tensors[i].dtype, model.tensors[i].shape, mem[i]});
+          const Clock::time_point t0 = Clock::now();
+          mpi::Publication p = publisher.publish(fmt::format("round-{}", r), {}, std::move(tensors));
+          const double publish_s = seconds_since(t0);
+          MPI_Barrier(MPI_COMM_WORLD);
+          p.wait_served(2, std::chrono::minutes(5));
+          const double s = slowest(0);
+          if (r >= 0)
+            std::printf("%s\n",
+                        fmt::format(R"({{"round": {}, "case": "update", "seconds": {:.4f}, "publish_s": {:.4f}}})", r,
+                                    s, publish_s)
+                            .c_str());
+        } else if (contender == 1) {
+          const Clock::time_point t0 = Clock::now();
+          auto& mem = ((r + 2) % 2 == 0) ? mem_a : mem_b;
+          for (auto& t : mem)
+            for (std::size_t o = 0; o < t.size(); o += piece)
+              MPI_Bcast(t.data() + o, static_cast<int>(std::min(piece, t.size() - o)), MPI_BYTE, 0, MPI_COMM_WORLD);
+          const double s = slowest(seconds_since(t0));
+          std::printf("%s\n", fmt::format(R"({{"round": {}, "case": "bcast", "seconds": {:.4f}}})", r, s).c_str());
+        } else {
+          const double s = slowest(0);
+          std::printf("%s\n", fmt::format(R"({{"round": {}, "case": "file", "seconds": {:.4f}}})", r, s).c_str());
+        }
+        std::fflush(stdout);
+      }
+    }
+    double dummy[4] = {};
+    MPI_Reduce(MPI_IN_PLACE, dummy, 4, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    std::printf("%s\n", fmt::format(R"({{"model_bytes": {}, "steady_p99_us": {:.1f}, "during_p99_us": {:.1f}, )"
+                                    R"("max_pause_us": {:.1f}, "mixed_responses": {:.0f}}})",
+                                    model.total_bytes, dummy[0], dummy[1], dummy[2], dummy[3])
+                            .c_str());
+    return 0;
+  }
+
+  mpi::Subscriber subscriber(live, 0, ctx.get_executor(),
+                             {.timeout = std::chrono::minutes(2), .budget = std::size_t{256} << 20});
+  cpu::Executor arena(2);
+  cpu::MaterializationContext context{arena, cpu::Backend::default_storage()};
+  io::SourceOptions file_options;
+  std::unique_ptr<io::CheckpointSource> probe = io::CheckpointSource::open(ctx.get_executor(), file_a, file_options);
+  const synth::SyntheticModel& m = model;
+  engine::TensorParallelPlan plan = engine::plan_tensor_parallel(
+      probe->catalog(), engine::ShardingRules::llama({.head_dim = m.hidden / m.heads, .heads = m.heads, .kv_heads = m.kv_heads}),
+      tp.rank(), tp.size());
+  probe.reset();
+  Slot slot([&] { return Module::from_tensor_parallel(plan); }, tp,
+            {.keep_previous = false, .vote_timeout = std::chrono::minutes(2)});
+  Server server(slot);
+  server.first = plan.tensors.front().parameter;
+  server.last = plan.tensors.back().parameter;
+  for (const synth::SyntheticOptions* o : {&options_a, static_cast<const synth::SyntheticOptions*>(&options_b)}) {
+    // The first 8 bytes each rank holds of the two tensors, per version.
+    for (auto [name, prefix] : {std::pair{&server.first, &server.first_prefix}, std::pair{&server.last, &server.last_prefix}}) {
+      const auto it = std::find_if(plan.tensors.begin(), plan.tensors.end(),
+                                   [&](const engine::ShardedTensor& t) { return t.parameter == *name; });
+      const auto spec = std::find_if(m.tensors.begin(), m.tensors.end(),
+                                     [&](const synth::TensorSpec& t) { return t.name == it->key; });
+      const std::vector<ByteRun> runs = selection_runs(it->full_shape, it->dtype, it->pieces.front());
+      std::vector<std::byte> head(8);
+      synth::fill_tensor_bytes(o->seed, *spec, runs.front().source_offset, head);
+      std::uint64_t v = 0;
+      std::memcpy(&v, head.data(), 8);
+      prefix->push_back(v);
+    }
+  }
+  io::Checksums sums[2];
+  server.start();
+  for (int r = -2; r < rounds; ++r) {
+    const int version = (r + 2) % 2;
+    for (int k = 0; k < (r < 0 ? 1 : 3); ++k) {
+      const int contender = r < 0 ? 0 : (r + k) % 3;
+      MPI_Barrier(MPI_COMM_WORLD);
+      if (contender == 0) {
+        MPI_Barrier(MPI_COMM_WORLD);  // published
+        server.updating = r >= 0;
+        const Clock::time_point t0 = Clock::now();
+        std::unique_ptr<mpi::PublishedSource> v = run(ctx, subscriber.async_open("", asio::use_awaitable));
+        engine::SwapOptions<Module> o;
+        o.checksums = run(ctx, v->async_checksums(plan.bindings, asio::use_awaitable));
+        sums[version] = o.checksums;
+        mpi::PublishedSource* s = v.get();
+        o.canary = [s](const Module&) -> asio::awaitable<void> { co_await s->async_confirm(asio::use_awaitable); };
+        auto f = slot.async_swap(*v, plan.bindings, context, std::move(o), asio::use_future);
+        wait(ctx, f);
+        const double mine = seconds_since(t0);
+        server.updating = false;
+        v->finish(true);
+        slowest(mine);
+      } else if (contender == 1) {
+        const Clock::time_point t0 = Clock::now();
+        for (const synth::TensorSpec& t : model.tensors) {
+          const std::uint64_t n = synth::tensor_nbytes(t);
+          for (std::uint64_t o = 0; o < n; o += piece)
+            MPI_Bcast(bcast_buffer.data(), static_cast<int>(std::min<std::uint64_t>(piece, n - o)), MPI_BYTE, 0,
+                      MPI_COMM_WORLD);
+        }
+        slowest(seconds_since(t0));
+      } else {
+        // The same digests as the update of this version (from the warm-up).
+        server.updating = true;
+        const Clock::time_point t0 = Clock::now();
+        auto source = io::CheckpointSource::open(ctx.get_executor(), version == 0 ? file_a : file_b, file_options);
+        engine::SwapOptions<Module> o;
+        o.checksums = sums[version];
+        auto f = slot.async_swap(*source, plan.bindings, context, std::move(o), asio::use_future);
+        wait(ctx, f);
+        const double mine = seconds_since(t0);
+        server.updating = false;
+        slowest(mine);
+      }
+    }
+  }
+  server.stop = true;
+  server.thread.join();
+  double mine[4] = {quantile(server.steady_us, 0.99), quantile(server.during_us, 0.99),
+                    quantile(server.during_us, 1.0), static_cast<double>(server.mixed)};
+  MPI_Reduce(mine, nullptr, 4, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+  std::fprintf(stderr, "rank %d: %llu responses, plan reads %llu bytes\n", rank,
+               static_cast<unsigned long long>(server.responses), static_cast<unsigned long long>(plan.read_bytes));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run_bench(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "live_update: %s\n", e.what());
+    return 1;
+  }
+}
