@@ -95,7 +95,7 @@ auto wait(asio::io_context& ctx, F& f) {
 struct Server {
   explicit Server(Slot& s) : slot(s) {}
   Slot& slot;
-  std::string first, last;  // two tensors every response reads
+  std::string first, last;                               // two tensors every response reads
   std::vector<std::uint64_t> first_prefix, last_prefix;  // their first 8 bytes, by version seed index
   std::atomic<bool> stop{false};
   std::atomic<bool> updating{false};
@@ -203,10 +203,14 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
           MPI_Barrier(MPI_COMM_WORLD);
           p.wait_served(2, std::chrono::minutes(5));
           const double s = slowest(0);
+          double parts[5] = {};
+          MPI_Reduce(MPI_IN_PLACE, parts, 5, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
           if (r >= 0)
             std::printf("%s\n",
-                        fmt::format(R"({{"round": {}, "case": "update", "seconds": {:.4f}, "publish_s": {:.4f}}})", r,
-                                    s, publish_s)
+                        fmt::format(R"({{"round": {}, "case": "update", "seconds": {:.4f}, "publish_s": {:.4f}, )"
+                                    R"("open_s": {:.4f}, "digests_s": {:.4f}, "load_s": {:.4f}, )"
+                                    R"("canary_s": {:.4f}, "commit_s": {:.4f}}})",
+                                    r, s, publish_s, parts[0], parts[1], parts[2], parts[3], parts[4])
                             .c_str());
         } else if (contender == 1) {
           const Clock::time_point t0 = Clock::now();
@@ -240,7 +244,8 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
   std::unique_ptr<io::CheckpointSource> probe = io::CheckpointSource::open(ctx.get_executor(), file_a, file_options);
   const synth::SyntheticModel& m = model;
   engine::TensorParallelPlan plan = engine::plan_tensor_parallel(
-      probe->catalog(), engine::ShardingRules::llama({.head_dim = m.hidden / m.heads, .heads = m.heads, .kv_heads = m.kv_heads}),
+      probe->catalog(),
+      engine::ShardingRules::llama({.head_dim = m.hidden / m.heads, .heads = m.heads, .kv_heads = m.kv_heads}),
       tp.rank(), tp.size());
   probe.reset();
   Slot slot([&] { return Module::from_tensor_parallel(plan); }, tp,
@@ -250,7 +255,8 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
   server.last = plan.tensors.back().parameter;
   for (const synth::SyntheticOptions* o : {&options_a, static_cast<const synth::SyntheticOptions*>(&options_b)}) {
     // The first 8 bytes each rank holds of the two tensors, per version.
-    for (auto [name, prefix] : {std::pair{&server.first, &server.first_prefix}, std::pair{&server.last, &server.last_prefix}}) {
+    for (auto [name, prefix] :
+         {std::pair{&server.first, &server.first_prefix}, std::pair{&server.last, &server.last_prefix}}) {
       const auto it = std::find_if(plan.tensors.begin(), plan.tensors.end(),
                                    [&](const engine::ShardedTensor& t) { return t.parameter == *name; });
       const auto spec = std::find_if(m.tensors.begin(), m.tensors.end(),
@@ -275,17 +281,21 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
         server.updating = r >= 0;
         const Clock::time_point t0 = Clock::now();
         std::unique_ptr<mpi::PublishedSource> v = run(ctx, subscriber.async_open("", asio::use_awaitable));
+        const double open_s = seconds_since(t0);
         engine::SwapOptions<Module> o;
         o.checksums = run(ctx, v->async_checksums(plan.bindings, asio::use_awaitable));
+        const double digests_s = seconds_since(t0) - open_s;
         sums[version] = o.checksums;
         mpi::PublishedSource* s = v.get();
         o.canary = [s](const Module&) -> asio::awaitable<void> { co_await s->async_confirm(asio::use_awaitable); };
         auto f = slot.async_swap(*v, plan.bindings, context, std::move(o), asio::use_future);
-        wait(ctx, f);
+        const engine::DistributedSwapReport report = wait(ctx, f);
         const double mine = seconds_since(t0);
         server.updating = false;
         v->finish(true);
         slowest(mine);
+        const double parts[5] = {open_s, digests_s, report.load_s, report.canary_s, report.commit_s};
+        MPI_Reduce(parts, nullptr, 5, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
       } else if (contender == 1) {
         const Clock::time_point t0 = Clock::now();
         for (const synth::TensorSpec& t : model.tensors) {
@@ -312,8 +322,8 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
   }
   server.stop = true;
   server.thread.join();
-  double mine[4] = {quantile(server.steady_us, 0.99), quantile(server.during_us, 0.99),
-                    quantile(server.during_us, 1.0), static_cast<double>(server.mixed)};
+  double mine[4] = {quantile(server.steady_us, 0.99), quantile(server.during_us, 0.99), quantile(server.during_us, 1.0),
+                    static_cast<double>(server.mixed)};
   MPI_Reduce(mine, nullptr, 4, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
   std::fprintf(stderr, "rank %d: %llu responses, plan reads %llu bytes\n", rank,
                static_cast<unsigned long long>(server.responses), static_cast<unsigned long long>(plan.read_bytes));

@@ -318,6 +318,30 @@ asio::awaitable<io::Checksums> PublishedSource::checksums(engine::WeightBindingP
     }
   }
   io::Checksums out;
+  // Digests the manifest already carries (the selections this plan asked for in an earlier
+  // version) need no request.
+  auto known = [&](const std::pair<std::size_t, Selection>& w) -> const std::string* {
+    const detail::ManifestTensor& t = manifest_->tensors[w.first];
+    if (w.second.is_all()) return t.digest.empty() ? nullptr : &t.digest;
+    const std::string text = w.second.to_string();
+    for (const auto& [selection, digest] : t.selection_digests)
+      if (selection == text) return &digest;
+    return nullptr;
+  };
+  std::vector<std::pair<std::size_t, Selection>> missing;
+  for (const auto& w : wanted) {
+    const std::string* digest = known(w);
+    if (digest == nullptr) {
+      missing.push_back(w);
+      continue;
+    }
+    const std::string& name = manifest_->tensors[w.first].name;
+    if (w.second.is_all())
+      out.add(name, io::DigestKind::xxh3_128, *digest);
+    else
+      out.add_shard(name, w.second, io::DigestKind::xxh3_128, *digest);
+  }
+  wanted = std::move(missing);
   // Requests of at most ~1 MiB each, so that any plan fits the publisher's request size.
   for (std::size_t first = 0; first < wanted.size();) {
     detail::WireWriter body;
@@ -347,7 +371,7 @@ asio::awaitable<io::Checksums> PublishedSource::checksums(engine::WeightBindingP
       const std::string& name = manifest_->tensors[wanted[i].first].name;
       std::string digest = r.str();
       if (wanted[i].second.is_all()) {
-        if (digest != manifest_->tensors[wanted[i].first].digest)
+        if (!manifest_->tensors[wanted[i].first].digest.empty() && digest != manifest_->tensors[wanted[i].first].digest)
           throw Error(errc::checksum_mismatch, {.file = location_, .tensor = name},
                       "the publisher's memory no longer matches the digest it published: the trainer wrote to "
                       "a version it still offers");

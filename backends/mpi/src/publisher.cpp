@@ -10,6 +10,8 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <tbb/parallel_for.h>
+
 #include <asio/post.hpp>
 #include <asio/thread_pool.hpp>
 
@@ -25,10 +27,19 @@
 namespace eredu::mpi {
 namespace detail {
 
+/// XXH3-128 of `selection` of a tensor whose bytes are `bytes`, in the order a load delivers them.
+std::string selection_digest(const ManifestTensor& t, std::span<const std::byte> bytes, const Selection& selection) {
+  if (selection.is_all()) return io::digest_hex(io::DigestKind::xxh3_128, bytes);
+  io::Hasher h(io::DigestKind::xxh3_128);
+  for (const ByteRun& run : selection_runs(t.shape, t.dtype, selection))
+    h.update(bytes.subspan(run.source_offset, run.length));
+  return h.hex_digest();
+}
+
 /// One offered version: its manifest, its memory, and which subscribers opened and finished it.
 struct PublicationState {
   Manifest manifest;
-  std::vector<std::span<const std::byte>> memory;  // by tensor
+  std::vector<std::span<const std::byte>> memory;   // by tensor
   std::vector<std::span<const std::byte>> regions;  // attached for it: contiguous tensors merged
   // Guarded by PublisherState::mutex:
   bool withdrawn = false;
@@ -49,6 +60,9 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
   mutable std::mutex mutex;
   mutable std::condition_variable changed;
   std::map<std::uint64_t, std::shared_ptr<PublicationState>> publications;  // by id, in publication order
+  /// Selections subscribers asked digests of, by tensor name: the next versions hash them at
+  /// publication (a serving fleet's plans rarely change between versions).
+  std::map<std::string, std::set<std::string>> asked;
   std::uint64_t next_id = 1;
   bool stopping = false;
   std::shared_ptr<PostedReceive> receive;  // the request being waited for
@@ -239,15 +253,15 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
       if (index >= p->manifest.tensors.size())
         throw Error(errc::tensor_not_found, {}, fmt::format("no tensor {} in version {}", index, p->manifest.version));
       const ManifestTensor& t = p->manifest.tensors[index];
+      {
+        std::lock_guard lock(mutex);
+        asked[t.name].insert(text_selection);
+      }
       const std::optional<Selection> selection = Selection::parse(text_selection);
       if (!selection) throw Error(errc::invalid_selection, {.tensor = t.name}, "a selection that does not parse");
       if (std::string why = selection->check(t.shape); !why.empty())
         throw Error(errc::invalid_selection, {.tensor = t.name}, why);
-      io::Hasher h(io::DigestKind::xxh3_128);
-      const std::span<const std::byte> bytes = p->memory[index];
-      for (const ByteRun& run : selection_runs(t.shape, t.dtype, *selection))
-        h.update(bytes.subspan(run.source_offset, run.length));
-      out.str(h.hex_digest());
+      out.str(selection_digest(t, p->memory[index], *selection));
     }
     reply(head.sender, head.reply_tag, ReplyStatus::ok, std::move(out.bytes()));
   }
@@ -371,12 +385,43 @@ Publication Publisher::publish(std::string version, std::string base, std::vecto
       throw Error(errc::invalid_argument, {.tensor = t.name},
                   fmt::format("version {}: {} bytes for {} [{}] ({} expected)", printable(version), t.bytes.size(),
                               dtype_name(t.dtype), fmt::join(t.shape, ", "), expected ? *expected : 0));
-    p->manifest.tensors.push_back({.name = t.name,
-                                   .dtype = t.dtype,
-                                   .shape = t.shape,
-                                   .nbytes = t.bytes.size(),
-                                   .digest = io::digest_hex(io::DigestKind::xxh3_128, t.bytes)});
+    p->manifest.tensors.push_back({.name = t.name, .dtype = t.dtype, .shape = t.shape, .nbytes = t.bytes.size()});
     p->memory.push_back(t.bytes);
+  }
+  // The digests: of every selection subscribers asked for before, and of the whole tensor
+  // where none was (or the whole was) — one hashing pass over the bytes they will read, in
+  // parallel over tensors and selections.
+  struct Job {
+    std::size_t tensor;
+    std::string selection;  // empty: the whole tensor
+    std::string digest{};
+  };
+  std::vector<Job> jobs;
+  {
+    std::lock_guard lock(state_->mutex);
+    for (std::size_t i = 0; i < p->manifest.tensors.size(); ++i) {
+      auto it = state_->asked.find(p->manifest.tensors[i].name);
+      const bool whole = it == state_->asked.end() || it->second.contains(Selection::all().to_string());
+      if (whole) jobs.push_back({i, {}});
+      if (it != state_->asked.end())
+        for (const std::string& s : it->second)
+          if (s != Selection::all().to_string()) jobs.push_back({i, s});
+    }
+  }
+  tbb::parallel_for(std::size_t{0}, jobs.size(), [&](std::size_t k) {
+    Job& job = jobs[k];
+    const detail::ManifestTensor& t = p->manifest.tensors[job.tensor];
+    const std::optional<Selection> selection =
+        job.selection.empty() ? Selection::all() : Selection::parse(job.selection);
+    if (selection && selection->check(t.shape).empty())
+      job.digest = detail::selection_digest(t, p->memory[job.tensor], *selection);
+  });
+  for (Job& job : jobs) {
+    detail::ManifestTensor& t = p->manifest.tensors[job.tensor];
+    if (job.selection.empty())
+      t.digest = std::move(job.digest);
+    else if (!job.digest.empty())  // a selection this version's shape no longer admits is left out
+      t.selection_digests.emplace_back(std::move(job.selection), std::move(job.digest));
   }
   {
     std::lock_guard lock(state_->mutex);

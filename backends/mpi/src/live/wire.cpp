@@ -68,6 +68,11 @@ std::vector<std::byte> encode_manifest(const Manifest& m) {
     w.u64(t.nbytes);
     w.u64(t.address);
     w.str(t.digest);
+    w.u64(t.selection_digests.size());
+    for (const auto& [selection, digest] : t.selection_digests) {
+      w.str(selection);
+      w.str(digest);
+    }
   }
   return std::move(w.bytes());
 }
@@ -93,6 +98,12 @@ Manifest decode_manifest(std::span<const std::byte> bytes) {
     t.nbytes = r.u64();
     t.address = r.u64();
     t.digest = r.str();
+    const std::uint64_t k = r.u64();
+    if (k > bytes.size()) throw Error(errc::invalid_argument, {.tensor = t.name}, "malformed live-update manifest");
+    for (std::uint64_t j = 0; j < k; ++j) {
+      std::string selection = r.str();
+      t.selection_digests.emplace_back(std::move(selection), r.str());
+    }
     m.tensors.push_back(std::move(t));
   }
   return m;

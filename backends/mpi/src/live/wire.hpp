@@ -96,7 +96,10 @@ struct ManifestTensor {
   Shape shape{};
   std::uint64_t nbytes = 0;
   std::uint64_t address = 0;  ///< its displacement in the window
-  std::string digest{};       ///< XXH3-128 of its bytes, lowercase hex
+  std::string digest{};       ///< XXH3-128 of its bytes, lowercase hex (empty: not computed)
+  /// XXH3-128 of selections subscribers asked for in earlier versions (Selection::to_string()
+  /// → hex), computed at publication so that a subscriber with the same plan needs no request.
+  std::vector<std::pair<std::string, std::string>> selection_digests{};
 };
 
 /// What a subscriber learns when it opens a version.
