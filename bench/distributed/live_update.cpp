@@ -227,11 +227,11 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
         std::fflush(stdout);
       }
     }
-    double dummy[4] = {};
-    MPI_Reduce(MPI_IN_PLACE, dummy, 4, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-    std::printf("%s\n", fmt::format(R"({{"model_bytes": {}, "steady_p99_us": {:.1f}, "during_p99_us": {:.1f}, )"
-                                    R"("max_pause_us": {:.1f}, "mixed_responses": {:.0f}}})",
-                                    model.total_bytes, dummy[0], dummy[1], dummy[2], dummy[3])
+    double dummy[5] = {};
+    MPI_Reduce(MPI_IN_PLACE, dummy, 5, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    std::printf("%s\n", fmt::format(R"({{"model_bytes": {}, "rank_read_bytes": {:.0f}, "steady_p99_us": {:.1f}, )"
+                                    R"("during_p99_us": {:.1f}, "max_pause_us": {:.1f}, "mixed_responses": {:.0f}}})",
+                                    model.total_bytes, dummy[4], dummy[0], dummy[1], dummy[2], dummy[3])
                             .c_str());
     return 0;
   }
@@ -322,9 +322,9 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
   }
   server.stop = true;
   server.thread.join();
-  double mine[4] = {quantile(server.steady_us, 0.99), quantile(server.during_us, 0.99), quantile(server.during_us, 1.0),
-                    static_cast<double>(server.mixed)};
-  MPI_Reduce(mine, nullptr, 4, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+  double mine[5] = {quantile(server.steady_us, 0.99), quantile(server.during_us, 0.99), quantile(server.during_us, 1.0),
+                    static_cast<double>(server.mixed), static_cast<double>(plan.read_bytes)};
+  MPI_Reduce(mine, nullptr, 5, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
   std::fprintf(stderr, "rank %d: %llu responses, plan reads %llu bytes\n", rank,
                static_cast<unsigned long long>(server.responses), static_cast<unsigned long long>(plan.read_bytes));
   return 0;

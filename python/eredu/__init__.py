@@ -7,6 +7,7 @@
     state_dict = await eredu.aload("model/", framework="np")           # asyncio
     for unit in eredu.prefetch("model/", lookahead=2): ...            # layer by layer
     slot = eredu.ModelSlot("v1/"); await slot.swap("v2/")              # hot-swap
+    slot.swap_sync(eredu.Subscriber(group).open("step-9"))            # live update from a trainer
 
 Tensors arrive zero-copy through DLPack and own their storage. eredu works on its own event-loop
 thread with the GIL released; Ctrl-C cancels a blocking load cleanly. See docs/python.md.
@@ -20,6 +21,7 @@ from ._errors import (AccessDeniedError, BackendError, BudgetError, CancelledErr
                       Error, FormatError, InvalidArgumentError, IoError, OrchestrationError, OutOfMemoryError,
                       RecipeError, RemoteError, RemoteNotFoundError, RemoteTimeoutError, ResourceExhaustedError, SafetensorError, SelectionError, SharedTensorsError, StoreError,
                       SwapInProgressError, TensorNotFoundError, UnsupportedDTypeError, _from_native)
+from ._live import LiveGroup, Publication, Publisher, Subscriber
 from ._loading import aload, aread, load_file
 from ._model_slot import ModelSlot, Version
 from ._prefetch import Unit, prefetch
@@ -104,4 +106,5 @@ __all__ = [
     "ChecksumError", "RecipeError", "DeclarationError", "OrchestrationError", "CanaryError", "SwapInProgressError",
     "BackendError", "CollectiveError", "OutOfMemoryError", "ResourceExhaustedError", "InvalidArgumentError", "UnsupportedDTypeError", "CancelledError",
     "RemoteError", "AccessDeniedError", "RemoteNotFoundError", "RemoteTimeoutError",
+    "LiveGroup", "Publisher", "Publication", "Subscriber",
 ]

@@ -120,12 +120,20 @@ class ModelSlot:
 
     def _start(self, path, verify, canary, origin, blocking, options):
         fw, cast, bf16, unsupported = self._rules
-        path = os_path(path)
         mode = verify_mode(verify)
-        if not origin:
-            origin = os.fsdecode(path)
-        reader = _Reader.open(path, fw, cast, bf16, unsupported, copy_resident=False, copier="ModelSlot",
-                              **{**self._options, **options})
+        published = isinstance(path, getattr(_native, "PublishedVersion", ()))
+        if published:
+            # A version a Publisher offers (Subscriber.open): always verified, against the
+            # publisher's digests of what this slot reads.
+            if not origin:
+                origin = path.path
+            reader = _Reader(path, fw, cast, bf16, unsupported, mode)
+        else:
+            path = os_path(path)
+            if not origin:
+                origin = os.fsdecode(path)
+            reader = _Reader.open(path, fw, cast, bf16, unsupported, copy_resident=False, copier="ModelSlot",
+                                  **{**self._options, **options})
         try:
             specs = None
             if self._plans is None or self._native.generation == 0:
@@ -146,7 +154,8 @@ class ModelSlot:
 
             op = self._native.swap(reader.native, specs, mode, job, blocking, origin)
         finally:
-            reader.native.close()  # the swap keeps it open while it runs
+            if not published:
+                reader.native.close()  # the swap keeps it open while it runs
         return op, record
 
     def _finished(self, report):

@@ -1,6 +1,8 @@
 #include "model_slot.hpp"
 
 #include <asio/bind_cancellation_slot.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
 #include <asio/use_awaitable.hpp>
 #include <set>
 #include <stdexcept>
@@ -79,69 +81,143 @@ SlotBinding::SlotBinding(int threads)
         return blueprint_->unbound();
       }) {}
 
-std::shared_ptr<Operation> SlotBinding::swap(std::shared_ptr<Checkpoint> checkpoint,
-                                             std::optional<std::vector<ReadSpec>> specs, int verify,
-                                             const py::object& canary_job, bool blocking, std::string origin) {
-  io::Checksums checksums = checkpoint->checksums_to_verify(verify);
+/// What a swap reads from, whatever it is: its byte source and catalog, how messages name it,
+/// what stays open while the swap runs, and what a published version adds (the confirmation
+/// before the canary, the "done" after the swap).
+template <class Source>
+struct SwapInput {
+  Source* source = nullptr;
+  std::string name{};
+  io::Checksums checksums{};
+  std::shared_ptr<void> keep{};  // keeps the source open until the swap ends
+  std::function<asio::awaitable<void>()> confirm{};
+  std::function<void(bool)> finished{};
+  /// Digests of what `plan` reads, fetched before the swap (a published version's).
+  std::function<asio::awaitable<io::Checksums>(const engine::WeightBindingPlan&)> digests{};
+};
+
+template <class Source>
+std::shared_ptr<Operation> SlotBinding::start_swap(std::function<SwapInput<Source>()> open,
+                                                   std::optional<std::vector<ReadSpec>> specs,
+                                                   const py::object& canary_job, bool blocking, std::string origin,
+                                                   const std::string& what) {
   std::shared_ptr<PyHandle> canary;
   if (!canary_job.is_none()) canary = std::make_shared<PyHandle>(canary_job);
-  auto op = Operation::create(fmt::format("swap to {}", checkpoint->path()));
-  Runtime::get().post([self = shared_from_this(), checkpoint, specs = std::move(specs),
-                       checksums = std::move(checksums), canary, blocking, origin = std::move(origin), op]() mutable {
+  auto op = Operation::create(fmt::format("swap to {}", what));
+  // Its own parameter names: a coroutine lambda's parameters are copied into its frame.
+  auto body = [](std::shared_ptr<SlotBinding> self, std::function<SwapInput<Source>()> open_input,
+                 std::optional<std::vector<ReadSpec>> first_specs, std::shared_ptr<PyHandle> python_canary_job,
+                 bool block, std::string label, std::shared_ptr<Operation> operation) -> asio::awaitable<void> {
     bool defined_here = false;
+    std::function<void(bool)> finished;
     try {
-      Checkpoint::Use use = checkpoint->use();
+      SwapInput<Source> in = open_input();
+      finished = in.finished;
+      const io::Catalog& catalog = in.source->catalog();
       if (!self->blueprint_) {
-        if (!specs) throw Error(errc::invalid_argument, {}, "the first swap of a slot needs its tensor specs");
-        self->blueprint_ =
-            std::make_shared<const TensorSetModule>(TensorSet::build(checkpoint->catalog(), *specs).module);
+        if (!first_specs) throw Error(errc::invalid_argument, {}, "the first swap of a slot needs its tensor specs");
+        self->blueprint_ = std::make_shared<const TensorSetModule>(TensorSet::build(catalog, *first_specs).module);
         defined_here = true;
       }
       // The serving version's tensors, in its order: a missing one fails to build (tensor_not_found).
       const std::vector<ReadSpec>& rules = *self->blueprint_->specs;
-      TensorSet set = TensorSet::build(checkpoint->catalog(), rules);
+      TensorSet set = TensorSet::build(catalog, rules);
       std::set<std::string> wanted;
       for (const ReadSpec& r : rules) wanted.insert(r.key);
       std::vector<std::string> extra;
-      for (const io::TensorInfo& t : checkpoint->catalog().tensors())
+      for (const io::TensorInfo& t : catalog.tensors())
         if (!wanted.contains(t.name)) extra.push_back(t.name);
       if (!extra.empty())
         throw engine::OrchestrationError(
-            errc::unexpected_bindings, {.file = checkpoint->path()},
+            errc::unexpected_bindings, {.file = in.name},
             fmt::format("{} tensor(s) the serving version does not have, e.g. '{}'", extra.size(), extra.front()));
 
       engine::SwapOptions<TensorSetModule> options;
-      options.origin = std::move(origin);
-      options.checksums = std::move(checksums);
-      options.progress = &op->progress();  // the operation outlives the swap: its handler holds it
-      if (canary) {
-        options.canary = [op, canary, blocking](const TensorSetModule& model) {
+      options.origin = std::move(label);
+      // Not a conditional expression: GCC 12 destroys the temporaries of a co_await inside one twice.
+      if (in.digests)
+        options.checksums = co_await in.digests(set.plan());
+      else
+        options.checksums = std::move(in.checksums);
+      options.progress = &operation->progress();  // the operation outlives the swap: its handler holds it
+      if (python_canary_job || in.confirm) {
+        options.canary = [operation, python_canary_job, block,
+                          confirm = in.confirm](const TensorSetModule& model) -> asio::awaitable<void> {
+          if (confirm) co_await confirm();
+          if (!python_canary_job) co_return;
           std::vector<cpu::Tensor> tensors;
           for (const app::TensorSetModule::Slot& s : model.set.slots()) tensors.push_back(s.parameter.value);
-          return python_canary(op, canary, blocking, std::move(tensors), model.specs);
+          co_await python_canary(operation, python_canary_job, block, std::move(tensors), model.specs);
         };
       }
-      io::CheckpointSource& source = use.source();
       self->slot_.async_swap(
-          source, set.plan(), self->context_, std::move(options),
+          *in.source, set.plan(), self->context_, std::move(options),
           asio::bind_cancellation_slot(
-              op->cancellation_slot(), [self, use = std::make_shared<Checkpoint::Use>(std::move(use)), op,
-                                        defined_here](std::exception_ptr error, engine::SwapReport report) {
+              operation->cancellation_slot(), [self, keep = in.keep, operation, defined_here, finished](
+                                                  std::exception_ptr error, engine::SwapReport report) {
+                if (finished) finished(!error);
                 // A first swap that failed leaves the slot empty: the next one defines it afresh.
                 if (error && defined_here && self->slot_.generation() == 0) self->blueprint_.reset();
                 if (error) {
-                  op->finish(std::move(error));
+                  operation->finish(std::move(error));
                   return;
                 }
-                op->settle([&] { op->finish(nullptr, [report] { return py::object(report_dict(report)); }); });
+                operation->settle(
+                    [&] { operation->finish(nullptr, [report] { return py::object(report_dict(report)); }); });
               }));
     } catch (...) {
+      if (finished) finished(false);
       if (defined_here) self->blueprint_.reset();
-      op->finish(std::current_exception());
+      operation->finish(std::current_exception());
     }
-  });
+  };
+  asio::co_spawn(Runtime::get().executor(),
+                 body(shared_from_this(), std::move(open), std::move(specs), canary, blocking, std::move(origin), op),
+                 asio::detached);
   return op;
 }
+
+std::shared_ptr<Operation> SlotBinding::swap(std::shared_ptr<Checkpoint> checkpoint,
+                                             std::optional<std::vector<ReadSpec>> specs, int verify,
+                                             const py::object& canary_job, bool blocking, std::string origin) {
+  io::Checksums checksums = checkpoint->checksums_to_verify(verify);
+  const std::string what = checkpoint->path();
+  std::function<SwapInput<io::CheckpointSource>()> open = [checkpoint, checksums = std::move(checksums)]() mutable {
+    auto use = std::make_shared<Checkpoint::Use>(checkpoint->use());
+    SwapInput<io::CheckpointSource> in;
+    in.source = &use->source();
+    in.name = checkpoint->path();
+    in.checksums = std::move(checksums);
+    in.keep = use;
+    return in;
+  };
+  return start_swap<io::CheckpointSource>(std::move(open), std::move(specs), canary_job, blocking, std::move(origin),
+                                          what);
+}
+
+#ifdef EREDU_PYTHON_LIVE
+std::shared_ptr<Operation> SlotBinding::swap(std::shared_ptr<PublishedVersion> version,
+                                             std::optional<std::vector<ReadSpec>> specs, const py::object& canary_job,
+                                             bool blocking, std::string origin) {
+  // A published version is always verified: against the publisher's digests of what this slot
+  // reads; its canary first confirms the version is still offered.
+  std::function<SwapInput<mpi::PublishedSource>()> open = [version] {
+    SwapInput<mpi::PublishedSource> in;
+    in.source = &version->source();
+    in.name = version->source().location();
+    in.keep = version;
+    mpi::PublishedSource* source = in.source;
+    in.confirm = [source]() -> asio::awaitable<void> { co_await source->async_confirm(asio::use_awaitable); };
+    in.finished = [source](bool ok) { source->finish(ok); };
+    in.digests = [source](const engine::WeightBindingPlan& plan) -> asio::awaitable<io::Checksums> {
+      co_return co_await source->async_checksums(plan, asio::use_awaitable);
+    };
+    return in;
+  };
+  return start_swap<mpi::PublishedSource>(std::move(open), std::move(specs), canary_job, blocking, std::move(origin),
+                                          "a published version");
+}
+#endif
 
 void bind_model_slot(py::module_& m) {
   py::class_<SlotVersion>(m, "SlotVersion", "A published version of a ModelSlot.")
@@ -172,6 +248,18 @@ void bind_model_slot(py::module_& m) {
           },
           py::arg("checkpoint"), py::arg("specs"), py::arg("verify"), py::arg("canary_job"), py::arg("blocking"),
           py::arg("origin"))
+#ifdef EREDU_PYTHON_LIVE
+      .def(
+          "swap",
+          [](SlotBinding& s, std::shared_ptr<PublishedVersion> version, const py::object& specs, int,
+             const py::object& canary_job, bool blocking, const py::object& origin) {
+            std::optional<std::vector<ReadSpec>> rules;
+            if (!specs.is_none()) rules = read_specs_from(specs);
+            return s.swap(std::move(version), std::move(rules), canary_job, blocking, text_bytes(origin, "origin"));
+          },
+          py::arg("checkpoint"), py::arg("specs"), py::arg("verify"), py::arg("canary_job"), py::arg("blocking"),
+          py::arg("origin"))
+#endif
       .def(
           "current",
           [](const SlotBinding& s) -> py::object {

@@ -28,8 +28,15 @@
 #include "operation.hpp"
 #include "py_handle.hpp"
 #include "tensor_set.hpp"
+#ifdef EREDU_PYTHON_LIVE
+#include "live.hpp"
+#endif
 
 namespace eredu::python {
+
+/// What a swap reads from (model_slot.cpp).
+template <class Source>
+struct SwapInput;
 
 /// The slot type of the module.
 using Slot = engine::ModelSlot<cpu::Backend, TensorSetModule>;
@@ -47,6 +54,13 @@ class SlotBinding : public std::enable_shared_from_this<SlotBinding> {
   /// The result is the SwapReport as a dict.
   std::shared_ptr<Operation> swap(std::shared_ptr<Checkpoint> checkpoint, std::optional<std::vector<ReadSpec>> specs,
                                   int verify, const pybind11::object& canary_job, bool blocking, std::string origin);
+#ifdef EREDU_PYTHON_LIVE
+  /// Swaps to a published version (live.hpp), verified against the publisher's digests of what
+  /// the slot reads; its canary first confirms the version is still offered, and the publisher
+  /// is told when the swap ends.
+  std::shared_ptr<Operation> swap(std::shared_ptr<PublishedVersion> version, std::optional<std::vector<ReadSpec>> specs,
+                                  const pybind11::object& canary_job, bool blocking, std::string origin);
+#endif
 
   /// The serving version (any thread, wait-free), or null before the first swap.
   std::shared_ptr<const Slot::Version> current() const noexcept { return slot_.current(); }
@@ -56,6 +70,12 @@ class SlotBinding : public std::enable_shared_from_this<SlotBinding> {
   cpu::StoragePoolStats storage() const { return storage_.stats(); }
 
  private:
+  /// The swap itself, for any source `open()` gives on the loop thread (model_slot.cpp).
+  template <class Source>
+  std::shared_ptr<Operation> start_swap(std::function<SwapInput<Source>()> open,
+                                        std::optional<std::vector<ReadSpec>> specs, const pybind11::object& canary_job,
+                                        bool blocking, std::string origin, const std::string& what);
+
   std::unique_ptr<cpu::Executor> background_;
   cpu::StoragePool storage_;  // keeps the retired version's storage for the next swap
   cpu::MaterializationContext context_;

@@ -22,6 +22,9 @@
 #include "read_into.hpp"
 #include "runtime.hpp"
 #include "write_checksums.hpp"
+#ifdef EREDU_PYTHON_LIVE
+#include "live.hpp"
+#endif
 
 namespace py = pybind11;
 using namespace eredu;
@@ -74,6 +77,16 @@ PYBIND11_MODULE(_native, m) {
   bind_read_into(m);
   bind_write_checksums(m);
   bind_log_forwarding(m);
+#ifdef EREDU_PYTHON_LIVE
+  bind_live(m);
+#endif
+  m.attr("live_updates") = py::bool_(
+#ifdef EREDU_PYTHON_LIVE
+      true
+#else
+      false
+#endif
+  );
 
   m.def("dtype_names", [] {
     py::list out;

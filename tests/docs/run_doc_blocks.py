@@ -25,6 +25,8 @@ The convention a block can rely on (docs/testing.md, "Doc examples"):
     directive makes the compiler's messages name the doc's own lines); a Python block is a
     whole script, run by /usr/bin/python3 (Debian's numpy and torch) with the build's package
     first on PYTHONPATH; its tracebacks name the doc's lines too.
+A block whose text has the line `// Run it with: mpirun -np N` (`#` in Python) runs under mpirun
+with N ranks.
 There is no skip list: a block that is not a complete program is either made one or, when it
 is not code at all (output, a grammar), fenced as what it is. A block that includes the test
 suite's support headers ("support/...", docs/testing.md) is a Catch2 program with its own
@@ -111,6 +113,16 @@ def has_gpu():
         return False
 
 
+def mpirun_ranks(doc, line):
+    """N when the block at doc:line says `// Run it with: mpirun -np N`, else None."""
+    path = doc if os.path.isabs(doc) else os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", doc)
+    for _, first, code in blocks(path):
+        if first == line:
+            m = re.search(r"^(?://|#) Run it with: mpirun -np (\d+)", code, re.M)
+            return int(m.group(1)) if m else None
+    return None
+
+
 def run(directory, doc, line, exe=None, python=None, pythonpath=None, needs_device=False):
     where = f"{doc}:{line}"
     if needs_device and not has_gpu():
@@ -158,6 +170,17 @@ def run(directory, doc, line, exe=None, python=None, pythonpath=None, needs_devi
                    "import sys; src = open(sys.argv[1]).read(); "
                    "exec(compile(src, sys.argv[2], 'exec'), {'__name__': '__main__'})",
                    script, doc]
+    # A block whose program needs several ranks says how it is launched on a line of its own,
+    # `// Run it with: mpirun -np N ...` (or `# Run it with: ...`); it runs so, with the test
+    # suite's mpirun flags.
+    ranks = mpirun_ranks(doc, line)
+    if ranks:
+        mpirun = shutil.which("mpirun")
+        if mpirun is None:
+            print(f"{where}: skipped: the block runs under mpirun, which this machine lacks")
+            return 77
+        command = [mpirun, "--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1",
+                   "-np", str(ranks)] + command
     try:
         result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
     except subprocess.TimeoutExpired as e:

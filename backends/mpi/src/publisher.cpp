@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -50,11 +51,14 @@ struct PublicationState {
 };
 
 struct PublisherState : std::enable_shared_from_this<PublisherState> {
-  PublisherState(std::shared_ptr<CommState> c, PublisherOptions o) : comm(c), options(o), window(std::move(c), false) {}
+  PublisherState(std::shared_ptr<CommState> c, PublisherOptions o)
+      : comm(c), options(o), window(std::make_unique<LiveWindow>(std::move(c), false)) {}
 
   std::shared_ptr<CommState> comm;
   PublisherOptions options;
-  LiveWindow window;
+  /// Freed by ~Publisher (collectively with the subscribers), even while Publication handles
+  /// keep this state alive.
+  std::unique_ptr<LiveWindow> window;
   asio::thread_pool worker{1};  // answers requests: hashing never holds the progress thread
 
   mutable std::mutex mutex;
@@ -63,6 +67,9 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
   /// Selections subscribers asked digests of, by tensor name: the next versions hash them at
   /// publication (a serving fleet's plans rarely change between versions).
   std::map<std::string, std::set<std::string>> asked;
+  /// Tags of the latest withdrawn versions (at most 1024), so that asking for one is
+  /// version_withdrawn rather than version_not_published.
+  std::deque<std::string> withdrawn_tags;
   std::uint64_t next_id = 1;
   bool stopping = false;
   std::shared_ptr<PostedReceive> receive;  // the request being waited for
@@ -95,7 +102,8 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
                   fmt::format("version {}: its memory overlaps memory another offered version uses in another "
                               "layout (MPI cannot attach overlapping regions): withdraw that version first",
                               printable(version)));
-    const MPI_Aint address = window.attach(region);
+    if (!window) throw Error(errc::invalid_argument, {}, "the publisher is closed");
+    const MPI_Aint address = window->attach(region);
     attached.emplace(region.data(), Attached{region, address, 1});
     return address;
   }
@@ -105,7 +113,7 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
     std::lock_guard lock(attach_mutex);
     auto it = attached.find(region.data());
     if (it == attached.end() || --it->second.uses > 0) return;
-    window.detach(region);
+    if (window) window->detach(region);
     attached.erase(it);
   }
 
@@ -208,6 +216,11 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
           break;
         }
       }
+      if (!p && !version.empty()) {
+        std::lock_guard lock(mutex);
+        withdrawn =
+            withdrawn || std::find(withdrawn_tags.begin(), withdrawn_tags.end(), version) != withdrawn_tags.end();
+      }
       if (!p) {
         reply(head.sender, head.reply_tag, withdrawn ? ReplyStatus::withdrawn : ReplyStatus::not_published,
               text(version.empty() ? "no version is offered" : version));
@@ -286,6 +299,8 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
     for (std::span<const std::byte> r : p->regions) release(r);
     std::lock_guard lock(mutex);
     publications.erase(p->manifest.publication);
+    withdrawn_tags.push_back(p->manifest.version);
+    if (withdrawn_tags.size() > 1024) withdrawn_tags.pop_front();
   }
 };
 
@@ -359,6 +374,8 @@ Publisher::~Publisher() {
   }
   if (rx) detail::cancel_receive(state_->comm, rx);
   state_->worker.join();
+  std::lock_guard lock(state_->attach_mutex);
+  state_->window.reset();
 }
 
 bool Publisher::offered(const std::string& version) const {

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Live updates (docs/performance.md, "Live updates"): runs bench/distributed/live_update under
+# mpirun -np 3 (rank 0 publishes a Llama-shaped bf16 model from memory, ranks 1-2 are a
+# tensor-parallel pair) and prints, per contender, the median and min-max over the rounds of
+# its seconds and of each rank's GB/s, and the update's ratios to MPI_Bcast and to the hot-file
+# swap. Rows (one JSON line per round and contender) go to OUT.
+#
+# usage: bench/live_update.sh BUILD_DIR [size MiB=2048] [rounds=7] [out.jsonl]
+# Hold /tmp/eredu-build.lock around it on a shared machine so that no build runs meanwhile.
+set -euo pipefail
+build="$1"; size="${2:-2048}"; rounds="${3:-7}"; out="${4:-$(mktemp --suffix=.jsonl)}"
+read -r -a mpirun <<< "mpirun ${MPIRUN_FLAGS:---allow-run-as-root --oversubscribe --mca mpi_yield_when_idle 1} -np 3"
+"${mpirun[@]}" "$build/bench/distributed/live_update" --size-mib "$size" --rounds "$rounds" \
+  --dir "${DIR:-/dev/shm/eredu-live}" 2>/dev/null | grep '^{' > "$out"
+/usr/bin/python3 - "$out" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+summary = next(r for r in rows if "model_bytes" in r)
+model = summary["model_bytes"]
+read = summary.get("rank_read_bytes", model / 2)
+def stat(case, key="seconds"):
+    v = [r[key] for r in rows if r.get("case") == case]
+    return statistics.median(v), min(v), max(v), v
+print(f"model {model / 2**30:.2f} GiB, each rank reads {read / 2**30:.2f} GiB; {len([r for r in rows if r.get('case') == 'update'])} rounds")
+per_rank = {"update": read, "file": read, "bcast": model}
+for case in ("update", "bcast", "file"):
+    m, lo, hi, _ = stat(case)
+    b = per_rank[case]
+    print(f"{case:7s} {m:.3f} s ({lo:.3f}-{hi:.3f})   {b / m / 1e9:.2f} GB/s per rank ({b / hi / 1e9:.2f}-{b / lo / 1e9:.2f})")
+for key in ("publish_s", "open_s", "digests_s", "load_s", "canary_s", "commit_s"):
+    m, lo, hi, _ = stat("update", key)
+    print(f"  update {key:10s} {m:.4f} s ({lo:.4f}-{hi:.4f})")
+u = {r["round"]: r["seconds"] for r in rows if r.get("case") == "update"}
+bc = {r["round"]: r["seconds"] for r in rows if r.get("case") == "bcast"}
+f = {r["round"]: r["seconds"] for r in rows if r.get("case") == "file"}
+bw = [(read / u[k]) / (model / bc[k]) for k in u]
+tm = [bc[k] / u[k] for k in u]
+fl = [f[k] / u[k] for k in u]
+print(f"update bandwidth / MPI_Bcast bandwidth (per round): {statistics.median(bw):.2f} ({min(bw):.2f}-{max(bw):.2f})")
+print(f"MPI_Bcast time / update time (per round):           {statistics.median(tm):.2f} ({min(tm):.2f}-{max(tm):.2f})")
+print(f"hot-file swap time / update time (per round):       {statistics.median(fl):.2f} ({min(fl):.2f}-{max(fl):.2f})")
+print(f"serving: steady p99 {summary['steady_p99_us']} us, during updates p99 {summary['during_p99_us']} us, "
+      f"longest wait {summary['max_pause_us'] / 1e3:.1f} ms, mixed responses {summary['mixed_responses']:.0f}")
+PY

@@ -1,0 +1,161 @@
+"""Live weight updates: a trainer publishes versions of its weights from its own memory, and
+servers' ModelSlots swap to them, all or nothing (docs/live_updates.md). Every process of one
+MPI job takes part (`mpirun -np N python3 ...`):
+
+    group = eredu.LiveGroup()
+    if group.rank == 0:                                    # the trainer
+        with eredu.Publisher(group) as publisher:
+            v = publisher.publish("step-1", model.state_dict())   # no copy: the memory is offered
+            v.wait_served(group.size - 1)
+            v.withdraw()                                   # the memory is the trainer's again
+    else:                                                  # a server
+        with eredu.Subscriber(group, publisher=0) as subscriber:
+            slot = eredu.ModelSlot(framework="pt")
+            slot.swap_sync(subscriber.open("step-1", wait=60))  # verified against the publisher's digests
+
+Tensors are numpy arrays or torch CPU tensors (a CUDA tensor is copied to the host first). MPI
+is initialized by the first LiveGroup and finalized at exit, after every publisher and
+subscriber still open is closed (their windows are freed with the other ranks'): close them in
+the same order on every rank, or let exit do it.
+"""
+
+import atexit
+import time
+import weakref
+
+from . import _native
+from ._errors import InvalidArgumentError, StoreError
+
+_endpoints = []  # weak references to open publishers and subscribers, in opening order
+
+
+def available():
+    """True when this build has live updates (it found MPI)."""
+    return bool(getattr(_native, "live_updates", False))
+
+
+def _require():
+    if not available():
+        raise InvalidArgumentError("this eredu build has no live updates: it was built without MPI",
+                                   kind="invalid_argument")
+
+
+class LiveGroup:
+    """Every process of this MPI job. `timeout` (seconds) bounds every wait on another rank."""
+
+    def __init__(self, timeout=60.0):
+        _require()
+        self._native = _native.LiveGroup(float(timeout))
+
+    rank = property(lambda self: self._native.rank, doc="This process's rank.")
+    size = property(lambda self: self._native.size, doc="Processes in the job.")
+
+
+def _entries(tensors):
+    """(name, dtype, shape, bytes view) of each tensor, with no copy where the memory is
+    contiguous little-endian CPU memory."""
+    if not isinstance(tensors, dict):
+        raise InvalidArgumentError("tensors must be a dict of name to numpy array or torch tensor",
+                                   kind="invalid_argument")
+    import numpy as np
+    from ._writing import numpy_entries, torch_entries
+    arrays = {k: v for k, v in tensors.items() if isinstance(v, np.ndarray)}
+    others = {k: v for k, v in tensors.items() if not isinstance(v, np.ndarray)}
+    entries = dict((e[0], e) for e in numpy_entries(arrays)) if arrays else {}
+    if others:
+        entries.update((e[0], e) for e in torch_entries(others))
+    return [(name, dtype, list(shape), raw if not isinstance(raw, bytes) else memoryview(raw))
+            for name, dtype, shape, raw in (entries[k] for k in tensors)]
+
+
+class Publication:
+    """One version a Publisher offers, until withdraw() (or the Publication is collected)."""
+
+    def __init__(self, native):
+        self._native = native
+
+    version = property(lambda self: self._native.version, doc="Its version tag.")
+    served = property(lambda self: self._native.served, doc="Subscribers that have their bytes.")
+    failed = property(lambda self: self._native.failed, doc="Subscribers that gave up on it.")
+
+    def wait_served(self, subscribers, timeout=60.0):
+        """Waits until `subscribers` subscribers are done with it (or gave up); True if they were."""
+        return self._native.wait_served(int(subscribers), float(timeout))
+
+    def withdraw(self):
+        """Stops offering it; returns once no subscriber reads its memory any more."""
+        self._native.withdraw()
+
+
+class Publisher:
+    """The trainer's side: offers versions of its weights to the group's subscribers.
+    Collective: every other rank of the group makes a Subscriber at the same time."""
+
+    def __init__(self, group, *, linger=60.0):
+        _require()
+        self._native = _native.Publisher(group._native, float(linger))
+        _endpoints.append(weakref.ref(self))
+
+    def publish(self, version, tensors, *, base=None):
+        """Offers `tensors` ({name: numpy array or torch tensor}) as `version`; returns its
+        Publication. The memory must not be written until the Publication is withdrawn."""
+        return Publication(self._native.publish(version, base, _entries(tensors)))
+
+    def offered(self, version):
+        """True while `version` is offered."""
+        return self._native.offered(version)
+
+    def close(self):
+        """Withdraws every publication and frees the window (with the subscribers)."""
+        self._native.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Subscriber:
+    """A server's side: opens versions the publisher at rank `publisher` offers, for
+    ModelSlot.swap / swap_sync. Collective with the Publisher (see Publisher)."""
+
+    def __init__(self, group, publisher=0, *, timeout=60.0):
+        _require()
+        self._native = _native.Subscriber(group._native, int(publisher), float(timeout))
+        _endpoints.append(weakref.ref(self))
+
+    def open(self, version=None, *, wait=0.0):
+        """The published `version` (None: the newest), to pass to ModelSlot.swap. `wait`: how
+        many seconds to keep asking while the publisher offers no such version yet."""
+        deadline = time.monotonic() + float(wait)
+        delay = 0.001
+        while True:
+            try:
+                return self._native.open(version)
+            except StoreError as e:
+                if e.kind != "version_not_published" or time.monotonic() + delay > deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+    def close(self):
+        """Frees the window (with the publisher and the other subscribers)."""
+        self._native.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+@atexit.register
+def _finalize():
+    if not available():
+        return
+    for ref in reversed(_endpoints):
+        endpoint = ref()
+        if endpoint is not None:
+            endpoint.close()
+    _native.live_finalize()

@@ -1,0 +1,112 @@
+# Live updates from Python under mpirun -np 3: rank 0 publishes versions of a small model from
+# numpy arrays and torch tensors; ranks 1 and 2 each swap a ModelSlot to them. A bit flipped in
+# flight on rank 1 is a ChecksumError there and leaves it serving the version before; a version
+# withdrawn before it is opened, and one never published, are typed StoreErrors.
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import eredu
+
+MPIRUN = shutil.which("mpirun")
+
+SCRIPT = textwrap.dedent(r'''
+    import sys
+    import numpy as np
+    import torch
+    import eredu
+
+    def weights(step):
+        rng = np.random.default_rng(step)
+        return {
+            "embed.weight": rng.standard_normal((64, 32)).astype(np.float32),
+            "mlp.up.weight": torch.from_numpy(rng.standard_normal((48, 32)).astype(np.float32)).to(torch.bfloat16),
+            "mlp.down.weight": rng.integers(-100, 100, (32, 48)).astype(np.int32),
+        }
+
+    def as_bytes(t):
+        if isinstance(t, torch.Tensor):
+            return t.contiguous().view(torch.uint8).numpy().tobytes()
+        return np.ascontiguousarray(t).tobytes()
+
+    group = eredu.LiveGroup(timeout=30)
+    rank = group.rank
+    if rank == 0:
+        with eredu.Publisher(group, linger=30) as publisher:
+            w1, w2, w3 = weights(1), weights(2), weights(3)
+            v1 = publisher.publish("step-1", w1)
+            assert publisher.offered("step-1")
+            assert v1.wait_served(2, 60), "v1 not served"
+            assert v1.served == 2, v1.served
+            v2 = publisher.publish("step-2", w2, base="step-1")
+            assert v2.wait_served(2, 60)
+            assert v2.served == 1 and v2.failed == 1, (v2.served, v2.failed)
+            v3 = publisher.publish("step-3", w3)
+            v3.withdraw()
+            assert not publisher.offered("step-3")
+            # the subscribers now try step-3 (withdrawn) and step-99 (never published)
+            group_done = publisher.publish("done", {"x": np.zeros(1, np.float32)})
+            assert group_done.wait_served(2, 60)
+        print("rank 0: published")
+        sys.exit(0)
+
+    with eredu.Subscriber(group, publisher=0, timeout=30) as subscriber:
+        slot = eredu.ModelSlot(framework="np")
+        report = slot.swap_sync(subscriber.open("step-1", wait=60))
+        assert report["generation"] == 1
+        assert report["verified_bytes"] == report["bytes"], report
+        expected = weights(1)
+        for name, t in expected.items():
+            assert slot.current()[name].tobytes() == as_bytes(t), name
+        assert slot.current().origin == "mpi://live/rank0/step-1"
+
+        v2 = subscriber.open("step-2", wait=60)
+        assert v2.version == "step-2" and v2.base == "step-1"
+        if rank == 1:
+            v2.corrupt_next_read(3)
+            try:
+                slot.swap_sync(v2)
+                raise AssertionError("a corrupted version was published")
+            except eredu.ChecksumError as e:
+                assert "mpi://live/rank0/step-2" in str(e), e
+            assert slot.generation == 1
+            for name, t in expected.items():
+                assert slot.current()[name].tobytes() == as_bytes(t), name
+        else:
+            assert slot.swap_sync(v2)["generation"] == 2
+            for name, t in weights(2).items():
+                assert slot.current()[name].tobytes() == as_bytes(t), name
+        del v2
+
+        # The publisher offers "done" after withdrawing step-3: once "done" opens, step-3 is withdrawn.
+        done = subscriber.open("done", wait=60)
+        for tag, kind in (("step-3", "version_withdrawn"), ("step-99", "version_not_published")):
+            try:
+                subscriber.open(tag)
+                raise AssertionError(f"{tag} opened")
+            except eredu.StoreError as e:
+                assert e.kind == kind, (tag, e.kind, str(e))
+                assert tag in str(e), str(e)
+        other = eredu.ModelSlot(framework="np")
+        other.swap_sync(done)
+        del done
+    print(f"rank {rank}: ok")
+''')
+
+
+@pytest.mark.skipif(not eredu._live.available(), reason="this build has no live updates (no MPI)")
+@pytest.mark.skipif(MPIRUN is None, reason="mpirun is not installed")
+def test_publish_and_swap_under_mpirun(tmp_path):
+    script = tmp_path / "live.py"
+    script.write_text(SCRIPT)
+    result = subprocess.run([MPIRUN, "--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1",
+                             "-np", "3", sys.executable, str(script)],
+                            capture_output=True, text=True, timeout=110, env=dict(os.environ))
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    for line in ("rank 0: published", "rank 1: ok", "rank 2: ok"):
+        assert line in out, out
