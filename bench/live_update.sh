@@ -41,4 +41,6 @@ print(f"MPI_Bcast time / update time (per round):           {statistics.median(t
 print(f"hot-file swap time / update time (per round):       {statistics.median(fl):.2f} ({min(fl):.2f}-{max(fl):.2f})")
 print(f"serving: steady p99 {summary['steady_p99_us']} us, during updates p99 {summary['during_p99_us']} us, "
       f"longest wait {summary['max_pause_us'] / 1e3:.1f} ms, mixed responses {summary['mixed_responses']:.0f}")
+print(f"peak RSS: publisher {summary['publisher_peak_rss_mib']:.0f} MiB (two versions in memory), "
+      f"subscriber {summary['subscriber_peak_rss_mib']:.0f} MiB (the larger)")
 PY

@@ -65,6 +65,18 @@ double quantile(std::vector<double> v, double q) {
   return v[std::min(i, v.size() - 1)];
 }
 
+/// This process's peak resident memory (VmHWM), MiB.
+double peak_rss_mib() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  double kib = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr)
+    if (std::strncmp(line, "VmHWM:", 6) == 0) kib = std::strtod(line + 6, nullptr);
+  std::fclose(f);
+  return kib / 1024;
+}
+
 /// The slowest rank's value (every rank gets it).
 double slowest(double mine) {
   double out = 0;
@@ -227,11 +239,13 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
         std::fflush(stdout);
       }
     }
-    double dummy[5] = {};
-    MPI_Reduce(MPI_IN_PLACE, dummy, 5, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    double dummy[6] = {};
+    MPI_Reduce(MPI_IN_PLACE, dummy, 6, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
     std::printf("%s\n", fmt::format(R"({{"model_bytes": {}, "rank_read_bytes": {:.0f}, "steady_p99_us": {:.1f}, )"
-                                    R"("during_p99_us": {:.1f}, "max_pause_us": {:.1f}, "mixed_responses": {:.0f}}})",
-                                    model.total_bytes, dummy[4], dummy[0], dummy[1], dummy[2], dummy[3])
+                                    R"("during_p99_us": {:.1f}, "max_pause_us": {:.1f}, "mixed_responses": {:.0f}, )"
+                                    R"("publisher_peak_rss_mib": {:.0f}, "subscriber_peak_rss_mib": {:.0f}}})",
+                                    model.total_bytes, dummy[4], dummy[0], dummy[1], dummy[2], dummy[3], peak_rss_mib(),
+                                    dummy[5])
                             .c_str());
     return 0;
   }
@@ -322,9 +336,10 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
   }
   server.stop = true;
   server.thread.join();
-  double mine[5] = {quantile(server.steady_us, 0.99), quantile(server.during_us, 0.99), quantile(server.during_us, 1.0),
-                    static_cast<double>(server.mixed), static_cast<double>(plan.read_bytes)};
-  MPI_Reduce(mine, nullptr, 5, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+  double mine[6] = {quantile(server.steady_us, 0.99),     quantile(server.during_us, 0.99),
+                    quantile(server.during_us, 1.0),      static_cast<double>(server.mixed),
+                    static_cast<double>(plan.read_bytes), peak_rss_mib()};
+  MPI_Reduce(mine, nullptr, 6, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
   std::fprintf(stderr, "rank %d: %llu responses, plan reads %llu bytes\n", rank,
                static_cast<unsigned long long>(server.responses), static_cast<unsigned long long>(plan.read_bytes));
   return 0;

@@ -87,9 +87,24 @@ class Publication:
         self._native.withdraw()
 
 
-class Publisher:
+class _Endpoint:
+    """A publisher or subscriber: closed by close(), a with block, or the exit hook."""
+
+    def close(self):
+        """Frees the window, collectively with the other ranks of the group."""
+        self._native.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Publisher(_Endpoint):
     """The trainer's side: offers versions of its weights to the group's subscribers.
-    Collective: every other rank of the group makes a Subscriber at the same time."""
+    Collective: every other rank of the group makes a Subscriber at the same time.
+    close() also withdraws every publication."""
 
     def __init__(self, group, *, linger=60.0):
         _require()
@@ -105,18 +120,8 @@ class Publisher:
         """True while `version` is offered."""
         return self._native.offered(version)
 
-    def close(self):
-        """Withdraws every publication and frees the window (with the subscribers)."""
-        self._native.close()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-
-class Subscriber:
+class Subscriber(_Endpoint):
     """A server's side: opens versions the publisher at rank `publisher` offers, for
     ModelSlot.swap / swap_sync. Collective with the Publisher (see Publisher)."""
 
@@ -138,16 +143,6 @@ class Subscriber:
                     raise
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
-
-    def close(self):
-        """Frees the window (with the publisher and the other subscribers)."""
-        self._native.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 @atexit.register

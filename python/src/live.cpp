@@ -6,6 +6,7 @@
 #include <future>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include <fmt/format.h>
@@ -184,8 +185,14 @@ class PySubscriber {
   void close() {
     if (!subscriber_) return;
     {
+      // Versions and swaps release it on the loop thread, some just after their Python side has
+      // returned: give them a moment.
       py::gil_scoped_release nogil;
-      Runtime::get().run_on_loop([] {});  // versions released before now have let go of it (loop order)
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (subscriber_.use_count() > 1 && std::chrono::steady_clock::now() < deadline) {
+        Runtime::get().run_on_loop([] {});
+        if (subscriber_.use_count() > 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
     }
     if (subscriber_.use_count() > 1)
       throw Error(errc::invalid_argument, {},

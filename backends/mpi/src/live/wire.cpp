@@ -8,15 +8,20 @@
 
 namespace eredu::mpi::detail {
 
-void WireWriter::u32(std::uint32_t v) {
+namespace {
+
+/// Appends `v`'s bytes.
+template <class T>
+void put(std::vector<std::byte>& out, T v) {
   const auto* p = reinterpret_cast<const std::byte*>(&v);
-  out_.insert(out_.end(), p, p + sizeof v);
+  out.insert(out.end(), p, p + sizeof v);
 }
 
-void WireWriter::u64(std::uint64_t v) {
-  const auto* p = reinterpret_cast<const std::byte*>(&v);
-  out_.insert(out_.end(), p, p + sizeof v);
-}
+}  // namespace
+
+void WireWriter::u32(std::uint32_t v) { put(out_, v); }
+
+void WireWriter::u64(std::uint64_t v) { put(out_, v); }
 
 void WireWriter::str(const std::string& s) {
   u64(s.size());
@@ -30,21 +35,18 @@ void WireReader::need(std::size_t n) const {
                 fmt::format("malformed live-update message ({}): a record runs past its end at byte {}", what_, pos_));
 }
 
-std::uint32_t WireReader::u32() {
-  need(4);
-  std::uint32_t v = 0;
+template <class T>
+T WireReader::take() {
+  need(sizeof(T));
+  T v{};
   std::memcpy(&v, bytes_.data() + pos_, sizeof v);
   pos_ += sizeof v;
   return v;
 }
 
-std::uint64_t WireReader::u64() {
-  need(8);
-  std::uint64_t v = 0;
-  std::memcpy(&v, bytes_.data() + pos_, sizeof v);
-  pos_ += sizeof v;
-  return v;
-}
+std::uint32_t WireReader::u32() { return take<std::uint32_t>(); }
+
+std::uint64_t WireReader::u64() { return take<std::uint64_t>(); }
 
 std::string WireReader::str() {
   const std::uint64_t n = u64();

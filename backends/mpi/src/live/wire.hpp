@@ -76,6 +76,8 @@ class WireReader {
 
  private:
   void need(std::size_t n) const;
+  template <class T>
+  T take();
   std::span<const std::byte> bytes_;
   std::string what_;
   std::size_t pos_ = 0;
