@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
+#include <future>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -296,6 +297,13 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
             options.linger.count());
       p->detached = true;
     }
+    // A request the worker is answering may still be hashing this version's memory: wait for
+    // it (the worker is one thread, in order; later requests see the version withdrawn), so that
+    // the memory is the caller's when this returns.
+    auto drained = std::make_shared<std::promise<void>>();
+    std::future<void> idle = drained->get_future();
+    asio::post(worker, [drained] { drained->set_value(); });
+    idle.wait();
     for (std::span<const std::byte> r : p->regions) release(r);
     std::lock_guard lock(mutex);
     publications.erase(p->manifest.publication);
