@@ -470,13 +470,14 @@ Publication Publisher::publish(std::string version, std::string base, std::vecto
       runs.emplace_back(begin, end);
   }
   try {
+    std::size_t next = 0;  // `order` is sorted, and each run holds the next tensors of it
     for (const auto& [begin, end] : runs) {
       const std::span<const std::byte> region(begin, static_cast<std::size_t>(end - begin));
       const MPI_Aint address = state_->attach(region, version);
       p->regions.push_back(region);
-      for (std::size_t i : order)
-        if (p->memory[i].data() >= begin && p->memory[i].data() < end)
-          p->manifest.tensors[i].address = static_cast<std::uint64_t>(address + (p->memory[i].data() - begin));
+      for (; next < order.size() && p->memory[order[next]].data() < end; ++next)
+        p->manifest.tensors[order[next]].address =
+            static_cast<std::uint64_t>(address + (p->memory[order[next]].data() - begin));
     }
   } catch (...) {
     for (std::span<const std::byte> r : p->regions) state_->release(r);
