@@ -208,21 +208,21 @@ void Checkpoint::close() {
   });
 }
 
+py::list tensor_tuples(const io::Catalog& catalog) {
+  py::list out;
+  for (const io::TensorInfo& t : catalog.tensors())
+    out.append(py::make_tuple(text_str(t.name), std::string(dtype_name(t.dtype)), py::tuple(py::cast(t.shape)),
+                              t.nbytes, t.file, t.offset));
+  return out;
+}
+
 void bind_checkpoint(py::module_& m) {
   py::class_<Checkpoint, std::shared_ptr<Checkpoint>>(m, "Checkpoint", "An open checkpoint (eredu._native.open).")
       .def_property_readonly(
           "path", [](const Checkpoint& c) { return path_str(c.path()); },
           "The path as opened (as os.fsdecode gives it).")
       .def(
-          "tensors",
-          [](const Checkpoint& c) {
-            py::list out;
-            const io::Catalog& catalog = c.catalog();
-            for (const io::TensorInfo& t : catalog.tensors())
-              out.append(py::make_tuple(text_str(t.name), std::string(dtype_name(t.dtype)),
-                                        py::tuple(py::cast(t.shape)), t.nbytes, t.file, t.offset));
-            return out;
-          },
+          "tensors", [](const Checkpoint& c) { return tensor_tuples(c.catalog()); },
           "(name, dtype, shape, nbytes, file index, offset) of every tensor, in file order.")
       .def(
           "units",

@@ -124,6 +124,10 @@ class Checkpoint : public std::enable_shared_from_this<Checkpoint> {
   std::unique_ptr<io::CheckpointSource> take_source();
 };
 
+/// (name, dtype, shape, nbytes, file index, offset) of every tensor of `catalog`, in its order:
+/// what the package's readers take from any opened source.
+pybind11::list tensor_tuples(const io::Catalog& catalog);
+
 /// Registers eredu._native.Checkpoint and eredu._native.open.
 void bind_checkpoint(pybind11::module_& m);
 

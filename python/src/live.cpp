@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <pybind11/stl.h>
 
+#include "checkpoint.hpp"
 #include "eredu/core/dtype.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/mpi/environment.hpp"
@@ -249,14 +250,7 @@ void bind_live(py::module_& m) {
              out.append(d);
              return out;
            })
-      .def("tensors",
-           [](const PublishedVersion& v) {
-             py::list out;
-             for (const io::TensorInfo& t : v.source().catalog().tensors())
-               out.append(py::make_tuple(text_str(t.name), std::string(dtype_name(t.dtype)), py::cast(t.shape),
-                                         t.nbytes, t.file, t.offset));
-             return out;
-           })
+      .def("tensors", [](const PublishedVersion& v) { return tensor_tuples(v.source().catalog()); })
       .def("close", [](PublishedVersion&) {})
       .def(
           "corrupt_next_read",
