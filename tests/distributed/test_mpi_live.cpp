@@ -102,10 +102,14 @@ struct LiveEnv {
   cpu::MaterializationContext context{arena, cpu::Backend::default_storage()};
   std::unique_ptr<Slot> slot;
   engine::TensorParallelPlan plan;
+  bool delta = false;             // the last swap reconstructed a delta
+  std::uint64_t transferred = 0;  // bytes the last swap read from the publisher
 
-  explicit LiveEnv(std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  explicit LiveEnv(std::chrono::milliseconds timeout = std::chrono::seconds(20),
+                   std::size_t delta_block = std::size_t{64} << 10) {
     if (rank == 0) {
-      publisher = std::make_unique<mpi::Publisher>(live, mpi::PublisherOptions{.linger = std::chrono::seconds(20)});
+      publisher = std::make_unique<mpi::Publisher>(
+          live, mpi::PublisherOptions{.linger = std::chrono::seconds(20), .delta_block = delta_block});
     } else {
       subscriber = std::make_unique<mpi::Subscriber>(
           live, 0, ctx.get_executor(),
@@ -121,8 +125,11 @@ struct LiveEnv {
     return run_until_ready(ctx, f);
   }
 
-  /// Opens `version` on a subscriber rank, plans its shard (the first time), and swaps to it.
-  engine::DistributedSwapReport swap_to(const std::string& version, std::optional<std::uint64_t> corrupt = {}) {
+  /// Opens `version` on a subscriber rank, plans its shard (the first time), and swaps to it;
+  /// `base`: the tag this rank says its serving version is (deltas against it read only what
+  /// changed, over the serving version's bytes).
+  engine::DistributedSwapReport swap_to(const std::string& version, std::optional<std::uint64_t> corrupt = {},
+                                        std::optional<std::string> base = {}) {
     std::unique_ptr<mpi::PublishedSource> source;
     std::exception_ptr opened;
     try {
@@ -144,6 +151,17 @@ struct LiveEnv {
                                     engine::DistributedSlotOptions{.vote_timeout = std::chrono::seconds(20)});
     }
     if (corrupt) source->corrupt_next_read(*corrupt);
+    auto serving = slot->current();  // kept alive: a delta's unchanged bytes are copied from it
+    delta = base && serving &&
+            source->use_base(*base, mpi::base_from_parameters(plan.bindings, [serving](const std::string& name) {
+              const cpu::Parameter* p = serving->model.find(name);
+              return p == nullptr ? std::span<const std::byte>{} : p->value.bytes();
+            }));
+    struct Transferred {  // recorded however the swap ends
+      LiveEnv& env;
+      mpi::PublishedSource& source;
+      ~Transferred() { env.transferred = source.transferred_bytes(); }
+    } record{*this, *source};
     engine::SwapOptions<Module> options;
     options.origin = source->location();
     options.checksums = run(source->async_checksums(plan.bindings, asio::use_awaitable));
@@ -161,9 +179,10 @@ struct LiveEnv {
   }
 
   /// The error of a swap that must fail on this subscriber rank.
-  CollectiveError failed_swap(const std::string& version, std::optional<std::uint64_t> corrupt = {}) {
+  CollectiveError failed_swap(const std::string& version, std::optional<std::uint64_t> corrupt = {},
+                              std::optional<std::string> base = {}) {
     try {
-      swap_to(version, corrupt);
+      swap_to(version, corrupt, base);
     } catch (const CollectiveError& e) {
       return e;
     }
@@ -171,13 +190,16 @@ struct LiveEnv {
   }
 
   /// True when the serving version holds exactly this rank's shard of version `seed`.
-  bool serves(std::uint64_t seed) const {
+  bool serves(std::uint64_t seed) const { return serves(Weights(seed)); }
+
+  /// True when the serving version holds exactly this rank's shard of `weights`.
+  bool serves(const Weights& weights) const {
     auto v = slot->current();
     if (!v) return false;
     const std::vector<Spec> all = specs();
     for (const engine::ShardedTensor& t : plan.tensors) {
       const auto it = std::find_if(all.begin(), all.end(), [&](const Spec& s) { return s.name == t.key; });
-      const std::vector<std::byte> full = bytes_of(seed, static_cast<std::size_t>(it - all.begin()));
+      const std::vector<std::byte>& full = weights.memory[static_cast<std::size_t>(it - all.begin())];
       std::vector<std::byte> expected;
       for (const Selection& piece : t.pieces)
         for (const ByteRun& r : selection_runs(t.full_shape, t.dtype, piece))
@@ -224,6 +246,86 @@ TEST_CASE("live – versions published from memory commit on both ranks, each re
   CHECK(second.generation == 2);
   CHECK(second.verified_bytes == env.plan.read_bytes);
   CHECK(env.serves(2));
+  env.world.barrier().get();
+}
+
+TEST_CASE("live – a delta reads only the changed blocks of each rank's shard; a wrong base or a flipped bit is refused",
+          "[mpi][live]") {
+  REQUIRE(mpi_world().size() == 3);
+  LiveEnv env(std::chrono::seconds(20), std::size_t{256});
+  // q_proj (index 2) is 2048 bytes split by rows: byte 10 lies in tp rank 0's half, byte 2040 in
+  // rank 1's; up_proj (index 5) byte 100 in rank 0's. Blocks are 256 bytes.
+  const Weights d1(1);
+  Weights d2 = d1, d3 = d1, d5(5);
+  d2.memory[2][10] ^= std::byte{0x40};
+  d2.memory[2][2040] ^= std::byte{0x40};
+  d2.memory[5][100] ^= std::byte{0x40};
+  d3.memory[2][1000] ^= std::byte{0x40};  // against d-1: d-2's changed blocks are "unchanged"
+  Weights d4 = d2;
+  d4.memory[2][500] ^= std::byte{0x40};
+  if (env.publishing()) {
+    mpi::Publication v1 = env.publisher->publish("d-1", "", d1.tensors());
+    env.world.barrier().get();
+    CHECK(v1.wait_served(2, std::chrono::seconds(30)));
+    mpi::Publication v2 = env.publisher->publish("d-2", "d-1", d2.tensors());
+    env.world.barrier().get();
+    CHECK(v2.wait_served(2, std::chrono::seconds(30)));
+    mpi::Publication v3 = env.publisher->publish("d-3", "d-1", d3.tensors());
+    env.world.barrier().get();
+    CHECK(v3.wait_served(2, std::chrono::seconds(30)));
+    CHECK(v3.failed() == 2);
+    mpi::Publication v4 = env.publisher->publish("d-4", "d-2", d4.tensors());
+    env.world.barrier().get();
+    CHECK(v4.wait_served(2, std::chrono::seconds(30)));
+    CHECK(v4.failed() == 2);
+    mpi::Publication v5 = env.publisher->publish("d-5", "d-1", d5.tensors());
+    env.world.barrier().get();
+    CHECK(v5.wait_served(2, std::chrono::seconds(30)));
+    CHECK(v5.served() == 2);
+    env.world.barrier().get();
+    return;
+  }
+  env.world.barrier().get();
+  REQUIRE(env.swap_to("d-1", {}, "d-0").generation == 1);
+  CHECK_FALSE(env.delta);  // published whole
+  CHECK(env.transferred == env.plan.read_bytes);
+
+  // A delta against the version served: only the changed blocks within this rank's shard.
+  env.world.barrier().get();
+  const engine::DistributedSwapReport second = env.swap_to("d-2", {}, "d-1");
+  CHECK(env.delta);
+  CHECK(second.generation == 2);
+  CHECK(second.verified_bytes == env.plan.read_bytes);  // the whole shard verified, not the delta
+  CHECK(env.serves(d2));
+  CHECK(env.transferred > 0);
+  CHECK(env.transferred <= (env.live.rank() == 1 ? 512u : 256u));
+
+  // A rank that claims the wrong base: the reconstructed shard fails the full version's digest.
+  env.world.barrier().get();
+  const CollectiveError wrong = env.failed_swap("d-3", {}, "d-1");
+  CHECK(wrong.kind() == errc::rank_failed);
+  REQUIRE_FALSE(wrong.failures().empty());
+  CHECK(wrong.failures()[0].kind == errc::checksum_mismatch);
+  CHECK_THAT(wrong.failures()[0].message, Catch::Contains("mpi://live/rank0/d-3"));
+  CHECK(env.slot->generation() == 2);
+  CHECK(env.serves(d2));
+
+  // A bit flipped in a delta's bytes on world rank 2.
+  env.world.barrier().get();
+  const CollectiveError flipped =
+      env.failed_swap("d-4", env.rank == 2 ? std::optional<std::uint64_t>(3) : std::nullopt, "d-2");
+  CHECK(flipped.kind() == errc::rank_failed);
+  REQUIRE(flipped.failures().size() == 1);
+  CHECK(flipped.failures()[0].kind == errc::checksum_mismatch);
+  CHECK(env.slot->generation() == 2);
+  CHECK(env.serves(d2));
+
+  // A delta against a base these ranks no longer serve: read whole.
+  env.world.barrier().get();
+  CHECK(env.swap_to("d-5", {}, "d-2").generation == 3);
+  CHECK_FALSE(env.delta);
+  CHECK(env.transferred == env.plan.read_bytes);
+  CHECK(env.serves(d5));
   env.world.barrier().get();
 }
 

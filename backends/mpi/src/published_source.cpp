@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -222,25 +224,81 @@ std::vector<ByteRun> slice_runs(const std::vector<ByteRun>& runs, std::uint64_t 
   return out;
 }
 
+/// The pieces of `runs` (destination offsets relative to the output) that lie in `changed`
+/// blocks of `block` bytes of a tensor of `nbytes`, each at most `part` bytes.
+std::vector<ByteRun> changed_pieces(const std::vector<ByteRun>& runs,
+                                    const std::vector<std::pair<std::uint64_t, std::uint64_t>>& changed,
+                                    std::uint64_t block, std::uint64_t nbytes, std::uint64_t part) {
+  std::vector<ByteRun> out;
+  for (const ByteRun& r : runs) {
+    // The first changed range that ends after the run starts.
+    auto it = std::upper_bound(changed.begin(), changed.end(), r.source_offset,
+                               [&](std::uint64_t at, const auto& c) { return at < (c.first + c.second) * block; });
+    for (; it != changed.end() && it->first * block < r.source_offset + r.length; ++it) {
+      const std::uint64_t lo = std::max(r.source_offset, it->first * block);
+      const std::uint64_t hi = std::min({r.source_offset + r.length, (it->first + it->second) * block, nbytes});
+      for (std::uint64_t at = lo; at < hi; at += part)
+        out.push_back(ByteRun{.source_offset = at,
+                              .dest_offset = r.dest_offset + (at - r.source_offset),
+                              .length = std::min(part, hi - at)});
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
-asio::awaitable<void> PublishedSource::fetch(const io::TensorInfo& t, const std::vector<ByteRun>& runs,
-                                             std::uint64_t from, std::span<std::byte> out) {
+asio::awaitable<void> PublishedSource::read_runs(const io::TensorInfo& t, std::vector<ByteRun> runs,
+                                                 std::span<std::byte> out) {
   const detail::ManifestTensor& m = manifest_->tensors[static_cast<std::size_t>(&t - &catalog_.tensors()[0])];
   const std::size_t part = subscriber_->options.part_size;
   std::vector<Completion> parts;
   try {
-    for (std::uint64_t done = 0; done < out.size(); done += part) {
-      const std::uint64_t size = std::min<std::uint64_t>(part, out.size() - done);
+    // One MPI_Rget per part of at most `part` bytes (no run is longer).
+    for (std::size_t first = 0; first < runs.size();) {
+      std::size_t last = first;
+      std::uint64_t size = 0;
+      while (last < runs.size() && (last == first || size + runs[last].length <= part)) size += runs[last++].length;
+      // Relative to the part's first destination byte: a whole selection's part is then packed.
+      std::vector<ByteRun> group(runs.begin() + static_cast<std::ptrdiff_t>(first),
+                                 runs.begin() + static_cast<std::ptrdiff_t>(last));
+      const std::uint64_t lo = group.front().dest_offset;
+      std::uint64_t hi = lo;
+      for (ByteRun& r : group) {
+        hi = std::max(hi, r.dest_offset + r.length);
+        r.dest_offset -= lo;
+      }
       parts.push_back(subscriber_->window.read(subscriber_->publisher, static_cast<MPI_Aint>(m.address),
-                                               slice_runs(runs, from + done, size), out.subspan(done, size),
+                                               std::move(group), out.subspan(lo, hi - lo),
                                                fmt::format("the read of {} bytes of {} from version {}", size,
                                                            printable(t.name), printable(manifest_->version)),
                                                subscriber_->options.timeout));
+      transferred_ += size;
+      first = last;
     }
     for (const Completion& c : parts) co_await c.async_wait(asio::use_awaitable);
   } catch (...) {
     subscriber_->rethrow_located(manifest_->version, t.name);
+  }
+}
+
+asio::awaitable<void> PublishedSource::fetch(const io::TensorReadRequest& request, const io::TensorInfo& t,
+                                             const std::vector<ByteRun>& runs, std::uint64_t from,
+                                             std::span<std::byte> out) {
+  const detail::ManifestTensor& m = manifest_->tensors[static_cast<std::size_t>(&t - &catalog_.tensors()[0])];
+  const std::size_t part = subscriber_->options.part_size;
+  const std::vector<ByteRun> wanted = slice_runs(runs, from, out.size());
+  if (m.delta && base_bytes_ && base_bytes_(request, from, out)) {
+    // The base's bytes are in place: read what changed over them.
+    co_await read_runs(t, changed_pieces(wanted, m.changed, manifest_->delta_block, m.nbytes, part), out);
+  } else {
+    std::vector<ByteRun> pieces;
+    for (const ByteRun& r : wanted)
+      for (std::uint64_t at = 0; at < r.length; at += part)
+        pieces.push_back(ByteRun{.source_offset = r.source_offset + at,
+                                 .dest_offset = r.dest_offset + at,
+                                 .length = std::min<std::uint64_t>(part, r.length - at)});
+    co_await read_runs(t, std::move(pieces), out);
   }
   if (corrupt_at_ && *corrupt_at_ < out.size()) {
     out[*corrupt_at_] ^= std::byte{1};
@@ -248,13 +306,37 @@ asio::awaitable<void> PublishedSource::fetch(const io::TensorInfo& t, const std:
   }
 }
 
-asio::awaitable<io::Lease> PublishedSource::lease_of(const io::TensorInfo& t, const std::vector<ByteRun>& runs,
-                                                     std::uint64_t from, std::size_t size, std::uint64_t total) {
+bool PublishedSource::use_base(const std::string& base, BaseBytes bytes) {
+  const bool delta = manifest_->delta_block != 0 && !base.empty() && base == manifest_->base && bytes;
+  base_bytes_ = delta ? std::move(bytes) : BaseBytes{};
+  return delta;
+}
+
+BaseBytes base_from_parameters(const engine::WeightBindingPlan& plan,
+                               std::function<std::span<const std::byte>(const std::string& parameter)> parameter) {
+  auto by_selection = std::make_shared<std::map<std::pair<std::string, std::string>, std::string>>();
+  for (const engine::WeightBinding* owner : plan.owners())
+    if (owner->recipe() == nullptr)
+      by_selection->emplace(std::pair{owner->checkpoint_key(), owner->selection().to_string()}, owner->name());
+  return [by_selection, parameter = std::move(parameter)](const io::TensorReadRequest& request, std::uint64_t from,
+                                                          std::span<std::byte> out) {
+    const auto it = by_selection->find({request.key, request.selection.to_string()});
+    if (it == by_selection->end()) return false;
+    const std::span<const std::byte> held = parameter(it->second);
+    if (from > held.size() || out.size() > held.size() - from) return false;
+    std::memcpy(out.data(), held.data() + from, out.size());
+    return true;
+  };
+}
+
+asio::awaitable<io::Lease> PublishedSource::lease_of(const io::TensorReadRequest& request, const io::TensorInfo& t,
+                                                     const std::vector<ByteRun>& runs, std::uint64_t from,
+                                                     std::size_t size, std::uint64_t total) {
   if (io::LeasePool::block_size(size) > pool_.budget())
     throw Error(errc::exceeds_budget, {.file = location_, .tensor = t.name},
                 fmt::format("{} bytes are more than the staging budget ({} bytes): stream it", size, pool_.budget()));
   io::StagingBuffer buffer = co_await pool_.async_acquire(size, asio::use_awaitable);
-  co_await fetch(t, runs, from, std::span(buffer.data(), size));
+  co_await fetch(request, t, runs, from, std::span(buffer.data(), size));
   co_return io::Lease(std::move(buffer), 0, size, &t, from, total);
 }
 
@@ -262,7 +344,7 @@ asio::awaitable<io::Lease> PublishedSource::read_lease(io::TensorReadRequest req
   auto [t, runs] = runs_of(request);
   std::uint64_t total = 0;
   for (const ByteRun& r : runs) total += r.length;
-  co_return co_await lease_of(*t, runs, 0, total, total);
+  co_return co_await lease_of(request, *t, runs, 0, total, total);
 }
 
 asio::awaitable<void> PublishedSource::read_into(io::TensorReadRequest request, std::span<std::byte> destination) {
@@ -272,7 +354,7 @@ asio::awaitable<void> PublishedSource::read_into(io::TensorReadRequest request, 
   if (destination.size() != total)
     throw Error(errc::invalid_argument, {.file = location_, .tensor = t->name},
                 fmt::format("a destination of {} bytes for a selection of {}", destination.size(), total));
-  co_await fetch(*t, runs, 0, destination);
+  co_await fetch(request, *t, runs, 0, destination);
 }
 
 PublishedChunks PublishedSource::stream(const io::TensorReadRequest& request) {
@@ -280,13 +362,13 @@ PublishedChunks PublishedSource::stream(const io::TensorReadRequest& request) {
   std::uint64_t total = 0;
   for (const ByteRun& r : runs) total += r.length;
   const std::size_t chunk = std::min<std::size_t>(subscriber_->options.part_size, pool_.budget());
-  return PublishedChunks(this, t, std::move(runs), total, chunk);
+  return PublishedChunks(this, request, t, std::move(runs), total, chunk);
 }
 
 asio::awaitable<std::optional<io::Lease>> PublishedChunks::next() {
   if (next_ == total_) co_return std::nullopt;
   const std::size_t size = static_cast<std::size_t>(std::min<std::uint64_t>(chunk_, total_ - next_));
-  io::Lease lease = co_await source_->lease_of(*tensor_, runs_, next_, size, total_);
+  io::Lease lease = co_await source_->lease_of(request_, *tensor_, runs_, next_, size, total_);
   next_ += size;
   co_return lease;
 }

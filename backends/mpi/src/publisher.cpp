@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <future>
 #include <map>
@@ -394,6 +395,55 @@ bool Publisher::offered(const std::string& version) const {
 
 int Publisher::rank() const noexcept { return state_->comm->rank; }
 
+void Publisher::mark_delta(detail::PublicationState& p, const std::string& version) {
+  const std::size_t block = state_->options.delta_block;
+  if (p.manifest.base.empty() || block == 0) return;
+  std::shared_ptr<detail::PublicationState> base;
+  {
+    std::lock_guard lock(state_->mutex);
+    for (auto& [id, other] : state_->publications)
+      if (other->manifest.version == p.manifest.base && !other->withdrawn) base = other;
+  }
+  if (!base) {
+    log::warn("live publisher: version {} names base {}, which is not offered: subscribers read it whole",
+              printable(version), printable(p.manifest.base));
+    return;
+  }
+  p.manifest.delta_block = block;
+  std::map<std::string, std::size_t> in_base;
+  for (std::size_t j = 0; j < base->manifest.tensors.size(); ++j) in_base.emplace(base->manifest.tensors[j].name, j);
+  for (std::size_t i = 0; i < p.manifest.tensors.size(); ++i) {
+    detail::ManifestTensor& t = p.manifest.tensors[i];
+    const auto it = in_base.find(t.name);
+    if (it == in_base.end()) continue;
+    const detail::ManifestTensor& b = base->manifest.tensors[it->second];
+    const std::span<const std::byte> now = p.memory[i];
+    const std::span<const std::byte> before = base->memory[it->second];
+    // The same memory in both versions (a trainer updating in place) says nothing about what
+    // the base's subscribers hold: it goes whole.
+    if (b.dtype != t.dtype || b.shape != t.shape || t.nbytes == 0 || now.data() == before.data()) continue;
+    const std::size_t blocks = (now.size() + block - 1) / block;
+    std::vector<std::uint8_t> differs(blocks, 0);
+    tbb::parallel_for(std::size_t{0}, blocks, [&](std::size_t k) {
+      const std::size_t at = k * block;
+      const std::size_t n = std::min(block, now.size() - at);
+      differs[k] = std::memcmp(now.data() + at, before.data() + at, n) != 0 ? 1 : 0;
+    });
+    std::uint64_t changed_bytes = 0;
+    for (std::size_t k = 0; k < blocks; ++k) {
+      if (!differs[k]) continue;
+      changed_bytes += std::min(block, now.size() - k * block);
+      if (!t.changed.empty() && t.changed.back().first + t.changed.back().second == k)
+        ++t.changed.back().second;
+      else
+        t.changed.emplace_back(k, 1);
+    }
+    // Reconstructing copies the base's bytes as well: past half, reading it whole is cheaper.
+    t.delta = changed_bytes * 2 <= now.size();
+    if (!t.delta) t.changed.clear();
+  }
+}
+
 Publication Publisher::publish(std::string version, std::string base, std::vector<PublishedTensor> tensors) {
   if (version.empty()) throw Error(errc::invalid_argument, {}, "a version needs a non-empty tag");
   auto p = std::make_shared<detail::PublicationState>();
@@ -413,6 +463,7 @@ Publication Publisher::publish(std::string version, std::string base, std::vecto
     p->manifest.tensors.push_back({.name = t.name, .dtype = t.dtype, .shape = t.shape, .nbytes = t.bytes.size()});
     p->memory.push_back(t.bytes);
   }
+  mark_delta(*p, version);
   // The digests: of every selection subscribers asked for before, and of the whole tensor
   // where none was (or the whole was) — one hashing pass over the bytes they will read, in
   // parallel over tensors and selections.

@@ -118,29 +118,42 @@ Completion LiveWindow::read(int target, MPI_Aint base, std::vector<ByteRun> runs
                                            comm_->peers[static_cast<std::size_t>(target)].pid),
                                {target});
     std::uint64_t total = 0;
+    bool packed = true;  // the runs fill the destination in order (else: a delta's blocks)
     std::vector<int> lengths;
-    std::vector<MPI_Aint> displacements;
+    std::vector<MPI_Aint> displacements, destinations;
     lengths.reserve(runs.size());
     displacements.reserve(runs.size());
+    destinations.reserve(runs.size());
     for (const ByteRun& r : runs) {
-      if (r.length > static_cast<std::uint64_t>(INT_MAX)) return static_cast<int>(MPI_ERR_COUNT);
+      if (r.length > static_cast<std::uint64_t>(INT_MAX) || r.dest_offset > destination.size() ||
+          r.length > destination.size() - r.dest_offset)
+        return static_cast<int>(MPI_ERR_COUNT);
+      packed = packed && r.dest_offset == total;
       lengths.push_back(static_cast<int>(r.length));
       displacements.push_back(static_cast<MPI_Aint>(r.source_offset));
+      destinations.push_back(static_cast<MPI_Aint>(r.dest_offset));
       total += r.length;
     }
-    if (total != destination.size() || total > static_cast<std::uint64_t>(INT_MAX))
+    if ((packed && total != destination.size()) || total > static_cast<std::uint64_t>(INT_MAX))
       return static_cast<int>(MPI_ERR_COUNT);
-    MPI_Datatype type = MPI_DATATYPE_NULL;
+    MPI_Datatype type = MPI_DATATYPE_NULL, into = MPI_DATATYPE_NULL;
     int rc =
         MPI_Type_create_hindexed(static_cast<int>(runs.size()), lengths.data(), displacements.data(), MPI_BYTE, &type);
-    if (rc != MPI_SUCCESS) return rc;
-    rc = MPI_Type_commit(&type);
+    if (rc == MPI_SUCCESS) rc = MPI_Type_commit(&type);
+    if (rc == MPI_SUCCESS && !packed) {
+      rc =
+          MPI_Type_create_hindexed(static_cast<int>(runs.size()), lengths.data(), destinations.data(), MPI_BYTE, &into);
+      if (rc == MPI_SUCCESS) rc = MPI_Type_commit(&into);
+    }
     if (rc == MPI_SUCCESS) {
       MPI_Request r = MPI_REQUEST_NULL;
-      rc = MPI_Rget(destination.data(), static_cast<int>(total), MPI_BYTE, target, base, 1, type, win_, &r);
+      rc = packed ? MPI_Rget(destination.data(), static_cast<int>(total), MPI_BYTE, target, base, 1, type, win_, &r)
+                  : MPI_Rget(destination.data(), 1, into, target, base, 1, type, win_, &r);
       if (rc == MPI_SUCCESS) requests.push_back(r);
     }
-    MPI_Type_free(&type);  // pending operations keep what they need
+    // Pending operations keep what they need.
+    if (type != MPI_DATATYPE_NULL) MPI_Type_free(&type);
+    if (into != MPI_DATATYPE_NULL) MPI_Type_free(&into);
     return rc;
   };
   return comm_->progress->submit(comm_, std::move(spec));

@@ -43,7 +43,8 @@ class LiveWindow {
   void detach(std::span<const std::byte> memory) noexcept;
   /// Reads `runs` (source offsets relative to `base` on rank `target`, destination offsets
   /// relative to `destination`) into `destination`, as one MPI_Rget with an indexed target
-  /// datatype. `what` names it in a timeout's message. Never throws.
+  /// datatype; runs that do not fill `destination` in order (a delta's blocks) get an indexed
+  /// origin datatype too. `what` names it in a timeout's message. Never throws.
   Completion read(int target, MPI_Aint base, std::vector<ByteRun> runs, std::span<std::byte> destination,
                   std::string what, std::chrono::milliseconds timeout);
 

@@ -61,6 +61,7 @@ std::vector<std::byte> encode_manifest(const Manifest& m) {
   w.u64(m.publication);
   w.str(m.version);
   w.str(m.base);
+  w.u64(m.delta_block);
   w.u64(m.tensors.size());
   for (const ManifestTensor& t : m.tensors) {
     w.str(t.name);
@@ -75,6 +76,12 @@ std::vector<std::byte> encode_manifest(const Manifest& m) {
       w.str(selection);
       w.str(digest);
     }
+    w.u32(t.delta ? 1 : 0);
+    w.u64(t.changed.size());
+    for (const auto& [first, count] : t.changed) {
+      w.u64(first);
+      w.u64(count);
+    }
   }
   return std::move(w.bytes());
 }
@@ -85,6 +92,7 @@ Manifest decode_manifest(std::span<const std::byte> bytes) {
   m.publication = r.u64();
   m.version = r.str();
   m.base = r.str();
+  m.delta_block = r.u64();
   const std::uint64_t n = r.u64();
   if (n > bytes.size()) throw Error(errc::invalid_argument, {}, "malformed live-update manifest: tensor count");
   for (std::uint64_t i = 0; i < n; ++i) {
@@ -105,6 +113,20 @@ Manifest decode_manifest(std::span<const std::byte> bytes) {
     for (std::uint64_t j = 0; j < k; ++j) {
       std::string selection = r.str();
       t.selection_digests.emplace_back(std::move(selection), r.str());
+    }
+    t.delta = r.u32() != 0;
+    const std::uint64_t c = r.u64();
+    if (c > bytes.size() || (t.delta && m.delta_block == 0))
+      throw Error(errc::invalid_argument, {.tensor = t.name}, "malformed live-update manifest: delta blocks");
+    const std::uint64_t blocks = m.delta_block == 0 ? 0 : (t.nbytes + m.delta_block - 1) / m.delta_block;
+    std::uint64_t end = 0;
+    for (std::uint64_t j = 0; j < c; ++j) {
+      const std::uint64_t first = r.u64();
+      const std::uint64_t count = r.u64();
+      if (first < end || count == 0 || count > blocks || first > blocks - count)
+        throw Error(errc::invalid_argument, {.tensor = t.name}, "malformed live-update manifest: delta blocks");
+      end = first + count;
+      t.changed.emplace_back(first, count);
     }
     m.tensors.push_back(std::move(t));
   }

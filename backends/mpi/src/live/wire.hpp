@@ -102,6 +102,10 @@ struct ManifestTensor {
   /// XXH3-128 of selections subscribers asked for in earlier versions (Selection::to_string()
   /// → hex), computed at publication so that a subscriber with the same plan needs no request.
   std::vector<std::pair<std::string, std::string>> selection_digests{};
+  /// A delta against the manifest's base: only these blocks (first block, block count; sorted,
+  /// disjoint) differ from the base's bytes. False: read every byte.
+  bool delta = false;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> changed{};
 };
 
 /// What a subscriber learns when it opens a version.
@@ -109,6 +113,7 @@ struct Manifest {
   std::uint64_t publication = 0;  ///< the publisher's id of this publication
   std::string version{};
   std::string base{};
+  std::uint64_t delta_block = 0;  ///< bytes per delta block (0: no tensor is a delta)
   std::vector<ManifestTensor> tensors{};
 };
 

@@ -35,9 +35,11 @@
 
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -70,13 +72,32 @@ struct SubscriberOptions {
 
 class PublishedSource;
 
+/// Where a delta's unchanged bytes come from (PublishedSource::use_base): copies bytes
+/// [from, from + out.size()) of `request`'s selection, as the base version holds them, into
+/// `out`; false when it does not hold that selection (it is then read whole).
+using BaseBytes =
+    std::function<bool(const io::TensorReadRequest& request, std::uint64_t from, std::span<std::byte> out)>;
+
+/// BaseBytes from a serving version's parameters: each plain binding of `plan` holds exactly
+/// the bytes of its (tensor, selection), which `parameter` gives by parameter name (an empty
+/// span: not held). Selections no plain binding reads (a recipe's inputs) are read whole.
+/// What `parameter` returns must stay valid and unchanged while the source reads: keep the
+/// serving version (ModelSlot::current()) alive.
+BaseBytes base_from_parameters(const engine::WeightBindingPlan& plan,
+                               std::function<std::span<const std::byte>(const std::string& parameter)> parameter);
+
 /// PublishedSource::stream: the selection as chunk leases, each read from the publisher.
 class PublishedChunks {
  public:
   /// Chunks of at most `chunk` bytes of `tensor`'s selected `runs`.
-  PublishedChunks(PublishedSource* source, const io::TensorInfo* tensor, std::vector<ByteRun> runs, std::uint64_t total,
-                  std::size_t chunk)
-      : source_(source), tensor_(tensor), runs_(std::move(runs)), total_(total), chunk_(chunk) {}
+  PublishedChunks(PublishedSource* source, io::TensorReadRequest request, const io::TensorInfo* tensor,
+                  std::vector<ByteRun> runs, std::uint64_t total, std::size_t chunk)
+      : source_(source),
+        request_(std::move(request)),
+        tensor_(tensor),
+        runs_(std::move(runs)),
+        total_(total),
+        chunk_(chunk) {}
   /// Bytes selected in all.
   std::uint64_t total() const noexcept { return total_; }
   /// Bytes not yet handed out.
@@ -88,6 +109,7 @@ class PublishedChunks {
  private:
   asio::awaitable<std::optional<io::Lease>> next();
   PublishedSource* source_;
+  io::TensorReadRequest request_;
   const io::TensorInfo* tensor_;
   std::vector<ByteRun> runs_;
   std::uint64_t total_;
@@ -165,6 +187,16 @@ class PublishedSource {
   /// Tells the publisher this rank is done reading (`ok`: with success). Once; never throws.
   void finish(bool ok) noexcept;
 
+  /// Declares that this rank holds version `base`, whose bytes `bytes` gives. When this
+  /// version is a delta against it, each read copies the base's bytes of its selection and
+  /// reads from the publisher only the blocks that changed: the result is still verified
+  /// against the full version's digests, so a wrong base is checksum_mismatch, never a served
+  /// model. Returns true when this version is a delta against `base` (otherwise every read is
+  /// whole). Call it before reading.
+  bool use_base(const std::string& base, BaseBytes bytes);
+  /// Bytes read from the publisher so far: whole selections, or a delta's changed blocks.
+  std::uint64_t transferred_bytes() const noexcept { return transferred_.load(); }
+
   /// Test hook: flips bit 0 of byte `byte` of the next read's bytes after they arrive, as a
   /// transfer fault would (the swap's digest check must then refuse the version).
   void corrupt_next_read(std::uint64_t byte) noexcept { corrupt_at_ = byte; }
@@ -172,10 +204,12 @@ class PublishedSource {
  private:
   friend class PublishedChunks;
   std::pair<const io::TensorInfo*, std::vector<ByteRun>> runs_of(const io::TensorReadRequest& request) const;
-  asio::awaitable<void> fetch(const io::TensorInfo& t, const std::vector<ByteRun>& runs, std::uint64_t from,
-                              std::span<std::byte> out);
-  asio::awaitable<io::Lease> lease_of(const io::TensorInfo& t, const std::vector<ByteRun>& runs, std::uint64_t from,
-                                      std::size_t size, std::uint64_t total);
+  asio::awaitable<void> fetch(const io::TensorReadRequest& request, const io::TensorInfo& t,
+                              const std::vector<ByteRun>& runs, std::uint64_t from, std::span<std::byte> out);
+  asio::awaitable<void> read_runs(const io::TensorInfo& t, std::vector<ByteRun> runs, std::span<std::byte> out);
+  asio::awaitable<io::Lease> lease_of(const io::TensorReadRequest& request, const io::TensorInfo& t,
+                                      const std::vector<ByteRun>& runs, std::uint64_t from, std::size_t size,
+                                      std::uint64_t total);
   asio::awaitable<io::Lease> read_lease(io::TensorReadRequest request);
   asio::awaitable<void> read_into(io::TensorReadRequest request, std::span<std::byte> destination);
   asio::awaitable<io::Checksums> checksums(engine::WeightBindingPlan plan);
@@ -189,6 +223,8 @@ class PublishedSource {
   io::LeasePool pool_;
   bool finished_ = false;
   std::optional<std::uint64_t> corrupt_at_{};
+  BaseBytes base_bytes_{};  // set when this version is a delta against the base this rank holds
+  std::atomic<std::uint64_t> transferred_{0};
 };
 
 template <asio::completion_token_for<void(std::exception_ptr, std::optional<io::Lease>)> Token>

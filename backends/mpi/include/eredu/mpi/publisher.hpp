@@ -22,6 +22,10 @@
 /// subscriber never reads memory the trainer has reused while it is still reading; a subscriber
 /// that asks after the withdrawal gets version_withdrawn, and its swap fails on every rank.
 ///
+/// Deltas: a version published against a base the publisher still offers carries, per tensor,
+/// the blocks that changed; a subscriber holding the base copies it and reads only those
+/// (publish(), PublishedSource::use_base). Its digests are the full version's.
+///
 /// Digests: publish() computes each tensor's XXH3-128; a subscriber asks for the digests of
 /// exactly the selections it reads, which the publisher hashes from its memory, and its swap
 /// verifies each tensor where it lands against them (checksum_mismatch otherwise).
@@ -63,6 +67,9 @@ struct PublisherOptions {
   std::chrono::milliseconds linger{std::chrono::seconds(60)};
   /// The longest a reply waits for its subscriber to take it.
   std::chrono::milliseconds reply_timeout{std::chrono::seconds(60)};
+  /// The granule of deltas: a version published against an offered base sends, per tensor,
+  /// only the blocks of this many bytes that differ from the base's. 0: never deltas.
+  std::size_t delta_block = std::size_t{64} << 10;
 };
 
 /// One version offered by a Publisher (see file comment). Move-only; destruction withdraws it.
@@ -113,9 +120,18 @@ class Publisher {
 
   /// Offers `tensors` as `version`, whose base is `base` (empty:
   /// none), until the Publication is withdrawn. Hashes every tensor (XXH3-128) on the calling
-  /// thread and attaches its memory to the window. Throws Error(invalid_argument) for an empty
-  /// or already offered version tag, a tensor name given twice, or bytes that are not
-  /// dtype × shape; CollectiveError when MPI refuses the memory.
+  /// thread and attaches its memory to the window.
+  ///
+  /// Deltas: when `base` is a version this publisher still offers, each tensor of the same
+  /// name, dtype and shape in it is compared block by block (PublisherOptions::delta_block),
+  /// and a subscriber that holds the base reads only the blocks that changed
+  /// (PublishedSource::use_base). A tensor with more than half its bytes changed, or new, goes
+  /// whole; a base no longer offered gives a version every subscriber reads whole. The memory
+  /// read is still this version's: nothing is copied or encoded.
+  ///
+  /// Throws Error(invalid_argument) for an empty or already offered version tag, a tensor
+  /// name given twice, or bytes that are not dtype × shape; CollectiveError when MPI refuses
+  /// the memory.
   Publication publish(std::string version, std::string base, std::vector<PublishedTensor> tensors);
 
   /// True while `version` is offered (published and not withdrawn).
@@ -125,6 +141,7 @@ class Publisher {
   int rank() const noexcept;
 
  private:
+  void mark_delta(detail::PublicationState& p, const std::string& version);
   std::shared_ptr<detail::PublisherState> state_;
 };
 
