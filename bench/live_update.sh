@@ -3,7 +3,8 @@
 # mpirun -np 3 (rank 0 publishes a Llama-shaped bf16 model from memory, ranks 1-2 are a
 # tensor-parallel pair) and prints, per contender, the median and min-max over the rounds of
 # its seconds and of each rank's GB/s, and the update's ratios to MPI_Bcast and to the hot-file
-# swap. Rows (one JSON line per round and contender) go to OUT.
+# swap; and delta updates with 1 % and 10 % of the 64 KiB blocks changed, against the full
+# update of the same round. Rows (one JSON line per round and contender) go to OUT.
 #
 # usage: bench/live_update.sh BUILD_DIR [size MiB=2048] [rounds=7] [out.jsonl]
 # Hold /tmp/eredu-build.lock around it on a shared machine so that no build runs meanwhile.
@@ -39,8 +40,21 @@ fl = [f[k] / u[k] for k in u]
 print(f"update bandwidth / MPI_Bcast bandwidth (per round): {statistics.median(bw):.2f} ({min(bw):.2f}-{max(bw):.2f})")
 print(f"MPI_Bcast time / update time (per round):           {statistics.median(tm):.2f} ({min(tm):.2f}-{max(tm):.2f})")
 print(f"hot-file swap time / update time (per round):       {statistics.median(fl):.2f} ({min(fl):.2f}-{max(fl):.2f})")
+for case in ("delta1", "delta10"):
+    if not any(r.get("case") == case for r in rows):
+        continue
+    m, lo, hi, _ = stat(case)
+    d = {r["round"]: r for r in rows if r.get("case") == case}
+    ratio = [d[k]["seconds"] / u[k] for k in d if k in u]
+    moved = [d[k]["transferred_bytes"] / read for k in d]
+    print(f"{case:7s} {m:.3f} s ({lo:.3f}-{hi:.3f}); time / full update (per round) {statistics.median(ratio):.2f} "
+          f"({min(ratio):.2f}-{max(ratio):.2f}); bytes read / shard {statistics.median(moved):.4f} "
+          f"({min(moved):.4f}-{max(moved):.4f}); all rounds deltas: {all(d[k]['delta'] for k in d)}")
+    for key in ("publish_s", "load_s"):
+        m, lo, hi, _ = stat(case, key)
+        print(f"  {case} {key:10s} {m:.4f} s ({lo:.4f}-{hi:.4f})")
 print(f"serving: steady p99 {summary['steady_p99_us']} us, during updates p99 {summary['during_p99_us']} us, "
       f"longest wait {summary['max_pause_us'] / 1e3:.1f} ms, mixed responses {summary['mixed_responses']:.0f}")
-print(f"peak RSS: publisher {summary['publisher_peak_rss_mib']:.0f} MiB (two versions in memory), "
+print(f"peak RSS: publisher {summary['publisher_peak_rss_mib']:.0f} MiB (three versions in memory: two alternated, and a delta's), "
       f"subscriber {summary['subscriber_peak_rss_mib']:.0f} MiB (the larger)")
 PY

@@ -12,7 +12,12 @@
 //           still offered, the ranks vote): from the open to the commit, the slower rank's time;
 //   bcast   MPI_Bcast of the whole model from rank 0 in 64 MiB pieces (the naive weight sync);
 //   file    swap to the same version from a safetensors file in DIR (tmpfs: page cache), with
-//           the same digests verified.
+//           the same digests verified;
+//   delta1, delta10
+//           a delta update: the subscribers first swap (untimed) to a version B published whole,
+//           then to a version that differs from B in 1 % (10 %) of its 64 KiB blocks, published
+//           against B; each rank copies B's bytes from its serving version and reads only the
+//           changed blocks of its shard. Timed like update, from the open to the commit.
 // Meanwhile a serving thread on each subscriber takes the version for each request
 // (version_for_step) and reads two tensors of it; its latencies are kept apart for requests
 // during an update and in steady state, and every response checks that both tensors come from
@@ -168,6 +173,7 @@ int run_bench(int argc, char** argv) {
 }
 
 int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const std::filesystem::path& dir) {
+  constexpr int contenders = 5;  // update, bcast, file, delta1, delta10
   mpi::Communicator world = mpi::Communicator::world(env, {.timeout = std::chrono::minutes(5)});
   if (world.size() != 3) throw std::invalid_argument("run it with mpirun -np 3");
   const int rank = world.rank();
@@ -192,25 +198,63 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
   std::vector<std::byte> bcast_buffer(piece);
   if (rank == 0) {
     // The trainer's memory: both versions, filled as the files were.
-    std::vector<std::vector<std::byte>> mem_a, mem_b;
+    std::vector<std::vector<std::byte>> mem_a, mem_b, mem_d;  // mem_d: a delta's version
     for (const synth::TensorSpec& t : model.tensors) {
       mem_a.emplace_back(synth::tensor_nbytes(t));
       mem_b.emplace_back(synth::tensor_nbytes(t));
+      mem_d.emplace_back(synth::tensor_nbytes(t));
       synth::fill_tensor_bytes(options_a.seed, t, 0, mem_a.back());
       synth::fill_tensor_bytes(options_b.seed, t, 0, mem_b.back());
     }
+    const auto tensors_of = [&](const std::vector<std::vector<std::byte>>& mem) {
+      std::vector<mpi::PublishedTensor> tensors;
+      for (std::size_t i = 0; i < model.tensors.size(); ++i)
+        tensors.push_back({model.tensors[i].name, model.tensors[i].dtype, model.tensors[i].shape, mem[i]});
+      return tensors;
+    };
+    const std::size_t block = mpi::PublisherOptions{}.delta_block;
     mpi::Publisher publisher(live);
     for (int r = -2; r < rounds; ++r) {  // two warm-up updates first, one per version
-      for (int k = 0; k < (r < 0 ? 1 : 3); ++k) {
-        const int contender = r < 0 ? 0 : (r + k) % 3;
+      for (int k = 0; k < (r < 0 ? 1 : contenders); ++k) {
+        const int contender = r < 0 ? 0 : (r + k) % contenders;
         MPI_Barrier(MPI_COMM_WORLD);
-        if (contender == 0) {
-          auto& mem = ((r + 2) % 2 == 0) ? mem_a : mem_b;
-          std::vector<mpi::PublishedTensor> tensors;
-          for (std::size_t i = 0; i < model.tensors.size(); ++i)
-            tensors.push_back({model.tensors[i].name, model.tensors[i].dtype, model.tensors[i].shape, mem[i]});
+        if (contender >= 3) {
+          auto& base = ((r + 2) % 2 == 0) ? mem_a : mem_b;
+          const std::string base_tag = fmt::format("base-{}-{}", r, k);
+          mpi::Publication b = publisher.publish(base_tag, {}, tensors_of(base));
+          MPI_Barrier(MPI_COMM_WORLD);
+          b.wait_served(2, std::chrono::minutes(5));
+          // The trainer's next step: the base with a byte changed in `percent` of its blocks.
+          const int percent = contender == 3 ? 1 : 10;
+          for (std::size_t i = 0; i < base.size(); ++i) mem_d[i] = base[i];
+          std::uint64_t x = 0x9E3779B97F4A7C15ull * static_cast<std::uint64_t>(r + 3) + static_cast<std::uint64_t>(k);
+          std::uint64_t changed = 0;
+          for (auto& t : mem_d)
+            for (std::size_t o = 0; o < t.size(); o += block) {
+              x ^= x << 13;
+              x ^= x >> 7;
+              x ^= x << 17;
+              if (x % 100 >= static_cast<std::uint64_t>(percent)) continue;
+              t[std::min(o + 1000, t.size() - 1)] ^= std::byte{0x01};
+              ++changed;
+            }
           const Clock::time_point t0 = Clock::now();
-          mpi::Publication p = publisher.publish(fmt::format("round-{}", r), {}, std::move(tensors));
+          mpi::Publication p = publisher.publish(fmt::format("delta-{}-{}", r, k), base_tag, tensors_of(mem_d));
+          const double publish_s = seconds_since(t0);
+          MPI_Barrier(MPI_COMM_WORLD);
+          p.wait_served(2, std::chrono::minutes(5));
+          const double s = slowest(0);
+          double parts[3] = {};
+          MPI_Reduce(MPI_IN_PLACE, parts, 3, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+          std::printf("%s\n", fmt::format(R"({{"round": {}, "case": "delta{}", "seconds": {:.4f}, )"
+                                          R"("publish_s": {:.4f}, "changed_blocks": {}, "load_s": {:.4f}, )"
+                                          R"("transferred_bytes": {:.0f}, "delta": {:.0f}}})",
+                                          r, percent, s, publish_s, changed, parts[0], parts[1], parts[2])
+                                  .c_str());
+        } else if (contender == 0) {
+          auto& mem = ((r + 2) % 2 == 0) ? mem_a : mem_b;
+          const Clock::time_point t0 = Clock::now();
+          mpi::Publication p = publisher.publish(fmt::format("round-{}", r), {}, tensors_of(mem));
           const double publish_s = seconds_since(t0);
           MPI_Barrier(MPI_COMM_WORLD);
           p.wait_served(2, std::chrono::minutes(5));
@@ -287,10 +331,44 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
   server.start();
   for (int r = -2; r < rounds; ++r) {
     const int version = (r + 2) % 2;
-    for (int k = 0; k < (r < 0 ? 1 : 3); ++k) {
-      const int contender = r < 0 ? 0 : (r + k) % 3;
+    for (int k = 0; k < (r < 0 ? 1 : contenders); ++k) {
+      const int contender = r < 0 ? 0 : (r + k) % contenders;
       MPI_Barrier(MPI_COMM_WORLD);
-      if (contender == 0) {
+      if (contender >= 3) {
+        // The base, whole and untimed (the serving thread sees it as steady state).
+        MPI_Barrier(MPI_COMM_WORLD);
+        std::unique_ptr<mpi::PublishedSource> b = run(ctx, subscriber.async_open("", asio::use_awaitable));
+        const std::string base_tag = b->version();
+        {
+          engine::SwapOptions<Module> o;
+          o.checksums = run(ctx, b->async_checksums(plan.bindings, asio::use_awaitable));
+          auto f = slot.async_swap(*b, plan.bindings, context, std::move(o), asio::use_future);
+          wait(ctx, f);
+          b->finish(true);
+        }
+        MPI_Barrier(MPI_COMM_WORLD);  // the delta is published
+        server.updating = true;
+        const Clock::time_point t0 = Clock::now();
+        std::unique_ptr<mpi::PublishedSource> v = run(ctx, subscriber.async_open("", asio::use_awaitable));
+        engine::SwapOptions<Module> o;
+        o.checksums = run(ctx, v->async_checksums(plan.bindings, asio::use_awaitable));
+        auto serving = slot.current();
+        const bool delta =
+            v->use_base(base_tag, mpi::base_from_parameters(plan.bindings, [serving](const std::string& name) {
+                          return serving->model.find(name)->value.bytes();
+                        }));
+        mpi::PublishedSource* s = v.get();
+        o.canary = [s](const Module&) -> asio::awaitable<void> { co_await s->async_confirm(asio::use_awaitable); };
+        auto f = slot.async_swap(*v, plan.bindings, context, std::move(o), asio::use_future);
+        const engine::DistributedSwapReport report = wait(ctx, f);
+        const double mine = seconds_since(t0);
+        server.updating = false;
+        v->finish(true);
+        serving.reset();
+        slowest(mine);
+        const double parts[3] = {report.load_s, static_cast<double>(v->transferred_bytes()), delta ? 1.0 : 0.0};
+        MPI_Reduce(parts, nullptr, 3, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+      } else if (contender == 0) {
         MPI_Barrier(MPI_COMM_WORLD);  // published
         server.updating = r >= 0;
         const Clock::time_point t0 = Clock::now();

@@ -238,6 +238,9 @@ void bind_live(py::module_& m) {
       .def_property_readonly("version", [](const PublishedVersion& v) { return text_str(v.source().version()); })
       .def_property_readonly("base", [](const PublishedVersion& v) { return text_str(v.source().base()); })
       .def_property_readonly("path", [](const PublishedVersion& v) { return text_str(v.source().location()); })
+      .def_property_readonly(
+          "transferred_bytes", [](const PublishedVersion& v) { return v.source().transferred_bytes(); },
+          "Bytes read from the publisher so far: whole selections, or only a delta's changed blocks.")
       .def("files",
            [](const PublishedVersion& v) {
              py::list out;

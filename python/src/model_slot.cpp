@@ -94,6 +94,13 @@ struct SwapInput {
   std::function<void(bool)> finished{};
   /// Digests of what `plan` reads, fetched before the swap (a published version's).
   std::function<asio::awaitable<io::Checksums>(const engine::WeightBindingPlan&)> digests{};
+  /// Where the source is (set for a published version: what a later delta names as its base).
+  std::string location{};
+  /// A published delta: reconstruct it over the serving version, which was loaded from
+  /// `serving_location`, when that is the delta's base (PublishedSource::use_base).
+  std::function<void(const std::string& serving_location, const engine::WeightBindingPlan&,
+                     std::function<std::span<const std::byte>(const std::string& parameter)> parameter_bytes)>
+      use_base{};
 };
 
 template <class Source>
@@ -134,6 +141,21 @@ std::shared_ptr<Operation> SlotBinding::start_swap(std::function<SwapInput<Sourc
 
       engine::SwapOptions<TensorSetModule> options;
       options.origin = std::move(label);
+      if (in.use_base) {
+        // A delta against the version serving copies its bytes and reads only what changed.
+        std::shared_ptr<const engine::ModelVersion<TensorSetModule>> serving = self->slot_.current();
+        const auto from = serving ? self->published_.find(serving->generation) : self->published_.end();
+        if (from != self->published_.end()) {
+          auto index = std::make_shared<std::map<std::string, std::size_t>>();
+          for (std::size_t i = 0; i < serving->model.set.slots().size(); ++i)
+            index->emplace(serving->model.set.slots()[i].name, i);
+          in.use_base(from->second, set.plan(), [serving, index](const std::string& name) {
+            const auto it = index->find(name);
+            return it == index->end() ? std::span<const std::byte>{}
+                                      : serving->model.set.slots()[it->second].parameter.value.bytes();
+          });
+        }
+      }
       // Not a conditional expression: GCC 12 destroys the temporaries of a co_await inside one twice.
       if (in.digests)
         options.checksums = co_await in.digests(set.plan());
@@ -150,21 +172,28 @@ std::shared_ptr<Operation> SlotBinding::start_swap(std::function<SwapInput<Sourc
           co_await python_canary(operation, python_canary_job, block, std::move(tensors), model.specs);
         };
       }
-      self->slot_.async_swap(
-          *in.source, set.plan(), self->context_, std::move(options),
-          asio::bind_cancellation_slot(
-              operation->cancellation_slot(), [self, keep = in.keep, operation, defined_here, finished](
-                                                  std::exception_ptr error, engine::SwapReport report) {
-                if (finished) finished(!error);
-                // A first swap that failed leaves the slot empty: the next one defines it afresh.
-                if (error && defined_here && self->slot_.generation() == 0) self->blueprint_.reset();
-                if (error) {
-                  operation->finish(std::move(error));
-                  return;
-                }
-                operation->settle(
-                    [&] { operation->finish(nullptr, [report] { return py::object(report_dict(report)); }); });
-              }));
+      self->slot_.async_swap(*in.source, set.plan(), self->context_, std::move(options),
+                             asio::bind_cancellation_slot(
+                                 operation->cancellation_slot(),
+                                 [self, keep = in.keep, operation, defined_here, finished, location = in.location](
+                                     std::exception_ptr error, engine::SwapReport report) {
+                                   if (finished) finished(!error);
+                                   if (!error && !location.empty()) {
+                                     self->published_[report.generation] = location;
+                                     // Only the versions a slot may still serve can be a delta's base.
+                                     while (self->published_.size() > 16)
+                                       self->published_.erase(self->published_.begin());
+                                   }
+                                   // A first swap that failed leaves the slot empty: the next one defines it afresh.
+                                   if (error && defined_here && self->slot_.generation() == 0) self->blueprint_.reset();
+                                   if (error) {
+                                     operation->finish(std::move(error));
+                                     return;
+                                   }
+                                   operation->settle([&] {
+                                     operation->finish(nullptr, [report] { return py::object(report_dict(report)); });
+                                   });
+                                 }));
     } catch (...) {
       if (finished) finished(false);
       if (defined_here) self->blueprint_.reset();
@@ -208,7 +237,16 @@ std::shared_ptr<Operation> SlotBinding::swap(std::shared_ptr<PublishedVersion> v
     in.keep = version;
     mpi::PublishedSource* source = in.source;
     in.confirm = [source]() -> asio::awaitable<void> { co_await source->async_confirm(asio::use_awaitable); };
-    in.finished = [source](bool ok) { source->finish(ok); };
+    in.finished = [source](bool ok) {
+      source->finish(ok);
+      source->use_base({}, {});  // lets the serving version it copied from go
+    };
+    in.location = source->location();
+    in.use_base = [source](const std::string& serving_location, const engine::WeightBindingPlan& plan,
+                           std::function<std::span<const std::byte>(const std::string&)> parameter_bytes) {
+      if (!source->base().empty() && serving_location == source->base_location())
+        source->use_base(source->base(), mpi::base_from_parameters(plan, std::move(parameter_bytes)));
+    };
     in.digests = [source](const engine::WeightBindingPlan& plan) -> asio::awaitable<io::Checksums> {
       co_return co_await source->async_checksums(plan, asio::use_awaitable);
     };

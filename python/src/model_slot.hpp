@@ -16,6 +16,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -81,6 +82,9 @@ class SlotBinding : public std::enable_shared_from_this<SlotBinding> {
   cpu::MaterializationContext context_;
   std::shared_ptr<const TensorSetModule> blueprint_;  // loop thread only
   Slot slot_;
+  /// The published version each recent generation was loaded from (loop thread only): a
+  /// delta against it reads only what changed.
+  std::map<std::uint64_t, std::string> published_;
 };
 
 /// Registers eredu._native.ModelSlot and eredu._native.SlotVersion.

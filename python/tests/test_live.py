@@ -1,7 +1,8 @@
 # Live updates from Python under mpirun -np 3: rank 0 publishes versions of a small model from
 # numpy arrays and torch tensors; ranks 1 and 2 each swap a ModelSlot to them. A bit flipped in
-# flight on rank 1 is a ChecksumError there and leaves it serving the version before; a version
-# withdrawn before it is opened, and one never published, are typed StoreErrors.
+# flight on rank 1 is a ChecksumError there and leaves it serving the version before; a delta
+# against the version rank 2 serves reads only the changed tensor there, and whole on rank 1; a
+# version withdrawn before it is opened, and one never published, are typed StoreErrors.
 import os
 import shutil
 import subprocess
@@ -28,6 +29,11 @@ SCRIPT = textwrap.dedent(r'''
             "mlp.down.weight": rng.integers(-100, 100, (32, 48)).astype(np.int32),
         }
 
+    def step_4():
+        w = weights(2)  # step-2 with one tensor changed
+        w["mlp.down.weight"] = w["mlp.down.weight"] + 1
+        return w
+
     def as_bytes(t):
         if isinstance(t, torch.Tensor):
             return t.contiguous().view(torch.uint8).numpy().tobytes()
@@ -45,6 +51,9 @@ SCRIPT = textwrap.dedent(r'''
             v2 = publisher.publish("step-2", w2, base="step-1")
             assert v2.wait_served(2, 60)
             assert v2.served == 1 and v2.failed == 1, (v2.served, v2.failed)
+            w4 = step_4()
+            v4 = publisher.publish("step-4", w4, base="step-2")  # a delta: step-2 is still offered
+            assert v4.wait_served(2, 60) and v4.served == 2, (v4.served, v4.failed)
             v3 = publisher.publish("step-3", w3)
             v3.withdraw()
             assert not publisher.offered("step-3")
@@ -81,6 +90,19 @@ SCRIPT = textwrap.dedent(r'''
             for name, t in weights(2).items():
                 assert slot.current()[name].tobytes() == as_bytes(t), name
         del v2
+
+        # A delta against step-2: rank 2 serves it and reads only the changed tensor; rank 1
+        # serves step-1, so it reads every byte. Both end up with step-4's bytes.
+        v4 = subscriber.open("step-4", wait=60)
+        assert v4.base == "step-2"
+        assert slot.swap_sync(v4)["generation"] == (2 if rank == 1 else 3)
+        w4 = step_4()
+        for name, t in w4.items():
+            assert slot.current()[name].tobytes() == as_bytes(t), name
+        changed = len(as_bytes(w4["mlp.down.weight"]))
+        total = sum(len(as_bytes(t)) for t in w4.values())
+        assert v4.transferred_bytes == (changed if rank == 2 else total), (rank, v4.transferred_bytes)
+        del v4
 
         # The publisher offers "done" after withdrawing step-3: once "done" opens, step-3 is withdrawn.
         done = subscriber.open("done", wait=60)

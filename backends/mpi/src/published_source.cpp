@@ -171,6 +171,9 @@ PublishedSource::~PublishedSource() { finish(false); }
 
 const std::string& PublishedSource::version() const noexcept { return manifest_->version; }
 const std::string& PublishedSource::base() const noexcept { return manifest_->base; }
+std::string PublishedSource::base_location() const {
+  return manifest_->base.empty() ? std::string{} : subscriber_->location(manifest_->base);
+}
 const asio::any_io_executor& PublishedSource::get_executor() const noexcept { return subscriber_->executor; }
 
 io::SourceCapabilities PublishedSource::capabilities() const {

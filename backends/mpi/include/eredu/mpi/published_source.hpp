@@ -131,6 +131,8 @@ class PublishedSource {
   const std::string& version() const noexcept;
   /// The tag of the version it was published against (empty: none).
   const std::string& base() const noexcept;
+  /// Where that base version comes from, as location() names this one (empty: no base).
+  std::string base_location() const;
   /// Where it comes from, as errors name it: mpi://<group>/rank<P>/<version>.
   const std::string& location() const noexcept { return location_; }
 
