@@ -42,8 +42,8 @@ def patterns(n, rng):
     base = bf16(master)
     # drift: a relative step of 1e-2 (about 2.5 bf16 units in the last place)
     drift = bf16(master * (1.0 + rng.normal(0.0, 1e-2, n).astype(np.float32)))
-    # sparse: a relative step of 3e-5 on the fp32 master weights
-    sparse = bf16(master * (1.0 + rng.normal(0.0, 3e-5, n).astype(np.float32)))
+    # sparse: a relative step of 1e-4 on the fp32 master weights
+    sparse = bf16(master * (1.0 + rng.normal(0.0, 1e-4, n).astype(np.float32)))
     return base, {"drift": drift, "sparse": sparse}
 
 
@@ -53,7 +53,9 @@ def blocks(base, new, block_bytes):
     nblocks = (a.size + block_bytes - 1) // block_bytes
     pad = nblocks * block_bytes - a.size
     diff = np.concatenate([a != b, np.zeros(pad, dtype=bool)]).reshape(nblocks, block_bytes).any(axis=1)
-    return float(diff.sum()) * block_bytes / a.size
+    sizes = np.full(nblocks, block_bytes)
+    sizes[-1] = block_bytes - pad  # the last block is short
+    return float(sizes[diff].sum()) / a.size
 
 
 def main():

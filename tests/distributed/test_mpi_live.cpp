@@ -102,14 +102,16 @@ struct LiveEnv {
   cpu::MaterializationContext context{arena, cpu::Backend::default_storage()};
   std::unique_ptr<Slot> slot;
   engine::TensorParallelPlan plan;
+  std::chrono::milliseconds vote_timeout{std::chrono::seconds(20)};
   bool delta = false;             // the last swap reconstructed a delta
   std::uint64_t transferred = 0;  // bytes the last swap read from the publisher
 
   explicit LiveEnv(std::chrono::milliseconds timeout = std::chrono::seconds(20),
-                   std::size_t delta_block = std::size_t{64} << 10) {
+                   std::size_t delta_block = std::size_t{64} << 10,
+                   std::chrono::milliseconds linger = std::chrono::seconds(20)) {
     if (rank == 0) {
-      publisher = std::make_unique<mpi::Publisher>(
-          live, mpi::PublisherOptions{.linger = std::chrono::seconds(20), .delta_block = delta_block});
+      publisher =
+          std::make_unique<mpi::Publisher>(live, mpi::PublisherOptions{.linger = linger, .delta_block = delta_block});
     } else {
       subscriber = std::make_unique<mpi::Subscriber>(
           live, 0, ctx.get_executor(),
@@ -148,7 +150,7 @@ struct LiveEnv {
           source->catalog(), engine::ShardingRules::llama({.head_dim = head_dim, .heads = heads, .kv_heads = kv_heads}),
           tp.rank(), tp.size());
       slot = std::make_unique<Slot>([this] { return Module::from_tensor_parallel(plan); }, tp,
-                                    engine::DistributedSlotOptions{.vote_timeout = std::chrono::seconds(20)});
+                                    engine::DistributedSlotOptions{.vote_timeout = vote_timeout});
     }
     if (corrupt) source->corrupt_next_read(*corrupt);
     auto serving = slot->current();  // kept alive: a delta's unchanged bytes are copied from it
@@ -249,7 +251,7 @@ TEST_CASE("live – versions published from memory commit on both ranks, each re
   env.world.barrier().get();
 }
 
-TEST_CASE("live – a delta reads only the changed blocks of each rank's shard; a wrong base or a flipped bit is refused",
+TEST_CASE("live – a delta reads only the changed blocks of each rank's shard, a wrong base or a flipped bit is refused",
           "[mpi][live]") {
   REQUIRE(mpi_world().size() == 3);
   LiveEnv env(std::chrono::seconds(20), std::size_t{256});
@@ -450,4 +452,84 @@ TEST_CASE("live – a publisher that dies mid-update leaves both ranks on the ol
                   static_cast<long long>(waited.count()), cause.c_str());
     std::fflush(stdout);
   }
+}
+
+// Run only by its own ctest ("[dead_subscriber]", with --enable-recovery); it passes on the
+// line world rank 1 prints at the end.
+TEST_CASE(
+    "live – a subscriber that dies mid-update fails its peer's vote, the publisher withdraws within linger "
+    "and serves the others",
+    "[mpi][dead_subscriber]") {
+  REQUIRE(mpi_world().size() == 3);
+  const auto linger = std::chrono::milliseconds(2000);
+  LiveEnv env(std::chrono::milliseconds(3000), std::size_t{64} << 10, linger);
+  // The publisher and the surviving subscriber, to meet after rank 2 is gone.
+  mpi::Communicator pair = env.world.split(env.rank == 2 ? -1 : 0, env.rank, "pair");
+  env.vote_timeout = std::chrono::milliseconds(3000);
+  if (env.publishing()) {
+    Weights w1(1), w2(2), w3(3);
+    mpi::Publication v1 = env.publisher->publish("step-1", "", w1.tensors());
+    env.world.barrier().get();
+    CHECK(v1.wait_served(2, std::chrono::seconds(30)));
+    mpi::Publication v2 = env.publisher->publish("step-2", "step-1", w2.tensors());
+    env.world.barrier().get();                           // the subscribers open step-2; rank 2 then dies
+    CHECK(v2.wait_served(1, std::chrono::seconds(30)));  // rank 1 gives up on it
+    const auto start = std::chrono::steady_clock::now();
+    v2.withdraw();  // rank 2 opened it and never says it is done: at most `linger`
+    const auto took = std::chrono::steady_clock::now() - start;
+    CHECK(took < linger + std::chrono::seconds(5));
+    CHECK(v2.served() == 0);
+    if (took < linger + std::chrono::seconds(5)) {
+      mpi::Publication v3 = env.publisher->publish("step-3", "", w3.tensors());
+      pair.barrier().get();  // published
+      pair.barrier().get();  // rank 1 read it
+    } else {
+      pair.barrier().get();
+      pair.barrier().get();
+    }
+    return;
+  }
+  env.world.barrier().get();
+  REQUIRE(env.swap_to("step-1").generation == 1);
+  env.world.barrier().get();
+  std::unique_ptr<mpi::PublishedSource> v2 = env.run(env.subscriber->async_open("step-2", asio::use_awaitable));
+  if (env.rank == 2) std::raise(SIGKILL);  // opened, never done
+  const std::string stat = "/proc/" + std::to_string(env.world.peers()[2].pid) + "/stat";
+  while (std::filesystem::exists(stat)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  engine::SwapOptions<Module> options;
+  options.checksums = env.run(v2->async_checksums(env.plan.bindings, asio::use_awaitable));
+  const auto start = std::chrono::steady_clock::now();
+  auto f = env.slot->async_swap(*v2, env.plan.bindings, env.context, std::move(options), asio::use_future);
+  std::string cause;
+  try {
+    run_until_ready(env.ctx, f);
+    FAIL("a version was published without the dead rank");
+  } catch (const CollectiveError& e) {
+    cause = e.what();
+  }
+  v2->finish(false);
+  v2.reset();
+  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+  CHECK(waited < std::chrono::seconds(10));
+  const bool kept = env.slot->generation() == 1 && env.serves(1);
+  CHECK(kept);
+  // The publisher still answers: step-3, read whole into memory and compared.
+  pair.barrier().get();
+  std::unique_ptr<mpi::PublishedSource> v3 = env.run(env.subscriber->async_open("step-3", asio::use_awaitable));
+  const Weights w3(3);
+  bool same = true;
+  for (std::size_t i = 0; i < specs().size(); ++i) {
+    std::vector<std::byte> got(w3.memory[i].size());
+    env.run(v3->async_read_into(io::TensorReadRequest{.key = specs()[i].name}, got, asio::use_awaitable));
+    same = same && got == w3.memory[i];
+  }
+  CHECK(same);
+  v3->finish(true);
+  pair.barrier().get();
+  if (kept && same && waited < std::chrono::seconds(10))
+    std::printf(
+        "dead-subscriber: rank 1 kept step-1 after %lld ms (%s) and read step-3 after the publisher withdrew "
+        "step-2\n",
+        static_cast<long long>(waited.count()), cause.c_str());
+  std::fflush(stdout);
 }
