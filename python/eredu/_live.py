@@ -20,11 +20,12 @@ the same order on every rank, or let exit do it.
 """
 
 import atexit
+import sys
 import time
 import weakref
 
 from . import _native
-from ._errors import InvalidArgumentError, StoreError
+from ._errors import Error, InvalidArgumentError, StoreError
 
 _endpoints = []  # weak references to open publishers and subscribers, in opening order
 
@@ -149,8 +150,15 @@ class Subscriber(_Endpoint):
 def _finalize():
     if not available():
         return
+    closed = True
     for ref in reversed(_endpoints):
         endpoint = ref()
-        if endpoint is not None:
+        if endpoint is None:
+            continue
+        try:
             endpoint.close()
-    _native.live_finalize()
+        except Error as e:  # a version still referenced: its window is freed when it goes
+            print(f"eredu: at exit: {e}", file=sys.stderr)
+            closed = False
+    if closed:
+        _native.live_finalize()  # else MPI ends after the interpreter, once those windows are freed

@@ -102,9 +102,13 @@ void Communicator::release() noexcept {
     spec.operation = "free";
     spec.what = "freeing the communicator";
     spec.cleanup = true;
-    spec.start = [](MPI_Comm comm, std::vector<MPI_Request>&) {
+    // A window or handle that shares the state may still submit work after this (a Python
+    // object released late): it then finds no communicator, rather than a freed one.
+    spec.start = [s = state.get()](MPI_Comm comm, std::vector<MPI_Request>&) {
       MPI_Comm doomed = comm;
-      return MPI_Comm_free(&doomed);
+      const int rc = MPI_Comm_free(&doomed);
+      s->freed = true;  // on the progress thread, the only one that starts work on it
+      return rc;
     };
     // Queued behind the communicator's collectives: MPI frees it once they have started, and
     // the handle itself no longer waits for anything.

@@ -164,6 +164,13 @@ void Progress::start_operation(const std::shared_ptr<Operation>& op, std::vector
       return;
     }
   }
+  if (c.freed) {  // by Communicator::release, while another handle kept its state
+    finish(op, op->spec.cleanup ? nullptr
+                                : std::make_exception_ptr(collective_failure(
+                                      c, op->spec.operation,
+                                      fmt::format("{}: the communicator was freed before it", op->spec.what))));
+    return;
+  }
   op->timeout = op->spec.timeout.count() > 0 ? op->spec.timeout
                                              : std::chrono::milliseconds(c.timeout_ms.load(std::memory_order_relaxed));
   int rc = MPI_SUCCESS;

@@ -35,6 +35,7 @@ class Progress;
 struct CommState {
   std::shared_ptr<Progress> progress;  ///< never null
   MPI_Comm comm = MPI_COMM_NULL;       ///< set once created; freed by a job on the progress thread
+  bool freed = false;                  ///< the free job ran (progress thread only): start nothing more
   std::string name{};
   int rank = 0;
   int size = 1;
