@@ -533,3 +533,59 @@ TEST_CASE(
         static_cast<long long>(waited.count()), cause.c_str());
   std::fflush(stdout);
 }
+
+namespace {
+
+/// True while process `pid` is stopped (state T in /proc/<pid>/stat).
+bool stopped(int pid) {
+  std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (f == nullptr) return false;
+  char line[512] = {};
+  const bool read = std::fgets(line, sizeof line, f) != nullptr;
+  std::fclose(f);
+  const char* end = read ? std::strrchr(line, ')') : nullptr;  // the name may hold spaces and ')'
+  return end != nullptr && end[1] == ' ' && end[2] == 'T';
+}
+
+}  // namespace
+
+// Run only by its own ctest ("[stalled_publisher]", with --enable-recovery); it passes on the
+// line each subscriber prints.
+TEST_CASE(
+    "live – a publisher that stalls gives both ranks a typed error within the timeout, and they keep their "
+    "version",
+    "[mpi][stalled_publisher]") {
+  REQUIRE(mpi_world().size() == 3);
+  LiveEnv env(std::chrono::milliseconds(2000), std::size_t{64} << 10, std::chrono::milliseconds(1000));
+  env.live.set_timeout(std::chrono::milliseconds(3000));  // the window's collective free at the end
+  if (env.publishing()) {
+    Weights w1(1), w2(2);
+    mpi::Publication v1 = env.publisher->publish("step-1", "", w1.tensors());
+    env.world.barrier().get();
+    CHECK(v1.wait_served(2, std::chrono::seconds(30)));
+    mpi::Publication v2 = env.publisher->publish("step-2", "step-1", w2.tensors());
+    env.world.barrier().get();
+    std::raise(SIGSTOP);  // a publisher that answers nothing until a subscriber continues it
+    return;
+  }
+  env.world.barrier().get();
+  REQUIRE(env.swap_to("step-1").generation == 1);
+  env.world.barrier().get();
+  const int publisher_pid = env.live.peers()[0].pid;
+  while (!stopped(publisher_pid)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const auto start = std::chrono::steady_clock::now();
+  const CollectiveError e = env.failed_swap("step-2");
+  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+  CHECK(e.kind() == errc::rank_failed);
+  REQUIRE_FALSE(e.failures().empty());
+  CHECK(e.failures()[0].kind == errc::collective_error);
+  CHECK_THAT(e.failures()[0].message, Catch::Contains("mpi://live/rank0/step-2"));
+  CHECK(waited < std::chrono::seconds(10));
+  const bool kept = env.slot->generation() == 1 && env.serves(1);
+  CHECK(kept);
+  if (kept && waited < std::chrono::seconds(10))
+    std::printf("stalled-publisher: rank %d kept step-1 and got rank_failed after %lld ms: %s\n", env.rank,
+                static_cast<long long>(waited.count()), e.failures()[0].message.c_str());
+  std::fflush(stdout);
+  if (env.rank == 1) ::kill(publisher_pid, SIGCONT);
+}
