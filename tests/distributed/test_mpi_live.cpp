@@ -16,6 +16,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,6 +28,7 @@
 #include "eredu/engine/description/plan_module.hpp"
 #include "eredu/engine/parallel/sharding.hpp"
 #include "eredu/engine/serving/distributed_model_slot.hpp"
+#include "eredu/engine/serving/in_place_model_slot.hpp"
 #include "eredu/mpi/backend.hpp"
 #include "eredu/mpi/published_source.hpp"
 #include "eredu/mpi/publisher.hpp"
@@ -328,6 +331,106 @@ TEST_CASE("live – a delta reads only the changed blocks of each rank's shard, 
   CHECK_FALSE(env.delta);
   CHECK(env.transferred == env.plan.read_bytes);
   CHECK(env.serves(d5));
+  env.world.barrier().get();
+}
+
+TEST_CASE(
+    "live – an InPlaceModelSlot takes published versions and deltas in its own storage, a damaged one changes "
+    "no byte",
+    "[mpi][live]") {
+  REQUIRE(mpi_world().size() == 3);
+  LiveEnv env(std::chrono::seconds(20), std::size_t{256});
+  const Weights p1(1), p3(3);
+  Weights p2 = p1;
+  p2.memory[2][10] ^= std::byte{0x40};
+  p2.memory[2][2040] ^= std::byte{0x40};
+  if (env.publishing()) {
+    mpi::Publication v1 = env.publisher->publish("p-1", "", p1.tensors());
+    env.world.barrier().get();
+    CHECK(v1.wait_served(2, std::chrono::seconds(30)));
+    mpi::Publication v2 = env.publisher->publish("p-2", "p-1", p2.tensors());
+    env.world.barrier().get();
+    CHECK(v2.wait_served(2, std::chrono::seconds(30)));
+    mpi::Publication v3 = env.publisher->publish("p-3", "p-2", p3.tensors());
+    env.world.barrier().get();
+    CHECK(v3.wait_served(2, std::chrono::seconds(30)));
+    CHECK(v3.failed() == 2);
+    env.world.barrier().get();
+    return;
+  }
+  // Each subscriber on its own: a single-process in-place slot over its tensor-parallel shard.
+  // Made at the first open: the slot builds its serving model from the plan at once.
+  std::unique_ptr<engine::InPlaceModelSlot<cpu::Backend, Module>> slot;
+  cpu::Executor copier(1);
+  const auto held = [&](const Weights& w) {  // this rank's shard of `w`, and the slot's bytes
+    auto reader = slot->try_read();
+    if (!reader) return false;
+    for (const engine::ShardedTensor& t : env.plan.tensors) {
+      const auto all = specs();
+      const auto it = std::find_if(all.begin(), all.end(), [&](const Spec& s) { return s.name == t.key; });
+      const std::vector<std::byte>& full = w.memory[static_cast<std::size_t>(it - all.begin())];
+      std::vector<std::byte> expected;
+      for (const Selection& piece : t.pieces)
+        for (const ByteRun& r : selection_runs(t.full_shape, t.dtype, piece))
+          expected.insert(expected.end(), full.begin() + static_cast<std::ptrdiff_t>(r.source_offset),
+                          full.begin() + static_cast<std::ptrdiff_t>(r.source_offset + r.length));
+      const auto bytes = reader->model().find(t.parameter)->value.bytes();
+      if (bytes.size() != expected.size() || std::memcmp(bytes.data(), expected.data(), bytes.size()) != 0)
+        return false;
+    }
+    return true;
+  };
+  const auto swap = [&](const std::string& version, bool delta_expected, std::optional<std::uint64_t> corrupt) {
+    std::unique_ptr<mpi::PublishedSource> v = env.run(env.subscriber->async_open(version, asio::use_awaitable));
+    if (!slot) {
+      env.plan = engine::plan_tensor_parallel(
+          v->catalog(), engine::ShardingRules::llama({.head_dim = head_dim, .heads = heads, .kv_heads = kv_heads}),
+          env.tp.rank(), env.tp.size());
+      slot = std::make_unique<engine::InPlaceModelSlot<cpu::Backend, Module>>(
+          [&] { return Module::from_tensor_parallel(env.plan); });
+    }
+    // The serving storage never moves and is written only after every read, with the gate
+    // closed: its spans, taken now, are the base's bytes for the whole load.
+    std::map<std::string, std::span<const std::byte>> serving;
+    if (auto reader = slot->try_read(); reader && reader->generation() > 0)
+      for (const engine::ShardedTensor& t : env.plan.tensors)
+        serving[t.parameter] = reader->model().find(t.parameter)->value.bytes();
+    const bool delta = v->use_base(version == "p-2" ? "p-1" : "p-2",
+                                   mpi::base_from_parameters(env.plan.bindings, [&](const std::string& p) {
+                                     const auto it = serving.find(p);
+                                     return it == serving.end() ? std::span<const std::byte>{} : it->second;
+                                   }));
+    CHECK(delta == delta_expected);
+    if (corrupt) v->corrupt_next_read(*corrupt);
+    engine::SwapOptions<Module> options;
+    options.checksums = env.run(v->async_checksums(env.plan.bindings, asio::use_awaitable));
+    auto f = slot->async_swap(*v, env.plan.bindings, env.context, copier, std::move(options), asio::use_future);
+    try {
+      run_until_ready(env.ctx, f);
+      v->finish(true);
+      return std::optional<std::uint64_t>(v->transferred_bytes());
+    } catch (const Error& e) {
+      INFO(e.what());
+      CHECK(e.kind() == errc::checksum_mismatch);
+      v->finish(false);
+      return std::optional<std::uint64_t>();
+    }
+  };
+  env.world.barrier().get();
+  REQUIRE(swap("p-1", false, std::nullopt));
+  CHECK(held(p1));
+  const std::byte* address = slot->try_read()->model().find(env.plan.tensors.front().parameter)->value.bytes().data();
+  env.world.barrier().get();
+  const std::optional<std::uint64_t> moved = swap("p-2", true, std::nullopt);
+  REQUIRE(moved);
+  CHECK(*moved <= 256u);  // one changed 256-byte block of q_proj in each rank's half
+  CHECK(slot->generation() == 2);
+  CHECK(held(p2));
+  CHECK(slot->try_read()->model().find(env.plan.tensors.front().parameter)->value.bytes().data() == address);
+  env.world.barrier().get();
+  CHECK_FALSE(swap("p-3", false, std::uint64_t{7}));  // p-3 changed every block: read whole, one bit flipped
+  CHECK(slot->generation() == 2);
+  CHECK(held(p2));
   env.world.barrier().get();
 }
 

@@ -310,7 +310,9 @@ asio::awaitable<void> PublishedSource::fetch(const io::TensorReadRequest& reques
 }
 
 bool PublishedSource::use_base(const std::string& base, BaseBytes bytes) {
-  const bool delta = manifest_->delta_block != 0 && !base.empty() && base == manifest_->base && bytes;
+  const bool delta = manifest_->delta_block != 0 && !base.empty() && base == manifest_->base && bytes &&
+                     std::any_of(manifest_->tensors.begin(), manifest_->tensors.end(),
+                                 [](const detail::ManifestTensor& t) { return t.delta; });
   base_bytes_ = delta ? std::move(bytes) : BaseBytes{};
   return delta;
 }

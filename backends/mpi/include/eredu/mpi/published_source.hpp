@@ -193,8 +193,8 @@ class PublishedSource {
   /// version is a delta against it, each read copies the base's bytes of its selection and
   /// reads from the publisher only the blocks that changed: the result is still verified
   /// against the full version's digests, so a wrong base is checksum_mismatch, never a served
-  /// model. Returns true when this version is a delta against `base` (otherwise every read is
-  /// whole). Call it before reading.
+  /// model. Returns true when this version is a delta against `base` with at least one tensor
+  /// sent as changed blocks (otherwise every read is whole). Call it before reading.
   bool use_base(const std::string& base, BaseBytes bytes);
   /// Bytes read from the publisher so far: whole selections, or a delta's changed blocks.
   std::uint64_t transferred_bytes() const noexcept { return transferred_.load(); }
