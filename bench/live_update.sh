@@ -3,8 +3,8 @@
 # mpirun -np 3 (rank 0 publishes a Llama-shaped bf16 model from memory, ranks 1-2 are a
 # tensor-parallel pair) and prints, per contender, the median and min-max over the rounds of
 # its seconds and of each rank's GB/s, and the update's ratios to MPI_Bcast and to the hot-file
-# swap; and delta updates with 1 % and 10 % of the 64 KiB blocks changed, against the full
-# update of the same round. Rows (one JSON line per round and contender) go to OUT.
+# swap; and delta updates with 1 % and 10 % of the 64 KiB blocks changed, and with 1.5 % of the
+# values changed at random, against the full update of the same round. Rows (one JSON line per round and contender) go to OUT.
 #
 # usage: bench/live_update.sh BUILD_DIR [size MiB=2048] [rounds=7] [out.jsonl]
 # Hold /tmp/eredu-build.lock around it on a shared machine so that no build runs meanwhile.
@@ -40,7 +40,7 @@ fl = [f[k] / u[k] for k in u]
 print(f"update bandwidth / MPI_Bcast bandwidth (per round): {statistics.median(bw):.2f} ({min(bw):.2f}-{max(bw):.2f})")
 print(f"MPI_Bcast time / update time (per round):           {statistics.median(tm):.2f} ({min(tm):.2f}-{max(tm):.2f})")
 print(f"hot-file swap time / update time (per round):       {statistics.median(fl):.2f} ({min(fl):.2f}-{max(fl):.2f})")
-for case in ("delta1", "delta10"):
+for case in ("delta1", "delta10", "sparse"):
     if not any(r.get("case") == case for r in rows):
         continue
     m, lo, hi, _ = stat(case)

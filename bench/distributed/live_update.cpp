@@ -15,9 +15,12 @@
 //           the same digests verified;
 //   delta1, delta10
 //           a delta update: the subscribers first swap (untimed) to a version B published whole,
-//           then to a version that differs from B in 1 % (10 %) of its 64 KiB blocks, published
-//           against B; each rank copies B's bytes from its serving version and reads only the
-//           changed blocks of its shard. Timed like update, from the open to the commit.
+//           then to a version that differs from B in every value of 1 % (10 %) of its 64 KiB
+//           blocks, published against B; each rank copies B's bytes from its serving version
+//           and reads only the changed blocks of its shard. Timed like update, from the open to
+//           the commit;
+//   sparse  the same with 1.5 % of the bf16 values changed (their lowest bit flipped) at random
+//           places: every block changes, and the publisher sends the changed values.
 // Meanwhile a serving thread on each subscriber takes the version for each request
 // (version_for_step) and reads two tensors of it; its latencies are kept apart for requests
 // during an update and in steady state, and every response checks that both tensors come from
@@ -36,6 +39,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -173,7 +177,7 @@ int run_bench(int argc, char** argv) {
 }
 
 int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const std::filesystem::path& dir) {
-  constexpr int contenders = 5;  // update, bcast, file, delta1, delta10
+  constexpr int contenders = 6;  // update, bcast, file, delta1, delta10, sparse
   mpi::Communicator world = mpi::Communicator::world(env, {.timeout = std::chrono::minutes(5)});
   if (world.size() != 3) throw std::invalid_argument("run it with mpirun -np 3");
   const int rank = world.rank();
@@ -213,6 +217,21 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
       return tensors;
     };
     const std::size_t block = mpi::PublisherOptions{}.delta_block;
+    // The serving threads check every response by the first bytes of two tensors (see Server):
+    // a delta leaves those two as in its base, so that a version is still told by them.
+    std::set<std::string> checked;
+    {
+      std::unique_ptr<io::CheckpointSource> probe = io::CheckpointSource::open(ctx.get_executor(), file_a, {});
+      for (int tp_rank = 0; tp_rank < 2; ++tp_rank) {
+        const engine::TensorParallelPlan p = engine::plan_tensor_parallel(
+            probe->catalog(),
+            engine::ShardingRules::llama(
+                {.head_dim = model.hidden / model.heads, .heads = model.heads, .kv_heads = model.kv_heads}),
+            tp_rank, 2);
+        checked.insert(p.tensors.front().key);
+        checked.insert(p.tensors.back().key);
+      }
+    }
     mpi::Publisher publisher(live);
     for (int r = -2; r < rounds; ++r) {  // two warm-up updates first, one per version
       for (int k = 0; k < (r < 0 ? 1 : contenders); ++k) {
@@ -224,20 +243,34 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
           mpi::Publication b = publisher.publish(base_tag, {}, tensors_of(base));
           MPI_Barrier(MPI_COMM_WORLD);
           b.wait_served(2, std::chrono::minutes(5));
-          // The trainer's next step: the base with a byte changed in `percent` of its blocks.
+          // The trainer's next step: the base with a byte changed in `percent` of its blocks, or
+          // 1.5 % of its values changed (contender 5).
           const int percent = contender == 3 ? 1 : 10;
           for (std::size_t i = 0; i < base.size(); ++i) mem_d[i] = base[i];
           std::uint64_t x = 0x9E3779B97F4A7C15ull * static_cast<std::uint64_t>(r + 3) + static_cast<std::uint64_t>(k);
+          const auto next = [&x] {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            return x;
+          };
           std::uint64_t changed = 0;
-          for (auto& t : mem_d)
+          for (std::size_t i = 0; i < mem_d.size(); ++i) {
+            auto& t = mem_d[i];
+            if (checked.contains(model.tensors[i].name)) continue;
+            if (contender == 5) {
+              const std::size_t values = t.size() / 2;
+              for (std::size_t n = values * 15 / 1000; n > 0; --n, ++changed)
+                t[(next() % values) * 2] ^= std::byte{0x01};
+              continue;
+            }
             for (std::size_t o = 0; o < t.size(); o += block) {
-              x ^= x << 13;
-              x ^= x >> 7;
-              x ^= x << 17;
-              if (x % 100 >= static_cast<std::uint64_t>(percent)) continue;
-              t[std::min(o + 1000, t.size() - 1)] ^= std::byte{0x01};
+              if (next() % 100 >= static_cast<std::uint64_t>(percent)) continue;
+              // Every value of the block changes (its lowest bit), as where a layer was trained.
+              for (std::size_t v = o; v < std::min(o + block, t.size()); v += 2) t[v] ^= std::byte{0x01};
               ++changed;
             }
+          }
           const Clock::time_point t0 = Clock::now();
           mpi::Publication p = publisher.publish(fmt::format("delta-{}-{}", r, k), base_tag, tensors_of(mem_d));
           const double publish_s = seconds_since(t0);
@@ -246,10 +279,11 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
           const double s = slowest(0);
           double parts[3] = {};
           MPI_Reduce(MPI_IN_PLACE, parts, 3, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-          std::printf("%s\n", fmt::format(R"({{"round": {}, "case": "delta{}", "seconds": {:.4f}, )"
-                                          R"("publish_s": {:.4f}, "changed_blocks": {}, "load_s": {:.4f}, )"
+          std::printf("%s\n", fmt::format(R"({{"round": {}, "case": "{}", "seconds": {:.4f}, )"
+                                          R"("publish_s": {:.4f}, "changed": {}, "load_s": {:.4f}, )"
                                           R"("transferred_bytes": {:.0f}, "delta": {:.0f}}})",
-                                          r, percent, s, publish_s, changed, parts[0], parts[1], parts[2])
+                                          r, contender == 5 ? std::string("sparse") : fmt::format("delta{}", percent),
+                                          s, publish_s, changed, parts[0], parts[1], parts[2])
                                   .c_str());
         } else if (contender == 0) {
           auto& mem = ((r + 2) % 2 == 0) ? mem_a : mem_b;

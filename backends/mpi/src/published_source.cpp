@@ -251,9 +251,8 @@ std::vector<ByteRun> changed_pieces(const std::vector<ByteRun>& runs,
 
 }  // namespace
 
-asio::awaitable<void> PublishedSource::read_runs(const io::TensorInfo& t, std::vector<ByteRun> runs,
-                                                 std::span<std::byte> out) {
-  const detail::ManifestTensor& m = manifest_->tensors[static_cast<std::size_t>(&t - &catalog_.tensors()[0])];
+asio::awaitable<void> PublishedSource::read_runs(const io::TensorInfo& t, std::uint64_t address,
+                                                 std::vector<ByteRun> runs, std::span<std::byte> out) {
   const std::size_t part = subscriber_->options.part_size;
   std::vector<Completion> parts;
   try {
@@ -271,8 +270,8 @@ asio::awaitable<void> PublishedSource::read_runs(const io::TensorInfo& t, std::v
         hi = std::max(hi, r.dest_offset + r.length);
         r.dest_offset -= lo;
       }
-      parts.push_back(subscriber_->window.read(subscriber_->publisher, static_cast<MPI_Aint>(m.address),
-                                               std::move(group), out.subspan(lo, hi - lo),
+      parts.push_back(subscriber_->window.read(subscriber_->publisher, static_cast<MPI_Aint>(address), std::move(group),
+                                               out.subspan(lo, hi - lo),
                                                fmt::format("the read of {} bytes of {} from version {}", size,
                                                            printable(t.name), printable(manifest_->version)),
                                                subscriber_->options.timeout));
@@ -291,22 +290,66 @@ asio::awaitable<void> PublishedSource::fetch(const io::TensorReadRequest& reques
   const detail::ManifestTensor& m = manifest_->tensors[static_cast<std::size_t>(&t - &catalog_.tensors()[0])];
   const std::size_t part = subscriber_->options.part_size;
   const std::vector<ByteRun> wanted = slice_runs(runs, from, out.size());
+  bool done = false;
   if (m.delta && base_bytes_ && base_bytes_(request, from, out)) {
     // The base's bytes are in place: read what changed over them.
-    co_await read_runs(t, changed_pieces(wanted, m.changed, manifest_->delta_block, m.nbytes, part), out);
-  } else {
+    if (m.sparse) {
+      done = co_await apply_sparse(t, wanted, out);
+    } else {
+      co_await read_runs(t, m.address, changed_pieces(wanted, m.changed, manifest_->delta_block, m.nbytes, part), out);
+      done = true;
+    }
+  }
+  if (!done) {
     std::vector<ByteRun> pieces;
     for (const ByteRun& r : wanted)
       for (std::uint64_t at = 0; at < r.length; at += part)
         pieces.push_back(ByteRun{.source_offset = r.source_offset + at,
                                  .dest_offset = r.dest_offset + at,
                                  .length = std::min<std::uint64_t>(part, r.length - at)});
-    co_await read_runs(t, std::move(pieces), out);
+    co_await read_runs(t, m.address, std::move(pieces), out);
   }
   if (corrupt_at_ && *corrupt_at_ < out.size()) {
     out[*corrupt_at_] ^= std::byte{1};
     corrupt_at_.reset();
   }
+}
+
+asio::awaitable<bool> PublishedSource::apply_sparse(const io::TensorInfo& t, std::vector<ByteRun> wanted,
+                                                    std::span<std::byte> out) {
+  const detail::ManifestTensor& m = manifest_->tensors[static_cast<std::size_t>(&t - &catalog_.tensors()[0])];
+  const std::uint64_t element = dtype_bits(m.dtype) / 8;
+  const std::uint64_t size = m.elements * (4 + element);
+  if (size == 0) co_return true;
+  if (io::LeasePool::block_size(size) > pool_.budget()) co_return false;  // read it whole instead
+  // The whole tensor's changed elements (a few percent of it), then those in this selection.
+  io::StagingBuffer encoded = co_await pool_.async_acquire(static_cast<std::size_t>(size), asio::use_awaitable);
+  const std::span<std::byte> in(encoded.data(), static_cast<std::size_t>(size));
+  const std::uint64_t part = subscriber_->options.part_size;
+  std::vector<ByteRun> pieces;
+  for (std::uint64_t at = 0; at < size; at += part)
+    pieces.push_back(ByteRun{.source_offset = at, .dest_offset = at, .length = std::min(part, size - at)});
+  co_await read_runs(t, m.encoded_address, std::move(pieces), in);
+  std::sort(wanted.begin(), wanted.end(),
+            [](const ByteRun& a, const ByteRun& b) { return a.source_offset < b.source_offset; });
+  std::size_t r = 0;
+  for (std::uint64_t k = 0; k < m.elements; ++k) {
+    std::uint32_t index = 0;
+    std::memcpy(&index, in.data() + k * 4, 4);
+    const std::uint64_t at = std::uint64_t{index} * element;
+    if (at + element > m.nbytes)
+      throw Error(errc::invalid_argument, {.file = location_, .tensor = t.name},
+                  fmt::format("the publisher's delta names element {}, past the tensor's end", index));
+    while (r < wanted.size() && wanted[r].source_offset + wanted[r].length <= at) ++r;
+    for (std::size_t q = r; q < wanted.size() && wanted[q].source_offset < at + element; ++q) {
+      const std::uint64_t lo = std::max(at, wanted[q].source_offset);
+      const std::uint64_t hi = std::min(at + element, wanted[q].source_offset + wanted[q].length);
+      if (lo < hi)
+        std::memcpy(out.data() + wanted[q].dest_offset + (lo - wanted[q].source_offset),
+                    in.data() + m.elements * 4 + k * element + (lo - at), hi - lo);
+    }
+  }
+  co_return true;
 }
 
 bool PublishedSource::use_base(const std::string& base, BaseBytes bytes) {

@@ -39,11 +39,44 @@ std::string selection_digest(const ManifestTensor& t, std::span<const std::byte>
   return h.hex_digest();
 }
 
+/// Calls `f(byte offset)` for each element of `element` bytes that differs between `now` and
+/// `before` (equal sizes, a multiple of `element`), comparing whole integers where it can.
+template <class F>
+void for_each_changed(std::span<const std::byte> now, std::span<const std::byte> before, std::size_t element, F&& f) {
+  const auto scan = [&]<class T>(T) {
+    for (std::size_t at = 0; at + sizeof(T) <= now.size(); at += sizeof(T)) {
+      T a, b;
+      std::memcpy(&a, now.data() + at, sizeof a);
+      std::memcpy(&b, before.data() + at, sizeof b);
+      if (a != b) f(at);
+    }
+  };
+  switch (element) {
+    case 1:
+      scan(std::uint8_t{});
+      break;
+    case 2:
+      scan(std::uint16_t{});
+      break;
+    case 4:
+      scan(std::uint32_t{});
+      break;
+    case 8:
+      scan(std::uint64_t{});
+      break;
+    default:
+      for (std::size_t at = 0; at + element <= now.size(); at += element)
+        if (std::memcmp(now.data() + at, before.data() + at, element) != 0) f(at);
+  }
+}
+
 /// One offered version: its manifest, its memory, and which subscribers opened and finished it.
 struct PublicationState {
   Manifest manifest;
   std::vector<std::span<const std::byte>> memory;   // by tensor
   std::vector<std::span<const std::byte>> regions;  // attached for it: contiguous tensors merged
+  /// By tensor: a sparse delta's indices and values (the only memory a publication owns).
+  std::vector<std::vector<std::byte>> encoded;
   // Guarded by PublisherState::mutex:
   bool withdrawn = false;
   bool detached = false;
@@ -438,9 +471,47 @@ void Publisher::mark_delta(detail::PublicationState& p, const std::string& versi
       else
         t.changed.emplace_back(k, 1);
     }
+    // The changed elements, where that is smaller: values that changed scattered over every
+    // block (an RL step that moves 1-2 % of the bf16 values) touch every block.
+    const std::size_t element = dtype_bits(t.dtype) / 8;
+    std::uint64_t sparse_bytes = UINT64_MAX;
+    std::vector<std::vector<std::uint32_t>> found;  // by block: the indices of changed elements
+    std::uint64_t found_count = 0;
+    if (changed_bytes > 0 && dtype_bits(t.dtype) % 8 == 0 && element > 0 && block % element == 0 &&
+        now.size() / element <= UINT32_MAX) {
+      found.resize(blocks);
+      tbb::parallel_for(std::size_t{0}, blocks, [&](std::size_t k) {
+        if (!differs[k]) return;
+        const std::size_t end = std::min(block, now.size() - k * block);
+        detail::for_each_changed(
+            now.subspan(k * block, end), before.subspan(k * block, end), element,
+            [&](std::size_t at) { found[k].push_back(static_cast<std::uint32_t>((k * block + at) / element)); });
+      });
+      for (const auto& f : found) found_count += f.size();
+      sparse_bytes = found_count * (4 + element);
+    }
     // Reconstructing copies the base's bytes as well: past half, reading it whole is cheaper.
-    t.delta = changed_bytes * 2 <= now.size();
-    if (!t.delta) t.changed.clear();
+    const bool by_blocks = changed_bytes * 2 <= now.size() && changed_bytes <= sparse_bytes;
+    const bool by_elements = !by_blocks && sparse_bytes * 2 <= now.size();
+    t.delta = by_blocks || by_elements;
+    if (!by_blocks) t.changed.clear();
+    if (!by_elements) continue;
+    t.sparse = true;
+    t.elements = found_count;
+    std::vector<std::byte>& out = p.encoded[i];
+    out.resize(static_cast<std::size_t>(sparse_bytes));
+    std::byte* indices = out.data();
+    std::byte* values = out.data() + t.elements * 4;
+    std::vector<std::uint64_t> first(blocks + 1, 0);  // each block's first slot
+    for (std::size_t k = 0; k < blocks; ++k) first[k + 1] = first[k] + found[k].size();
+    tbb::parallel_for(std::size_t{0}, blocks, [&](std::size_t k) {
+      std::uint64_t slot = first[k];
+      for (const std::uint32_t index : found[k]) {
+        std::memcpy(indices + slot * 4, &index, 4);
+        std::memcpy(values + slot * element, now.data() + std::uint64_t{index} * element, element);
+        ++slot;
+      }
+    });
   }
 }
 
@@ -463,6 +534,7 @@ Publication Publisher::publish(std::string version, std::string base, std::vecto
     p->manifest.tensors.push_back({.name = t.name, .dtype = t.dtype, .shape = t.shape, .nbytes = t.bytes.size()});
     p->memory.push_back(t.bytes);
   }
+  p->encoded.resize(p->memory.size());
   mark_delta(*p, version);
   // The digests: of every selection subscribers asked for before, and of the whole tensor
   // where none was (or the whole was) — one hashing pass over the bytes they will read, in
@@ -529,6 +601,12 @@ Publication Publisher::publish(std::string version, std::string base, std::vecto
       for (; next < order.size() && p->memory[order[next]].data() < end; ++next)
         p->manifest.tensors[order[next]].address =
             static_cast<std::uint64_t>(address + (p->memory[order[next]].data() - begin));
+    }
+    for (std::size_t i = 0; i < p->encoded.size(); ++i) {
+      if (p->encoded[i].empty()) continue;
+      const std::span<const std::byte> region(p->encoded[i]);
+      p->manifest.tensors[i].encoded_address = static_cast<std::uint64_t>(state_->attach(region, version));
+      p->regions.push_back(region);
     }
   } catch (...) {
     for (std::span<const std::byte> r : p->regions) state_->release(r);

@@ -106,6 +106,11 @@ struct ManifestTensor {
   /// disjoint) differ from the base's bytes. False: read every byte.
   bool delta = false;
   std::vector<std::pair<std::uint64_t, std::uint64_t>> changed{};
+  /// A delta sent as changed elements instead of blocks (`changed` empty): `elements` u32
+  /// element indices, ascending, then their values, at `encoded_address` in the window.
+  std::uint64_t elements = 0;
+  std::uint64_t encoded_address = 0;
+  bool sparse = false;
 };
 
 /// What a subscriber learns when it opens a version.

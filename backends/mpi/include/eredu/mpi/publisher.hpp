@@ -23,8 +23,9 @@
 /// that asks after the withdrawal gets version_withdrawn, and its swap fails on every rank.
 ///
 /// Deltas: a version published against a base the publisher still offers carries, per tensor,
-/// the blocks that changed; a subscriber holding the base copies it and reads only those
-/// (publish(), PublishedSource::use_base). Its digests are the full version's.
+/// the blocks that changed or a sparse index of the values that changed; a subscriber holding
+/// the base copies it and reads only those (publish(), PublishedSource::use_base). Its digests
+/// are the full version's.
 ///
 /// Digests: publish() computes each tensor's XXH3-128; a subscriber asks for the digests of
 /// exactly the selections it reads, which the publisher hashes from its memory, and its swap
@@ -67,8 +68,8 @@ struct PublisherOptions {
   std::chrono::milliseconds linger{std::chrono::seconds(60)};
   /// The longest a reply waits for its subscriber to take it.
   std::chrono::milliseconds reply_timeout{std::chrono::seconds(60)};
-  /// The granule of deltas: a version published against an offered base sends, per tensor,
-  /// only the blocks of this many bytes that differ from the base's. 0: never deltas.
+  /// The granule of deltas: a version published against an offered base is compared with it
+  /// in blocks of this many bytes (see Publisher::publish). 0: never deltas.
   std::size_t delta_block = std::size_t{64} << 10;
 };
 
@@ -123,11 +124,13 @@ class Publisher {
   /// thread and attaches its memory to the window.
   ///
   /// Deltas: when `base` is a version this publisher still offers, each tensor of the same
-  /// name, dtype and shape in it is compared block by block (PublisherOptions::delta_block),
-  /// and a subscriber that holds the base reads only the blocks that changed
-  /// (PublishedSource::use_base). A tensor with more than half its bytes changed, or new, goes
-  /// whole; a base no longer offered gives a version every subscriber reads whole. The memory
-  /// read is still this version's: nothing is copied or encoded.
+  /// name, dtype and shape in it is compared block by block (PublisherOptions::delta_block).
+  /// A subscriber that holds the base then reads only what changed
+  /// (PublishedSource::use_base), as whichever is smaller: the changed blocks, read from this
+  /// version's memory, or a sparse index of the changed values (4-byte index and value each),
+  /// which the publication builds in memory of its own. A tensor where both are more than half
+  /// its bytes, or a new one, goes whole; a base no longer offered gives a version every
+  /// subscriber reads whole.
   ///
   /// Throws Error(invalid_argument) for an empty or already offered version tag, a tensor
   /// name given twice, or bytes that are not dtype × shape; CollectiveError when MPI refuses
