@@ -12,9 +12,11 @@ The issue asks to choose a delta encoding by measurement on both patterns of RL 
 For a bf16 tensor of N values it prints, per pattern, the share of the full bytes each encoding
 sends, and how fast the publisher's side encodes (one core):
 
-  blocks-64k, blocks-4k  the changed blocks (what eredu's Publisher sends, PublisherOptions::
-                         delta_block), bytes of changed blocks / all bytes;
-  elements               a sparse index of changed values: 4-byte index + 2-byte value each;
+  blocks-64k, blocks-4k  the changed blocks (what eredu's Publisher sends where they are the
+                         smaller, PublisherOptions::delta_block), bytes of changed blocks / all
+                         bytes;
+  elements               a sparse index of changed values: 4-byte index + 2-byte value each
+                         (what the Publisher sends where it is smaller than the blocks);
   xor+zlib-1             the XOR with the base, compressed by zlib at level 1 (a general
                          compressor from the standard library; zstd is not a dependency).
 
