@@ -1,6 +1,7 @@
 #include "eredu/mpi/publisher.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -480,15 +481,28 @@ void Publisher::mark_delta(detail::PublicationState& p, const std::string& versi
     if (changed_bytes > 0 && dtype_bits(t.dtype) % 8 == 0 && element > 0 && block % element == 0 &&
         now.size() / element <= UINT32_MAX) {
       found.resize(blocks);
+      // The index is only worth it up to half the tensor's bytes: past that many entries (a
+      // step that moved most values), stop collecting, so that the search holds at most that.
+      const std::uint64_t most = now.size() / (2 * (4 + element));
+      std::atomic<std::uint64_t> collected{0};
+      std::atomic<bool> too_many{false};
       tbb::parallel_for(std::size_t{0}, blocks, [&](std::size_t k) {
-        if (!differs[k]) return;
+        if (!differs[k] || too_many.load(std::memory_order_relaxed)) return;
         const std::size_t end = std::min(block, now.size() - k * block);
         detail::for_each_changed(
             now.subspan(k * block, end), before.subspan(k * block, end), element,
             [&](std::size_t at) { found[k].push_back(static_cast<std::uint32_t>((k * block + at) / element)); });
+        if (collected.fetch_add(found[k].size()) + found[k].size() > most) {
+          too_many = true;
+          std::vector<std::uint32_t>().swap(found[k]);
+        }
       });
-      for (const auto& f : found) found_count += f.size();
-      sparse_bytes = found_count * (4 + element);
+      if (too_many) {
+        found.clear();
+      } else {
+        for (const auto& f : found) found_count += f.size();
+        sparse_bytes = found_count * (4 + element);
+      }
     }
     // Reconstructing copies the base's bytes as well: past half, reading it whole is cheaper.
     const bool by_blocks = changed_bytes * 2 <= now.size() && changed_bytes <= sparse_bytes;
