@@ -1,12 +1,19 @@
 // main() of the MPI tests: MPI's lifetime (eredu::mpi::Environment) around Catch2's session,
 // so that every test case runs on every rank, in the same order, as collectives require.
 // mpirun's exit status is non-zero when any rank's is.
+//
+// EREDU_TEST_JOIN=accept:SERVICE or connect:SERVICE makes the "world" of the tests the
+// communicator of two separately started jobs (tests/distributed/two_jobs.sh): the accepting
+// job's ranks first. That and EREDU_TEST_MPI_THREADS=multiple start MPI with
+// MPI_THREAD_MULTIPLE, which joining jobs needs.
 
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "distributed/mpi_fixture.hpp"
 
@@ -23,11 +30,23 @@ mpi::Communicator& mpi_world() { return *world; }
 int main(int argc, char** argv) {
   if (!eredu::mpi::Environment::launched_by_mpirun())
     std::fprintf(stderr, "note: not launched by mpirun: running as a group of one rank\n");
-  eredu::mpi::Environment env(argc, argv);
+  const char* join = std::getenv("EREDU_TEST_JOIN");
+  const char* threads = std::getenv("EREDU_TEST_MPI_THREADS");
+  eredu::mpi::EnvironmentOptions options;
+  if (join != nullptr || (threads != nullptr && std::string(threads) == "multiple"))
+    options.required = eredu::mpi::ThreadLevel::multiple;
+  eredu::mpi::Environment env(argc, argv, options);
   environment = &env;
   int rc = 0;
   {
     eredu::mpi::Communicator w = eredu::mpi::Communicator::world(env, {.timeout = std::chrono::seconds(30)});
+    if (join != nullptr) {
+      const std::string how = join;
+      const std::string service = how.substr(how.find(':') + 1);
+      w = how.starts_with("accept:") ? eredu::mpi::Communicator::accept(env, w, service, {.name = "world"})
+                                     : eredu::mpi::Communicator::connect(env, w, service, {.name = "world"});
+      std::fprintf(stderr, "joined '%s': rank %d of %d\n", service.c_str(), w.rank(), w.size());
+    }
     world = &w;
     rc = Catch::Session().run(argc, argv);
     world = nullptr;

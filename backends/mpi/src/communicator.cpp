@@ -1,17 +1,21 @@
 #include "eredu/mpi/communicator.hpp"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <climits>
+#include <csignal>
 #include <cstring>
+#include <functional>
 #include <tuple>
 
 #include <fmt/format.h>
 
 #include "eredu/core/error.hpp"
 #include "progress.hpp"
+#include "rendezvous.hpp"
 
 namespace eredu::mpi {
 namespace {
@@ -183,6 +187,54 @@ Communicator Communicator::split(int color, int key, std::string name) const {
     state->peers.push_back({.world_rank = r.world_rank, .pid = r.pid, .host = r.host});
   }
   return Communicator(std::move(state));
+}
+
+namespace {
+
+/// Communicator::accept and Communicator::connect.
+Communicator join(Environment& env, const Communicator& group, const std::string& service,
+                  const RendezvousOptions& options, detail::JoinSide side,
+                  const std::function<Communicator(std::shared_ptr<detail::CommState>)>& wrap) {
+  const char* const operation = side == detail::JoinSide::accept ? "accept" : "connect";
+  if (!group.valid())
+    throw Error(errc::invalid_argument, {}, fmt::format("{} of '{}' over an empty communicator", operation, service));
+  if (env.provided() < ThreadLevel::multiple)
+    throw CollectiveError(errc::collective_error, {.operation = operation, .group = group.name()},
+                          fmt::format("joining another job needs MPI_THREAD_MULTIPLE (EnvironmentOptions::required), "
+                                      "and MPI was started with {}",
+                                      thread_level_name(env.provided())));
+  // The other job closes its TCP connections when it exits, maybe as this one still writes to
+  // them: a write then raises SIGPIPE, which would kill this process where an error is due.
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
+  // A private duplicate: the blocking steps run on it beside the progress thread, which must
+  // never have the group's own collectives on it at the same time.
+  Communicator local = group.split(0, group.rank(), group.name());
+  const MPI_Comm merged = detail::join_jobs(local, side, service, options.timeout);
+  auto state = std::make_shared<detail::CommState>();
+  state->progress = env.progress();
+  state->name = options.name.empty() ? service : options.name;
+  state->timeout_ms.store(group.timeout().count());
+  state->comm = merged;  // before any operation on it: the progress thread sees it through the queue
+  MPI_Comm_rank(merged, &state->rank);
+  MPI_Comm_size(merged, &state->size);
+  Communicator joined = wrap(state);
+  state->peers = peers_of(gather_records(state, 0, state->rank, operation));
+  return joined;
+}
+
+}  // namespace
+
+Communicator Communicator::accept(Environment& env, const Communicator& group, const std::string& service,
+                                  RendezvousOptions options) {
+  return join(env, group, service, options, detail::JoinSide::accept,
+              [](std::shared_ptr<detail::CommState> s) { return Communicator(std::move(s)); });
+}
+
+Communicator Communicator::connect(Environment& env, const Communicator& group, const std::string& service,
+                                   RendezvousOptions options) {
+  return join(env, group, service, options, detail::JoinSide::connect,
+              [](std::shared_ptr<detail::CommState> s) { return Communicator(std::move(s)); });
 }
 
 int Communicator::rank() const noexcept { return state_ ? state_->rank : -1; }

@@ -52,6 +52,17 @@ struct CommunicatorOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
 };
 
+/// Settings of a rendezvous between two separately started jobs (Communicator::accept and
+/// Communicator::connect).
+struct RendezvousOptions {
+  /// The longest accept waits for another job to connect, and connect for the service to be
+  /// offered; then CollectiveError(timed_out). The joined communicator's collectives then
+  /// have the group's timeout.
+  std::chrono::milliseconds timeout{std::chrono::seconds(60)};
+  /// The joined communicator's name; empty: the service's.
+  std::string name{};
+};
+
 /// What eredu knows about one rank of a communicator.
 struct Peer {
   int world_rank = -1;     ///< its rank in MPI_COMM_WORLD
@@ -84,6 +95,24 @@ class Communicator {
   /// order relative to its other collectives. The ranks first exchange their colors within the
   /// timeout, so a dead rank fails the split instead of hanging it. Throws CollectiveError.
   Communicator split(int color, int key, std::string name) const;
+
+  /// Offers this job to another one started separately, under the name `service`, and waits
+  /// for it to connect: returns the communicator of both jobs, this group's ranks first (rank 0
+  /// here is rank 0 there). Collective and blocking over `group`, as connect is over the other
+  /// job's group. The name goes through MPI's name server (MPI_Publish_name): with OpenMPI,
+  /// start `ompi-server -r FILE` and launch both jobs with `mpirun --ompi-server file:FILE`.
+  /// Needs MPI_THREAD_MULTIPLE (EnvironmentOptions::required): MPI's accept has no timeout,
+  /// and eredu bounds it from another thread. Throws CollectiveError: timed_out when no job
+  /// connected within the timeout, collective_error when MPI refused (no name server, the
+  /// name offered already).
+  static Communicator accept(Environment& env, const Communicator& group, const std::string& service,
+                             RendezvousOptions options = {});
+  /// Joins the job that offers `service` (see accept): returns the communicator of both jobs,
+  /// the accepting job's ranks first, then this group's. Waits for the name to be offered
+  /// within the timeout. Collective and blocking over `group`; needs MPI_THREAD_MULTIPLE.
+  /// Throws CollectiveError (timed_out, collective_error).
+  static Communicator connect(Environment& env, const Communicator& group, const std::string& service,
+                              RendezvousOptions options = {});
 
   /// True when this handle owns a communicator.
   bool valid() const noexcept { return state_ != nullptr; }
