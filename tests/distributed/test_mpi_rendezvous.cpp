@@ -5,8 +5,8 @@
 
 #include <asio/io_context.hpp>
 #include <catch2/catch.hpp>
-#include <cstdlib>
 #include <chrono>
+#include <cstdlib>
 #include <string>
 
 #include <fmt/format.h>
@@ -59,8 +59,7 @@ TEST_CASE("rendezvous – an accept nobody connects to fails with timed_out with
       CollectiveError);
 }
 
-TEST_CASE("rendezvous – a connect to a service nobody offers fails with timed_out within its timeout",
-          "[rendezvous]") {
+TEST_CASE("rendezvous – a connect to a service nobody offers fails with timed_out within its timeout", "[rendezvous]") {
   mpi::Communicator& world = mpi_world();
   if (mpi_environment().provided() < mpi::ThreadLevel::multiple) {
     WARN("skipped: joining jobs needs MPI_THREAD_MULTIPLE (run with EREDU_TEST_MPI_THREADS=multiple)");

@@ -23,13 +23,17 @@ namespace detail {
 
 struct SubscriberState {
   SubscriberState(std::shared_ptr<CommState> c, int p, asio::any_io_executor e, SubscriberOptions o)
-      : comm(c), publisher(p), executor(std::move(e)), options(o), window(std::move(c), true) {}
+      : comm(c),
+        publisher(p),
+        executor(std::move(e)),
+        options(o),
+        window(o.transport == LiveTransport::one_sided ? std::make_unique<LiveWindow>(std::move(c), true) : nullptr) {}
 
   std::shared_ptr<CommState> comm;
   int publisher;
   asio::any_io_executor executor;
   SubscriberOptions options;
-  LiveWindow window;
+  std::unique_ptr<LiveWindow> window;  ///< none under LiveTransport::two_sided
   std::atomic<std::uint64_t> sequence{0};
 
   /// The location errors name.
@@ -251,6 +255,30 @@ std::vector<ByteRun> changed_pieces(const std::vector<ByteRun>& runs,
 
 }  // namespace
 
+asio::awaitable<void> PublishedSource::request_runs(const io::TensorInfo& t, std::uint64_t address,
+                                                    const std::vector<ByteRun>& runs, std::span<std::byte> out,
+                                                    std::uint64_t size) {
+  detail::WireWriter body;
+  body.u64(address);
+  body.u64(runs.size());
+  for (const ByteRun& r : runs) {
+    body.u64(r.source_offset);
+    body.u64(r.length);
+  }
+  auto [status, bytes] =
+      co_await subscriber_->request(detail::RequestKind::read, manifest_->publication, std::move(body.bytes()));
+  subscriber_->check(status, bytes, manifest_->version);
+  if (bytes.size() != size)
+    throw Error(errc::incomplete_data, {.file = subscriber_->location(manifest_->version), .tensor = t.name},
+                fmt::format("the publisher (rank {}) sent {} bytes where {} were asked", subscriber_->publisher,
+                            bytes.size(), size));
+  std::size_t at = 0;
+  for (const ByteRun& r : runs) {
+    std::memcpy(out.data() + r.dest_offset, bytes.data() + at, r.length);
+    at += r.length;
+  }
+}
+
 asio::awaitable<void> PublishedSource::read_runs(const io::TensorInfo& t, std::uint64_t address,
                                                  std::vector<ByteRun> runs, std::span<std::byte> out) {
   const std::size_t part = subscriber_->options.part_size;
@@ -270,12 +298,17 @@ asio::awaitable<void> PublishedSource::read_runs(const io::TensorInfo& t, std::u
         hi = std::max(hi, r.dest_offset + r.length);
         r.dest_offset -= lo;
       }
-      parts.push_back(subscriber_->window.read(subscriber_->publisher, static_cast<MPI_Aint>(address), std::move(group),
-                                               out.subspan(lo, hi - lo),
-                                               fmt::format("the read of {} bytes of {} from version {}", size,
-                                                           printable(t.name), printable(manifest_->version)),
-                                               subscriber_->options.timeout));
       transferred_ += size;
+      if (!subscriber_->window) {
+        co_await request_runs(t, address, group, out.subspan(lo, hi - lo), size);
+        first = last;
+        continue;
+      }
+      parts.push_back(subscriber_->window->read(subscriber_->publisher, static_cast<MPI_Aint>(address),
+                                                std::move(group), out.subspan(lo, hi - lo),
+                                                fmt::format("the read of {} bytes of {} from version {}", size,
+                                                            printable(t.name), printable(manifest_->version)),
+                                                subscriber_->options.timeout));
       first = last;
     }
     for (const Completion& c : parts) co_await c.async_wait(asio::use_awaitable);

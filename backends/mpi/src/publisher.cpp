@@ -6,6 +6,7 @@
 #include <cstring>
 #include <deque>
 #include <future>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -88,14 +89,17 @@ struct PublicationState {
 
 struct PublisherState : std::enable_shared_from_this<PublisherState> {
   PublisherState(std::shared_ptr<CommState> c, PublisherOptions o)
-      : comm(c), options(o), window(std::make_unique<LiveWindow>(std::move(c), false)) {}
+      : comm(c),
+        options(o),
+        window(o.transport == LiveTransport::one_sided ? std::make_unique<LiveWindow>(std::move(c), false) : nullptr) {}
 
   std::shared_ptr<CommState> comm;
   PublisherOptions options;
   /// Freed by ~Publisher (collectively with the subscribers), even while Publication handles
   /// keep this state alive.
-  std::unique_ptr<LiveWindow> window;
-  asio::thread_pool worker{1};  // answers requests: hashing never holds the progress thread
+  std::unique_ptr<LiveWindow> window;  ///< none under LiveTransport::two_sided
+  bool closed = false;                 ///< ~Publisher ran (guarded by attach_mutex)
+  asio::thread_pool worker{1};         // answers requests: hashing never holds the progress thread
 
   mutable std::mutex mutex;
   mutable std::condition_variable changed;
@@ -138,8 +142,10 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
                   fmt::format("version {}: its memory overlaps memory another offered version uses in another "
                               "layout (MPI cannot attach overlapping regions): withdraw that version first",
                               printable(version)));
-    if (!window) throw Error(errc::invalid_argument, {}, "the publisher is closed");
-    const MPI_Aint address = window->attach(region);
+    if (closed) throw Error(errc::invalid_argument, {}, "the publisher is closed");
+    // Two-sided reads name memory by its address, as a dynamic window does.
+    const MPI_Aint address =
+        window ? window->attach(region) : static_cast<MPI_Aint>(reinterpret_cast<std::uintptr_t>(region.data()));
     attached.emplace(region.data(), Attached{region, address, 1});
     return address;
   }
@@ -291,6 +297,10 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
       reply(head.sender, head.reply_tag, ReplyStatus::ok, {});
       return;
     }
+    if (head.kind == RequestKind::read) {
+      reply(head.sender, head.reply_tag, ReplyStatus::ok, read_attached(r));
+      return;
+    }
     if (head.kind != RequestKind::digests)
       throw Error(errc::invalid_argument, {}, fmt::format("unknown request kind {}", static_cast<int>(head.kind)));
     const std::uint64_t n = r.u64();
@@ -313,6 +323,43 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
       out.str(selection_digest(t, p->memory[index], *selection));
     }
     reply(head.sender, head.reply_tag, ReplyStatus::ok, std::move(out.bytes()));
+  }
+
+  /// The bytes a two-sided read asks for, copied from attached memory: each run must lie
+  /// within one region still attached (a withdrawn version's memory may be the caller's again).
+  std::vector<std::byte> read_attached(WireReader& r) {
+    if (window) throw Error(errc::invalid_argument, {}, "this publisher's subscribers read its window (one_sided)");
+    const std::uint64_t address = r.u64();
+    const std::uint64_t count = r.u64();
+    if (count > max_request_bytes / 16) throw Error(errc::invalid_argument, {}, "a read of too many runs");
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> runs;
+    std::uint64_t total = 0;
+    for (std::uint64_t i = 0; i < count; ++i) {
+      const std::uint64_t offset = r.u64(), length = r.u64();
+      if (offset > std::numeric_limits<std::uint64_t>::max() - address || length > (std::uint64_t{1} << 30) ||
+          total + length > (std::uint64_t{1} << 30))
+        throw Error(errc::invalid_argument, {}, "a read past the address space, or of more than 1 GiB");
+      runs.emplace_back(address + offset, length);
+      total += length;
+    }
+    std::vector<std::byte> out(total);
+    std::size_t at = 0;
+    std::lock_guard lock(attach_mutex);  // withdraw detaches under it: no region goes mid-copy
+    for (const auto& [from, length] : runs) {
+      const auto* first = reinterpret_cast<const std::byte*>(static_cast<std::uintptr_t>(from));
+      auto it = attached.upper_bound(first);
+      const bool inside = it != attached.begin() && [&] {
+        const Attached& a = std::prev(it)->second;
+        const std::uint64_t start = reinterpret_cast<std::uintptr_t>(a.memory.data());
+        return from >= start && from - start <= a.memory.size() && length <= a.memory.size() - (from - start);
+      }();
+      if (!inside)
+        throw Error(errc::invalid_argument, {},
+                    fmt::format("a read of {} bytes at {:#x} outside the memory this publisher offers", length, from));
+      std::memcpy(out.data() + at, first, length);
+      at += length;
+    }
+    return out;
   }
 
   /// Withdraws `p` and detaches its memory (see Publication::withdraw).
@@ -418,6 +465,7 @@ Publisher::~Publisher() {
   if (rx) detail::cancel_receive(state_->comm, rx);
   state_->worker.join();
   std::lock_guard lock(state_->attach_mutex);
+  state_->closed = true;
   state_->window.reset();
 }
 

@@ -65,8 +65,7 @@ void join_step(Step& s, bool accept, MPI_Comm comm, const std::string& port) {
   if (rc != MPI_SUCCESS) return fail(rc, accept ? "MPI_Comm_accept" : "MPI_Comm_connect");
   MPI_Comm_set_errhandler(inter, MPI_ERRORS_RETURN);
   MPI_Comm merged = MPI_COMM_NULL;
-  if ((rc = MPI_Intercomm_merge(inter, accept ? 0 : 1, &merged)) != MPI_SUCCESS)
-    return fail(rc, "MPI_Intercomm_merge");
+  if ((rc = MPI_Intercomm_merge(inter, accept ? 0 : 1, &merged)) != MPI_SUCCESS) return fail(rc, "MPI_Intercomm_merge");
   MPI_Comm_set_errhandler(merged, MPI_ERRORS_RETURN);
   // The merged communicator is all either job keeps: the intercommunicator goes at once.
   if ((rc = MPI_Comm_disconnect(&inter)) != MPI_SUCCESS) return fail(rc, "MPI_Comm_disconnect");
@@ -162,8 +161,8 @@ MPI_Comm join_jobs(Communicator& local, JoinSide side, const std::string& servic
                                 timeout.count()));
         } else if ((rc = lookup_until(ack, value, deadline)) != MPI_SUCCESS) {
           MPI_Unpublish_name(knock.c_str(), MPI_INFO_NULL, port);
-          say(true, fmt::format("the job offering the service '{}' did not answer within {} ms", service,
-                                timeout.count()));
+          say(true,
+              fmt::format("the job offering the service '{}' did not answer within {} ms", service, timeout.count()));
         } else {
           mine.ok = 1;
         }
@@ -203,8 +202,8 @@ MPI_Comm join_jobs(Communicator& local, JoinSide side, const std::string& servic
   }
   std::lock_guard lock(step->mutex);
   if (step->rc != MPI_SUCCESS)
-    throw failure(errc::collective_error,
-                  fmt::format("{} for the service '{}' failed: {}", step->failed_call, service, mpi_error_text(step->rc)));
+    throw failure(errc::collective_error, fmt::format("{} for the service '{}' failed: {}", step->failed_call, service,
+                                                      mpi_error_text(step->rc)));
   return step->merged;
 }
 

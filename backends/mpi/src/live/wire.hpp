@@ -1,7 +1,8 @@
 #pragma once
 // The messages of live updates (private to eredu::mpi): what a subscriber asks the publisher
-// and what it answers, as length-checked binary records. Tensor bytes never travel in them:
-// subscribers read those from the publisher's window (channel.hpp).
+// and what it answers, as length-checked binary records. Tensor bytes travel in them only
+// under LiveTransport::two_sided (a read request); otherwise subscribers read those from the
+// publisher's window (channel.hpp).
 //
 // A request is one message to the publisher on request_tag: its kind, the sender, the tag of
 // the reply, the publication it concerns, and a body. A reply is two messages on the sender's
@@ -35,6 +36,10 @@ enum class RequestKind : std::uint32_t {
   digests = 2,  ///< digests of selections of the publication's tensors
   confirm = 3,  ///< is the publication still offered (not withdrawn)?
   done = 4,     ///< this subscriber has finished reading (no reply)
+  /// bytes of the publisher's offered memory (LiveTransport::two_sided): u64 address, u64
+  /// count, then count × (u64 offset from address, u64 length); the reply is those bytes, in
+  /// that order
+  read = 5,
 };
 
 /// How the publisher answered.

@@ -52,6 +52,7 @@
 #include "eredu/io/reading/byte_source.hpp"
 #include "eredu/io/reading/lease_pool.hpp"
 #include "eredu/mpi/communicator.hpp"
+#include "eredu/mpi/live_transport.hpp"
 
 namespace eredu::mpi {
 
@@ -68,6 +69,8 @@ struct SubscriberOptions {
   std::size_t budget = std::size_t{256} << 20;
   /// Bytes one MPI_Rget reads at most.
   std::size_t part_size = std::size_t{16} << 20;
+  /// How it reads: the publisher's choice (PublisherOptions::transport).
+  LiveTransport transport = LiveTransport::one_sided;
 };
 
 class PublishedSource;
@@ -210,6 +213,8 @@ class PublishedSource {
                               const std::vector<ByteRun>& runs, std::uint64_t from, std::span<std::byte> out);
   asio::awaitable<void> read_runs(const io::TensorInfo& t, std::uint64_t address, std::vector<ByteRun> runs,
                                   std::span<std::byte> out);
+  asio::awaitable<void> request_runs(const io::TensorInfo& t, std::uint64_t address, const std::vector<ByteRun>& runs,
+                                     std::span<std::byte> out, std::uint64_t size);
   asio::awaitable<bool> apply_sparse(const io::TensorInfo& t, std::vector<ByteRun> wanted, std::span<std::byte> out);
   asio::awaitable<io::Lease> lease_of(const io::TensorReadRequest& request, const io::TensorInfo& t,
                                       const std::vector<ByteRun>& runs, std::uint64_t from, std::size_t size,

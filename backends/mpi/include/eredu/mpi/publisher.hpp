@@ -45,6 +45,7 @@
 #include "eredu/core/dtype.hpp"
 #include "eredu/core/shape.hpp"
 #include "eredu/mpi/communicator.hpp"
+#include "eredu/mpi/live_transport.hpp"
 
 namespace eredu::mpi {
 
@@ -71,6 +72,8 @@ struct PublisherOptions {
   /// The granule of deltas: a version published against an offered base is compared with it
   /// in blocks of this many bytes (see Publisher::publish). 0: never deltas.
   std::size_t delta_block = std::size_t{64} << 10;
+  /// How subscribers read: the same on the publisher and every subscriber of its group.
+  LiveTransport transport = LiveTransport::one_sided;
 };
 
 /// One version offered by a Publisher (see file comment). Move-only; destruction withdraws it.
