@@ -4,7 +4,8 @@
 # tensor-parallel pair) and prints, per contender, the median and min-max over the rounds of
 # its seconds and of each rank's GB/s, and the update's ratios to MPI_Bcast and to the hot-file
 # swap; and delta updates with 1 % and 10 % of the 64 KiB blocks changed, and with 1.5 % of the
-# values changed at random, against the full update of the same round. Rows (one JSON line per round and contender) go to OUT.
+# values changed at random, against the full update of the same round; and the full update
+# over the two-sided transport (update2) against the one-sided one. Rows (one JSON line per round and contender) go to OUT.
 #
 # usage: bench/live_update.sh BUILD_DIR [size MiB=2048] [rounds=7] [out.jsonl]
 # Hold /tmp/eredu-build.lock around it on a shared machine so that no build runs meanwhile.
@@ -40,6 +41,14 @@ fl = [f[k] / u[k] for k in u]
 print(f"update bandwidth / MPI_Bcast bandwidth (per round): {statistics.median(bw):.2f} ({min(bw):.2f}-{max(bw):.2f})")
 print(f"MPI_Bcast time / update time (per round):           {statistics.median(tm):.2f} ({min(tm):.2f}-{max(tm):.2f})")
 print(f"hot-file swap time / update time (per round):       {statistics.median(fl):.2f} ({min(fl):.2f}-{max(fl):.2f})")
+if any(r.get("case") == "update2" for r in rows):
+    m, lo, hi, _ = stat("update2")
+    u2 = {r["round"]: r["seconds"] for r in rows if r.get("case") == "update2"}
+    ratio = [u2[k] / u[k] for k in u2 if k in u]
+    print(f"update2 {m:.3f} s ({lo:.3f}-{hi:.3f})   {read / m / 1e9:.2f} GB/s per rank; two-sided time / one-sided "
+          f"(per round) {statistics.median(ratio):.2f} ({min(ratio):.2f}-{max(ratio):.2f})")
+    m, lo, hi, _ = stat("update2", "load_s")
+    print(f"  update2 load_s     {m:.4f} s ({lo:.4f}-{hi:.4f})")
 for case in ("delta1", "delta10", "sparse"):
     if not any(r.get("case") == case for r in rows):
         continue

@@ -20,7 +20,9 @@
 //           and reads only the changed blocks of its shard. Timed like update, from the open to
 //           the commit;
 //   sparse  the same with 1.5 % of the bf16 values changed (their lowest bit flipped) at random
-//           places: every block changes, and the publisher sends the changed values.
+//           places: every block changes, and the publisher sends the changed values;
+//   update2 update over LiveTransport::two_sided: each part a request the publisher answers
+//           with a copy of the bytes (a second publisher and subscribers on their own group).
 // Meanwhile a serving thread on each subscriber takes the version for each request
 // (version_for_step) and reads two tensors of it; its latencies are kept apart for requests
 // during an update and in steady state, and every response checks that both tensors come from
@@ -177,11 +179,12 @@ int run_bench(int argc, char** argv) {
 }
 
 int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const std::filesystem::path& dir) {
-  constexpr int contenders = 6;  // update, bcast, file, delta1, delta10, sparse
+  constexpr int contenders = 7;  // update, bcast, file, delta1, delta10, sparse, update2 (two-sided)
   mpi::Communicator world = mpi::Communicator::world(env, {.timeout = std::chrono::minutes(5)});
   if (world.size() != 3) throw std::invalid_argument("run it with mpirun -np 3");
   const int rank = world.rank();
   mpi::Communicator live = world.split(0, rank, "live");
+  mpi::Communicator live2 = world.split(0, rank, "live2");  // the two-sided transport's group
   mpi::Communicator tp = world.split(rank == 0 ? -1 : 0, rank, "tp");
 
   // Two versions (seeds 1 and 2), alternated round by round, so that a mixed response shows.
@@ -233,11 +236,12 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
       }
     }
     mpi::Publisher publisher(live);
-    for (int r = -2; r < rounds; ++r) {  // two warm-up updates first, one per version
-      for (int k = 0; k < (r < 0 ? 1 : contenders); ++k) {
-        const int contender = r < 0 ? 0 : (r + k) % contenders;
+    mpi::Publisher publisher2(live2, {.transport = mpi::LiveTransport::two_sided});
+    for (int r = -2; r < rounds; ++r) {  // warm-up updates first, one per version and transport
+      for (int k = 0; k < (r < 0 ? 2 : contenders); ++k) {
+        const int contender = r < 0 ? (k == 0 ? 0 : 6) : (r + k) % contenders;
         MPI_Barrier(MPI_COMM_WORLD);
-        if (contender >= 3) {
+        if (contender >= 3 && contender <= 5) {
           auto& base = ((r + 2) % 2 == 0) ? mem_a : mem_b;
           const std::string base_tag = fmt::format("base-{}-{}", r, k);
           mpi::Publication b = publisher.publish(base_tag, {}, tensors_of(base));
@@ -285,10 +289,11 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
                                           r, contender == 5 ? std::string("sparse") : fmt::format("delta{}", percent),
                                           s, publish_s, changed, parts[0], parts[1], parts[2])
                                   .c_str());
-        } else if (contender == 0) {
+        } else if (contender == 0 || contender == 6) {
           auto& mem = ((r + 2) % 2 == 0) ? mem_a : mem_b;
           const Clock::time_point t0 = Clock::now();
-          mpi::Publication p = publisher.publish(fmt::format("round-{}", r), {}, tensors_of(mem));
+          mpi::Publication p =
+              (contender == 0 ? publisher : publisher2).publish(fmt::format("round-{}", r), {}, tensors_of(mem));
           const double publish_s = seconds_since(t0);
           MPI_Barrier(MPI_COMM_WORLD);
           p.wait_served(2, std::chrono::minutes(5));
@@ -296,12 +301,12 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
           double parts[5] = {};
           MPI_Reduce(MPI_IN_PLACE, parts, 5, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
           if (r >= 0)
-            std::printf("%s\n",
-                        fmt::format(R"({{"round": {}, "case": "update", "seconds": {:.4f}, "publish_s": {:.4f}, )"
-                                    R"("open_s": {:.4f}, "digests_s": {:.4f}, "load_s": {:.4f}, )"
-                                    R"("canary_s": {:.4f}, "commit_s": {:.4f}}})",
-                                    r, s, publish_s, parts[0], parts[1], parts[2], parts[3], parts[4])
-                            .c_str());
+            std::printf("%s\n", fmt::format(R"({{"round": {}, "case": "{}", "seconds": {:.4f}, "publish_s": {:.4f}, )"
+                                            R"("open_s": {:.4f}, "digests_s": {:.4f}, "load_s": {:.4f}, )"
+                                            R"("canary_s": {:.4f}, "commit_s": {:.4f}}})",
+                                            r, contender == 0 ? "update" : "update2", s, publish_s, parts[0], parts[1],
+                                            parts[2], parts[3], parts[4])
+                                    .c_str());
         } else if (contender == 1) {
           const Clock::time_point t0 = Clock::now();
           auto& mem = ((r + 2) % 2 == 0) ? mem_a : mem_b;
@@ -330,6 +335,10 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
 
   mpi::Subscriber subscriber(live, 0, ctx.get_executor(),
                              {.timeout = std::chrono::minutes(2), .budget = std::size_t{256} << 20});
+  mpi::Subscriber subscriber2(live2, 0, ctx.get_executor(),
+                              {.timeout = std::chrono::minutes(2),
+                               .budget = std::size_t{256} << 20,
+                               .transport = mpi::LiveTransport::two_sided});
   cpu::Executor arena(2);
   cpu::MaterializationContext context{arena, cpu::Backend::default_storage()};
   io::SourceOptions file_options;
@@ -365,10 +374,10 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
   server.start();
   for (int r = -2; r < rounds; ++r) {
     const int version = (r + 2) % 2;
-    for (int k = 0; k < (r < 0 ? 1 : contenders); ++k) {
-      const int contender = r < 0 ? 0 : (r + k) % contenders;
+    for (int k = 0; k < (r < 0 ? 2 : contenders); ++k) {
+      const int contender = r < 0 ? (k == 0 ? 0 : 6) : (r + k) % contenders;
       MPI_Barrier(MPI_COMM_WORLD);
-      if (contender >= 3) {
+      if (contender >= 3 && contender <= 5) {
         // The base, whole and untimed (the serving thread sees it as steady state).
         MPI_Barrier(MPI_COMM_WORLD);
         std::unique_ptr<mpi::PublishedSource> b = run(ctx, subscriber.async_open("", asio::use_awaitable));
@@ -402,11 +411,12 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
         slowest(mine);
         const double parts[3] = {report.load_s, static_cast<double>(v->transferred_bytes()), delta ? 1.0 : 0.0};
         MPI_Reduce(parts, nullptr, 3, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-      } else if (contender == 0) {
+      } else if (contender == 0 || contender == 6) {
         MPI_Barrier(MPI_COMM_WORLD);  // published
         server.updating = r >= 0;
         const Clock::time_point t0 = Clock::now();
-        std::unique_ptr<mpi::PublishedSource> v = run(ctx, subscriber.async_open("", asio::use_awaitable));
+        std::unique_ptr<mpi::PublishedSource> v =
+            run(ctx, (contender == 0 ? subscriber : subscriber2).async_open("", asio::use_awaitable));
         const double open_s = seconds_since(t0);
         engine::SwapOptions<Module> o;
         o.checksums = run(ctx, v->async_checksums(plan.bindings, asio::use_awaitable));

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include <fmt/format.h>
+#include <asio/co_spawn.hpp>
 #include <asio/use_awaitable.hpp>
 
 #include "eredu/core/collective_error.hpp"
@@ -218,6 +219,11 @@ asio::awaitable<void> PublishedSource::no_window(std::string key) {
 
 namespace {
 
+/// Two-sided requests of one read that wait at once: enough for the publisher to copy a part
+/// while the one before is on the wire, few enough to bound the copies it holds (at most this
+/// many parts per reading subscriber).
+constexpr std::size_t requests_in_flight = 4;
+
 /// The part [from, from + size) of the selection `runs` (destination offsets from `from`).
 std::vector<ByteRun> slice_runs(const std::vector<ByteRun>& runs, std::uint64_t from, std::uint64_t size) {
   std::vector<ByteRun> out;
@@ -256,7 +262,7 @@ std::vector<ByteRun> changed_pieces(const std::vector<ByteRun>& runs,
 }  // namespace
 
 asio::awaitable<void> PublishedSource::request_runs(const io::TensorInfo& t, std::uint64_t address,
-                                                    const std::vector<ByteRun>& runs, std::span<std::byte> out,
+                                                    std::vector<ByteRun> runs, std::span<std::byte> out,
                                                     std::uint64_t size) {
   detail::WireWriter body;
   body.u64(address);
@@ -283,6 +289,7 @@ asio::awaitable<void> PublishedSource::read_runs(const io::TensorInfo& t, std::u
                                                  std::vector<ByteRun> runs, std::span<std::byte> out) {
   const std::size_t part = subscriber_->options.part_size;
   std::vector<Completion> parts;
+  std::exception_ptr failure;
   try {
     // One MPI_Rget per part of at most `part` bytes (no run is longer).
     for (std::size_t first = 0; first < runs.size();) {
@@ -300,7 +307,16 @@ asio::awaitable<void> PublishedSource::read_runs(const io::TensorInfo& t, std::u
       }
       transferred_ += size;
       if (!subscriber_->window) {
-        co_await request_runs(t, address, group, out.subspan(lo, hi - lo), size);
+        // Requests overlap: the publisher copies one part while another is on the wire.
+        if (parts.size() >= requests_in_flight) {
+          co_await parts.front().async_wait(asio::use_awaitable);
+          parts.erase(parts.begin());
+        }
+        CompletionSource part_done;
+        parts.push_back(part_done.completion());
+        asio::co_spawn(subscriber_->executor,
+                       request_runs(t, address, std::move(group), out.subspan(lo, hi - lo), size),
+                       [done = std::move(part_done)](std::exception_ptr error) mutable { done.finish(error); });
         first = last;
         continue;
       }
@@ -313,7 +329,21 @@ asio::awaitable<void> PublishedSource::read_runs(const io::TensorInfo& t, std::u
     }
     for (const Completion& c : parts) co_await c.async_wait(asio::use_awaitable);
   } catch (...) {
-    subscriber_->rethrow_located(manifest_->version, t.name);
+    failure = std::current_exception();
+  }
+  if (failure) {
+    // No part may still write into `out` once this returns.
+    for (const Completion& c : parts) {
+      try {
+        co_await c.async_wait(asio::use_awaitable);
+      } catch (...) {  // the first failure is the one reported
+      }
+    }
+    try {
+      std::rethrow_exception(failure);
+    } catch (...) {
+      subscriber_->rethrow_located(manifest_->version, t.name);
+    }
   }
 }
 
