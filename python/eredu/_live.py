@@ -42,14 +42,24 @@ def _require():
 
 
 class LiveGroup:
-    """Every process of this MPI job. `timeout` (seconds) bounds every wait on another rank."""
+    """Every process of this MPI job. `timeout` (seconds) bounds every wait on another rank.
 
-    def __init__(self, timeout=60.0):
+    `accept="NAME"` (the trainer's job) or `connect="NAME"` (the servers' job) joins it with
+    another job started separately, through MPI's name server (both launched with
+    `mpirun --ompi-server file:FILE` of one `ompi-server`): the group is then both jobs, the
+    accepting job's ranks first, and joining gives up after `timeout`. It must be the
+    process's first LiveGroup. `transport`: how subscribers read, "one_sided" (MPI_Rget from
+    the publisher's memory), "two_sided" (requests answered with the bytes: what reaches
+    another job over TCP) or "auto" (two_sided when joining, else one_sided)."""
+
+    def __init__(self, timeout=60.0, *, transport="auto", accept=None, connect=None):
         _require()
-        self._native = _native.LiveGroup(float(timeout))
+        self._native = _native.LiveGroup(float(timeout), str(transport), accept, connect)
 
     rank = property(lambda self: self._native.rank, doc="This process's rank.")
-    size = property(lambda self: self._native.size, doc="Processes in the job.")
+    size = property(lambda self: self._native.size, doc="Processes in the group.")
+    transport = property(lambda self: self._native.transport,
+                         doc='How its subscribers read: "one_sided" or "two_sided".')
 
 
 def _entries(tensors):

@@ -15,6 +15,7 @@
 #include "checkpoint.hpp"
 #include "eredu/core/dtype.hpp"
 #include "eredu/core/error.hpp"
+#include "eredu/core/printable.hpp"
 #include "eredu/mpi/environment.hpp"
 #include "eredu/mpi/publisher.hpp"
 #include "runtime.hpp"
@@ -38,28 +39,58 @@ LiveWorld& live_world() {
   return world;
 }
 
-/// The group of every process of the job (MPI_COMM_WORLD, duplicated), named "live".
+/// The group of every process of the job (MPI_COMM_WORLD, duplicated), named "live"; or, with
+/// `accept` / `connect`, that and the processes of another job started separately.
 class LiveGroup {
  public:
-  explicit LiveGroup(double timeout_s) {
+  LiveGroup(double timeout_s, const std::string& transport, const py::object& accept, const py::object& connect) {
+    if (!accept.is_none() && !connect.is_none())
+      throw Error(errc::invalid_argument, {}, "a live group either accepts or connects, not both");
+    const bool joining = !accept.is_none() || !connect.is_none();
+    const std::string service = joining ? text_bytes(accept.is_none() ? connect : accept, "service") : std::string();
+    if (transport == "one_sided" || (transport == "auto" && !joining))
+      transport_ = mpi::LiveTransport::one_sided;
+    else if (transport == "two_sided" || transport == "auto")
+      transport_ = mpi::LiveTransport::two_sided;  // OpenMPI 4.1's windows do not reach another job
+    else
+      throw Error(errc::invalid_argument, {},
+                  fmt::format("transport '{}': one of 'auto', 'one_sided', 'two_sided'", printable(transport)));
+    const auto timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
     std::lock_guard lock(world_mutex);
     LiveWorld& w = live_world();
     if (!w.environment) {
       py::gil_scoped_release nogil;
-      w.environment = std::make_unique<mpi::Environment>();
+      // Joining another job needs MPI_THREAD_MULTIPLE (see mpi::Communicator::accept).
+      mpi::EnvironmentOptions options;
+      if (joining) options.required = mpi::ThreadLevel::multiple;
+      w.environment = std::make_unique<mpi::Environment>(options);
       w.world = std::make_unique<mpi::Communicator>(mpi::Communicator::world(*w.environment));
     }
     if (!w.world) throw Error(errc::invalid_argument, {}, "MPI was finalized in this process: no new live group");
+    if (joining && w.environment->provided() < mpi::ThreadLevel::multiple)
+      throw Error(errc::invalid_argument, {},
+                  "joining another job needs MPI_THREAD_MULTIPLE, and MPI started without it: make the process's "
+                  "first LiveGroup the one that accepts or connects");
     py::gil_scoped_release nogil;
-    group_ = std::make_shared<mpi::Communicator>(w.world->split(0, w.world->rank(), "live"));
-    group_->set_timeout(std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000)));
+    const mpi::RendezvousOptions joining_options{.timeout = timeout, .name = "live"};
+    if (!accept.is_none())
+      group_ = std::make_shared<mpi::Communicator>(
+          mpi::Communicator::accept(*w.environment, *w.world, service, joining_options));
+    else if (!connect.is_none())
+      group_ = std::make_shared<mpi::Communicator>(
+          mpi::Communicator::connect(*w.environment, *w.world, service, joining_options));
+    else
+      group_ = std::make_shared<mpi::Communicator>(w.world->split(0, w.world->rank(), "live"));
+    group_->set_timeout(timeout);
   }
   int rank() const { return group_->rank(); }
   int size() const { return group_->size(); }
+  mpi::LiveTransport transport() const { return transport_; }
   const std::shared_ptr<mpi::Communicator>& group() const { return group_; }
 
  private:
   std::shared_ptr<mpi::Communicator> group_;
+  mpi::LiveTransport transport_ = mpi::LiveTransport::one_sided;
 };
 
 /// A publication and the Python objects whose memory it offers.
@@ -97,8 +128,8 @@ class PyPublisher {
   PyPublisher(const LiveGroup& group, double linger_s) : group_(group.group()) {
     py::gil_scoped_release nogil;
     publisher_ = std::make_unique<mpi::Publisher>(
-        *group_,
-        mpi::PublisherOptions{.linger = std::chrono::milliseconds(static_cast<std::int64_t>(linger_s * 1000))});
+        *group_, mpi::PublisherOptions{.linger = std::chrono::milliseconds(static_cast<std::int64_t>(linger_s * 1000)),
+                                       .transport = group.transport()});
   }
   /// tensors: (name bytes, dtype name, shape, buffer) tuples; the buffers are C-contiguous
   /// bytes (the package makes them from numpy arrays and torch tensors without a copy).
@@ -156,7 +187,8 @@ class PySubscriber {
     py::gil_scoped_release nogil;
     subscriber_ = std::make_shared<mpi::Subscriber>(
         *group_, publisher, Runtime::get().executor(),
-        mpi::SubscriberOptions{.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000))});
+        mpi::SubscriberOptions{.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000)),
+                               .transport = group.transport()});
   }
   std::shared_ptr<PublishedVersion> open(const py::object& version) {
     if (!subscriber_) throw Error(errc::invalid_argument, {}, "the subscriber is closed");
@@ -219,7 +251,10 @@ PublishedVersion::~PublishedVersion() {
 
 void bind_live(py::module_& m) {
   py::class_<LiveGroup>(m, "LiveGroup", "Every process of this MPI job, for live updates.")
-      .def(py::init<double>(), py::arg("timeout"))
+      .def(py::init<double, const std::string&, const py::object&, const py::object&>(), py::arg("timeout"),
+           py::arg("transport"), py::arg("accept"), py::arg("connect"))
+      .def_property_readonly("transport",
+                             [](const LiveGroup& g) { return std::string(mpi::live_transport_name(g.transport())); })
       .def_property_readonly("rank", &LiveGroup::rank)
       .def_property_readonly("size", &LiveGroup::size);
   py::class_<PyPublication, std::shared_ptr<PyPublication>>(m, "Publication", "A version a Publisher offers.")

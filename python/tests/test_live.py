@@ -2,20 +2,26 @@
 # numpy arrays and torch tensors; ranks 1 and 2 each swap a ModelSlot to them. A bit flipped in
 # flight on rank 1 is a ChecksumError there and leaves it serving the version before; a delta
 # against the version rank 2 serves reads only the changed tensor there, and whole on rank 1; a
-# version withdrawn before it is opened, and one never published, are typed StoreErrors.
+# version withdrawn before it is opened, and one never published, are typed StoreErrors. The
+# same again with the trainer and the servers started as two jobs that join through
+# ompi-server, over the two-sided transport.
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
 import eredu
 
 MPIRUN = shutil.which("mpirun")
+OMPI_SERVER = shutil.which("ompi-server")
+MPIRUN_FLAGS = ["--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1"]
 
 SCRIPT = textwrap.dedent(r'''
+    import os
     import sys
     import numpy as np
     import torch
@@ -39,7 +45,12 @@ SCRIPT = textwrap.dedent(r'''
             return t.contiguous().view(torch.uint8).numpy().tobytes()
         return np.ascontiguousarray(t).tobytes()
 
-    group = eredu.LiveGroup(timeout=30)
+    # EREDU_TEST_JOIN="accept:NAME" (the trainer's job) or "connect:NAME" (the servers' job):
+    # two jobs started separately (test_publish_and_swap_across_two_jobs).
+    join = os.environ.get("EREDU_TEST_JOIN")
+    group = eredu.LiveGroup(timeout=30, **({join.split(":", 1)[0]: join.split(":", 1)[1]} if join else {}))
+    assert group.transport == ("two_sided" if join else "one_sided"), group.transport
+    assert group.size == 3, group.size
     rank = group.rank
     if rank == 0:
         with eredu.Publisher(group, linger=30) as publisher:
@@ -125,10 +136,42 @@ SCRIPT = textwrap.dedent(r'''
 def test_publish_and_swap_under_mpirun(tmp_path):
     script = tmp_path / "live.py"
     script.write_text(SCRIPT)
-    result = subprocess.run([MPIRUN, "--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1",
-                             "-np", "3", sys.executable, str(script)],
+    result = subprocess.run([MPIRUN, *MPIRUN_FLAGS, "-np", "3", sys.executable, str(script)],
                             capture_output=True, text=True, timeout=110, env=dict(os.environ))
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
+    for line in ("rank 0: published", "rank 1: ok", "rank 2: ok"):
+        assert line in out, out
+
+
+@pytest.mark.skipif(not eredu._live.available(), reason="this build has no live updates (no MPI)")
+@pytest.mark.skipif(MPIRUN is None or OMPI_SERVER is None, reason="mpirun or ompi-server is not installed")
+def test_publish_and_swap_across_two_jobs(tmp_path):
+    script = tmp_path / "live.py"
+    script.write_text(SCRIPT)
+    uri = tmp_path / "uri"
+    server = subprocess.Popen([OMPI_SERVER, "--no-daemonize", "-r", str(uri)])
+    trainer = None
+    try:
+        deadline = time.monotonic() + 10
+        while not (uri.exists() and uri.stat().st_size > 0):
+            assert time.monotonic() < deadline, "ompi-server wrote no address within 10 s"
+            time.sleep(0.05)
+        command = [MPIRUN, *MPIRUN_FLAGS, "--ompi-server", f"file:{uri}", "-np"]
+        service = f"eredu-python-{os.getpid()}"
+        trainer = subprocess.Popen(command + ["1", sys.executable, str(script)],
+                                   env=dict(os.environ, EREDU_TEST_JOIN=f"accept:{service}"),
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        servers = subprocess.run(command + ["2", sys.executable, str(script)],
+                                 env=dict(os.environ, EREDU_TEST_JOIN=f"connect:{service}"),
+                                 capture_output=True, text=True, timeout=110)
+        trainer_out, _ = trainer.communicate(timeout=60)
+    finally:
+        if trainer is not None and trainer.poll() is None:
+            trainer.kill()
+        server.kill()
+        server.wait()
+    out = trainer_out + servers.stdout + servers.stderr
+    assert trainer.returncode == 0 and servers.returncode == 0, out
     for line in ("rank 0: published", "rank 1: ok", "rank 2: ok"):
         assert line in out, out
