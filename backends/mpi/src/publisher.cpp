@@ -348,11 +348,12 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
     for (const auto& [from, length] : runs) {
       const auto* first = reinterpret_cast<const std::byte*>(static_cast<std::uintptr_t>(from));
       auto it = attached.upper_bound(first);
-      const bool inside = it != attached.begin() && [&] {
+      bool inside = false;
+      if (it != attached.begin()) {  // the region that starts at or before `first`
         const Attached& a = std::prev(it)->second;
         const std::uint64_t start = reinterpret_cast<std::uintptr_t>(a.memory.data());
-        return from >= start && from - start <= a.memory.size() && length <= a.memory.size() - (from - start);
-      }();
+        inside = from >= start && from - start <= a.memory.size() && length <= a.memory.size() - (from - start);
+      }
       if (!inside)
         throw Error(errc::invalid_argument, {},
                     fmt::format("a read of {} bytes at {:#x} outside the memory this publisher offers", length, from));
