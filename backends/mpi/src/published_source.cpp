@@ -8,7 +8,6 @@
 #include <utility>
 
 #include <fmt/format.h>
-#include <asio/co_spawn.hpp>
 #include <asio/use_awaitable.hpp>
 
 #include "eredu/core/collective_error.hpp"
@@ -219,11 +218,6 @@ asio::awaitable<void> PublishedSource::no_window(std::string key) {
 
 namespace {
 
-/// Two-sided requests of one read that wait at once: enough for the publisher to copy a part
-/// while the one before is on the wire, few enough to bound the copies it holds (at most this
-/// many parts per reading subscriber).
-constexpr std::size_t requests_in_flight = 4;
-
 /// The part [from, from + size) of the selection `runs` (destination offsets from `from`).
 std::vector<ByteRun> slice_runs(const std::vector<ByteRun>& runs, std::uint64_t from, std::uint64_t size) {
   std::vector<ByteRun> out;
@@ -307,16 +301,9 @@ asio::awaitable<void> PublishedSource::read_runs(const io::TensorInfo& t, std::u
       }
       transferred_ += size;
       if (!subscriber_->window) {
-        // Requests overlap: the publisher copies one part while another is on the wire.
-        if (parts.size() >= requests_in_flight) {
-          co_await parts.front().async_wait(asio::use_awaitable);
-          parts.erase(parts.begin());
-        }
-        CompletionSource part_done;
-        parts.push_back(part_done.completion());
-        asio::co_spawn(subscriber_->executor,
-                       request_runs(t, address, std::move(group), out.subspan(lo, hi - lo), size),
-                       [done = std::move(part_done)](std::exception_ptr error) mutable { done.finish(error); });
+        // One request at a time, awaited here: a request spawned apart could outlive this
+        // source when the load gives up on it (ASan saw one).
+        co_await request_runs(t, address, std::move(group), out.subspan(lo, hi - lo), size);
         first = last;
         continue;
       }
