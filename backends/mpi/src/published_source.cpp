@@ -270,8 +270,8 @@ asio::awaitable<void> PublishedSource::request_runs(const io::TensorInfo& t, std
   subscriber_->check(status, bytes, manifest_->version);
   if (bytes.size() != size)
     throw Error(errc::incomplete_data, {.file = subscriber_->location(manifest_->version), .tensor = t.name},
-                fmt::format("the publisher (rank {}) sent {} bytes where {} were asked", subscriber_->publisher,
-                            bytes.size(), size));
+                fmt::format("the publisher (rank {}) sent {} bytes where {} were asked, for the part at offset {}",
+                            subscriber_->publisher, bytes.size(), size, runs.front().source_offset));
   std::size_t at = 0;
   for (const ByteRun& r : runs) {
     std::memcpy(out.data() + r.dest_offset, bytes.data() + at, r.length);
