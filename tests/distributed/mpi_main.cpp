@@ -6,8 +6,14 @@
 // communicator of two separately started jobs (tests/distributed/two_jobs.sh): the accepting
 // job's ranks first. That and EREDU_TEST_MPI_THREADS=multiple start MPI with
 // MPI_THREAD_MULTIPLE, which joining jobs needs.
+//
+// EREDU_TEST_STALE_SERVICE=SERVICE runs no test: rank 0 opens a port, offers it as SERVICE,
+// and exits without withdrawing it, as a trainer job that crashed after offering its service
+// leaves the name server (two_jobs.sh, EREDU_TWO_JOBS_STALE).
 
 #define CATCH_CONFIG_RUNNER
+#include <mpi.h>
+
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
@@ -35,8 +41,20 @@ int main(int argc, char** argv) {
   eredu::mpi::EnvironmentOptions options;
   if (join != nullptr || (threads != nullptr && std::string(threads) == "multiple"))
     options.required = eredu::mpi::ThreadLevel::multiple;
+  const char* stale = std::getenv("EREDU_TEST_STALE_SERVICE");
+  if (stale != nullptr) options.required = eredu::mpi::ThreadLevel::multiple;
   eredu::mpi::Environment env(argc, argv, options);
   environment = &env;
+  if (stale != nullptr) {
+    char port[MPI_MAX_PORT_NAME] = {};
+    if (MPI_Open_port(MPI_INFO_NULL, port) != MPI_SUCCESS ||
+        MPI_Publish_name(stale, MPI_INFO_NULL, port) != MPI_SUCCESS) {
+      std::fprintf(stderr, "could not offer '%s'\n", stale);
+      return 1;
+    }
+    std::fprintf(stderr, "offered '%s' at %s, and left it there\n", stale, port);
+    return 0;
+  }
   int rc = 0;
   {
     eredu::mpi::Communicator w = eredu::mpi::Communicator::world(env, {.timeout = std::chrono::seconds(30)});

@@ -4,6 +4,10 @@
 # service, and a job of CONNECTORS ranks that joins it. Each test binary makes the joined
 # communicator its world (EREDU_TEST_JOIN, see mpi_main.cpp), accepting ranks first.
 #
+# With EREDU_TWO_JOBS_STALE=1, a job that crashed after offering the service comes first: one
+# that offers it and exits without withdrawing it (the name server keeps it). The connecting
+# job then starts before the accepting one, so that it first finds that dead offer.
+#
 # usage: two_jobs.sh OMPI_SERVER MPIEXEC ACCEPTORS CONNECTORS TEST_BINARY FILTER [MPIEXEC FLAGS...]
 # Exit 77 (ctest: skipped) when OMPI_SERVER is not an executable.
 set -u
@@ -28,13 +32,26 @@ if [[ ! -s $dir/uri ]]; then
   exit 1
 fi
 service="eredu-two-jobs-$$"
-EREDU_TEST_JOIN="accept:$service" "$mpiexec" "$@" --ompi-server "file:$dir/uri" -np "$acceptors" \
-  "$binary" "$filter" &
-accepting=$!
-EREDU_TEST_JOIN="connect:$service" "$mpiexec" "$@" --ompi-server "file:$dir/uri" -np "$connectors" \
-  "$binary" "$filter"
-connecting_rc=$?
-wait "$accepting"
-accepting_rc=$?
+if [[ ${EREDU_TWO_JOBS_STALE:-} == 1 ]]; then
+  EREDU_TEST_STALE_SERVICE=$service "$mpiexec" "$@" --ompi-server "file:$dir/uri" -np 1 "$binary" || exit 1
+  EREDU_TEST_JOIN="connect:$service" "$mpiexec" "$@" --ompi-server "file:$dir/uri" -np "$connectors" \
+    "$binary" "$filter" &
+  connecting=$!
+  sleep 1
+  EREDU_TEST_JOIN="accept:$service" "$mpiexec" "$@" --ompi-server "file:$dir/uri" -np "$acceptors" \
+    "$binary" "$filter"
+  accepting_rc=$?
+  wait "$connecting"
+  connecting_rc=$?
+else
+  EREDU_TEST_JOIN="accept:$service" "$mpiexec" "$@" --ompi-server "file:$dir/uri" -np "$acceptors" \
+    "$binary" "$filter" &
+  accepting=$!
+  EREDU_TEST_JOIN="connect:$service" "$mpiexec" "$@" --ompi-server "file:$dir/uri" -np "$connectors" \
+    "$binary" "$filter"
+  connecting_rc=$?
+  wait "$accepting"
+  accepting_rc=$?
+fi
 echo "two jobs joined as '$service': the accepting job exited $accepting_rc, the connecting job $connecting_rc"
 [[ $accepting_rc == 0 && $connecting_rc == 0 ]]

@@ -1,16 +1,21 @@
 #include "rendezvous.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <random>
+#include <span>
 #include <thread>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "eredu/core/collective_error.hpp"
+#include "eredu/io/integrity/digest.hpp"
 #include "progress.hpp"
 
 namespace eredu::mpi::detail {
@@ -91,20 +96,40 @@ int lookup_until(const std::string& name, char* value, Clock::time_point deadlin
   return rc;
 }
 
+/// 16 hex digits naming `text` (XXH3-128's first half): the same in every build.
+std::string tag_of(const std::string& text) {
+  return io::digest_hex(io::DigestKind::xxh3_128, std::as_bytes(std::span(text))).substr(0, 16);
+}
+
+/// A connector's name for one attempt, unlike any other process's, before or after.
+std::string fresh_nonce() {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::random_device random;
+  return tag_of(
+      fmt::format("{}/{}/{}/{}/{}", host, ::getpid(), Clock::now().time_since_epoch().count(), random(), random()));
+}
+
 }  // namespace
 
 // MPI_Comm_accept and MPI_Comm_connect wait forever for the other side, and neither can be
 // cancelled (a process cannot even connect to its own port to release its accept: OpenMPI 4.1
 // deadlocks). So the first ranks of the two sides agree through the name server before either
 // calls them, each step a lookup that is polled within the timeout:
-//   acceptor: opens a port and publishes it as SERVICE;
-//   connector: looks SERVICE up, then publishes SERVICE#knock;
-//   acceptor: looks SERVICE#knock up, unpublishes SERVICE, publishes SERVICE#ack, and accepts;
-//   connector: looks SERVICE#ack up, and connects.
+//   acceptor: opens a port P and publishes it as SERVICE;
+//   connector: looks SERVICE up, then publishes a fresh nonce N as SERVICE#knock#tag(P);
+//   acceptor: looks SERVICE#knock#tag(P) up, unpublishes SERVICE, publishes P as SERVICE#ack#N,
+//             and accepts;
+//   connector: looks SERVICE#ack#N up, and connects.
 // A side that gives up unpublishes its name first, so the other side's later lookup fails
 // instead of leading it into a call that would never return. Past the agreement only a peer
 // that dies can leave a rank inside MPI; that rank then waits the grace, fails with timed_out,
 // and leaves MPI unfinalized.
+// The name server keeps names after the job that published them is gone (ompi-server 4.1
+// does, even after a kill -9, and another job cannot unpublish them). So the knock and the ack
+// name this attempt's port and nonce: those a crashed attempt left never match a later one. A
+// SERVICE a crashed acceptor left is published over by the next acceptor, and a connector that
+// knocked at the port it named moves to the new one.
 MPI_Comm join_jobs(Communicator& local, JoinSide side, const std::string& service, std::chrono::milliseconds timeout) {
   const bool accepting = side == JoinSide::accept;
   const char* const operation = accepting ? "accept" : "connect";
@@ -116,8 +141,9 @@ MPI_Comm join_jobs(Communicator& local, JoinSide side, const std::string& servic
   const Clock::time_point start = Clock::now();
   const Clock::time_point deadline = start + timeout;
   const bool root = local.rank() == 0;
-  const std::string knock = service + "#knock";
-  const std::string ack = service + "#ack";
+  std::string knock;  // SERVICE#knock#tag(P), once P is known
+  std::string ack;    // SERVICE#ack#N, once N is known
+  std::string nonce;  // the connector's N
 
   RootStatus mine;
   char port[MPI_MAX_PORT_NAME] = {};
@@ -132,15 +158,20 @@ MPI_Comm join_jobs(Communicator& local, JoinSide side, const std::string& servic
       if (int rc = MPI_Open_port(MPI_INFO_NULL, port); rc != MPI_SUCCESS) {
         say(false, fmt::format("MPI_Open_port failed: {}", mpi_error_text(rc)));
       } else if (rc = MPI_Publish_name(service.c_str(), MPI_INFO_NULL, port); rc != MPI_SUCCESS) {
-        say(false, fmt::format("offering the service '{}' failed (MPI_Publish_name: {}; is it offered already?); {}",
-                               service, mpi_error_text(rc), name_server_hint));
+        say(false, fmt::format("offering the service '{}' failed (MPI_Publish_name: {}); {}", service,
+                               mpi_error_text(rc), name_server_hint));
         MPI_Close_port(port);
       } else {
+        knock = fmt::format("{}#knock#{}", service, tag_of(port));
         rc = lookup_until(knock, value, deadline);
         // Found or not, the service is no longer offered: one connector at a time.
         MPI_Unpublish_name(service.c_str(), MPI_INFO_NULL, port);
         if (rc != MPI_SUCCESS) rc = MPI_Lookup_name(knock.c_str(), MPI_INFO_NULL, value);  // came as it gave up
-        if (rc == MPI_SUCCESS && (rc = MPI_Publish_name(ack.c_str(), MPI_INFO_NULL, port)) == MPI_SUCCESS) {
+        if (rc == MPI_SUCCESS) {
+          ack = fmt::format("{}#ack#{}", service, std::string_view(value).substr(0, 16));
+          rc = MPI_Publish_name(ack.c_str(), MPI_INFO_NULL, port);
+        }
+        if (rc == MPI_SUCCESS) {
           mine.ok = 1;
         } else {
           say(true, fmt::format("no job connected to the service '{}' within {} ms", service, timeout.count()));
@@ -148,24 +179,41 @@ MPI_Comm join_jobs(Communicator& local, JoinSide side, const std::string& servic
         }
       }
     } else {
-      int rc = lookup_until(service, port, deadline);
-      if (rc != MPI_SUCCESS) {
-        say(true, fmt::format("no job offered the service '{}' within {} ms (MPI_Lookup_name: {}); {}", service,
-                              timeout.count(), mpi_error_text(rc), name_server_hint));
-      } else {
-        // Another connector's knock may be there: wait for it to go.
-        while ((rc = MPI_Publish_name(knock.c_str(), MPI_INFO_NULL, port)) != MPI_SUCCESS && Clock::now() < deadline)
-          std::this_thread::sleep_for(poll_interval);
-        if (rc != MPI_SUCCESS) {
+      // Knock at the port SERVICE names and wait for the answer to this attempt's nonce, which
+      // names the port to connect to. When SERVICE comes to name another port (a new acceptor
+      // over the offer a crashed one left), knock there instead.
+      nonce = fresh_nonce();
+      ack = fmt::format("{}#ack#{}", service, nonce);
+      bool offered = false, knocked = false;
+      std::string at;  // the port knocked at, or to knock at
+      for (;;) {
+        if (knocked && MPI_Lookup_name(ack.c_str(), MPI_INFO_NULL, port) == MPI_SUCCESS) {
+          mine.ok = 1;
+          break;
+        }
+        if (MPI_Lookup_name(service.c_str(), MPI_INFO_NULL, value) == MPI_SUCCESS && at != value) {
+          if (knocked) MPI_Unpublish_name(knock.c_str(), MPI_INFO_NULL, nonce.c_str());
+          knocked = false;
+          offered = true;
+          at = value;
+          knock = fmt::format("{}#knock#{}", service, tag_of(at));
+        }
+        // Another connector's knock may be there: try again until it goes.
+        if (offered && !knocked) knocked = MPI_Publish_name(knock.c_str(), MPI_INFO_NULL, nonce.c_str()) == MPI_SUCCESS;
+        if (Clock::now() >= deadline) break;
+        std::this_thread::sleep_for(poll_interval);
+      }
+      if (!mine.ok) {
+        if (knocked) MPI_Unpublish_name(knock.c_str(), MPI_INFO_NULL, nonce.c_str());
+        if (!offered)
+          say(true, fmt::format("no job offered the service '{}' within {} ms; {}", service, timeout.count(),
+                                name_server_hint));
+        else if (!knocked)
           say(true, fmt::format("another job is joining the service '{}'; it was not free within {} ms", service,
                                 timeout.count()));
-        } else if ((rc = lookup_until(ack, value, deadline)) != MPI_SUCCESS) {
-          MPI_Unpublish_name(knock.c_str(), MPI_INFO_NULL, port);
+        else
           say(true,
               fmt::format("the job offering the service '{}' did not answer within {} ms", service, timeout.count()));
-        } else {
-          mine.ok = 1;
-        }
       }
     }
   }
@@ -188,7 +236,7 @@ MPI_Comm join_jobs(Communicator& local, JoinSide side, const std::string& servic
       MPI_Unpublish_name(ack.c_str(), MPI_INFO_NULL, port);
       MPI_Close_port(port);
     } else {
-      MPI_Unpublish_name(knock.c_str(), MPI_INFO_NULL, port);
+      MPI_Unpublish_name(knock.c_str(), MPI_INFO_NULL, nonce.c_str());
     }
   }
   if (!finished) {
