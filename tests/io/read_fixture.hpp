@@ -11,7 +11,6 @@
 #include <asio/use_future.hpp>
 #include <chrono>
 #include <cstring>
-#include <future>
 #include <random>
 #include <span>
 #include <stdexcept>
@@ -91,17 +90,12 @@ inline std::vector<std::span<const std::byte>> spans_of(const std::vector<std::v
   return spans;
 }
 
-/// Runs `op` (an awaitable) on `ctx` to completion and returns its result or throws. It stops
-/// when `op` completes, not when `ctx` runs out of work: a lease pool's idle timer (1 s) would
-/// otherwise hold every call for its full wait.
+/// Runs `op` (an awaitable) on `ctx` to completion and returns its result or throws.
 template <class Awaitable>
 auto run_on(asio::io_context& ctx, Awaitable op) {
   auto future = asio::co_spawn(ctx, std::move(op), asio::use_future);
   ctx.restart();
-  while (future.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
-    if (ctx.run_one() == 0)
-      throw std::runtime_error("run_on: the context ran out of work before the operation completed");
-  }
+  ctx.run();
   return future.get();
 }
 
