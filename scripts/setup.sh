@@ -8,7 +8,7 @@ preset="${1:-release}"
 shift || true
 
 packages=(cmake ninja-build g++ clang clang-format libclang-rt-14-dev pkg-config liburing-dev libtbb-dev libasio-dev
-          catch2 libfmt-dev libxxhash-dev libssl-dev libcurl4-openssl-dev libcli11-dev help2man python3 fio
+          catch2 libfmt-dev libxxhash-dev libzstd-dev libssl-dev libcurl4-openssl-dev libcli11-dev help2man python3 fio
           python3-dev pybind11-dev libdlpack-dev python3-numpy python3-torch python3-pytest python3-pip python3-setuptools
           python3-wheel python3-venv python3-fsspec
           nginx-light python3-botocore aria2 iproute2

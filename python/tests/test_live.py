@@ -1,8 +1,8 @@
 # Live updates from Python under mpirun -np 3: rank 0 publishes versions of a small model from
 # numpy arrays and torch tensors; ranks 1 and 2 each swap a ModelSlot to them. A bit flipped in
 # flight on rank 1 is a ChecksumError there and leaves it serving the version before; a delta
-# against the version rank 2 serves reads only the changed tensor there, and whole on rank 1; a
-# version withdrawn before it is opened, and one never published, are typed StoreErrors. The
+# against the version rank 2 serves reads only the changed tensor's delta there, and whole on
+# rank 1; a version withdrawn before it is opened, and one never published, are typed StoreErrors. The
 # same again with the trainer and the servers started as two jobs that join through
 # ompi-server, over the two-sided transport.
 import os
@@ -102,7 +102,8 @@ SCRIPT = textwrap.dedent(r'''
                 assert slot.current()[name].tobytes() == as_bytes(t), name
         del v2
 
-        # A delta against step-2: rank 2 serves it and reads only the changed tensor; rank 1
+        # A delta against step-2: rank 2 serves it and reads only the changed tensor's delta
+        # (every value + 1: its XOR with the base, compressed, at most half its bytes); rank 1
         # serves step-1, so it reads every byte. Both end up with step-4's bytes.
         v4 = subscriber.open("step-4", wait=60)
         assert v4.base == "step-2"
@@ -112,7 +113,10 @@ SCRIPT = textwrap.dedent(r'''
             assert slot.current()[name].tobytes() == as_bytes(t), name
         changed = len(as_bytes(w4["mlp.down.weight"]))
         total = sum(len(as_bytes(t)) for t in w4.values())
-        assert v4.transferred_bytes == (changed if rank == 2 else total), (rank, v4.transferred_bytes)
+        if rank == 2:
+            assert 0 < v4.transferred_bytes <= changed // 2, (rank, v4.transferred_bytes)
+        else:
+            assert v4.transferred_bytes == total, (rank, v4.transferred_bytes)
         del v4
 
         # The publisher offers "done" after withdrawing step-3: once "done" opens, step-3 is withdrawn.

@@ -21,6 +21,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "cpu/cpu_fixture.hpp"
@@ -345,6 +346,67 @@ TEST_CASE("live – a delta reads only the changed blocks of each rank's shard, 
   CHECK_FALSE(env.delta);
   CHECK(env.transferred == env.plan.read_bytes);
   CHECK(env.serves(d5));
+  env.world.barrier().get();
+}
+
+TEST_CASE("live – a drift delta goes as its XOR's byte planes, compressed, a wrong base or a flipped bit is refused",
+          "[mpi][live]") {
+  REQUIRE(mpi_world().size() == 3);
+  LiveEnv env(std::chrono::seconds(20), std::size_t{256});
+  // Drift: the lowest bit of 3 in 4 bf16 values of q_proj (index 2, split by rows) and o_proj
+  // (index 4, split by columns), chosen at random: every block and more than half the values
+  // change, and only the XOR's low bytes are not zero.
+  const Weights x1(11);
+  const auto drift = [](const Weights& from, std::uint64_t seed) {
+    Weights to = from;
+    for (const std::size_t i : {std::size_t{2}, std::size_t{4}}) {
+      const std::vector<std::byte> coin = bytes_of(seed, i);
+      for (std::size_t k = 0; k < to.memory[i].size() / 2; ++k)
+        if ((static_cast<unsigned>(coin[k]) & 3u) != 0) to.memory[i][2 * k] ^= std::byte{1};
+    }
+    return to;
+  };
+  const Weights x2 = drift(x1, 12), x3 = drift(x1, 13), x4 = drift(x2, 14);
+  if (env.publishing()) {
+    std::vector<mpi::Publication> offered;  // a base stays offered while its deltas are read
+    for (const auto& [version, weights, base] : {std::tuple{"x-1", &x1, ""}, std::tuple{"x-2", &x2, "x-1"},
+                                                 std::tuple{"x-3", &x3, "x-1"}, std::tuple{"x-4", &x4, "x-2"}}) {
+      offered.push_back(env.publisher->publish(version, base, weights->tensors()));
+      env.world.barrier().get();
+      CHECK(offered.back().wait_served(2, std::chrono::seconds(30)));
+    }
+    env.world.barrier().get();
+    return;
+  }
+  env.world.barrier().get();
+  REQUIRE(env.swap_to("x-1", {}, "x-0").generation == 1);
+
+  // Each rank reads both tensors' encoded deltas whole, a fraction of even its half of one.
+  env.world.barrier().get();
+  const engine::DistributedSwapReport second = env.swap_to("x-2", {}, "x-1");
+  CHECK(env.delta);
+  CHECK(second.generation == 2);
+  CHECK(second.verified_bytes == env.plan.read_bytes);
+  CHECK(env.serves(x2));
+  CHECK(env.transferred > 48u);  // two tables of 24 bytes, and their frames
+  CHECK(env.transferred < 1024u);
+
+  // A rank that claims the wrong base: x-3 drifts from x-1, and the ranks serve x-2.
+  env.world.barrier().get();
+  const CollectiveError wrong = env.failed_swap("x-3", {}, "x-1");
+  REQUIRE_FALSE(wrong.failures().empty());
+  CHECK(wrong.failures()[0].kind == errc::checksum_mismatch);
+  CHECK(env.slot->generation() == 2);
+  CHECK(env.serves(x2));
+
+  // A bit flipped in what a drift delta delivered, on world rank 2.
+  env.world.barrier().get();
+  const CollectiveError flipped =
+      env.failed_swap("x-4", env.rank == 2 ? std::optional<std::uint64_t>(3) : std::nullopt, "x-2");
+  REQUIRE(flipped.failures().size() == 1);
+  CHECK(flipped.failures()[0].kind == errc::checksum_mismatch);
+  CHECK(env.slot->generation() == 2);
+  CHECK(env.serves(x2));
   env.world.barrier().get();
 }
 

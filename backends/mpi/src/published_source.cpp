@@ -16,6 +16,7 @@
 #include "eredu/core/printable.hpp"
 #include "live/channel.hpp"
 #include "live/wire.hpp"
+#include "live/xor_planes.hpp"
 #include "progress.hpp"
 
 namespace eredu::mpi {
@@ -345,6 +346,8 @@ asio::awaitable<void> PublishedSource::fetch(const io::TensorReadRequest& reques
     // The base's bytes are in place: read what changed over them.
     if (m.sparse) {
       done = co_await apply_sparse(t, wanted, out);
+    } else if (m.xor_planes) {
+      done = co_await apply_xor(t, wanted, out);
     } else {
       co_await read_runs(t, m.address, changed_pieces(wanted, m.changed, manifest_->delta_block, m.nbytes, part), out);
       done = true;
@@ -397,6 +400,50 @@ asio::awaitable<bool> PublishedSource::apply_sparse(const io::TensorInfo& t, std
       if (lo < hi)
         std::memcpy(out.data() + wanted[q].dest_offset + (lo - wanted[q].source_offset),
                     in.data() + m.elements * 4 + k * element + (lo - at), hi - lo);
+    }
+  }
+  co_return true;
+}
+
+asio::awaitable<bool> PublishedSource::apply_xor(const io::TensorInfo& t, std::vector<ByteRun> wanted,
+                                                 std::span<std::byte> out) {
+  const detail::ManifestTensor& m = manifest_->tensors[static_cast<std::size_t>(&t - &catalog_.tensors()[0])];
+  const std::uint64_t size = m.encoded_bytes;
+  const std::size_t element = dtype_bits(m.dtype) / 8;
+  // The whole encoded delta (both shards' chunks: a chunk is a frame, and the table comes
+  // first), and room to decompress one chunk.
+  const std::uint64_t chunk = std::min<std::uint64_t>(detail::xor_chunk_bytes, m.nbytes);
+  const std::uint64_t staged = size + chunk;
+  if (io::LeasePool::block_size(staged) > pool_.budget()) co_return false;  // read it whole instead
+  io::StagingBuffer buffer = co_await pool_.async_acquire(static_cast<std::size_t>(staged), asio::use_awaitable);
+  const std::span<std::byte> in(buffer.data(), static_cast<std::size_t>(size));
+  const std::span<std::byte> planes(buffer.data() + size, static_cast<std::size_t>(chunk));
+  const std::uint64_t part = subscriber_->options.part_size;
+  std::vector<ByteRun> pieces;
+  for (std::uint64_t at = 0; at < size; at += part)
+    pieces.push_back(ByteRun{.source_offset = at, .dest_offset = at, .length = std::min(part, size - at)});
+  co_await read_runs(t, m.encoded_address, std::move(pieces), in);
+  const detail::XorPlanes delta(in, m.nbytes, element, location_, t.name);
+  if (delta.chunk_bytes() > detail::xor_chunk_bytes)
+    throw Error(errc::checksum_mismatch, {.file = location_, .tensor = t.name},
+                fmt::format("the XOR delta of {} has chunks of {} bytes, more than {}", printable(t.name),
+                            delta.chunk_bytes(), detail::xor_chunk_bytes));
+  // XorPlanes::decompress refuses a chunk that does not fit `planes`: a chunk is at most
+  // min(chunk_bytes, nbytes) bytes.
+  // Only the chunks this selection touches, each decompressed once.
+  std::sort(wanted.begin(), wanted.end(),
+            [](const ByteRun& a, const ByteRun& b) { return a.source_offset < b.source_offset; });
+  std::size_t decompressed = delta.chunks();  // none yet
+  for (const ByteRun& r : wanted) {
+    for (std::uint64_t at = r.source_offset; at < r.source_offset + r.length;) {
+      const std::size_t c = static_cast<std::size_t>(at / delta.chunk_bytes());
+      const std::uint64_t end = std::min(r.source_offset + r.length, (c + 1) * delta.chunk_bytes());
+      if (c != decompressed) {
+        delta.decompress(c, planes);
+        decompressed = c;
+      }
+      delta.apply(c, planes, at, out.subspan(r.dest_offset + (at - r.source_offset), end - at));
+      at = end;
     }
   }
   co_return true;

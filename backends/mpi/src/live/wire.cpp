@@ -76,9 +76,10 @@ std::vector<std::byte> encode_manifest(const Manifest& m) {
       w.str(selection);
       w.str(digest);
     }
-    w.u32((t.delta ? 1u : 0u) | (t.sparse ? 2u : 0u));
+    w.u32((t.delta ? 1u : 0u) | (t.sparse ? 2u : 0u) | (t.xor_planes ? 4u : 0u));
     w.u64(t.elements);
     w.u64(t.encoded_address);
+    w.u64(t.encoded_bytes);
     w.u64(t.changed.size());
     for (const auto& [first, count] : t.changed) {
       w.u64(first);
@@ -119,13 +120,18 @@ Manifest decode_manifest(std::span<const std::byte> bytes) {
     const std::uint32_t flags = r.u32();
     t.delta = (flags & 1u) != 0;
     t.sparse = (flags & 2u) != 0;
+    t.xor_planes = (flags & 4u) != 0;
     t.elements = r.u64();
     t.encoded_address = r.u64();
+    t.encoded_bytes = r.u64();
     const std::uint64_t element = dtype_bits(t.dtype) / 8;
     if (t.sparse && (!t.delta || element == 0 || dtype_bits(t.dtype) % 8 != 0 || t.elements > t.nbytes / element))
       throw Error(errc::invalid_argument, {.tensor = t.name}, "malformed live-update manifest: sparse delta");
+    if (t.xor_planes && (!t.delta || t.sparse || element == 0 || dtype_bits(t.dtype) % 8 != 0 || t.encoded_bytes == 0 ||
+                         t.encoded_bytes > t.nbytes))
+      throw Error(errc::invalid_argument, {.tensor = t.name}, "malformed live-update manifest: XOR delta");
     const std::uint64_t c = r.u64();
-    if (c > bytes.size() || (t.delta && m.delta_block == 0) || (t.sparse && c != 0))
+    if (c > bytes.size() || (t.delta && m.delta_block == 0) || ((t.sparse || t.xor_planes) && c != 0))
       throw Error(errc::invalid_argument, {.tensor = t.name}, "malformed live-update manifest: delta blocks");
     const std::uint64_t blocks = m.delta_block == 0 ? 0 : (t.nbytes + m.delta_block - 1) / m.delta_block;
     std::uint64_t end = 0;

@@ -116,6 +116,10 @@ struct ManifestTensor {
   std::uint64_t elements = 0;
   std::uint64_t encoded_address = 0;
   bool sparse = false;
+  /// A delta sent as the XOR with the base's bytes, in byte planes, compressed
+  /// (live/xor_planes.hpp): `encoded_bytes` at `encoded_address` in the window.
+  bool xor_planes = false;
+  std::uint64_t encoded_bytes = 0;
 };
 
 /// What a subscriber learns when it opens a version.

@@ -216,6 +216,7 @@ class PublishedSource {
   asio::awaitable<void> request_runs(const io::TensorInfo& t, std::uint64_t address, std::vector<ByteRun> runs,
                                      std::span<std::byte> out, std::uint64_t size);
   asio::awaitable<bool> apply_sparse(const io::TensorInfo& t, std::vector<ByteRun> wanted, std::span<std::byte> out);
+  asio::awaitable<bool> apply_xor(const io::TensorInfo& t, std::vector<ByteRun> wanted, std::span<std::byte> out);
   asio::awaitable<io::Lease> lease_of(const io::TensorReadRequest& request, const io::TensorInfo& t,
                                       const std::vector<ByteRun>& runs, std::uint64_t from, std::size_t size,
                                       std::uint64_t total);

@@ -23,7 +23,8 @@
 /// that asks after the withdrawal gets version_withdrawn, and its swap fails on every rank.
 ///
 /// Deltas: a version published against a base the publisher still offers carries, per tensor,
-/// the blocks that changed or a sparse index of the values that changed; a subscriber holding
+/// the blocks that changed, a sparse index of the values that changed, or the XOR with the
+/// base, compressed; a subscriber holding
 /// the base copies it and reads only those (publish(), PublishedSource::use_base). Its digests
 /// are the full version's.
 ///
@@ -131,9 +132,10 @@ class Publisher {
   /// A subscriber that holds the base then reads only what changed
   /// (PublishedSource::use_base), as whichever is smaller: the changed blocks, read from this
   /// version's memory, or a sparse index of the changed values (4-byte index and value each),
-  /// which the publication builds in memory of its own. A tensor where both are more than half
-  /// its bytes, or a new one, goes whole; a base no longer offered gives a version every
-  /// subscriber reads whole.
+  /// which the publication builds in memory of its own. Where both are more than half its
+  /// bytes, the XOR with the base's bytes, in byte planes, compressed with zstd (1 MiB chunks
+  /// compressed in parallel), if that is at most half. Otherwise, or for a new tensor, it goes
+  /// whole; a base no longer offered gives a version every subscriber reads whole.
   ///
   /// Throws Error(invalid_argument) for an empty or already offered version tag, a tensor
   /// name given twice, or bytes that are not dtype × shape; CollectiveError when MPI refuses
