@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "eredu/core/error.hpp"
+#include "io/read_fixture.hpp"
 #include "live/xor_planes.hpp"
 
 using namespace eredu;
@@ -23,15 +24,7 @@ namespace {
 
 /// Pseudo-random bytes, the same for the same seed.
 std::vector<std::byte> random_bytes(std::size_t n, std::uint64_t seed) {
-  std::vector<std::byte> out(n);
-  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (std::byte& b : out) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    b = static_cast<std::byte>(x);
-  }
-  return out;
+  return test::random_tensor_bytes({{"w", DType::U8, {n}}}, static_cast<unsigned>(seed))[0];
 }
 
 /// `before` with the lowest bit of 3 in 4 elements' first byte flipped: the drift of an RL step.
