@@ -23,7 +23,7 @@ namespace {
 
 // "" when equal, otherwise where the first difference is: Catch would print whole
 // megabyte buffers for a failed ==.
-std::string difference(std::span<const std::byte> got, std::span<const std::byte> want) {
+std::string layout_difference(std::span<const std::byte> got, std::span<const std::byte> want) {
   if (got.size() != want.size())
     return "got " + std::to_string(got.size()) + " bytes, want " + std::to_string(want.size());
   const auto [g, w] = std::mismatch(got.begin(), got.end(), want.begin());
@@ -142,7 +142,7 @@ TEST_CASE("layout – slicing each dim of a 3-d tensor matches the reference", "
       const auto want = reference_slice(in, shape, elem, dim, r);
       std::vector<std::byte> out(want.size(), std::byte{0xEE});
       copy_slice(in, shape, elem, dim, r, out);
-      CHECK(difference(out, want) == "");
+      CHECK(layout_difference(out, want) == "");
     }
   }
 }
@@ -154,7 +154,7 @@ TEST_CASE("layout – a slice reads and writes unaligned buffers", "[cpu][layout
   const auto out = std::span<std::byte>(out_buf).subspan(3);
   copy_slice(in, shape, 4, 0, Range{5, 15}, out);
   const auto want = reference_slice({in.begin(), in.end()}, shape, 4, 0, Range{5, 15});
-  CHECK(difference(out, want) == "");
+  CHECK(layout_difference(out, want) == "");
 }
 
 TEST_CASE("layout – slice rejects inconsistent arguments without writing", "[cpu][layout][slice][errors]") {
@@ -194,7 +194,7 @@ TEST_CASE("layout – concat along dim 0, a middle dim and the last dim matches 
     INFO("elem " << elem << ", first shape " << format_shape(c.shapes[0]) << ", dim " << c.dim);
     std::vector<std::byte> out(want.size(), std::byte{0xEE});
     concat(inputs, c.dim, elem, out);
-    CHECK(difference(out, want) == "");
+    CHECK(layout_difference(out, want) == "");
   }
 }
 
@@ -219,7 +219,7 @@ TEST_CASE("layout – transposing non-square matrices that are not tile multiple
   const Shape shape = GENERATE(Shape{67, 131}, Shape{131, 67}, Shape{1031, 517}, Shape{1, 9}, Shape{2, 100000});
   const auto in = pattern(count(shape) * elem, 6);
   INFO("elem " << elem << ", shape " << format_shape(shape));
-  CHECK(difference(run_permute(in, shape, elem, {1, 0}), reference_permute(in, shape, elem, {1, 0})) == "");
+  CHECK(layout_difference(run_permute(in, shape, elem, {1, 0}), reference_permute(in, shape, elem, {1, 0})) == "");
 }
 
 TEST_CASE("layout – batched transposes and 3-d permutations match the reference", "[cpu][layout][permute]") {
@@ -229,7 +229,7 @@ TEST_CASE("layout – batched transposes and 3-d permutations match the referenc
   for (std::vector<std::size_t> order :
        {std::vector<std::size_t>{0, 2, 1}, {2, 0, 1}, {1, 2, 0}, {1, 0, 2}, {2, 1, 0}, {0, 1, 2}}) {
     INFO("elem " << elem << ", shape " << format_shape(shape) << ", order " << order[0] << order[1] << order[2]);
-    CHECK(difference(run_permute(in, shape, elem, order), reference_permute(in, shape, elem, order)) == "");
+    CHECK(layout_difference(run_permute(in, shape, elem, order), reference_permute(in, shape, elem, order)) == "");
   }
 }
 
@@ -253,7 +253,7 @@ TEST_CASE("layout – every permutation of 4-d and 5-d tensors, with size-1 dims
 
 TEST_CASE("layout – permute handles rank 0, empty tensors and unaligned buffers", "[cpu][layout][permute]") {
   const auto scalar = pattern(4, 9);
-  CHECK(difference(run_permute(scalar, Shape{}, 4, {}), scalar) == "");
+  CHECK(layout_difference(run_permute(scalar, Shape{}, 4, {}), scalar) == "");
   std::vector<std::byte> none;
   CHECK_NOTHROW(permute(none, Shape{3, 0, 2}, 4, std::vector<std::size_t>{2, 0, 1}, none));
   const Shape shape{37, 53};
@@ -262,7 +262,7 @@ TEST_CASE("layout – permute handles rank 0, empty tensors and unaligned buffer
   const auto out = std::span<std::byte>(out_buf).subspan(5);
   permute(in, shape, 8, std::vector<std::size_t>{1, 0}, out);
   const auto want = reference_permute({in.begin(), in.end()}, shape, 8, {1, 0});
-  CHECK(difference(out, want) == "");
+  CHECK(layout_difference(out, want) == "");
 }
 
 TEST_CASE("layout – permute rejects inconsistent arguments without writing", "[cpu][layout][permute][errors]") {

@@ -24,13 +24,13 @@
 #include "distributed/mpi_fixture.hpp"
 
 namespace {
-eredu::mpi::Environment* environment = nullptr;
-eredu::mpi::Communicator* world = nullptr;
+eredu::mpi::Environment* the_environment = nullptr;
+eredu::mpi::Communicator* the_world = nullptr;
 }  // namespace
 
 namespace eredu::test {
-mpi::Environment& mpi_environment() { return *environment; }
-mpi::Communicator& mpi_world() { return *world; }
+mpi::Environment& mpi_environment() { return *the_environment; }
+mpi::Communicator& mpi_world() { return *the_world; }
 }  // namespace eredu::test
 
 int main(int argc, char** argv) {
@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
   const char* stale = std::getenv("EREDU_TEST_STALE_SERVICE");
   if (stale != nullptr) options.required = eredu::mpi::ThreadLevel::multiple;
   eredu::mpi::Environment env(argc, argv, options);
-  environment = &env;
+  the_environment = &env;
   if (stale != nullptr) {
     char port[MPI_MAX_PORT_NAME] = {};
     if (MPI_Open_port(MPI_INFO_NULL, port) != MPI_SUCCESS ||
@@ -65,10 +65,10 @@ int main(int argc, char** argv) {
                                      : eredu::mpi::Communicator::connect(env, w, service, {.name = "world"});
       std::fprintf(stderr, "joined '%s': rank %d of %d\n", service.c_str(), w.rank(), w.size());
     }
-    world = &w;
+    the_world = &w;
     rc = Catch::Session().run(argc, argv);
-    world = nullptr;
+    the_world = nullptr;
   }
-  environment = nullptr;
+  the_environment = nullptr;
   return rc;
 }

@@ -26,6 +26,7 @@
 
 #include "cpu/cpu_fixture.hpp"
 #include "distributed/mpi_fixture.hpp"
+#include "distributed/tiny_llama.hpp"
 #include "eredu/core/collective_error.hpp"
 #include "eredu/engine/description/plan_module.hpp"
 #include "eredu/engine/parallel/sharding.hpp"
@@ -44,7 +45,7 @@ namespace {
 using Module = engine::PlanModule<cpu::Parameter>;
 using Slot = engine::DistributedModelSlot<cpu::Backend, Module, mpi::Backend>;
 
-constexpr std::uint64_t head_dim = 4, heads = 8, kv_heads = 4, hidden = heads * head_dim, inter = 48;
+using namespace eredu::test::tiny_llama;
 
 struct Spec {
   std::string name;
@@ -52,7 +53,7 @@ struct Spec {
   Shape shape;
 };
 
-std::vector<Spec> specs() {
+std::vector<Spec> live_specs() {
   return {
       {"model.embed_tokens.weight", DType::BF16, {64, hidden}},
       {"model.layers.0.input_layernorm.weight", DType::F32, {hidden}},
@@ -66,7 +67,7 @@ std::vector<Spec> specs() {
 
 /// The bytes of tensor `i` of version `seed`: the same on every rank, different per version.
 std::vector<std::byte> bytes_of(std::uint64_t seed, std::size_t i) {
-  const Spec s = specs()[i];
+  const Spec s = live_specs()[i];
   std::uint64_t n = dtype_bits(s.dtype) / 8;
   for (std::uint64_t d : s.shape) n *= d;
   std::vector<std::byte> out(n);
@@ -84,12 +85,12 @@ std::vector<std::byte> bytes_of(std::uint64_t seed, std::size_t i) {
 struct Weights {
   std::vector<std::vector<std::byte>> memory;
   explicit Weights(std::uint64_t seed) {
-    for (std::size_t i = 0; i < specs().size(); ++i) memory.push_back(bytes_of(seed, i));
+    for (std::size_t i = 0; i < live_specs().size(); ++i) memory.push_back(bytes_of(seed, i));
   }
   std::vector<mpi::PublishedTensor> tensors() const {
     std::vector<mpi::PublishedTensor> out;
-    for (std::size_t i = 0; i < specs().size(); ++i)
-      out.push_back({specs()[i].name, specs()[i].dtype, specs()[i].shape, memory[i]});
+    for (std::size_t i = 0; i < live_specs().size(); ++i)
+      out.push_back({live_specs()[i].name, live_specs()[i].dtype, live_specs()[i].shape, memory[i]});
     return out;
   }
 };
@@ -212,7 +213,7 @@ struct LiveEnv {
   bool serves(const Weights& weights) const {
     auto v = slot->current();
     if (!v) return false;
-    const std::vector<Spec> all = specs();
+    const std::vector<Spec> all = live_specs();
     for (const engine::ShardedTensor& t : plan.tensors) {
       const auto it = std::find_if(all.begin(), all.end(), [&](const Spec& s) { return s.name == t.key; });
       const std::vector<std::byte>& full = weights.memory[static_cast<std::size_t>(it - all.begin())];
@@ -442,7 +443,7 @@ TEST_CASE(
     auto reader = slot->try_read();
     if (!reader) return false;
     for (const engine::ShardedTensor& t : env.plan.tensors) {
-      const auto all = specs();
+      const auto all = live_specs();
       const auto it = std::find_if(all.begin(), all.end(), [&](const Spec& s) { return s.name == t.key; });
       const std::vector<std::byte>& full = w.memory[static_cast<std::size_t>(it - all.begin())];
       std::vector<std::byte> expected;
@@ -700,9 +701,9 @@ TEST_CASE(
   std::unique_ptr<mpi::PublishedSource> v3 = env.run(env.subscriber->async_open("step-3", asio::use_awaitable));
   const Weights w3(3);
   bool same = true;
-  for (std::size_t i = 0; i < specs().size(); ++i) {
+  for (std::size_t i = 0; i < live_specs().size(); ++i) {
     std::vector<std::byte> got(w3.memory[i].size());
-    env.run(v3->async_read_into(io::TensorReadRequest{.key = specs()[i].name}, got, asio::use_awaitable));
+    env.run(v3->async_read_into(io::TensorReadRequest{.key = live_specs()[i].name}, got, asio::use_awaitable));
     same = same && got == w3.memory[i];
   }
   CHECK(same);

@@ -25,6 +25,7 @@
 
 #include "cpu/cpu_fixture.hpp"
 #include "distributed/mpi_fixture.hpp"
+#include "distributed/tiny_llama.hpp"
 #include "eredu/core/collective_error.hpp"
 #include "eredu/engine/backend/collective_backend.hpp"
 #include "eredu/engine/description/plan_module.hpp"
@@ -42,7 +43,7 @@ namespace {
 using Module = engine::PlanModule<cpu::Parameter>;
 using Slot = engine::DistributedModelSlot<cpu::Backend, Module, mpi::Backend>;
 
-constexpr std::uint64_t head_dim = 4, heads = 8, kv_heads = 4, hidden = heads * head_dim, inter = 48;
+using namespace eredu::test::tiny_llama;
 
 std::vector<synth::TensorSpec> specs() {
   return {

@@ -43,7 +43,7 @@ io::Catalog make_catalog() {
   return c;
 }
 
-const io::Catalog& catalog() {
+const io::Catalog& binding_catalog() {
   static const io::Catalog c = make_catalog();
   return c;
 }
@@ -129,12 +129,12 @@ TEST_CASE("binding plan – owners and aliases in the order given", "[engine][bi
   CHECK(aliases[1].first->name() == "tied.qkv");
   CHECK(aliases[1].second->name() == "attn.qkv.weight");
 
-  const auto inferred = plan.check(catalog());
+  const auto inferred = plan.check(binding_catalog());
   REQUIRE(inferred.size() == 3);
   CHECK(inferred[0] == InferredWeight{DType::BF16, {100, 8}, 1600});
   CHECK(inferred[1] == InferredWeight{DType::BF16, {16, 8}, 256});
   CHECK(inferred[2] == InferredWeight{DType::F32, {8}, 32});
-  CHECK(plan.owner_bytes(catalog()) == 1888);  // aliases cost nothing
+  CHECK(plan.owner_bytes(binding_catalog()) == 1888);  // aliases cost nothing
 
   // The pointers stay valid when the plan moves: it owns its bindings.
   WeightBindingPlan moved = WeightBindingPlan(plan);
@@ -181,21 +181,22 @@ TEST_CASE("binding plan – check compares declared bytes with inference before 
       WeightBinding::tensor("embed.weight", "embed", {}, 1600),
       WeightBinding::from_recipe("layers.0.qkv", qkv(), 255),
   });
-  require_throws<OrchestrationError>([&] { (void)wrong.check(catalog()); }, errc::byte_mismatch,
+  require_throws<OrchestrationError>([&] { (void)wrong.check(binding_catalog()); }, errc::byte_mismatch,
                                      {"parameter 'layers.0.qkv': declares 255 bytes but its recipe produces 256",
                                       "BF16 [16, 8]", "concat(dim=0, source('q')"});
   try {
-    (void)wrong.check(catalog());
+    (void)wrong.check(binding_catalog());
   } catch (const OrchestrationError& e) {
     CHECK(e.context().parameter == "layers.0.qkv");
     CHECK(e.family() == error_family::declaration);  // byte_mismatch is a declaration kind
   }
   // A plain binding also names its tensor and file.
   const WeightBindingPlan plain({WeightBinding::tensor("norm.weight", "norm", {}, 64)});
-  require_throws<OrchestrationError>([&] { (void)plain.check(catalog()); }, errc::byte_mismatch,
+  require_throws<OrchestrationError>([&] { (void)plain.check(binding_catalog()); }, errc::byte_mismatch,
                                      {"/ckpt/model-00002-of-00002.safetensors: parameter 'norm.weight': tensor 'norm'",
                                       "declares 64 bytes but its recipe produces 32"});
-  require_throws<OrchestrationError>([&] { (void)plain.owner_bytes(catalog()); }, errc::byte_mismatch, {"64", "32"});
+  require_throws<OrchestrationError>([&] { (void)plain.owner_bytes(binding_catalog()); }, errc::byte_mismatch,
+                                     {"64", "32"});
 }
 
 TEST_CASE("binding plan – recipe errors from check name the parameter", "[engine][binding]") {
@@ -203,15 +204,15 @@ TEST_CASE("binding plan – recipe errors from check name the parameter", "[engi
       WeightBinding::tensor("ok", "q", {}, 128),
       WeightBinding::from_recipe("mlp.gate_up", R::concat({R::source("gate"), R::source("upp")}, 0), 256),
   });
-  require_throws<RecipeError>([&] { (void)plan.check(catalog()); }, errc::recipe_unknown_key,
+  require_throws<RecipeError>([&] { (void)plan.check(binding_catalog()); }, errc::recipe_unknown_key,
                               {"parameter 'mlp.gate_up'", "tensor 'upp'", "recipe concat[1] > source 'upp'"});
   try {
-    (void)plan.check(catalog());
+    (void)plan.check(binding_catalog());
   } catch (const RecipeError& e) {
     CHECK(e.context().parameter == "mlp.gate_up");
   }
   const WeightBindingPlan shard({WeightBinding::tensor("s", "q", Selection::rows({8, 8}, 4, 12), 64)});
-  require_throws<RecipeError>([&] { (void)shard.check(catalog()); }, errc::recipe_invalid_selection,
+  require_throws<RecipeError>([&] { (void)shard.check(binding_catalog()); }, errc::recipe_invalid_selection,
                               {"/ckpt/model-00001-of-00002.safetensors: parameter 's': tensor 'q'", "4:12"});
 }
 
@@ -258,7 +259,7 @@ TEST_CASE("bindings from recipe set – owners first, then aliases with their ow
   set.add_output("embed.weight", R::source("embed"));
   set.add_alias("tied.gate_up", "mlp.gate_up.weight");
 
-  const auto bindings = bindings_from_recipe_set(catalog(), std::move(set));
+  const auto bindings = bindings_from_recipe_set(binding_catalog(), std::move(set));
   REQUIRE(bindings.size() == 5);
   CHECK(bindings[0].name() == "attn.qkv.weight");
   CHECK(bindings[0].expected_bytes() == 256);
@@ -278,8 +279,8 @@ TEST_CASE("bindings from recipe set – owners first, then aliases with their ow
 
   // They form a plan that passes its byte check.
   const WeightBindingPlan plan(bindings);
-  CHECK(plan.check(catalog()).size() == 3);
-  CHECK(plan.owner_bytes(catalog()) == 256 + 512 + 1600);
+  CHECK(plan.check(binding_catalog()).size() == 3);
+  CHECK(plan.owner_bytes(binding_catalog()) == 256 + 512 + 1600);
 }
 
 TEST_CASE("bindings from recipe set – failures are typed and named", "[engine][binding]") {
@@ -287,7 +288,7 @@ TEST_CASE("bindings from recipe set – failures are typed and named", "[engine]
     AtomicRecipeSet set;
     set.add_output("w", R::source("q"));
     set.add_alias("t", "missing");
-    require_throws<DeclarationError>([&] { (void)bindings_from_recipe_set(catalog(), std::move(set)); },
+    require_throws<DeclarationError>([&] { (void)bindings_from_recipe_set(binding_catalog(), std::move(set)); },
                                      errc::alias_unknown_owner, {"parameter 't'", "alias of 'missing'"});
   }
   {
@@ -295,7 +296,7 @@ TEST_CASE("bindings from recipe set – failures are typed and named", "[engine]
     set.add_output("w", R::source("q"));
     set.add_alias("a", "w");
     set.add_alias("b", "a");
-    require_throws<DeclarationError>([&] { (void)bindings_from_recipe_set(catalog(), std::move(set)); },
+    require_throws<DeclarationError>([&] { (void)bindings_from_recipe_set(binding_catalog(), std::move(set)); },
                                      errc::alias_chain, {"parameter 'b'", "alias of 'a'"});
   }
   {
@@ -303,8 +304,8 @@ TEST_CASE("bindings from recipe set – failures are typed and named", "[engine]
     set.add_output("w", R::source("q"));
     set.add_output("bad", R::cast(R::source("gate"), DType::F16));
     require_throws<RecipeError>(
-        [&] { (void)bindings_from_recipe_set(catalog(), std::move(set)); }, errc::recipe_unsupported_cast,
+        [&] { (void)bindings_from_recipe_set(binding_catalog(), std::move(set)); }, errc::recipe_unsupported_cast,
         {"/ckpt/model-00002-of-00002.safetensors: parameter 'bad': tensor 'gate'", "cast from F8_E4M3 to F16"});
   }
-  CHECK(bindings_from_recipe_set(catalog(), AtomicRecipeSet{}).empty());
+  CHECK(bindings_from_recipe_set(binding_catalog(), AtomicRecipeSet{}).empty());
 }

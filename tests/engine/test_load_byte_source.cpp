@@ -34,7 +34,7 @@ static_assert(engine::ParameterBackend<test::FakeBackend, test::VectorSource>);
 
 namespace {
 
-const std::vector<synth::TensorSpec> specs{
+const std::vector<synth::TensorSpec> source_specs{
     {"embed", DType::BF16, {8, 16}}, {"q", DType::BF16, {8, 16}},  {"k", DType::BF16, {8, 16}},
     {"big", DType::BF16, {60, 33}},  {"norm", DType::F16, {3, 5}},
 };
@@ -61,12 +61,13 @@ WeightBindingPlan plan() {
 
 /// The stored bytes, and the source serving them in chunks that split elements.
 struct Memory {
-  std::vector<std::vector<std::byte>> data = test::random_tensor_bytes(specs, 11);
+  std::vector<std::vector<std::byte>> data = test::random_tensor_bytes(source_specs, 11);
   asio::io_context ctx;
   test::VectorSource source{ctx.get_executor(), std::size_t{1} << 20, 1000};
 
   Memory() {
-    for (std::size_t i = 0; i < specs.size(); ++i) source.add(specs[i].name, specs[i].dtype, specs[i].shape, data[i]);
+    for (std::size_t i = 0; i < source_specs.size(); ++i)
+      source.add(source_specs[i].name, source_specs[i].dtype, source_specs[i].shape, data[i]);
   }
   /// The bytes each slot must hold once the plan is loaded, dtype as bound.
   std::vector<std::byte> expected(const std::string& slot) const {
@@ -81,7 +82,7 @@ struct Memory {
       cpu::convert_serial(DType::BF16, DType::F32, data[3], f32);
       return f32;
     }
-    return test::select_bytes(data[4], specs[4].shape, DType::F16, Selection{{{1, 3}, {0, 5}}});
+    return test::select_bytes(data[4], source_specs[4].shape, DType::F16, Selection{{{1, 3}, {0, 5}}});
   }
 };
 
@@ -140,8 +141,8 @@ TEST_CASE(
   cpu::MaterializationContext mc{executor, storage};
   test::SlotModule<cpu::Parameter> model(slots());
   io::Checksums sums;
-  for (std::size_t i = 0; i < specs.size(); ++i)
-    sums.add(specs[i].name, io::DigestKind::sha256, io::digest_hex(io::DigestKind::sha256, memory.data[i]));
+  for (std::size_t i = 0; i < source_specs.size(); ++i)
+    sums.add(source_specs[i].name, io::DigestKind::sha256, io::digest_hex(io::DigestKind::sha256, memory.data[i]));
   engine::MaterializeOptions options{.verify = {.mode = engine::VerifyMode::on, .checksums = sums}};
 
   auto done = engine::async_load<cpu::Backend>(model, memory.source, plan(), mc, options, asio::use_future);

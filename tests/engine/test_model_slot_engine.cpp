@@ -32,7 +32,7 @@ using InPlace = engine::InPlaceModelSlot<FakeBackend, Model>;
 
 namespace {
 
-std::vector<synth::TensorSpec> specs() {
+std::vector<synth::TensorSpec> slot_specs() {
   return {{"w", DType::BF16, {16, 12}}, {"b", DType::BF16, {24}}, {"n", DType::F32, {12}}};
 }
 
@@ -42,7 +42,7 @@ Model make_model() {
       {{"w", DType::F32, {16, 12}}, {"b", DType::BF16, {24}}, {"n", DType::F32, {12}}, {"b_tied", DType::BF16, {24}}});
 }
 
-std::vector<WeightBinding> bindings() {
+std::vector<WeightBinding> slot_bindings() {
   return {
       WeightBinding::from_recipe("w", R::cast(R::source("w"), DType::F32), 16 * 12 * 4),
       WeightBinding::tensor("b", "b", Selection::all(), 24 * 2),
@@ -70,16 +70,16 @@ std::vector<std::vector<std::byte>> expected(const TestCheckpoint& ckpt) {
   return {reference_cast(ckpt.bytes("w"), DType::BF16, DType::F32), ckpt.bytes("b"), ckpt.bytes("n"), ckpt.bytes("b")};
 }
 
-struct Env {
-  TestCheckpoint a{specs(), 11};
-  TestCheckpoint b{specs(), 12};
+struct SlotEnv {
+  TestCheckpoint a{slot_specs(), 11};
+  TestCheckpoint b{slot_specs(), 12};
   asio::io_context ctx;
   std::unique_ptr<io::CheckpointSource> source_a, source_b;
   FakeDevice device{ctx.get_executor()};
   FakeExecutor background{device};
-  WeightBindingPlan plan{bindings()};
+  WeightBindingPlan plan{slot_bindings()};
 
-  Env() {
+  SlotEnv() {
     source_a = io::CheckpointSource::open(ctx.get_executor(), a.path, small_source_options());
     source_b = io::CheckpointSource::open(ctx.get_executor(), b.path, small_source_options());
   }
@@ -121,7 +121,7 @@ asio::awaitable<void> reject(const Model&) {
 
 TEST_CASE("model slot engine – a swap publishes a whole version, a reader keeps the old one until it lets go",
           "[engine][swap][fake]") {
-  Env env;
+  SlotEnv env;
   Slot slot(make_model);
   CHECK(env.swap(slot, *env.source_a).generation == 1);
   std::shared_ptr<const Slot::Version> v1 = slot.current();
@@ -141,7 +141,7 @@ TEST_CASE("model slot engine – a swap publishes a whole version, a reader keep
 
 TEST_CASE("model slot engine – a failed swap leaves the serving version: same object, storage and bytes",
           "[engine][swap][fake]") {
-  Env env;
+  SlotEnv env;
   Slot slot(make_model);
   env.swap(slot, *env.source_a);
   const std::shared_ptr<const Slot::Version> before = slot.current();
@@ -192,7 +192,7 @@ TEST_CASE("model slot engine – a failed swap leaves the serving version: same 
 
 TEST_CASE("model slot engine – a second swap while one is held is refused, and the first still publishes",
           "[engine][swap][fake]") {
-  Env env;
+  SlotEnv env;
   Slot slot(make_model);
   env.swap(slot, *env.source_a);
   FakeGate w = env.device.hold(FakeOp::materialize, "w");
@@ -208,7 +208,7 @@ TEST_CASE("model slot engine – a second swap while one is held is refused, and
 }
 
 TEST_CASE("model slot engine – the canary sees the new model while the old one still serves", "[engine][swap][fake]") {
-  Env env;
+  SlotEnv env;
   Slot slot(make_model);
   env.swap(slot, *env.source_a);
   std::optional<std::uint64_t> serving_during_canary;
@@ -230,7 +230,7 @@ TEST_CASE("model slot engine – the canary sees the new model while the old one
 
 TEST_CASE("in-place slot engine – a swap copies each owner into the serving storage: addresses kept",
           "[engine][swap][in-place][fake]") {
-  Env env;
+  SlotEnv env;
   InPlace slot(make_model);
   env.swap(slot, *env.source_a);  // the first swap binds
   CHECK(env.stats().overwrites == 0);
@@ -253,7 +253,7 @@ TEST_CASE("in-place slot engine – a swap copies each owner into the serving st
 
 TEST_CASE("in-place slot engine – a failure before the copy changes no byte and copies nothing",
           "[engine][swap][in-place][fake]") {
-  Env env;
+  SlotEnv env;
   InPlace slot(make_model);
   env.swap(slot, *env.source_a);
   Outcome<engine::SwapReport> r;
@@ -280,7 +280,7 @@ TEST_CASE("in-place slot engine – a failure before the copy changes no byte an
 
 TEST_CASE("in-place slot engine – a failed copy tears the slot: reads fail until a swap succeeds",
           "[engine][swap][in-place][fake]") {
-  Env env;
+  SlotEnv env;
   InPlace slot(make_model);
   env.swap(slot, *env.source_a);
   env.device.fail(FakeOp::overwrite, "w", errc::backend_failure, {.times = 1});
@@ -303,7 +303,7 @@ TEST_CASE("in-place slot engine – a failed copy tears the slot: reads fail unt
 
 TEST_CASE("in-place slot engine – the copy waits for a reader in flight, and new reads wait for the copy",
           "[engine][swap][in-place][fake]") {
-  Env env;
+  SlotEnv env;
   InPlace slot(make_model);
   env.swap(slot, *env.source_a);
   std::optional<InPlace::Reader> held = slot.try_read();
@@ -331,7 +331,7 @@ TEST_CASE("in-place slot engine – the copy waits for a reader in flight, and n
 }
 
 TEST_CASE("in-place slot engine – a second swap while one is held is refused", "[engine][swap][in-place][fake]") {
-  Env env;
+  SlotEnv env;
   InPlace slot(make_model);
   env.swap(slot, *env.source_a);
   FakeGate w = env.device.hold(FakeOp::materialize, "w");

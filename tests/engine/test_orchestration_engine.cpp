@@ -78,7 +78,7 @@ struct FailRange final : io::FaultInjector {
   }
 };
 
-struct Env {
+struct OrchestrationEnv {
   TestCheckpoint ckpt{specs()};
   asio::io_context ctx;
   FailRange faults;
@@ -86,7 +86,7 @@ struct Env {
   FakeDevice device;
   WeightBindingPlan plan{bindings()};
 
-  explicit Env(FakeReads reads = FakeReads::through_pool) : device(ctx.get_executor(), reads) {
+  explicit OrchestrationEnv(FakeReads reads = FakeReads::through_pool) : device(ctx.get_executor(), reads) {
     io::SourceOptions options = small_source_options();
     options.reader.faults = &faults;
     source = io::CheckpointSource::open(ctx.get_executor(), ckpt.path, options);
@@ -130,7 +130,7 @@ bool nothing_bound(const Module& module) {
 
 TEST_CASE("orchestration engine – a unit loads whole: one realization per owner, none for an alias",
           "[engine][orchestration][fake]") {
-  Env env;
+  OrchestrationEnv env;
   Module model = make_module();
   env.load(model, env.plan);
   const FakeStats s = env.stats();
@@ -156,7 +156,7 @@ TEST_CASE("orchestration engine – a unit loads whole: one realization per owne
 
 TEST_CASE("orchestration engine – a failure is reported only once every realization in flight has finished",
           "[engine][orchestration][fake]") {
-  Env env;
+  OrchestrationEnv env;
   Module model = make_module();
   // Every owner reads and waits, holding its last lease; then gate_up fails while the four
   // others are still held.
@@ -196,7 +196,7 @@ TEST_CASE("orchestration engine – a failure is reported only once every realiz
 
 TEST_CASE("orchestration engine – the root cause is reported, not the cancellations it caused",
           "[engine][orchestration][fake]") {
-  Env env;
+  OrchestrationEnv env;
   Module model = make_module();
 
   SECTION("the first owner stops because a later one failed") {
@@ -234,7 +234,7 @@ TEST_CASE("orchestration engine – the root cause is reported, not the cancella
 
 TEST_CASE("orchestration engine – cancellation stops every realization, waits for each, and publishes nothing",
           "[engine][orchestration][fake][cancel]") {
-  Env env;
+  OrchestrationEnv env;
   Module model = make_module();
   asio::cancellation_signal cancel;
 
@@ -315,7 +315,7 @@ TEST_CASE("orchestration engine – a cancellation after the start window filled
 
 TEST_CASE("orchestration engine – a weight validate_bind rejects publishes nothing: the module keeps its weights",
           "[engine][orchestration][fake]") {
-  Env env;
+  OrchestrationEnv env;
   Module model = make_module();
   env.load(model, env.plan);
   std::vector<const std::byte*> before;
@@ -338,7 +338,7 @@ TEST_CASE("orchestration engine – a weight validate_bind rejects publishes not
 
 TEST_CASE("orchestration engine – a plan that contradicts the catalog is refused before the backend is asked",
           "[engine][orchestration][fake]") {
-  Env env;
+  OrchestrationEnv env;
   Module model = make_module();
   auto b = bindings();
   b[3] = WeightBinding::from_recipe("layers.0.mlp.big.weight", R::cast(R::source("big"), DType::F32), 1234);
@@ -353,7 +353,7 @@ TEST_CASE("orchestration engine – a plan that contradicts the catalog is refus
 
 TEST_CASE("orchestration engine – realizations completing in any order give the same unit",
           "[engine][orchestration][fake]") {
-  Env env(FakeReads::bypass);
+  OrchestrationEnv env(FakeReads::bypass);
   env.device.delay(FakeOp::materialize, "embed", 6);
   env.device.delay(FakeOp::materialize, "q", 3);
   env.device.delay(FakeOp::materialize, "norm", 1);
@@ -376,7 +376,7 @@ TEST_CASE("orchestration engine – realizations completing in any order give th
 
 TEST_CASE("orchestration engine – async_materialize hands back every binding, dropping the unit frees them",
           "[engine][orchestration][fake]") {
-  Env env;
+  OrchestrationEnv env;
   {
     auto done = engine::async_materialize<FakeBackend>(*env.source, env.plan, env.device, asio::use_future);
     engine::MaterializedUnit<FakeBackend> unit = run_until_ready(env.ctx, done);
@@ -394,7 +394,7 @@ TEST_CASE("orchestration engine – async_materialize hands back every binding, 
 
 TEST_CASE("orchestration engine – an I/O error on the real read path fails the unit, file and parameter named",
           "[engine][orchestration][fake]") {
-  Env env;
+  OrchestrationEnv env;
   const io::TensorInfo& big = env.source->catalog().at("big");
   env.faults.begin = big.offset + big.nbytes / 2;
   env.faults.end = env.faults.begin + 1;

@@ -63,13 +63,13 @@ std::vector<PipelineUnit> units() {
   return out;
 }
 
-struct Env {
+struct PipelineEnv {
   TestCheckpoint ckpt{layer_specs()};
   asio::io_context ctx;
   std::unique_ptr<io::CheckpointSource> source;
   FakeDevice device{ctx.get_executor(), FakeReads::bypass};
 
-  Env() { source = io::CheckpointSource::open(ctx.get_executor(), ckpt.path, small_source_options()); }
+  PipelineEnv() { source = io::CheckpointSource::open(ctx.get_executor(), ckpt.path, small_source_options()); }
 
   FakeStats stats() const { return device.stats(); }
 
@@ -122,7 +122,7 @@ std::vector<std::size_t> seq(std::initializer_list<std::size_t> v) { return v; }
 
 TEST_CASE("pipeline engine – units arrive in order, pass after pass, and at most K+1 are started",
           "[engine][pipeline][fake]") {
-  Env env;
+  PipelineEnv env;
   Pipeline pipeline(*env.source, units(), make_layer, env.device, {.lookahead = 2, .passes = 2});
   run_ready_handlers(env.ctx);
   CHECK(env.started() == seq({0, 1, 2}));  // K + 1 units loaded ahead; unit 3 waits
@@ -158,7 +158,7 @@ TEST_CASE("pipeline engine – units arrive in order, pass after pass, and at mo
 
 TEST_CASE("pipeline engine – loads finishing out of order are delivered in order, concurrent_loads bounds them",
           "[engine][pipeline][fake]") {
-  Env env;
+  PipelineEnv env;
   std::vector<FakeGate> gates;
   for (std::size_t i = 0; i < units_n; ++i)
     gates.push_back(env.device.hold(FakeOp::materialize, fmt::format("layers.{}.a", i)));
@@ -167,7 +167,7 @@ TEST_CASE("pipeline engine – loads finishing out of order are delivered in ord
   CHECK(env.started() == seq({0, 1}));  // two loads at once, though the look-ahead allows four
   CHECK(env.stats().waiting == 2);
 
-  Outcome<Pipeline::Unit> first = Env::ask(pipeline);
+  Outcome<Pipeline::Unit> first = PipelineEnv::ask(pipeline);
   gates[1].open();  // unit 1 finishes before unit 0
   run_ready_handlers(env.ctx);
   CHECK(env.started() == seq({0, 1, 2}));  // its end made room for the next load ...
@@ -187,7 +187,7 @@ TEST_CASE("pipeline engine – loads finishing out of order are delivered in ord
 
 TEST_CASE("pipeline engine – the resident budget holds loads back before the look-ahead does",
           "[engine][pipeline][fake]") {
-  Env env;
+  PipelineEnv env;
   Pipeline pipeline(*env.source, units(), make_layer, env.device,
                     {.lookahead = 4, .resident_budget = 2 * unit_bytes, .concurrent_loads = 4});
   run_ready_handlers(env.ctx);
@@ -207,7 +207,7 @@ TEST_CASE("pipeline engine – the resident budget holds loads back before the l
 
 TEST_CASE("pipeline engine – a failed unit is reported when the consumer reaches it: those before arrive, none after",
           "[engine][pipeline][fake]") {
-  Env env;
+  PipelineEnv env;
   FakeGate unit0 = env.device.hold(FakeOp::materialize, "layers.0.a");
   env.device.fail(FakeOp::materialize, "layers.2.b", errc::io_error);
   Pipeline pipeline(*env.source, units(), make_layer, env.device, {.lookahead = 3, .concurrent_loads = 4});
@@ -216,7 +216,7 @@ TEST_CASE("pipeline engine – a failed unit is reported when the consumer reach
   CHECK(env.stats().in_flight == 1);          // ... while unit 0 is still loading
   CHECK(env.started() == seq({0, 1, 2, 3}));  // and nothing starts after a failure
 
-  Outcome<Pipeline::Unit> f0 = Env::ask(pipeline);
+  Outcome<Pipeline::Unit> f0 = PipelineEnv::ask(pipeline);
   run_ready_handlers(env.ctx);
   CHECK_FALSE(f0.ready());
   unit0.open();
@@ -228,11 +228,11 @@ TEST_CASE("pipeline engine – a failed unit is reported when the consumer reach
   Pipeline::Unit u1 = env.next(pipeline);
   CHECK(u1.index() == 1);
 
-  Outcome<Pipeline::Unit> f2 = Env::ask(pipeline);
+  Outcome<Pipeline::Unit> f2 = PipelineEnv::ask(pipeline);
   const Error e = failure_of(env.ctx, f2);
   CHECK(e.kind() == errc::io_error);
   CHECK(e.context().parameter == "layers.2.b.weight");
-  Outcome<Pipeline::Unit> again = Env::ask(pipeline);
+  Outcome<Pipeline::Unit> again = PipelineEnv::ask(pipeline);
   CHECK(failure_of(env.ctx, again).kind() == errc::io_error);  // the error stays
 
   env.check_unit(u0.module(), 0);  // units handed out before stay valid
@@ -246,7 +246,7 @@ TEST_CASE("pipeline engine – a failed unit is reported when the consumer reach
 
 TEST_CASE("pipeline engine – cancelling async_next waits for a load that cannot stop, and held units stay valid",
           "[engine][pipeline][fake][cancel]") {
-  Env env;
+  PipelineEnv env;
   FakeGate unit2 = env.device.hold(FakeOp::materialize, "layers.2.a");
   Pipeline pipeline(*env.source, units(), make_layer, env.device, {.lookahead = 2, .passes = 0});
   run_ready_handlers(env.ctx);
@@ -285,7 +285,7 @@ TEST_CASE("pipeline engine – a cancellation after async_next has waited once s
   // during the second must still stop the pipeline (it used to be lost: the consumer was told
   // nothing until the held load finished on its own, and a consumer gone by then left the
   // producer waiting for budget for ever).
-  Env env;
+  PipelineEnv env;
   FakeGate unit2 = env.device.hold(FakeOp::materialize, "layers.2.a", /*wake_on_stop=*/true);
   Pipeline pipeline(*env.source, units(), make_layer, env.device, {.lookahead = 1, .passes = 0});
   run_ready_handlers(env.ctx);
@@ -316,7 +316,7 @@ TEST_CASE("pipeline engine – a cancellation after async_next has waited once s
 
 TEST_CASE("pipeline engine – closing stops held loads and completes only once every one has returned",
           "[engine][pipeline][fake][cancel]") {
-  Env env;
+  PipelineEnv env;
   FakeGate all = env.device.hold(FakeOp::materialize, "");
   Pipeline pipeline(*env.source, units(), make_layer, env.device, {.lookahead = 2, .concurrent_loads = 3});
   run_ready_handlers(env.ctx);
@@ -332,13 +332,13 @@ TEST_CASE("pipeline engine – closing stops held loads and completes only once 
   CHECK(env.stats().in_flight == 0);
   CHECK(env.stats().live_weights == 0);
   CHECK(pipeline.stats().resident_bytes == 0);
-  Outcome<Pipeline::Unit> next = Env::ask(pipeline);
+  Outcome<Pipeline::Unit> next = PipelineEnv::ask(pipeline);
   CHECK(failure_of(env.ctx, next).kind() == errc::cancelled);
 }
 
 TEST_CASE("pipeline engine – keep_on_host promotes released units on the next pass instead of reading them",
           "[engine][pipeline][fake][transfer]") {
-  Env env;
+  PipelineEnv env;
   FakeExecutor park(env.device);
   {
     Pipeline pipeline(*env.source, units(), make_layer, env.device, {.lookahead = 1, .passes = 2},
@@ -368,7 +368,7 @@ TEST_CASE("pipeline engine – keep_on_host promotes released units on the next 
 }
 
 TEST_CASE("pipeline engine – a failed transfer surfaces at that unit on the later pass", "[engine][pipeline][fake]") {
-  Env env;
+  PipelineEnv env;
   FakeExecutor park(env.device);
   SECTION("promote") { env.device.fail(FakeOp::promote, "layers.3.a", errc::backend_failure); }
   SECTION("demote") { env.device.fail(FakeOp::demote, "layers.3.a", errc::out_of_memory); }
@@ -377,7 +377,7 @@ TEST_CASE("pipeline engine – a failed transfer surfaces at that unit on the la
   std::vector<std::pair<std::size_t, std::size_t>> seen;
   std::exception_ptr failure;
   for (;;) {
-    Outcome<Pipeline::Unit> f = Env::ask(pipeline);
+    Outcome<Pipeline::Unit> f = PipelineEnv::ask(pipeline);
     try {
       Pipeline::Unit unit = run_until_ready(env.ctx, f);
       if (!unit) break;

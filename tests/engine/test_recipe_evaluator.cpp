@@ -32,9 +32,9 @@ using R = DerivedWeightRecipe;
 namespace {
 
 // A small checkpoint, written once for the whole run.
-class Checkpoint {
+class EvaluatorCheckpoint {
  public:
-  Checkpoint() {
+  EvaluatorCheckpoint() {
     const std::vector<synth::TensorSpec> specs{
         {"q", DType::BF16, {8, 16}},   {"k", DType::BF16, {4, 16}},      {"v", DType::BF16, {4, 16}},
         {"gate", DType::BF16, {4, 8}}, {"up", DType::BF16, {4, 8}},      {"w3", DType::F32, {2, 3, 4}},
@@ -55,7 +55,7 @@ class Checkpoint {
 };
 
 const io::Catalog& catalog() {
-  static const Checkpoint checkpoint;
+  static const EvaluatorCheckpoint checkpoint;
   return checkpoint.catalog();
 }
 
@@ -170,7 +170,7 @@ std::vector<std::string> calls_of(const R& r) {
 
 using Calls = std::vector<std::string>;
 
-R src(const char* key) { return R::source(key); }
+R input(const char* key) { return R::source(key); }
 
 }  // namespace
 
@@ -180,19 +180,19 @@ TEST_CASE("recipe evaluator – a type of recording primitives is a RecipeOps", 
 }
 
 TEST_CASE("recipe evaluator – a source is read straight into the output, whole or selected", "[engine][evaluator]") {
-  CHECK(calls_of(src("q")) == Calls{"read_into q -> out[0:256]"});
+  CHECK(calls_of(input("q")) == Calls{"read_into q -> out[0:256]"});
   CHECK(calls_of(R::source("q", Selection::rows({8, 16}, 2, 6))) == Calls{"read_into q [2:6, 0:16] -> out[0:128]"});
 }
 
 TEST_CASE("recipe evaluator – reshapes and casts to the input's dtype pass straight through", "[engine][evaluator]") {
-  CHECK(calls_of(R::reshape(src("q"), {128})) == Calls{"read_into q -> out[0:256]"});
-  CHECK(calls_of(R::cast(R::reshape(R::cast(src("q"), DType::BF16), {4, 32}), DType::BF16)) ==
+  CHECK(calls_of(R::reshape(input("q"), {128})) == Calls{"read_into q -> out[0:256]"});
+  CHECK(calls_of(R::cast(R::reshape(R::cast(input("q"), DType::BF16), {4, 32}), DType::BF16)) ==
         Calls{"read_into q -> out[0:256]"});
 }
 
 TEST_CASE("recipe evaluator – a slice of a source folds into the read's selection", "[engine][evaluator]") {
-  CHECK(calls_of(R::slice(src("q"), 0, {2, 6})) == Calls{"read_into q [2:6, 0:16] -> out[0:128]"});
-  CHECK(calls_of(R::slice(src("w3"), 2, {1, 3})) == Calls{"read_into w3 [0:2, 0:3, 1:3] -> out[0:48]"});
+  CHECK(calls_of(R::slice(input("q"), 0, {2, 6})) == Calls{"read_into q [2:6, 0:16] -> out[0:128]"});
+  CHECK(calls_of(R::slice(input("w3"), 2, {1, 3})) == Calls{"read_into w3 [0:2, 0:3, 1:3] -> out[0:48]"});
   // Of a selected source, relative to its selection.
   CHECK(calls_of(R::slice(R::source("q", Selection{{{2, 8}, {0, 16}}}), 1, {4, 12})) ==
         Calls{"read_into q [2:8, 4:12] -> out[0:96]"});
@@ -200,70 +200,71 @@ TEST_CASE("recipe evaluator – a slice of a source folds into the read's select
 
 TEST_CASE("recipe evaluator – a concat along the outer dimension evaluates each input in its place",
           "[engine][evaluator]") {
-  CHECK(calls_of(R::concat({src("q"), src("k"), src("v")}, 0)) ==
+  CHECK(calls_of(R::concat({input("q"), input("k"), input("v")}, 0)) ==
         Calls{"read_into q -> out[0:256]", "read_into k -> out[256:384]", "read_into v -> out[384:512]"});
   // A fused QKV cast to f32: each cast of a source is the backend's cast_source, in place.
-  CHECK(calls_of(R::concat({R::cast(src("q"), DType::F32), R::cast(src("k"), DType::F32)}, 0)) ==
+  CHECK(calls_of(R::concat({R::cast(input("q"), DType::F32), R::cast(input("k"), DType::F32)}, 0)) ==
         Calls{"cast_source q BF16->F32 -> out[0:512]", "cast_source k BF16->F32 -> out[512:768]"});
   // Below dimensions of size 1 the inputs are still contiguous blocks.
-  CHECK(calls_of(R::concat({R::reshape(src("q"), {1, 8, 16}), R::reshape(src("k"), {1, 4, 16})}, 1)) ==
+  CHECK(calls_of(R::concat({R::reshape(input("q"), {1, 8, 16}), R::reshape(input("k"), {1, 4, 16})}, 1)) ==
         Calls{"read_into q -> out[0:256]", "read_into k -> out[256:384]"});
   // Nested: a slice folded into the read of its block.
-  CHECK(calls_of(R::concat({R::slice(src("q"), 0, {0, 4}), src("k")}, 0)) ==
+  CHECK(calls_of(R::concat({R::slice(input("q"), 0, {0, 4}), input("k")}, 0)) ==
         Calls{"read_into q [0:4, 0:16] -> out[0:128]", "read_into k -> out[128:256]"});
 }
 
 TEST_CASE("recipe evaluator – any other concat joins its inputs' temporaries in order", "[engine][evaluator]") {
-  CHECK(calls_of(R::concat({src("gate"), src("up")}, 1)) == Calls{
-                                                                "begin_concat dim=1 [4, 16] -> out[0:128]",
-                                                                "temporary tmp1 BF16 [4, 8]",
-                                                                "read_into gate -> tmp1[0:64]",
-                                                                "concat.add tmp1",
-                                                                "temporary tmp2 BF16 [4, 8]",
-                                                                "read_into up -> tmp2[0:64]",
-                                                                "concat.add tmp2",
-                                                                "concat.finish",
-                                                            });
+  CHECK(calls_of(R::concat({input("gate"), input("up")}, 1)) == Calls{
+                                                                    "begin_concat dim=1 [4, 16] -> out[0:128]",
+                                                                    "temporary tmp1 BF16 [4, 8]",
+                                                                    "read_into gate -> tmp1[0:64]",
+                                                                    "concat.add tmp1",
+                                                                    "temporary tmp2 BF16 [4, 8]",
+                                                                    "read_into up -> tmp2[0:64]",
+                                                                    "concat.add tmp2",
+                                                                    "concat.finish",
+                                                                });
 }
 
 TEST_CASE("recipe evaluator – a cast of a source is one cast_source, of anything else, a temporary and convert",
           "[engine][evaluator]") {
-  CHECK(calls_of(R::cast(src("q"), DType::F32)) == Calls{"cast_source q BF16->F32 -> out[0:512]"});
+  CHECK(calls_of(R::cast(input("q"), DType::F32)) == Calls{"cast_source q BF16->F32 -> out[0:512]"});
   CHECK(calls_of(R::cast(R::source("q", Selection::rows({8, 16}, 0, 2)), DType::F16)) ==
         Calls{"cast_source q [0:2, 0:16] BF16->F16 -> out[0:64]"});
-  CHECK(calls_of(R::cast(R::concat({src("q"), src("k")}, 0), DType::F32)) == Calls{
-                                                                                 "temporary tmp1 BF16 [12, 16]",
-                                                                                 "read_into q -> tmp1[0:256]",
-                                                                                 "read_into k -> tmp1[256:384]",
-                                                                                 "convert tmp1 BF16->F32 -> out[0:768]",
-                                                                             });
+  CHECK(calls_of(R::cast(R::concat({input("q"), input("k")}, 0), DType::F32)) ==
+        Calls{
+            "temporary tmp1 BF16 [12, 16]",
+            "read_into q -> tmp1[0:256]",
+            "read_into k -> tmp1[256:384]",
+            "convert tmp1 BF16->F32 -> out[0:768]",
+        });
 }
 
 TEST_CASE("recipe evaluator – slices of anything but a source, and permutations, go through a temporary",
           "[engine][evaluator]") {
-  CHECK(calls_of(R::slice(R::cast(src("q"), DType::F32), 1, {0, 8})) == Calls{
-                                                                            "temporary tmp1 F32 [8, 16]",
-                                                                            "cast_source q BF16->F32 -> tmp1[0:512]",
-                                                                            "copy_slice tmp1 dim=1 0:8 -> out[0:256]",
-                                                                        });
-  CHECK(calls_of(R::transpose(src("q"))) == Calls{
-                                                "temporary tmp1 BF16 [8, 16]",
-                                                "read_into q -> tmp1[0:256]",
-                                                "permute tmp1 order=[1, 0] -> out[0:256]",
-                                            });
+  CHECK(calls_of(R::slice(R::cast(input("q"), DType::F32), 1, {0, 8})) == Calls{
+                                                                              "temporary tmp1 F32 [8, 16]",
+                                                                              "cast_source q BF16->F32 -> tmp1[0:512]",
+                                                                              "copy_slice tmp1 dim=1 0:8 -> out[0:256]",
+                                                                          });
+  CHECK(calls_of(R::transpose(input("q"))) == Calls{
+                                                  "temporary tmp1 BF16 [8, 16]",
+                                                  "read_into q -> tmp1[0:256]",
+                                                  "permute tmp1 order=[1, 0] -> out[0:256]",
+                                              });
   // A transpose of a rank known only from the catalog is resolved for that rank.
-  CHECK(calls_of(R::transpose(src("w3"))) == Calls{
-                                                 "temporary tmp1 F32 [2, 3, 4]",
-                                                 "read_into w3 -> tmp1[0:96]",
-                                                 "permute tmp1 order=[0, 2, 1] -> out[0:96]",
-                                             });
+  CHECK(calls_of(R::transpose(input("w3"))) == Calls{
+                                                   "temporary tmp1 F32 [2, 3, 4]",
+                                                   "read_into w3 -> tmp1[0:96]",
+                                                   "permute tmp1 order=[0, 2, 1] -> out[0:96]",
+                                               });
 }
 
 TEST_CASE("recipe evaluator – what the backend cannot do fails before anything is read", "[engine][evaluator]") {
   RecordingOps ops;
   SECTION("a cast its supports_cast refuses") {
     try {
-      evaluate(ops, R::cast(src("h"), DType::BF16));
+      evaluate(ops, R::cast(input("h"), DType::BF16));
       FAIL("no exception");
     } catch (const BackendError& e) {
       CHECK(e.kind() == errc::recipe_unsupported_cast);
@@ -273,7 +274,7 @@ TEST_CASE("recipe evaluator – what the backend cannot do fails before anything
   }
   SECTION("a permutation above its rank") {
     try {
-      evaluate(ops, R::permute(src("r4"), {3, 2, 1, 0}));
+      evaluate(ops, R::permute(input("r4"), {3, 2, 1, 0}));
       FAIL("no exception");
     } catch (const BackendError& e) {
       CHECK(e.kind() == errc::backend_failure);
@@ -284,7 +285,7 @@ TEST_CASE("recipe evaluator – what the backend cannot do fails before anything
 }
 
 TEST_CASE("recipe evaluator – a stop request ends the walk at the next node, as cancelled", "[engine][evaluator]") {
-  const R qkv = R::concat({src("q"), src("k"), src("v")}, 0);
+  const R qkv = R::concat({input("q"), input("k"), input("v")}, 0);
   RecordingOps ops;
   SECTION("before the first node") {
     ops.stop = true;
@@ -308,7 +309,7 @@ TEST_CASE("recipe evaluator – a stop request ends the walk at the next node, a
 TEST_CASE("recipe evaluator – a primitive's failure ends the walk with that error", "[engine][evaluator]") {
   RecordingOps ops;
   ops.fail_reading = "k";
-  CHECK_THROWS_MATCHES(evaluate(ops, R::concat({src("q"), src("k"), src("v")}, 0)), Error,
+  CHECK_THROWS_MATCHES(evaluate(ops, R::concat({input("q"), input("k"), input("v")}, 0)), Error,
                        Catch::Predicate<Error>([](const Error& e) { return e.kind() == errc::io_error; }));
   CHECK(ops.calls == Calls{"read_into q -> out[0:256]"});
 }

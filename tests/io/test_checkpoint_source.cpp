@@ -15,6 +15,7 @@
 #include "eredu/io/reading/pread_reader.hpp"
 #include "eredu/io/reading/uring_reader.hpp"
 #include "io/read_fixture.hpp"
+#include "support/byte_units.hpp"
 #include "support/error_kind.hpp"
 
 using namespace eredu;
@@ -25,7 +26,7 @@ using eredu::test::select_bytes;
 
 namespace {
 
-constexpr std::size_t MiB = std::size_t{1} << 20;
+using eredu::test::MiB;
 
 // Sizes chosen to straddle 4 KiB windows, exceed one 4 MiB request, and be empty.
 std::vector<synth::TensorSpec> test_specs() {

@@ -25,40 +25,33 @@
 #include "eredu/io/integrity/sha256.hpp"
 #include "eredu/synth/safetensors_writer.hpp"
 #include "io/read_fixture.hpp"
+#include "support/error_kind.hpp"
 
 using namespace eredu;
 using namespace eredu::io;
 
 namespace {
 
-struct Fixture {
+struct ChecksumsFixture {
   test::TempDir dir;
   std::filesystem::path path = dir / "model.safetensors";
   std::vector<synth::TensorSpec> specs{{"a", DType::F32, {300, 17}}, {"b", DType::BF16, {9}}};
   std::vector<std::vector<std::byte>> data = test::random_tensor_bytes(specs, 3);
 
-  explicit Fixture(const Metadata& metadata = {}) {
+  explicit ChecksumsFixture(const Metadata& metadata = {}) {
     synth::write_safetensors(path, specs, test::spans_of(data), metadata);
   }
   std::string digest(std::size_t i) const { return sha256_hex(data[i]); }
 };
 
-template <class Fn>
-errc kind_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.kind();
-  }
-  return errc{};
-}
-
 }  // namespace
 
+using eredu::test::kind_of;
+
 TEST_CASE("checksums – metadata keys and sidecars are read and validated", "[io][checksums]") {
-  Fixture f;
+  ChecksumsFixture f;
   Metadata metadata{{"sha256:a", f.digest(0)}, {"format", "pt"}};
-  Fixture with_metadata(metadata);
+  ChecksumsFixture with_metadata(metadata);
   Catalog catalog = open_catalog(with_metadata.path);
   Checksums from_meta = Checksums::from_metadata(catalog);
   REQUIRE(from_meta.size() == 1);
@@ -84,18 +77,18 @@ TEST_CASE("checksums – metadata keys and sidecars are read and validated", "[i
   CHECK(kind_of([&] { Checksums::from_sidecar(f.dir / "absent.json"); }) == errc::io_error);
   CHECK(kind_of([&] { sums.add("c", "not hex"); }) == errc::invalid_argument);
   Metadata bad_meta{{"sha256:a", "123"}};
-  Fixture bad(bad_meta);
+  ChecksumsFixture bad(bad_meta);
   CHECK(kind_of([&] { Checksums::from_metadata(open_catalog(bad.path)); }) == errc::invalid_metadata);
 
   // Metadata and sidecar must agree where both speak.
   Metadata other{{"sha256:b", f.digest(0)}};  // a wrong digest for b
-  Fixture disagree(other);
+  ChecksumsFixture disagree(other);
   synth::write_text_file(Checksums::sidecar_path(disagree.path), sums.to_json());
   CHECK(kind_of([&] { Checksums::discover(disagree.path, open_catalog(disagree.path)); }) == errc::invalid_metadata);
 }
 
 TEST_CASE("checksums – verification reads through the source and names a changed tensor", "[io][checksums]") {
-  Fixture f;
+  ChecksumsFixture f;
   asio::io_context ctx;
   SourceOptions options;
   // Both ways of reading: hashing a mapping of the page cache, and chunk leases.
@@ -133,7 +126,7 @@ TEST_CASE(
     "checksums – a sidecar that cannot be read says why with its errno; one that cannot be examined is not "
     "ignored",
     "[io][checksums]") {
-  Fixture f;
+  ChecksumsFixture f;
   auto error_of = [](auto&& fn) -> Error {
     try {
       fn();
@@ -195,7 +188,7 @@ TEST_CASE(
     "checksums – a file rewritten in place since it was opened fails verification with file_changed, not as a "
     "mismatch",
     "[io][checksums]") {
-  Fixture f;
+  ChecksumsFixture f;
   asio::io_context ctx;
   SourceOptions options;
   // Both ways of reading: hashing a mapping of the page cache, and chunk leases.
@@ -223,7 +216,7 @@ TEST_CASE(
 }
 
 TEST_CASE("checksums – a tensor larger than the whole staging pool is verified chunk by chunk", "[io][checksums]") {
-  Fixture f;
+  ChecksumsFixture f;
   asio::io_context ctx;
   SourceOptions options;
   options.pool.budget = 8 << 10;  // "a" is 20 400 bytes: more than the pool
@@ -249,7 +242,7 @@ TEST_CASE("checksums – a tensor larger than the whole staging pool is verified
 }
 
 TEST_CASE("checksums – a read error while a chunk is being hashed is reported, nothing leaks", "[io][checksums]") {
-  Fixture f;
+  ChecksumsFixture f;
   struct FailSecondChunk final : FaultInjector {
     std::uint64_t at = 0;
     ReadFault on_complete(std::uint32_t, std::uint64_t offset, std::uint64_t length) override {
@@ -301,10 +294,10 @@ TEST_CASE("digests – SHA-256 and XXH3-128, whole and piecewise, match their re
 
 TEST_CASE("checksums – XXH3-128 digests in metadata and sidecar objects, the preferred one is checked",
           "[io][checksums]") {
-  Fixture plain;
+  ChecksumsFixture plain;
   const std::string xa = digest_hex(DigestKind::xxh3_128, plain.data[0]);
   Metadata metadata{{"xxh3-128:a", xa}, {"sha256:b", plain.digest(1)}};
-  Fixture f(metadata);
+  ChecksumsFixture f(metadata);
   const Catalog catalog = open_catalog(f.path);
   const Checksums meta = Checksums::from_metadata(catalog);
   CHECK(*meta.find("a", DigestKind::xxh3_128) == xa);
@@ -387,7 +380,7 @@ TEST_CASE("checksums – many tensors verified in parallel lanes, a bad one is n
 
 TEST_CASE("checksums – shard digests: recorded, kept by the sidecar, checked by re-reading, a change named",
           "[io][checksums]") {
-  Fixture f;  // "a" is F32 [300, 17]
+  ChecksumsFixture f;  // "a" is F32 [300, 17]
   const Catalog catalog = open_catalog(f.path);
   const Selection rows = Selection::rows({300, 17}, 100, 200);    // one contiguous run
   const Selection columns = Selection::columns({300, 17}, 5, 9);  // a run per row

@@ -58,18 +58,18 @@ struct Small {
   Small() { synth::write_safetensors(path, specs, test::spans_of(data)); }
 };
 
-struct LogCapture {
+struct DebugLogCapture {
   std::mutex mutex;
   std::vector<std::string> lines;
   log::Sink previous;
-  LogCapture() {
+  DebugLogCapture() {
     log::set_level(log::Level::debug);
     previous = log::set_sink([this](log::Level, std::string_view l) {
       std::lock_guard lock(mutex);
       lines.emplace_back(l);
     });
   }
-  ~LogCapture() {
+  ~DebugLogCapture() {
     log::set_sink(std::move(previous));
     log::set_level(log::Level::info);
   }
@@ -122,7 +122,7 @@ TEST_CASE("reader policy – files on the local file systems here get io_uring, 
     Small s;
     std::filesystem::copy_file(s.path, path, std::filesystem::copy_options::overwrite_existing);
     {
-      LogCapture logs;
+      DebugLogCapture logs;
       asio::io_context ctx;
       SourceOptions o;
       o.pool = {.budget = 1 << 20, .huge_pages = false, .prefault = false};
@@ -254,7 +254,7 @@ TEST_CASE("messages – NULs, escape sequences and newlines from names are escap
                   "2J") == "\\xc2\\x9b2J");  // C1 CSI as UTF-8: escaped
   CHECK(printable("tab\there\r") == "tab\\there\\r");
 
-  LogCapture logs;
+  DebugLogCapture logs;
   log::info("{}", std::string("x\x1b[2Jy\n", 7));
   CHECK(logs.contains("x\\x1b[2Jy\\n"));
 }

@@ -19,13 +19,14 @@
 
 #include "eredu/core/errc.hpp"
 #include "eredu/core/error.hpp"
+#include "support/byte_units.hpp"
 #include "support/error_kind.hpp"
 
 using namespace eredu;
 using namespace eredu::io;
 
 namespace {
-constexpr std::size_t KiB = 1024;
+using eredu::test::KiB;
 LeasePoolOptions small_pool(std::size_t bytes) { return {.budget = bytes, .huge_pages = false, .prefault = false}; }
 
 /// The errc kind of a completion's error; errc{} for none.

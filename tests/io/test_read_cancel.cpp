@@ -20,6 +20,7 @@
 #include "eredu/io/reading/pread_reader.hpp"
 #include "eredu/io/reading/uring_reader.hpp"
 #include "io/read_fixture.hpp"
+#include "support/byte_units.hpp"
 #include "support/error_kind.hpp"
 
 using namespace eredu;
@@ -27,8 +28,8 @@ using namespace eredu::io;
 
 namespace {
 
-constexpr std::size_t KiB = 1024;
-constexpr std::size_t MiB = KiB * KiB;
+using eredu::test::KiB;
+using eredu::test::MiB;
 
 using eredu::test::kind_of;
 

@@ -17,18 +17,13 @@ using namespace std::literals;
 using eredu::errc;
 using eredu::io::FileLayout;
 using eredu::test::raw_bytes;
+using eredu::test::st_entry;
 using eredu::test::st_file;
 namespace st = eredu::io::safetensors;
 
 namespace {
 
-const std::string path = "test.safetensors";
-
-// One tensor entry `"name":{...}` (without braces around it).
-std::string entry(std::string_view name, std::string_view dtype, std::string_view shape, std::uint64_t begin,
-                  std::uint64_t end) {
-  return fmt::format(R"("{}":{{"dtype":"{}","shape":{},"data_offsets":[{},{}]}})", name, dtype, shape, begin, end);
-}
+const std::string file_name = "test.safetensors";
 
 // The spec's `T`: one F32 [2] tensor "t" in 8 bytes.
 const std::string T = R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
@@ -41,7 +36,7 @@ std::string t_shape(std::string_view shape) {
   return t_with(fmt::format(R"("dtype":"F32","shape":{},"data_offsets":[0,8])", shape));
 }
 
-FileLayout parse(const std::vector<std::byte>& bytes) { return st::parse_file_prefix(bytes, bytes.size(), path); }
+FileLayout parse(const std::vector<std::byte>& bytes) { return st::parse_file_prefix(bytes, bytes.size(), file_name); }
 
 std::vector<std::byte> with_length(std::uint64_t n, std::string_view rest) {
   std::vector<std::byte> out;
@@ -162,43 +157,44 @@ std::vector<BadFile> bad_files() {
       errc::invalid_data_offsets, {"data_offsets[1]", "8.0"});
   // 6. duplicate tensor names (the reference keeps the last one; eredu refuses)
   add("the same tensor entry twice",
-      st_file("{" + entry("t", "F32", "[2]", 0, 8) + "," + entry("t", "F32", "[2]", 0, 8) + "}", 8),
+      st_file("{" + st_entry("t", "F32", "[2]", 0, 8) + "," + st_entry("t", "F32", "[2]", 0, 8) + "}", 8),
       errc::duplicate_tensor, {"'t'", "twice"});
   add("t twice, [0,4] then [4,8]",
-      st_file("{" + entry("t", "F32", "[1]", 0, 4) + "," + entry("t", "F32", "[1]", 4, 8) + "}", 8),
+      st_file("{" + st_entry("t", "F32", "[1]", 0, 4) + "," + st_entry("t", "F32", "[1]", 4, 8) + "}", 8),
       errc::duplicate_tensor, {"'t'"});
   add("t twice, [0,8] then [0,4]",
-      st_file("{" + entry("t", "F32", "[2]", 0, 8) + "," + entry("t", "F32", "[1]", 0, 4) + "}", 8),
+      st_file("{" + st_entry("t", "F32", "[2]", 0, 8) + "," + st_entry("t", "F32", "[1]", 0, 4) + "}", 8),
       errc::duplicate_tensor, {"'t'"});
   add("t and its escaped spelling \\u0074",
-      st_file("{" + entry("t", "F32", "[1]", 0, 4) + "," + entry("\\u0074", "F32", "[1]", 4, 8) + "}", 8),
+      st_file("{" + st_entry("t", "F32", "[1]", 0, 4) + "," + st_entry("\\u0074", "F32", "[1]", 4, 8) + "}", 8),
       errc::duplicate_tensor, {"'t'"});
   // 7. offsets
-  add("first tensor at [8,16]", st_file("{" + entry("t", "F32", "[2]", 8, 16) + "}", 16), errc::invalid_offset,
+  add("first tensor at [8,16]", st_file("{" + st_entry("t", "F32", "[2]", 8, 16) + "}", 16), errc::invalid_offset,
       {"'t'", "[8, 16] begin at 8", "ends at 0"});
   add("gap [0,4],[8,12]",
-      st_file("{" + entry("a", "F32", "[1]", 0, 4) + "," + entry("b", "F32", "[1]", 8, 12) + "}", 12),
+      st_file("{" + st_entry("a", "F32", "[1]", 0, 4) + "," + st_entry("b", "F32", "[1]", 8, 12) + "}", 12),
       errc::invalid_offset, {"'b'", "[8, 12]", "ends at 4", "gap"});
   add("overlap [0,8],[4,12]",
-      st_file("{" + entry("a", "F32", "[2]", 0, 8) + "," + entry("b", "F32", "[2]", 4, 12) + "}", 12),
+      st_file("{" + st_entry("a", "F32", "[2]", 0, 8) + "," + st_entry("b", "F32", "[2]", 4, 12) + "}", 12),
       errc::invalid_offset, {"'b'", "[4, 12]", "ends at 8", "overlap"});
   add("two tensors at [0,8]",
-      st_file("{" + entry("a", "F32", "[2]", 0, 8) + "," + entry("b", "F32", "[2]", 0, 8) + "}", 8),
+      st_file("{" + st_entry("a", "F32", "[2]", 0, 8) + "," + st_entry("b", "F32", "[2]", 0, 8) + "}", 8),
       errc::invalid_offset, {"[0, 8]"});
-  add("[8,4]", st_file("{" + entry("t", "F32", "[1]", 8, 4) + "}", 8), errc::invalid_offset, {"[8, 4]", "end before"});
+  add("[8,4]", st_file("{" + st_entry("t", "F32", "[1]", 8, 4) + "}", 8), errc::invalid_offset,
+      {"[8, 4]", "end before"});
   add("zero-size tensor at [4,4] inside another's range",
-      st_file("{" + entry("a", "F32", "[2]", 0, 8) + "," + entry("z", "F32", "[0]", 4, 4) + "}", 8),
+      st_file("{" + st_entry("a", "F32", "[2]", 0, 8) + "," + st_entry("z", "F32", "[0]", 4, 4) + "}", 8),
       errc::invalid_offset, {"'z'", "[4, 4] begin at 4", "ends at 8"});
-  add("I32 [2,2] in [0,4]", st_file("{" + entry("t", "I32", "[2,2]", 0, 4) + "}", 4), errc::tensor_size_mismatch,
+  add("I32 [2,2] in [0,4]", st_file("{" + st_entry("t", "I32", "[2,2]", 0, 4) + "}", 4), errc::tensor_size_mismatch,
       {"'t'", "[0, 4]", "4 bytes", "I32 [2, 2]", "16"});
-  add("I32 [2,18446744073709551614]", st_file("{" + entry("t", "I32", "[2,18446744073709551614]", 0, 8) + "}", 8),
+  add("I32 [2,18446744073709551614]", st_file("{" + st_entry("t", "I32", "[2,18446744073709551614]", 0, 8) + "}", 8),
       errc::size_overflow, {"'t'", "[2, 18446744073709551614]"});
-  add("I32 [2,9223372036854775807]", st_file("{" + entry("t", "I32", "[2,9223372036854775807]", 0, 8) + "}", 8),
+  add("I32 [2,9223372036854775807]", st_file("{" + st_entry("t", "I32", "[2,9223372036854775807]", 0, 8) + "}", 8),
       errc::size_overflow, {"'t'", "18446744073709551614 elements x 32 bits"});
   add("[2, 2^64-2, 0] overflows before the 0",
-      st_file("{" + entry("t", "U8", "[2,18446744073709551614,0]", 0, 0) + "}"), errc::size_overflow);
-  add("F4 [3]", st_file("{" + entry("t", "F4", "[3]", 0, 2) + "}", 2), errc::misaligned_slice, {"'t'", "12 bits"});
-  add("F6_E3M2 [2]", st_file("{" + entry("t", "F6_E3M2", "[2]", 0, 2) + "}", 2), errc::misaligned_slice,
+      st_file("{" + st_entry("t", "U8", "[2,18446744073709551614,0]", 0, 0) + "}"), errc::size_overflow);
+  add("F4 [3]", st_file("{" + st_entry("t", "F4", "[3]", 0, 2) + "}", 2), errc::misaligned_slice, {"'t'", "12 bits"});
+  add("F6_E3M2 [2]", st_file("{" + st_entry("t", "F6_E3M2", "[2]", 0, 2) + "}", 2), errc::misaligned_slice,
       {"F6_E3M2", "12 bits"});
   // 8. coverage
   add("T with 9 data bytes", st_file(T, 9), errc::incomplete_data, {"data offset 8", "1 bytes after"});
@@ -218,8 +214,8 @@ TEST_CASE("safetensors – rejects every hand-made malformed file with its exact
       } catch (const eredu::Error& e) {
         INFO(e.what());
         CHECK(eredu::errc_name(e.kind()) == std::string(eredu::errc_name(bad.kind)));
-        CHECK(e.context().file == path);
-        CHECK_THAT(e.what(), Catch::Contains(path));
+        CHECK(e.context().file == file_name);
+        CHECK_THAT(e.what(), Catch::Contains(file_name));
         for (const auto& needle : bad.needles) CHECK_THAT(e.what(), Catch::Contains(needle));
       }
     }
@@ -306,7 +302,7 @@ TEST_CASE("safetensors – __metadata__ null, empty, and last-wins duplicates", 
   CHECK(layout.metadata == eredu::io::Metadata{{"a", "c"}, {"format", "pt"}});
 
   // Names merely starting with __metadata__ are tensors.
-  layout = parse(st_file("{" + entry("__metadata__x", "U8", "[1]", 0, 1) + "}", 1));
+  layout = parse(st_file("{" + st_entry("__metadata__x", "U8", "[1]", 0, 1) + "}", 1));
   REQUIRE(layout.tensors.size() == 1);
   CHECK(layout.tensors[0].name == "__metadata__x");
 }
@@ -320,12 +316,12 @@ TEST_CASE("safetensors – N = 100,000,000 exactly is accepted", "[io][safetenso
 }
 
 TEST_CASE("safetensors – sub-byte and rare dtypes with exact sizes are accepted", "[io][safetensors]") {
-  const auto layout =
-      parse(st_file("{" + entry("f4", "F4", "[4]", 0, 2) + "," + entry("f6", "F6_E2M3", "[4]", 2, 5) + "," +
-                        entry("e8", "F8_E8M0", "[3]", 5, 8) + "," + entry("c64", "C64", "[1]", 8, 16) + "," +
-                        entry("fnuz1", "F8_E4M3FNUZ", "[2]", 16, 18) + "," +
-                        entry("fnuz2", "F8_E5M2FNUZ", "[2]", 18, 20) + "," + entry("u64", "U64", "[1]", 20, 28) + "}",
-                    28));
+  const auto layout = parse(
+      st_file("{" + st_entry("f4", "F4", "[4]", 0, 2) + "," + st_entry("f6", "F6_E2M3", "[4]", 2, 5) + "," +
+                  st_entry("e8", "F8_E8M0", "[3]", 5, 8) + "," + st_entry("c64", "C64", "[1]", 8, 16) + "," +
+                  st_entry("fnuz1", "F8_E4M3FNUZ", "[2]", 16, 18) + "," +
+                  st_entry("fnuz2", "F8_E5M2FNUZ", "[2]", 18, 20) + "," + st_entry("u64", "U64", "[1]", 20, 28) + "}",
+              28));
   REQUIRE(layout.tensors.size() == 7);
   CHECK(layout.tensors[0].dtype == eredu::DType::F4);
   CHECK(layout.tensors[0].nbytes == 2);
@@ -337,9 +333,9 @@ TEST_CASE("safetensors – sub-byte and rare dtypes with exact sizes are accepte
 }
 
 TEST_CASE("safetensors – keys out of order, zero-size tensors, scalars and empty names", "[io][safetensors]") {
-  const std::string header = "{" + entry("b", "F32", "[2]", 8, 16) + "," + entry("", "F64", "[]", 16, 24) + "," +
-                             entry("a", "F32", "[2]", 0, 8) + "," + entry("z0", "F32", "[2,0]", 0, 0) + "," +
-                             entry("zend", "I8", "[0]", 24, 24) + "}";
+  const std::string header = "{" + st_entry("b", "F32", "[2]", 8, 16) + "," + st_entry("", "F64", "[]", 16, 24) + "," +
+                             st_entry("a", "F32", "[2]", 0, 8) + "," + st_entry("z0", "F32", "[2,0]", 0, 0) + "," +
+                             st_entry("zend", "I8", "[0]", 24, 24) + "}";
   const auto layout = parse(st_file(header, 24));
   REQUIRE(layout.tensors.size() == 5);
   const std::uint64_t base = 8 + header.size();
@@ -384,7 +380,7 @@ TEST_CASE("safetensors – unaligned headers are fine", "[io][safetensors]") {
 TEST_CASE("safetensors – parse_file_prefix needs the whole header", "[io][safetensors]") {
   const auto bytes = st_file(T, 8);
   try {
-    st::parse_file_prefix(std::span(bytes).first(20), bytes.size(), path);
+    st::parse_file_prefix(std::span(bytes).first(20), bytes.size(), file_name);
     FAIL("accepted");
   } catch (const eredu::Error& e) {
     CHECK(e.kind() == errc::invalid_argument);
@@ -392,14 +388,14 @@ TEST_CASE("safetensors – parse_file_prefix needs the whole header", "[io][safe
   // The prefix alone is enough to reject a bad length.
   const auto short_prefix = with_length(100, "");
   CHECK_THROWS_MATCHES(
-      st::parse_file_prefix(short_prefix, 50, path), eredu::Error,
+      st::parse_file_prefix(short_prefix, 50, file_name), eredu::Error,
       Catch::Predicate<eredu::Error>([](const eredu::Error& e) { return e.kind() == errc::invalid_header_length; }));
 }
 
 TEST_CASE("safetensors – read_layout reads the header from a file", "[io][safetensors]") {
   eredu::test::TempDir dir;
   const auto file = (dir / "a.safetensors").string();
-  const auto bytes = st_file("{" + entry("w", "BF16", "[2,2]", 0, 8) + "}", 8);
+  const auto bytes = st_file("{" + st_entry("w", "BF16", "[2,2]", 0, 8) + "}", 8);
   eredu::test::write_bytes(file, bytes);
   const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
   REQUIRE(fd >= 0);
@@ -407,7 +403,7 @@ TEST_CASE("safetensors – read_layout reads the header from a file", "[io][safe
   CHECK(layout.tensors.at(0).name == "w");
   CHECK(layout.tensors.at(0).nbytes == 8);
   // A size larger than the file (it shrank since fstat) ends the header read early.
-  eredu::test::write_bytes(file, st_file("{" + entry("w", "BF16", "[2,2]", 0, 8) + "}"));
+  eredu::test::write_bytes(file, st_file("{" + st_entry("w", "BF16", "[2,2]", 0, 8) + "}"));
   try {
     st::read_layout(fd, 4096, file);
     FAIL("accepted");

@@ -15,6 +15,7 @@
 
 using eredu::errc;
 using eredu::io::open_catalog;
+using eredu::test::st_entry;
 using eredu::test::st_file;
 using eredu::test::TempDir;
 using eredu::test::write_bytes;
@@ -24,11 +25,6 @@ namespace {
 const std::string shard1 = "model-00001-of-00002.safetensors";
 const std::string shard2 = "model-00002-of-00002.safetensors";
 
-std::string entry(std::string_view name, std::string_view dtype, std::string_view shape, std::uint64_t begin,
-                  std::uint64_t end) {
-  return fmt::format(R"("{}":{{"dtype":"{}","shape":{},"data_offsets":[{},{}]}})", name, dtype, shape, begin, end);
-}
-
 void write_text(const std::filesystem::path& p, std::string_view text) {
   std::ofstream f(p, std::ios::binary | std::ios::trunc);
   f << text;
@@ -37,9 +33,9 @@ void write_text(const std::filesystem::path& p, std::string_view text) {
 // A good two-shard checkpoint: a, b in shard 1; c in shard 2.
 struct Sharded {
   TempDir dir;
-  std::string header1 = R"({"__metadata__":{"format":"pt"},)" + entry("a", "F32", "[2]", 0, 8) + "," +
-                        entry("b", "U8", "[3]", 8, 11) + "}";
-  std::string header2 = R"({"__metadata__":{"format":"pt"},)" + entry("c", "I64", "[]", 0, 8) + "}";
+  std::string header1 = R"({"__metadata__":{"format":"pt"},)" + st_entry("a", "F32", "[2]", 0, 8) + "," +
+                        st_entry("b", "U8", "[3]", 8, 11) + "}";
+  std::string header2 = R"({"__metadata__":{"format":"pt"},)" + st_entry("c", "I64", "[]", 0, 8) + "}";
   std::string weight_map = fmt::format(R"({{"c":"{}","a":"{}","b":"{}"}})", shard2, shard1, shard1);
 
   Sharded() {
@@ -126,7 +122,7 @@ TEST_CASE("sharded – every weight_map tensor is in the shard it names", "[io][
 TEST_CASE("sharded – a tensor in two shards is refused with the sharded kind", "[io][sharded]") {
   Sharded s;
   write_bytes(s.dir / shard2,
-              st_file("{" + entry("a", "F32", "[2]", 0, 8) + "," + entry("c", "I64", "[]", 8, 16) + "}", 16));
+              st_file("{" + st_entry("a", "F32", "[2]", 0, 8) + "," + st_entry("c", "I64", "[]", 8, 16) + "}", 16));
   const auto e = error_of([&] { open_catalog(s.dir.path()); });
   CHECK(e.kind() == errc::tensor_in_two_shards);
   CHECK(e.context().tensor == "a");
@@ -136,7 +132,7 @@ TEST_CASE("sharded – a tensor in two shards is refused with the sharded kind",
 TEST_CASE("sharded – a shard tensor the index does not list is refused", "[io][sharded]") {
   Sharded s;
   write_bytes(s.dir / shard2,
-              st_file("{" + entry("c", "I64", "[]", 0, 8) + "," + entry("x", "U8", "[1]", 8, 9) + "}", 9));
+              st_file("{" + st_entry("c", "I64", "[]", 0, 8) + "," + st_entry("x", "U8", "[1]", 8, 9) + "}", 9));
   const auto e = error_of([&] { open_catalog(s.dir.path()); });
   CHECK(e.kind() == errc::tensor_not_in_index);
   CHECK(e.context().tensor == "x");
@@ -201,7 +197,7 @@ TEST_CASE("sharded – index metadata values are stringified", "[io][sharded]") 
 
 TEST_CASE("open_catalog – a single file, by path or by its directory", "[io][catalog]") {
   TempDir dir;
-  const std::string header = R"({"__metadata__":{"k":"v"},)" + entry("w", "F16", "[2,2]", 0, 8) + "}";
+  const std::string header = R"({"__metadata__":{"k":"v"},)" + st_entry("w", "F16", "[2,2]", 0, 8) + "}";
   write_bytes(dir / "only.safetensors", st_file(header, 8));
   write_text(dir / "README.md", "not a checkpoint");
   for (const auto& path : {dir / "only.safetensors", dir.path()}) {

@@ -6,8 +6,11 @@
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
+#include <string>
 #include <string_view>
 #include <vector>
+
+#include <fmt/format.h>
 
 namespace eredu::test {
 
@@ -20,6 +23,12 @@ inline std::vector<std::byte> st_file(std::string_view header, std::size_t data_
   for (char c : header) out.push_back(static_cast<std::byte>(c));
   for (std::size_t i = 0; i < data_bytes; ++i) out.push_back(static_cast<std::byte>(i));
   return out;
+}
+
+/// One tensor entry of a safetensors header, `"name":{...}` (without braces around it).
+inline std::string st_entry(std::string_view name, std::string_view dtype, std::string_view shape, std::uint64_t begin,
+                            std::uint64_t end) {
+  return fmt::format(R"("{}":{{"dtype":"{}","shape":{},"data_offsets":[{},{}]}})", name, dtype, shape, begin, end);
 }
 
 /// Raw bytes from a string (any content).
