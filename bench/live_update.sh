@@ -4,7 +4,8 @@
 # tensor-parallel pair) and prints, per contender, the median and min-max over the rounds of
 # its seconds and of each rank's GB/s, and the update's ratios to MPI_Bcast and to the hot-file
 # swap; and delta updates with 1 % and 10 % of the 64 KiB blocks changed, and with 1.5 % of the
-# values changed at random, against the full update of the same round; and the full update
+# values changed at random, and with 78 % of the values moved by a few units in the last place
+# (drift), against the full update of the same round; and the full update
 # over the two-sided transport (update2) against the one-sided one. Rows (one JSON line per round and contender) go to OUT.
 #
 # usage: bench/live_update.sh BUILD_DIR [size MiB=2048] [rounds=7] [out.jsonl]
@@ -49,7 +50,7 @@ if any(r.get("case") == "update2" for r in rows):
           f"(per round) {statistics.median(ratio):.2f} ({min(ratio):.2f}-{max(ratio):.2f})")
     m, lo, hi, _ = stat("update2", "load_s")
     print(f"  update2 load_s     {m:.4f} s ({lo:.4f}-{hi:.4f})")
-for case in ("delta1", "delta10", "sparse"):
+for case in ("delta1", "delta10", "sparse", "drift"):
     if not any(r.get("case") == case for r in rows):
         continue
     m, lo, hi, _ = stat(case)

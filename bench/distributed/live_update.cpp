@@ -21,6 +21,9 @@
 //           the commit;
 //   sparse  the same with 1.5 % of the bf16 values changed (their lowest bit flipped) at random
 //           places: every block changes, and the publisher sends the changed values;
+//   drift   the same with 78 % of the bf16 values moved by 1-3 units in the last place: every
+//           block and most values change, and the publisher sends the XOR with the base,
+//           compressed;
 //   update2 update over LiveTransport::two_sided: each part a request the publisher answers
 //           with a copy of the bytes (a second publisher and subscribers on their own group).
 // Meanwhile a serving thread on each subscriber takes the version for each request
@@ -179,7 +182,8 @@ int run_bench(int argc, char** argv) {
 }
 
 int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const std::filesystem::path& dir) {
-  constexpr int contenders = 7;  // update, bcast, file, delta1, delta10, sparse, update2 (two-sided)
+  // update, bcast, file, delta1, delta10, sparse, update2 (two-sided), drift
+  constexpr int contenders = 8;
   mpi::Communicator world = mpi::Communicator::world(env, {.timeout = std::chrono::minutes(5)});
   if (world.size() != 3) throw std::invalid_argument("run it with mpirun -np 3");
   const int rank = world.rank();
@@ -235,20 +239,21 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
         checked.insert(p.tensors.back().key);
       }
     }
-    mpi::Publisher publisher(live);
+    mpi::Publisher publisher(live, {.xor_deltas = true});  // drift goes as the compressed XOR
     mpi::Publisher publisher2(live2, {.transport = mpi::LiveTransport::two_sided});
     for (int r = -2; r < rounds; ++r) {  // warm-up updates first, one per version and transport
       for (int k = 0; k < (r < 0 ? 2 : contenders); ++k) {
         const int contender = r < 0 ? (k == 0 ? 0 : 6) : (r + k) % contenders;
         MPI_Barrier(MPI_COMM_WORLD);
-        if (contender >= 3 && contender <= 5) {
+        if ((contender >= 3 && contender <= 5) || contender == 7) {
           auto& base = ((r + 2) % 2 == 0) ? mem_a : mem_b;
           const std::string base_tag = fmt::format("base-{}-{}", r, k);
           mpi::Publication b = publisher.publish(base_tag, {}, tensors_of(base));
           MPI_Barrier(MPI_COMM_WORLD);
           b.wait_served(2, std::chrono::minutes(5));
           // The trainer's next step: the base with a byte changed in `percent` of its blocks, or
-          // 1.5 % of its values changed (contender 5).
+          // 1.5 % of its values changed (contender 5), or 78 % of its values moved by 1-3 units in
+          // the last place (drift, contender 7).
           const int percent = contender == 3 ? 1 : 10;
           for (std::size_t i = 0; i < base.size(); ++i) mem_d[i] = base[i];
           std::uint64_t x = 0x9E3779B97F4A7C15ull * static_cast<std::uint64_t>(r + 3) + static_cast<std::uint64_t>(k);
@@ -262,6 +267,22 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
           for (std::size_t i = 0; i < mem_d.size(); ++i) {
             auto& t = mem_d[i];
             if (checked.contains(model.tensors[i].name)) continue;
+            if (contender == 7) {
+              for (std::size_t v = 0; v + 1 < t.size(); v += 8) {
+                std::uint64_t bits = next();
+                for (std::size_t u = v; u + 1 < std::min(v + 8, t.size()); u += 2, bits >>= 16) {
+                  if ((bits & 127) >= 100) continue;  // 100 of 128: 78 %
+                  const int step = static_cast<int>((bits >> 7) % 3) + 1;
+                  std::uint16_t value = static_cast<std::uint16_t>(std::to_integer<unsigned>(t[u]) |
+                                                                   std::to_integer<unsigned>(t[u + 1]) << 8);
+                  value = static_cast<std::uint16_t>((bits >> 9) & 1 ? value + step : value - step);
+                  t[u] = static_cast<std::byte>(value & 0xff);
+                  t[u + 1] = static_cast<std::byte>(value >> 8);
+                  ++changed;
+                }
+              }
+              continue;
+            }
             if (contender == 5) {
               const std::size_t values = t.size() / 2;
               for (std::size_t n = values * 15 / 1000; n > 0; --n, ++changed)
@@ -286,7 +307,10 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
           std::printf("%s\n", fmt::format(R"({{"round": {}, "case": "{}", "seconds": {:.4f}, )"
                                           R"("publish_s": {:.4f}, "changed": {}, "load_s": {:.4f}, )"
                                           R"("transferred_bytes": {:.0f}, "delta": {:.0f}}})",
-                                          r, contender == 5 ? std::string("sparse") : fmt::format("delta{}", percent),
+                                          r,
+                                          contender == 5   ? std::string("sparse")
+                                          : contender == 7 ? std::string("drift")
+                                                           : fmt::format("delta{}", percent),
                                           s, publish_s, changed, parts[0], parts[1], parts[2])
                                   .c_str());
         } else if (contender == 0 || contender == 6) {
@@ -377,7 +401,7 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
     for (int k = 0; k < (r < 0 ? 2 : contenders); ++k) {
       const int contender = r < 0 ? (k == 0 ? 0 : 6) : (r + k) % contenders;
       MPI_Barrier(MPI_COMM_WORLD);
-      if (contender >= 3 && contender <= 5) {
+      if ((contender >= 3 && contender <= 5) || contender == 7) {
         // The base, whole and untimed (the serving thread sees it as steady state).
         MPI_Barrier(MPI_COMM_WORLD);
         std::unique_ptr<mpi::PublishedSource> b = run(ctx, subscriber.async_open("", asio::use_awaitable));

@@ -115,11 +115,13 @@ class _Endpoint:
 class Publisher(_Endpoint):
     """The trainer's side: offers versions of its weights to the group's subscribers.
     Collective: every other rank of the group makes a Subscriber at the same time.
-    close() also withdraws every publication."""
+    close() also withdraws every publication. `xor_deltas`: a tensor most of whose values
+    changed may go as its XOR with the base, compressed (worth it on links slower than about
+    0.3 GB/s per rank; docs/live_updates.md)."""
 
-    def __init__(self, group, *, linger=60.0):
+    def __init__(self, group, *, linger=60.0, xor_deltas=False):
         _require()
-        self._native = _native.Publisher(group._native, float(linger))
+        self._native = _native.Publisher(group._native, float(linger), bool(xor_deltas))
         _endpoints.append(weakref.ref(self))
 
     def publish(self, version, tensors, *, base=None):

@@ -125,11 +125,12 @@ class PyPublication {
 
 class PyPublisher {
  public:
-  PyPublisher(const LiveGroup& group, double linger_s) : group_(group.group()) {
+  PyPublisher(const LiveGroup& group, double linger_s, bool xor_deltas) : group_(group.group()) {
     py::gil_scoped_release nogil;
     publisher_ = std::make_unique<mpi::Publisher>(
         *group_, mpi::PublisherOptions{.linger = std::chrono::milliseconds(static_cast<std::int64_t>(linger_s * 1000)),
-                                       .transport = group.transport()});
+                                       .transport = group.transport(),
+                                       .xor_deltas = xor_deltas});
   }
   /// tensors: (name bytes, dtype name, shape, buffer) tuples; the buffers are C-contiguous
   /// bytes (the package makes them from numpy arrays and torch tensors without a copy).
@@ -264,7 +265,7 @@ void bind_live(py::module_& m) {
       .def("wait_served", &PyPublication::wait_served, py::arg("subscribers"), py::arg("timeout"))
       .def("withdraw", &PyPublication::withdraw);
   py::class_<PyPublisher>(m, "Publisher", "The trainer's side of live updates.")
-      .def(py::init<const LiveGroup&, double>(), py::arg("group"), py::arg("linger"))
+      .def(py::init<const LiveGroup&, double, bool>(), py::arg("group"), py::arg("linger"), py::arg("xor_deltas"))
       .def("publish", &PyPublisher::publish, py::arg("version"), py::arg("base"), py::arg("tensors"))
       .def("offered", &PyPublisher::offered, py::arg("version"))
       .def("close", &PyPublisher::close);

@@ -53,7 +53,7 @@ SCRIPT = textwrap.dedent(r'''
     assert group.size == 3, group.size
     rank = group.rank
     if rank == 0:
-        with eredu.Publisher(group, linger=30) as publisher:
+        with eredu.Publisher(group, linger=30, xor_deltas=True) as publisher:
             w1, w2, w3 = weights(1), weights(2), weights(3)
             v1 = publisher.publish("step-1", w1)
             assert publisher.offered("step-1")

@@ -125,7 +125,8 @@ struct LiveEnv {
                    std::chrono::milliseconds linger = std::chrono::seconds(20)) {
     if (rank == 0) {
       publisher = std::make_unique<mpi::Publisher>(
-          live, mpi::PublisherOptions{.linger = linger, .delta_block = delta_block, .transport = transport()});
+          live, mpi::PublisherOptions{
+                    .linger = linger, .delta_block = delta_block, .transport = transport(), .xor_deltas = true});
     } else {
       subscriber = std::make_unique<mpi::Subscriber>(
           live, 0, ctx.get_executor(),

@@ -559,7 +559,7 @@ void Publisher::mark_delta(detail::PublicationState& p, const std::string& versi
     const bool by_elements = !by_blocks && sparse_bytes * 2 <= now.size();
     t.delta = by_blocks || by_elements;
     if (!by_blocks) t.changed.clear();
-    if (!t.delta && changed_bytes > 0 && dtype_bits(t.dtype) % 8 == 0 && element > 0) {
+    if (!t.delta && state_->options.xor_deltas && changed_bytes > 0 && dtype_bits(t.dtype) % 8 == 0 && element > 0) {
       // Most values moved (the drift of an RL step): their XOR with the base, in byte planes,
       // compressed, where that is at most half the bytes.
       std::vector<std::byte> encoded = detail::encode_xor_planes(now, before, element);

@@ -27,6 +27,14 @@ std::uint64_t get_u64(const std::byte* at) {
   return v;
 }
 
+/// XORs elements [k0, k1) of a chunk of n elements of E bytes, in byte planes at `planes`, onto
+/// `out` (element k0's first byte).
+template <std::size_t E>
+void xor_elements(const std::byte* planes, std::uint64_t n, std::uint64_t k0, std::uint64_t k1, std::byte* out) {
+  for (std::uint64_t k = k0; k < k1; ++k, out += E)
+    for (std::size_t j = 0; j < E; ++j) out[j] ^= planes[j * n + k];
+}
+
 }  // namespace
 
 std::vector<std::byte> encode_xor_planes(std::span<const std::byte> now, std::span<const std::byte> before,
@@ -110,10 +118,36 @@ void XorPlanes::apply(std::size_t c, std::span<const std::byte> planes, std::uin
                       std::span<std::byte> out) const {
   const std::uint64_t start = c * chunk_bytes_;
   const std::uint64_t n = std::min<std::uint64_t>(chunk_bytes_, nbytes_ - start) / element_;
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    const std::uint64_t local = from + i - start;
-    out[i] ^= planes[(local % element_) * n + local / element_];
+  const std::uint64_t first = from - start;  // of the range, within the chunk
+  const std::uint64_t end = first + out.size();
+  // Bytes of elements the range cuts (at most one at each end) one at a time; the whole
+  // elements between them element by element, reading their bytes from each plane.
+  const auto one = [&](std::uint64_t local) {
+    out[local - first] ^= planes[(local % element_) * n + local / element_];
+  };
+  const std::uint64_t k0 = (first + element_ - 1) / element_;
+  const std::uint64_t k1 = std::max(k0, end / element_);
+  for (std::uint64_t local = first; local < std::min(end, k0 * element_); ++local) one(local);
+  std::byte* to = out.data() + (k0 * element_ - first);
+  const std::byte* plane = planes.data();
+  switch (element_) {
+    case 1:
+      xor_elements<1>(plane, n, k0, k1, to);
+      break;
+    case 2:
+      xor_elements<2>(plane, n, k0, k1, to);
+      break;
+    case 4:
+      xor_elements<4>(plane, n, k0, k1, to);
+      break;
+    case 8:
+      xor_elements<8>(plane, n, k0, k1, to);
+      break;
+    default:
+      for (std::uint64_t k = k0; k < k1; ++k, to += element_)
+        for (std::size_t j = 0; j < element_; ++j) to[j] ^= plane[j * n + k];
   }
+  for (std::uint64_t local = std::max(k1 * element_, k0 * element_); local < end; ++local) one(local);
 }
 
 }  // namespace eredu::mpi::detail

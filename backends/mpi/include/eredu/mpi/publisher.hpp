@@ -75,6 +75,11 @@ struct PublisherOptions {
   std::size_t delta_block = std::size_t{64} << 10;
   /// How subscribers read: the same on the publisher and every subscriber of its group.
   LiveTransport transport = LiveTransport::one_sided;
+  /// Whether a tensor most of whose values changed (the drift of an RL step) may go as its
+  /// XOR with the base, compressed. Off by default: it pays only where the link is slower
+  /// than the subscriber's decompression, about 0.3 GB/s per rank (two jobs over TCP). Over
+  /// shared memory, a 256 MiB drift update took 4.4× the full one (docs/performance.md).
+  bool xor_deltas = false;
 };
 
 /// One version offered by a Publisher (see file comment). Move-only; destruction withdraws it.
@@ -133,9 +138,9 @@ class Publisher {
   /// (PublishedSource::use_base), as whichever is smaller: the changed blocks, read from this
   /// version's memory, or a sparse index of the changed values (4-byte index and value each),
   /// which the publication builds in memory of its own. Where both are more than half its
-  /// bytes, the XOR with the base's bytes, in byte planes, compressed with zstd (1 MiB chunks
-  /// compressed in parallel), if that is at most half. Otherwise, or for a new tensor, it goes
-  /// whole; a base no longer offered gives a version every subscriber reads whole.
+  /// bytes and PublisherOptions::xor_deltas is on, the XOR with the base's bytes, in byte
+  /// planes, compressed with zstd (1 MiB chunks compressed in parallel), if that is at most half. Otherwise, or for a
+  /// new tensor, it goes whole; a base no longer offered gives a version every subscriber reads whole.
   ///
   /// Throws Error(invalid_argument) for an empty or already offered version tag, a tensor
   /// name given twice, or bytes that are not dtype × shape; CollectiveError when MPI refuses
