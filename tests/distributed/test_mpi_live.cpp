@@ -122,11 +122,11 @@ struct LiveEnv {
 
   explicit LiveEnv(std::chrono::milliseconds timeout = std::chrono::seconds(20),
                    std::size_t delta_block = std::size_t{64} << 10,
-                   std::chrono::milliseconds linger = std::chrono::seconds(20)) {
+                   std::chrono::milliseconds linger = std::chrono::seconds(20), bool xor_deltas = true) {
     if (rank == 0) {
       publisher = std::make_unique<mpi::Publisher>(
           live, mpi::PublisherOptions{
-                    .linger = linger, .delta_block = delta_block, .transport = transport(), .xor_deltas = true});
+                    .linger = linger, .delta_block = delta_block, .transport = transport(), .xor_deltas = xor_deltas});
     } else {
       subscriber = std::make_unique<mpi::Subscriber>(
           live, 0, ctx.get_executor(),
@@ -409,6 +409,36 @@ TEST_CASE("live – a drift delta goes as its XOR's byte planes, compressed, a w
   CHECK(flipped.failures()[0].kind == errc::checksum_mismatch);
   CHECK(env.slot->generation() == 2);
   CHECK(env.serves(x2));
+  env.world.barrier().get();
+}
+
+TEST_CASE("live – without xor_deltas (the default), a drift delta sends the drifted tensors whole", "[mpi][live]") {
+  REQUIRE(mpi_world().size() == 3);
+  LiveEnv env(std::chrono::seconds(20), std::size_t{256}, std::chrono::seconds(20), /*xor_deltas=*/false);
+  // The lowest bit of every value of q_proj (split by rows) and o_proj (split by columns):
+  // every block and every value change, and their XOR would compress to almost nothing.
+  const Weights w1(21);
+  Weights w2 = w1;
+  for (const std::size_t i : {std::size_t{2}, std::size_t{4}})
+    for (std::size_t k = 0; k < w2.memory[i].size(); k += 2) w2.memory[i][k] ^= std::byte{1};
+  if (env.publishing()) {
+    mpi::Publication v1 = env.publisher->publish("w-1", "", w1.tensors());
+    env.world.barrier().get();
+    CHECK(v1.wait_served(2, std::chrono::seconds(30)));
+    mpi::Publication v2 = env.publisher->publish("w-2", "w-1", w2.tensors());
+    env.world.barrier().get();
+    CHECK(v2.wait_served(2, std::chrono::seconds(30)));
+    env.world.barrier().get();
+    return;
+  }
+  env.world.barrier().get();
+  REQUIRE(env.swap_to("w-1", {}, "w-0").generation == 1);
+  env.world.barrier().get();
+  const engine::DistributedSwapReport second = env.swap_to("w-2", {}, "w-1");
+  CHECK(second.generation == 2);
+  CHECK(env.serves(w2));
+  // Each rank's halves of both, 1024 bytes each, read whole (as XOR deltas: 102 bytes in all).
+  CHECK(env.transferred >= 2048u);
   env.world.barrier().get();
 }
 
