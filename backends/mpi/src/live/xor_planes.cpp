@@ -147,7 +147,7 @@ void XorPlanes::apply(std::size_t c, std::span<const std::byte> planes, std::uin
       for (std::uint64_t k = k0; k < k1; ++k, to += element_)
         for (std::size_t j = 0; j < element_; ++j) to[j] ^= plane[j * n + k];
   }
-  for (std::uint64_t local = std::max(k1 * element_, k0 * element_); local < end; ++local) one(local);
+  for (std::uint64_t local = k1 * element_; local < end; ++local) one(local);  // k1 ≥ k0
 }
 
 }  // namespace eredu::mpi::detail

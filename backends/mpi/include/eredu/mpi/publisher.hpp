@@ -139,8 +139,9 @@ class Publisher {
   /// version's memory, or a sparse index of the changed values (4-byte index and value each),
   /// which the publication builds in memory of its own. Where both are more than half its
   /// bytes and PublisherOptions::xor_deltas is on, the XOR with the base's bytes, in byte
-  /// planes, compressed with zstd (1 MiB chunks compressed in parallel), if that is at most half. Otherwise, or for a
-  /// new tensor, it goes whole; a base no longer offered gives a version every subscriber reads whole.
+  /// planes, compressed with zstd (1 MiB chunks compressed in parallel), if that is at most
+  /// half. Otherwise, or for a new tensor, it goes whole; a base no longer offered gives a
+  /// version every subscriber reads whole.
   ///
   /// Throws Error(invalid_argument) for an empty or already offered version tag, a tensor
   /// name given twice, or bytes that are not dtype × shape; CollectiveError when MPI refuses
