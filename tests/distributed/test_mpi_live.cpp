@@ -351,6 +351,51 @@ TEST_CASE("live – a delta reads only the changed blocks of each rank's shard, 
   env.world.barrier().get();
 }
 
+TEST_CASE("live – a sparse delta of a row shard reads only the changed values of the rank's rows", "[mpi][live]") {
+  REQUIRE(mpi_world().size() == 3);
+  LiveEnv env(std::chrono::seconds(20), std::size_t{256});
+  // up_proj (index 5, f32 [48, 32], split by rows: 3072 bytes each): one value in each of its
+  // 24 blocks of 256 bytes, which goes as changed values, 8 bytes each. Each rank's 12 blocks
+  // hold 12 of them.
+  const Weights s1(31);
+  const auto scatter = [](const Weights& from, std::size_t at) {
+    Weights to = from;
+    for (std::size_t k = 0; k < 24; ++k) to.memory[5][k * 256 + at] ^= std::byte{0x40};
+    return to;
+  };
+  const Weights s2 = scatter(s1, 8), s3 = scatter(s1, 20);
+  if (env.publishing()) {
+    std::vector<mpi::Publication> offered;  // a base stays offered while its deltas are read
+    for (const auto& [version, weights, base] :
+         {std::tuple{"s-1", &s1, ""}, std::tuple{"s-2", &s2, "s-1"}, std::tuple{"s-3", &s3, "s-1"}}) {
+      offered.push_back(env.publisher->publish(version, base, weights->tensors()));
+      env.world.barrier().get();
+      CHECK(offered.back().wait_served(2, std::chrono::seconds(30)));
+    }
+    env.world.barrier().get();
+    return;
+  }
+  env.world.barrier().get();
+  REQUIRE(env.swap_to("s-1", {}, "s-0").generation == 1);
+
+  env.world.barrier().get();
+  const engine::DistributedSwapReport second = env.swap_to("s-2", {}, "s-1");
+  CHECK(env.delta);
+  CHECK(second.generation == 2);
+  CHECK(second.verified_bytes == env.plan.read_bytes);
+  CHECK(env.serves(s2));
+  CHECK(env.transferred == 12u * 8u);  // its own 12 indices and values, not the other rank's
+
+  // A rank that claims the wrong base: s-3 changes s-1 elsewhere, and the ranks serve s-2.
+  env.world.barrier().get();
+  const CollectiveError wrong = env.failed_swap("s-3", {}, "s-1");
+  REQUIRE_FALSE(wrong.failures().empty());
+  CHECK(wrong.failures()[0].kind == errc::checksum_mismatch);
+  CHECK(env.slot->generation() == 2);
+  CHECK(env.serves(s2));
+  env.world.barrier().get();
+}
+
 TEST_CASE("live – a drift delta goes as its XOR's byte planes, compressed, a wrong base or a flipped bit is refused",
           "[mpi][live]") {
   REQUIRE(mpi_world().size() == 3);

@@ -372,21 +372,55 @@ asio::awaitable<bool> PublishedSource::apply_sparse(const io::TensorInfo& t, std
                                                     std::span<std::byte> out) {
   const detail::ManifestTensor& m = manifest_->tensors[static_cast<std::size_t>(&t - &catalog_.tensors()[0])];
   const std::uint64_t element = dtype_bits(m.dtype) / 8;
-  const std::uint64_t size = m.elements * (4 + element);
-  if (size == 0) co_return true;
-  if (io::LeasePool::block_size(size) > pool_.budget()) co_return false;  // read it whole instead
-  // The whole tensor's changed elements (a few percent of it), then those in this selection.
-  io::StagingBuffer encoded = co_await pool_.async_acquire(static_cast<std::size_t>(size), asio::use_awaitable);
-  const std::span<std::byte> in(encoded.data(), static_cast<std::size_t>(size));
-  const std::uint64_t part = subscriber_->options.part_size;
-  std::vector<ByteRun> pieces;
-  for (std::uint64_t at = 0; at < size; at += part)
-    pieces.push_back(ByteRun{.source_offset = at, .dest_offset = at, .length = std::min(part, size - at)});
-  co_await read_runs(t, m.encoded_address, std::move(pieces), in);
+  const std::uint64_t block = manifest_->delta_block;
   std::sort(wanted.begin(), wanted.end(),
             [](const ByteRun& a, const ByteRun& b) { return a.source_offset < b.source_offset; });
+  // The entries of the blocks this read touches (slots [first, last), ascending and disjoint):
+  // a row shard, or one chunk of a streamed tensor, reads only its own.
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> slots;
+  for (const ByteRun& r : wanted) {
+    if (r.length == 0) continue;
+    if (r.source_offset > m.nbytes || r.length > m.nbytes - r.source_offset)
+      throw Error(errc::invalid_argument, {.file = location_, .tensor = t.name},
+                  fmt::format("a read of bytes [{}, {}) past the tensor's {}", r.source_offset,
+                              r.source_offset + r.length, m.nbytes));
+    const std::uint64_t first = m.block_first[static_cast<std::size_t>(r.source_offset / block)];
+    const std::uint64_t last = m.block_first[static_cast<std::size_t>((r.source_offset + r.length - 1) / block + 1)];
+    if (first == last) continue;
+    if (!slots.empty() && first <= slots.back().second)
+      slots.back().second = std::max(slots.back().second, last);
+    else
+      slots.emplace_back(first, last);
+  }
+  std::uint64_t count = 0;
+  for (const auto& s : slots) count += s.second - s.first;
+  if (count == 0) co_return true;
+  const std::uint64_t size = count * (4 + element);
+  if (io::LeasePool::block_size(size) > pool_.budget()) co_return false;  // read it whole instead
+  io::StagingBuffer encoded = co_await pool_.async_acquire(static_cast<std::size_t>(size), asio::use_awaitable);
+  const std::span<std::byte> in(encoded.data(), static_cast<std::size_t>(size));
+  // Their indices, packed, then their values, packed (the publication holds every index, then
+  // every value), in parts of at most part_size.
+  const std::uint64_t part = subscriber_->options.part_size;
+  std::vector<ByteRun> pieces;
+  const auto add = [&](std::uint64_t from, std::uint64_t to, std::uint64_t length) {
+    for (std::uint64_t at = 0; at < length; at += part)
+      pieces.push_back(
+          ByteRun{.source_offset = from + at, .dest_offset = to + at, .length = std::min(part, length - at)});
+  };
+  std::uint64_t packed = 0;
+  for (const auto& s : slots) {
+    add(s.first * 4, packed * 4, (s.second - s.first) * 4);
+    packed += s.second - s.first;
+  }
+  packed = 0;
+  for (const auto& s : slots) {
+    add(m.elements * 4 + s.first * element, count * 4 + packed * element, (s.second - s.first) * element);
+    packed += s.second - s.first;
+  }
+  co_await read_runs(t, m.encoded_address, std::move(pieces), in);
   std::size_t r = 0;
-  for (std::uint64_t k = 0; k < m.elements; ++k) {
+  for (std::uint64_t k = 0; k < count; ++k) {
     std::uint32_t index = 0;
     std::memcpy(&index, in.data() + k * 4, 4);
     const std::uint64_t at = std::uint64_t{index} * element;
@@ -399,7 +433,7 @@ asio::awaitable<bool> PublishedSource::apply_sparse(const io::TensorInfo& t, std
       const std::uint64_t hi = std::min(at + element, wanted[q].source_offset + wanted[q].length);
       if (lo < hi)
         std::memcpy(out.data() + wanted[q].dest_offset + (lo - wanted[q].source_offset),
-                    in.data() + m.elements * 4 + k * element + (lo - at), hi - lo);
+                    in.data() + count * 4 + k * element + (lo - at), hi - lo);
     }
   }
   co_return true;

@@ -577,7 +577,8 @@ void Publisher::mark_delta(detail::PublicationState& p, const std::string& versi
     out.resize(static_cast<std::size_t>(sparse_bytes));
     std::byte* indices = out.data();
     std::byte* values = out.data() + t.elements * 4;
-    std::vector<std::uint64_t> first(blocks + 1, 0);  // each block's first slot
+    std::vector<std::uint64_t>& first = t.block_first;  // each block's first slot
+    first.assign(blocks + 1, 0);
     for (std::size_t k = 0; k < blocks; ++k) first[k + 1] = first[k] + found[k].size();
     tbb::parallel_for(std::size_t{0}, blocks, [&](std::size_t k) {
       std::uint64_t slot = first[k];

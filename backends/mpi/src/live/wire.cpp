@@ -85,6 +85,10 @@ std::vector<std::byte> encode_manifest(const Manifest& m) {
       w.u64(first);
       w.u64(count);
     }
+    // Entries per block: 4 bytes each, where a slot index would take 8.
+    w.u64(t.block_first.empty() ? 0 : t.block_first.size() - 1);
+    for (std::size_t k = 0; k + 1 < t.block_first.size(); ++k)
+      w.u32(static_cast<std::uint32_t>(t.block_first[k + 1] - t.block_first[k]));
   }
   return std::move(w.bytes());
 }
@@ -142,6 +146,16 @@ Manifest decode_manifest(std::span<const std::byte> bytes) {
         throw Error(errc::invalid_argument, {.tensor = t.name}, "malformed live-update manifest: delta blocks");
       end = first + count;
       t.changed.emplace_back(first, count);
+    }
+    const std::uint64_t counted = r.u64();
+    if (counted != (t.sparse ? blocks : 0) || counted > bytes.size() / 4)
+      throw Error(errc::invalid_argument, {.tensor = t.name}, "malformed live-update manifest: sparse blocks");
+    if (t.sparse) {
+      t.block_first.reserve(static_cast<std::size_t>(blocks + 1));
+      t.block_first.push_back(0);
+      for (std::uint64_t j = 0; j < blocks; ++j) t.block_first.push_back(t.block_first.back() + r.u32());
+      if (t.block_first.back() != t.elements)
+        throw Error(errc::invalid_argument, {.tensor = t.name}, "malformed live-update manifest: sparse blocks");
     }
     m.tensors.push_back(std::move(t));
   }

@@ -116,6 +116,10 @@ struct ManifestTensor {
   std::uint64_t elements = 0;
   std::uint64_t encoded_address = 0;
   bool sparse = false;
+  /// A sparse delta's entries by delta block: block k's changed elements are entries
+  /// [block_first[k], block_first[k + 1]), so a rank reads only the entries of the blocks its
+  /// selection touches. One more value than blocks, the last `elements` (empty unless sparse).
+  std::vector<std::uint64_t> block_first{};
   /// A delta sent as the XOR with the base's bytes, in byte planes, compressed
   /// (live/xor_planes.hpp): `encoded_bytes` at `encoded_address` in the window.
   bool xor_planes = false;
