@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <initializer_list>
 #include <map>
 #include <optional>
 #include <string>
@@ -136,6 +137,19 @@ struct LiveEnv {
   }
 
   bool publishing() const { return rank == 0; }
+
+  /// On the publisher: offers each (version, weights, base) in turn, each once both subscribers
+  /// are ready for it, and waits until both are done with it (or 30 s). Every version stays
+  /// offered to the end, so a later delta's base is still there.
+  void publish_in_turn(std::initializer_list<std::tuple<const char*, const Weights*, const char*>> versions) {
+    std::vector<mpi::Publication> offered;
+    for (const auto& [version, weights, base] : versions) {
+      offered.push_back(publisher->publish(version, base, weights->tensors()));
+      world.barrier().get();
+      CHECK(offered.back().wait_served(2, std::chrono::seconds(30)));
+    }
+    world.barrier().get();
+  }
 
   template <class T>
   T run(asio::awaitable<T> a) {
@@ -365,14 +379,7 @@ TEST_CASE("live – a sparse delta of a row shard reads only the changed values 
   };
   const Weights s2 = scatter(s1, 8), s3 = scatter(s1, 20);
   if (env.publishing()) {
-    std::vector<mpi::Publication> offered;  // a base stays offered while its deltas are read
-    for (const auto& [version, weights, base] :
-         {std::tuple{"s-1", &s1, ""}, std::tuple{"s-2", &s2, "s-1"}, std::tuple{"s-3", &s3, "s-1"}}) {
-      offered.push_back(env.publisher->publish(version, base, weights->tensors()));
-      env.world.barrier().get();
-      CHECK(offered.back().wait_served(2, std::chrono::seconds(30)));
-    }
-    env.world.barrier().get();
+    env.publish_in_turn({{"s-1", &s1, ""}, {"s-2", &s2, "s-1"}, {"s-3", &s3, "s-1"}});
     return;
   }
   env.world.barrier().get();
@@ -415,14 +422,7 @@ TEST_CASE("live – a drift delta goes as its XOR's byte planes, compressed, a w
   };
   const Weights x2 = drift(x1, 12), x3 = drift(x1, 13), x4 = drift(x2, 14);
   if (env.publishing()) {
-    std::vector<mpi::Publication> offered;  // a base stays offered while its deltas are read
-    for (const auto& [version, weights, base] : {std::tuple{"x-1", &x1, ""}, std::tuple{"x-2", &x2, "x-1"},
-                                                 std::tuple{"x-3", &x3, "x-1"}, std::tuple{"x-4", &x4, "x-2"}}) {
-      offered.push_back(env.publisher->publish(version, base, weights->tensors()));
-      env.world.barrier().get();
-      CHECK(offered.back().wait_served(2, std::chrono::seconds(30)));
-    }
-    env.world.barrier().get();
+    env.publish_in_turn({{"x-1", &x1, ""}, {"x-2", &x2, "x-1"}, {"x-3", &x3, "x-1"}, {"x-4", &x4, "x-2"}});
     return;
   }
   env.world.barrier().get();
