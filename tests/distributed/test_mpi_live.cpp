@@ -467,13 +467,7 @@ TEST_CASE("live – without xor_deltas (the default), a drift delta sends the dr
   for (const std::size_t i : {std::size_t{2}, std::size_t{4}})
     for (std::size_t k = 0; k < w2.memory[i].size(); k += 2) w2.memory[i][k] ^= std::byte{1};
   if (env.publishing()) {
-    mpi::Publication v1 = env.publisher->publish("w-1", "", w1.tensors());
-    env.world.barrier().get();
-    CHECK(v1.wait_served(2, std::chrono::seconds(30)));
-    mpi::Publication v2 = env.publisher->publish("w-2", "w-1", w2.tensors());
-    env.world.barrier().get();
-    CHECK(v2.wait_served(2, std::chrono::seconds(30)));
-    env.world.barrier().get();
+    env.publish_in_turn({{"w-1", &w1, ""}, {"w-2", &w2, "w-1"}});
     return;
   }
   env.world.barrier().get();

@@ -400,7 +400,8 @@ asio::awaitable<bool> PublishedSource::apply_sparse(const io::TensorInfo& t, std
   io::StagingBuffer encoded = co_await pool_.async_acquire(static_cast<std::size_t>(size), asio::use_awaitable);
   const std::span<std::byte> in(encoded.data(), static_cast<std::size_t>(size));
   // Their indices, packed, then their values, packed (the publication holds every index, then
-  // every value), in parts of at most part_size.
+  // every value), in parts of at most part_size: two passes, as read_runs packs destinations in
+  // ascending order.
   const std::uint64_t part = subscriber_->options.part_size;
   std::vector<ByteRun> pieces;
   const auto add = [&](std::uint64_t from, std::uint64_t to, std::uint64_t length) {
