@@ -10,6 +10,7 @@
 #include <asio/io_context.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/use_future.hpp>
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <csignal>
@@ -20,6 +21,7 @@
 #include <initializer_list>
 #include <map>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -37,6 +39,7 @@
 #include "eredu/mpi/published_source.hpp"
 #include "eredu/mpi/publisher.hpp"
 #include "support/checkpoint_fixture.hpp"
+#include "support/error_kind.hpp"
 
 using namespace eredu;
 using namespace eredu::test;
@@ -95,6 +98,35 @@ struct Weights {
     return out;
   }
 };
+
+/// What the publisher copied out of staged tensors (Weights::staged), and a switch that makes
+/// every later copy fail, as a lost device would.
+struct Staging {
+  std::atomic<std::uint64_t> largest{0};  // the largest single copy
+  std::atomic<std::uint64_t> copied{0};   // bytes copied in all
+  std::atomic<bool> broken{false};
+};
+
+/// `weights`' tensors, those at `staged` offered as memory the host cannot address: through
+/// copy_out, as a device tensor is (`weights` and `staging` outlive the publication).
+std::vector<mpi::PublishedTensor> staged(const Weights& weights, std::initializer_list<std::size_t> staged,
+                                         Staging& staging) {
+  std::vector<mpi::PublishedTensor> out = weights.tensors();
+  for (std::size_t i : staged) {
+    const std::vector<std::byte>* memory = &weights.memory[i];
+    out[i].bytes = {};
+    out[i].copy_out = [memory, &staging](std::uint64_t offset, std::span<std::byte> to) {
+      if (staging.broken) throw BackendError(errc::backend_failure, {}, "the device was lost (injected)");
+      // Thrown, not checked: Catch2 assertions are not for the publisher's threads.
+      if (offset + to.size() > memory->size()) throw std::out_of_range("a copy past the tensor's end");
+      std::memcpy(to.data(), memory->data() + offset, to.size());
+      staging.copied += to.size();
+      std::uint64_t seen = staging.largest;
+      while (to.size() > seen && !staging.largest.compare_exchange_weak(seen, to.size())) {}
+    };
+  }
+  return out;
+}
 
 /// The transport of every live test: EREDU_TEST_LIVE_TRANSPORT=two_sided chooses requests
 /// (tests/distributed/CMakeLists.txt runs the cases both ways).
@@ -578,6 +610,72 @@ TEST_CASE(
   CHECK_FALSE(swap("p-3", false, std::uint64_t{7}));  // p-3 changed every block: read whole, one bit flipped
   CHECK(slot->generation() == 2);
   CHECK(held(p2));
+  env.world.barrier().get();
+}
+
+TEST_CASE(
+    "live – tensors the host cannot address are staged one reply at a time, verified, and a failed copy is refused",
+    "[mpi][live]") {
+  REQUIRE(mpi_world().size() == 3);
+  LiveEnv env;  // reads of at most 1024 bytes
+  // q_proj (index 2, split by rows) and down_proj (index 6, split by columns: strided runs) are
+  // staged. g-2 changes one byte of q_proj, which goes whole, and one of up_proj (attached),
+  // which goes as a delta.
+  const Weights g1(1), g3(3);
+  Weights g2 = g1;
+  g2.memory[2][10] ^= std::byte{0x40};
+  g2.memory[5][100] ^= std::byte{0x40};
+  if (env.publishing()) {
+    Staging staging;
+    // Arguments: both bytes and copy_out, and a copy that fails while publish() hashes.
+    std::vector<mpi::PublishedTensor> both = staged(g1, {2}, staging);
+    both[2].bytes = g1.memory[2];
+    CHECK(kind_of([&] { env.publisher->publish("g-0", "", both); }) == errc::invalid_argument);
+    staging.broken = true;
+    CHECK(kind_of([&] { env.publisher->publish("g-0", "", staged(g1, {2, 6}, staging)); }) == errc::backend_failure);
+    CHECK_FALSE(env.publisher->offered("g-0"));
+    staging.broken = false;
+    mpi::Publication v1 = env.publisher->publish("g-1", "", staged(g1, {2, 6}, staging));
+    CHECK(staging.copied == 2048 + 6144);  // publish() hashed both whole
+    env.world.barrier().get();
+    CHECK(v1.wait_served(2, std::chrono::seconds(30)));
+    CHECK(v1.served() == 2);
+    mpi::Publication v2 = env.publisher->publish("g-2", "g-1", staged(g2, {2, 6}, staging));
+    staging.largest = 0;  // publish() hashed whole tensors; what follows are the subscribers' reads
+    env.world.barrier().get();
+    CHECK(v2.wait_served(2, std::chrono::seconds(30)));
+    CHECK(v2.served() == 2);
+    // Staged one reply at a time: no copy was larger than a read (part_size, 1024 bytes).
+    CHECK(staging.largest > 0);
+    CHECK(staging.largest <= 1024);
+    const std::uint64_t before_reads = staging.copied;
+    mpi::Publication v3 = env.publisher->publish("g-3", "g-1", staged(g3, {2, 6}, staging));
+    CHECK(staging.copied > before_reads);
+    staging.broken = true;  // the device is lost after publication
+    env.world.barrier().get();
+    CHECK(v3.wait_served(2, std::chrono::seconds(30)));
+    CHECK(v3.failed() == 2);
+    env.world.barrier().get();
+    return;
+  }
+  env.world.barrier().get();
+  REQUIRE(env.swap_to("g-1").generation == 1);
+  CHECK(env.serves(g1));
+  env.world.barrier().get();
+  const engine::DistributedSwapReport second = env.swap_to("g-2", {}, "g-1");
+  CHECK(second.generation == 2);
+  CHECK(env.delta);  // up_proj's changed block, over the serving version
+  CHECK(env.serves(g2));
+  env.world.barrier().get();
+  const CollectiveError lost = env.failed_swap("g-3");
+  CHECK(lost.kind() == errc::rank_failed);
+  REQUIRE(lost.failures().size() == 2);
+  for (const auto& f : lost.failures()) {
+    CHECK(f.kind == errc::backend_failure);
+    CHECK_THAT(f.message, Catch::Contains("mpi://live/rank0/g-3") && Catch::Contains("the device was lost"));
+  }
+  CHECK(env.slot->generation() == 2);
+  CHECK(env.serves(g2));
   env.world.barrier().get();
 }
 

@@ -40,6 +40,7 @@ Manifest delta_manifest() {
   sparse.encoded_address = 8192;
   sparse.block_first = {0, 2, 2, 2, 3, 3, 3, 4, 5};  // 8 blocks of 256 bytes
   ManifestTensor whole{.name = "whole", .dtype = DType::F32, .shape = {8}, .nbytes = 32, .address = 4096};
+  whole.staged = true;  // a device tensor, read through the publisher
   m.tensors = {blocks, whole, sparse};
   return m;
 }
@@ -55,6 +56,9 @@ TEST_CASE("live wire – a manifest decodes to what was encoded, a sparse delta'
   CHECK(back.tensors[0].block_first.empty());
   CHECK(back.tensors[1].block_first.empty());
   CHECK_FALSE(back.tensors[1].delta);
+  CHECK(back.tensors[1].staged);
+  CHECK_FALSE(back.tensors[0].staged);
+  CHECK_FALSE(back.tensors[2].staged);
   CHECK(back.tensors[2].sparse);
   CHECK(back.tensors[2].elements == 5);
   CHECK(back.tensors[2].block_first == m.tensors[2].block_first);
@@ -89,4 +93,13 @@ TEST_CASE("live wire – every truncation of a manifest is a typed error", "[wir
     CHECK(test::error_of([&] { decode_manifest(std::span<const std::byte>(encoded.data(), n)); }).kind() ==
           errc::invalid_argument);
   }
+}
+
+TEST_CASE("live wire – a staged tensor sent as a delta is refused: staged memory is only read whole", "[wire]") {
+  Manifest m = delta_manifest();
+  m.tensors[0].staged = true;  // changed blocks
+  CHECK(test::error_of([&] { decode_manifest(encode_manifest(m)); }).kind() == errc::invalid_argument);
+  m = delta_manifest();
+  m.tensors[2].staged = true;  // changed values
+  CHECK(test::error_of([&] { decode_manifest(encode_manifest(m)); }).kind() == errc::invalid_argument);
 }

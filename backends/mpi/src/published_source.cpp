@@ -98,6 +98,10 @@ struct SubscriberState {
       case ReplyStatus::withdrawn:
         throw Error(errc::version_withdrawn, {.file = where},
                     fmt::format("the publisher (rank {}) withdrew version {}", publisher, printable(detail)));
+      case ReplyStatus::failed:
+        throw BackendError(
+            errc::backend_failure, {.file = where},
+            fmt::format("the publisher (rank {}) could not copy out its memory: {}", publisher, printable(detail)));
       default:
         throw Error(errc::invalid_argument, {.file = where},
                     fmt::format("the publisher (rank {}) refused the request: {}", publisher, printable(detail)));
@@ -259,16 +263,25 @@ std::vector<ByteRun> changed_pieces(const std::vector<ByteRun>& runs,
 asio::awaitable<void> PublishedSource::request_runs(const io::TensorInfo& t, std::uint64_t address,
                                                     std::vector<ByteRun> runs, std::span<std::byte> out,
                                                     std::uint64_t size) {
+  // A staged tensor is named by its index; attached memory by its address.
+  const std::size_t index = static_cast<std::size_t>(&t - &catalog_.tensors()[0]);
+  const bool staged = manifest_->tensors[index].staged;
   detail::WireWriter body;
-  body.u64(address);
+  body.u64(staged ? index : address);
   body.u64(runs.size());
   for (const ByteRun& r : runs) {
     body.u64(r.source_offset);
     body.u64(r.length);
   }
   auto [status, bytes] =
-      co_await subscriber_->request(detail::RequestKind::read, manifest_->publication, std::move(body.bytes()));
-  subscriber_->check(status, bytes, manifest_->version);
+      co_await subscriber_->request(staged ? detail::RequestKind::read_staged : detail::RequestKind::read,
+                                    manifest_->publication, std::move(body.bytes()));
+  try {
+    subscriber_->check(status, bytes, manifest_->version);
+  } catch (const BackendError& e) {  // the publisher's copy of a staged tensor failed
+    throw BackendError(e.kind(), {.file = e.context().file, .tensor = t.name, .offset = runs.front().source_offset},
+                       e.detail());
+  }
   if (bytes.size() != size)
     throw Error(errc::incomplete_data, {.file = subscriber_->location(manifest_->version), .tensor = t.name},
                 fmt::format("the publisher (rank {}) sent {} bytes where {} were asked, for the part at offset {}",
@@ -301,7 +314,7 @@ asio::awaitable<void> PublishedSource::read_runs(const io::TensorInfo& t, std::u
         r.dest_offset -= lo;
       }
       transferred_ += size;
-      if (!subscriber_->window) {
+      if (!subscriber_->window || manifest_->tensors[static_cast<std::size_t>(&t - &catalog_.tensors()[0])].staged) {
         // One request at a time, awaited here: a request spawned apart could outlive this
         // source when the load gives up on it (ASan saw one).
         co_await request_runs(t, address, std::move(group), out.subspan(lo, hi - lo), size);

@@ -42,6 +42,41 @@ std::string selection_digest(const ManifestTensor& t, std::span<const std::byte>
   return h.hex_digest();
 }
 
+/// Bytes a staged tensor's hashing copies out at a time, per hashing thread.
+constexpr std::size_t staging_piece = std::size_t{8} << 20;
+
+/// Copies bytes [offset, offset + out.size()) of staged tensor `t` into `out`: what `copy`
+/// throws, as a BackendError naming the tensor and the offset.
+void copy_staged(const CopyOut& copy, const ManifestTensor& t, std::uint64_t offset, std::span<std::byte> out) {
+  try {
+    copy(offset, out);
+  } catch (const BackendError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw BackendError(errc::backend_failure, {.tensor = t.name, .offset = offset},
+                       fmt::format("copying {} bytes out of the tensor's memory failed: {}", out.size(), e.what()));
+  }
+}
+
+/// selection_digest of a staged tensor, copied out through `copy` in pieces of staging_piece.
+std::string staged_digest(const ManifestTensor& t, const CopyOut& copy, const Selection& selection) {
+  const std::vector<ByteRun> runs = selection.is_all()
+                                        ? std::vector<ByteRun>{ByteRun{.source_offset = 0, .length = t.nbytes}}
+                                        : selection_runs(t.shape, t.dtype, selection);
+  std::uint64_t largest = 0;
+  for (const ByteRun& run : runs) largest = std::max(largest, run.length);
+  std::vector<std::byte> piece(static_cast<std::size_t>(std::min<std::uint64_t>(largest, staging_piece)));
+  io::Hasher h(io::DigestKind::xxh3_128);
+  for (const ByteRun& run : runs)
+    for (std::uint64_t at = 0; at < run.length; at += piece.size()) {
+      const std::span<std::byte> out(piece.data(),
+                                     static_cast<std::size_t>(std::min<std::uint64_t>(piece.size(), run.length - at)));
+      copy_staged(copy, t, run.source_offset + at, out);
+      h.update(out);
+    }
+  return h.hex_digest();
+}
+
 /// Calls `f(byte offset)` for each element of `element` bytes that differs between `now` and
 /// `before` (equal sizes, a multiple of `element`), comparing whole integers where it can.
 template <class F>
@@ -76,7 +111,8 @@ void for_each_changed(std::span<const std::byte> now, std::span<const std::byte>
 /// One offered version: its manifest, its memory, and which subscribers opened and finished it.
 struct PublicationState {
   Manifest manifest;
-  std::vector<std::span<const std::byte>> memory;   // by tensor
+  std::vector<std::span<const std::byte>> memory;   // by tensor (empty for a staged one)
+  std::vector<CopyOut> copy_out;                    // by tensor: set for a staged one
   std::vector<std::span<const std::byte>> regions;  // attached for it: contiguous tensors merged
   /// By tensor: a sparse delta's indices and values (the only memory a publication owns).
   std::vector<std::vector<std::byte>> encoded;
@@ -87,6 +123,12 @@ struct PublicationState {
   std::set<int> served;
   std::set<int> failed;
 };
+
+/// selection_digest of tensor `i` of `p`, staged or not.
+std::string digest_of(const PublicationState& p, std::size_t i, const Selection& selection) {
+  const ManifestTensor& t = p.manifest.tensors[i];
+  return p.copy_out[i] ? staged_digest(t, p.copy_out[i], selection) : selection_digest(t, p.memory[i], selection);
+}
 
 struct PublisherState : std::enable_shared_from_this<PublisherState> {
   PublisherState(std::shared_ptr<CommState> c, PublisherOptions o)
@@ -231,6 +273,9 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
       head.publication = r.u64();
       if (head.sender < 0 || head.sender >= comm->size) return;  // nowhere to answer
       answer(head, r);
+    } catch (const BackendError& e) {  // a staged tensor's copy failed
+      if (head.kind != RequestKind::done && head.reply_tag != 0)
+        reply(head.sender, head.reply_tag, ReplyStatus::failed, text(e.what()));
     } catch (const std::exception& e) {
       if (head.kind == RequestKind::done || head.sender < 0 || head.sender >= comm->size || head.reply_tag == 0) {
         log::warn("live publisher: a malformed request: {}", e.what());
@@ -302,6 +347,10 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
       reply(head.sender, head.reply_tag, ReplyStatus::ok, read_attached(r));
       return;
     }
+    if (head.kind == RequestKind::read_staged) {
+      reply(head.sender, head.reply_tag, ReplyStatus::ok, read_staged(*p, r));
+      return;
+    }
     if (head.kind != RequestKind::digests)
       throw Error(errc::invalid_argument, {}, fmt::format("unknown request kind {}", static_cast<int>(head.kind)));
     const std::uint64_t n = r.u64();
@@ -321,7 +370,7 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
       if (!selection) throw Error(errc::invalid_selection, {.tensor = t.name}, "a selection that does not parse");
       if (std::string why = selection->check(t.shape); !why.empty())
         throw Error(errc::invalid_selection, {.tensor = t.name}, why);
-      out.str(selection_digest(t, p->memory[index], *selection));
+      out.str(digest_of(*p, index, *selection));
     }
     reply(head.sender, head.reply_tag, ReplyStatus::ok, std::move(out.bytes()));
   }
@@ -360,6 +409,36 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
                     fmt::format("a read of {} bytes at {:#x} outside the memory this publisher offers", length, from));
       std::memcpy(out.data() + at, first, length);
       at += length;
+    }
+    return out;
+  }
+
+  /// The bytes a read of a staged tensor asks for, copied out of its memory into the reply.
+  /// The caller checked that `p` is not withdrawn, and withdraw() waits for this worker.
+  static std::vector<std::byte> read_staged(const PublicationState& p, WireReader& r) {
+    const std::uint64_t index = r.u64();
+    const std::uint64_t count = r.u64();
+    if (index >= p.manifest.tensors.size() || !p.copy_out[index])
+      throw Error(errc::invalid_argument, {}, fmt::format("a staged read of tensor {}, which is not staged", index));
+    const ManifestTensor& t = p.manifest.tensors[index];
+    if (count > max_request_bytes / 16) throw Error(errc::invalid_argument, {}, "a read of too many runs");
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> runs;
+    std::uint64_t total = 0;
+    for (std::uint64_t i = 0; i < count; ++i) {
+      const std::uint64_t offset = r.u64(), length = r.u64();
+      if (offset > t.nbytes || length > t.nbytes - offset || total + length > (std::uint64_t{1} << 30))
+        throw Error(errc::invalid_argument, {.tensor = t.name},
+                    fmt::format("a read of {} bytes at offset {} of a {}-byte tensor, or of more than 1 GiB", length,
+                                offset, t.nbytes));
+      runs.emplace_back(offset, length);
+      total += length;
+    }
+    std::vector<std::byte> out(static_cast<std::size_t>(total));
+    std::size_t at = 0;
+    for (const auto& [offset, length] : runs) {
+      copy_staged(p.copy_out[index], t, offset,
+                  std::span<std::byte>(out).subspan(at, static_cast<std::size_t>(length)));
+      at += static_cast<std::size_t>(length);
     }
     return out;
   }
@@ -501,6 +580,7 @@ void Publisher::mark_delta(detail::PublicationState& p, const std::string& versi
     const auto it = in_base.find(t.name);
     if (it == in_base.end()) continue;
     const detail::ManifestTensor& b = base->manifest.tensors[it->second];
+    if (t.staged || b.staged) continue;  // staged memory is only read one reply at a time
     const std::span<const std::byte> now = p.memory[i];
     const std::span<const std::byte> before = base->memory[it->second];
     // The same memory in both versions (a trainer updating in place) says nothing about what
@@ -603,12 +683,20 @@ Publication Publisher::publish(std::string version, std::string base, std::vecto
                   fmt::format("version {}: a tensor given twice", printable(version)));
     const std::optional<std::uint64_t> elements = checked_element_count(t.shape);
     const std::optional<std::uint64_t> expected = elements ? checked_byte_size(*elements, t.dtype) : std::nullopt;
-    if (!expected || *expected != t.bytes.size())
+    const bool staged = static_cast<bool>(t.copy_out);
+    if (staged && !t.bytes.empty())
+      throw Error(errc::invalid_argument, {.tensor = t.name},
+                  fmt::format("version {}: both bytes and copy_out given", printable(version)));
+    // value_or, not *expected below: GCC 12 sees the optional as maybe uninitialized there.
+    const std::uint64_t nbytes = expected.value_or(std::numeric_limits<std::uint64_t>::max());
+    if (!expected || (!staged && nbytes != t.bytes.size()))
       throw Error(errc::invalid_argument, {.tensor = t.name},
                   fmt::format("version {}: {} bytes for {} [{}] ({} expected)", printable(version), t.bytes.size(),
-                              dtype_name(t.dtype), fmt::join(t.shape, ", "), expected ? *expected : 0));
-    p->manifest.tensors.push_back({.name = t.name, .dtype = t.dtype, .shape = t.shape, .nbytes = t.bytes.size()});
+                              dtype_name(t.dtype), fmt::join(t.shape, ", "), expected ? nbytes : 0));
+    p->manifest.tensors.push_back(
+        {.name = t.name, .dtype = t.dtype, .shape = t.shape, .nbytes = nbytes, .staged = staged});
     p->memory.push_back(t.bytes);
+    p->copy_out.push_back(std::move(t.copy_out));
   }
   p->encoded.resize(p->memory.size());
   mark_delta(*p, version);
@@ -637,8 +725,7 @@ Publication Publisher::publish(std::string version, std::string base, std::vecto
     const detail::ManifestTensor& t = p->manifest.tensors[job.tensor];
     const std::optional<Selection> selection =
         job.selection.empty() ? Selection::all() : Selection::parse(job.selection);
-    if (selection && selection->check(t.shape).empty())
-      job.digest = detail::selection_digest(t, p->memory[job.tensor], *selection);
+    if (selection && selection->check(t.shape).empty()) job.digest = detail::digest_of(*p, job.tensor, *selection);
   });
   for (Job& job : jobs) {
     detail::ManifestTensor& t = p->manifest.tensors[job.tensor];

@@ -76,7 +76,7 @@ std::vector<std::byte> encode_manifest(const Manifest& m) {
       w.str(selection);
       w.str(digest);
     }
-    w.u32((t.delta ? 1u : 0u) | (t.sparse ? 2u : 0u) | (t.xor_planes ? 4u : 0u));
+    w.u32((t.delta ? 1u : 0u) | (t.sparse ? 2u : 0u) | (t.xor_planes ? 4u : 0u) | (t.staged ? 8u : 0u));
     w.u64(t.elements);
     w.u64(t.encoded_address);
     w.u64(t.encoded_bytes);
@@ -125,6 +125,9 @@ Manifest decode_manifest(std::span<const std::byte> bytes) {
     t.delta = (flags & 1u) != 0;
     t.sparse = (flags & 2u) != 0;
     t.xor_planes = (flags & 4u) != 0;
+    t.staged = (flags & 8u) != 0;
+    if (t.staged && t.delta)
+      throw Error(errc::invalid_argument, {.tensor = t.name}, "malformed live-update manifest: a staged delta");
     t.elements = r.u64();
     t.encoded_address = r.u64();
     t.encoded_bytes = r.u64();

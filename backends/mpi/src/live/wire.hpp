@@ -40,6 +40,10 @@ enum class RequestKind : std::uint32_t {
   /// count, then count × (u64 offset from address, u64 length); the reply is those bytes, in
   /// that order
   read = 5,
+  /// bytes of a staged tensor (ManifestTensor::staged), whatever the transport: u64 tensor
+  /// index, u64 count, then count × (u64 offset in the tensor, u64 length); the reply is those
+  /// bytes, in that order, copied out of the publisher's memory for this one reply
+  read_staged = 6,
 };
 
 /// How the publisher answered.
@@ -48,6 +52,7 @@ enum class ReplyStatus : std::uint32_t {
   not_published = 1,  ///< no such version (or none yet)
   withdrawn = 2,      ///< the publication was withdrawn
   bad_request = 3,    ///< the request was malformed (the body says why)
+  failed = 4,         ///< the publisher could not copy out its own memory (the body says why)
 };
 
 /// Appends fixed-size integers and length-prefixed strings.
@@ -124,6 +129,9 @@ struct ManifestTensor {
   /// (live/xor_planes.hpp): `encoded_bytes` at `encoded_address` in the window.
   bool xor_planes = false;
   std::uint64_t encoded_bytes = 0;
+  /// Memory the publisher's host cannot address (a device tensor): read through the publisher
+  /// (RequestKind::read_staged) under every transport, never a delta; `address` is unused.
+  bool staged = false;
 };
 
 /// What a subscriber learns when it opens a version.

@@ -38,6 +38,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -55,12 +56,20 @@ struct PublisherState;
 struct PublicationState;
 }  // namespace detail
 
+/// Copies bytes [offset, offset + out.size()) of a tensor the host cannot address into `out`
+/// (PublishedTensor::copy_out). May throw; a BackendError reaches the subscriber as one.
+using CopyOut = std::function<void(std::uint64_t offset, std::span<std::byte> out)>;
+
 /// One tensor a publisher offers: the bytes stay the caller's memory.
 struct PublishedTensor {
   std::string name{};                  ///< its name (a checkpoint tensor's name)
   DType dtype{};                       ///< its element type
   Shape shape{};                       ///< its shape
-  std::span<const std::byte> bytes{};  ///< its bytes, row-major, exactly dtype × shape
+  std::span<const std::byte> bytes{};  ///< its bytes, row-major, exactly dtype × shape (empty with copy_out)
+  /// Instead of `bytes`, for memory the host cannot address (a CUDA device tensor:
+  /// nccl::published_tensor): the tensor is staged, one subscriber's read at a time (see
+  /// Publisher::publish).
+  CopyOut copy_out{};
 };
 
 /// Settings of a publisher.
@@ -143,9 +152,15 @@ class Publisher {
   /// half. Otherwise, or for a new tensor, it goes whole; a base no longer offered gives a
   /// version every subscriber reads whole.
   ///
+  /// Staged tensors (PublishedTensor::copy_out): nothing of them is attached to the window.
+  /// Each read of one is a request the publisher answers with a copy of exactly the bytes asked
+  /// (under either transport), so staging is one reply's bytes, at most
+  /// SubscriberOptions::part_size per read; hashing copies them out in pieces of 8 MiB per
+  /// hashing thread. They always go whole, never as a delta.
+  ///
   /// Throws Error(invalid_argument) for an empty or already offered version tag, a tensor
-  /// name given twice, or bytes that are not dtype × shape; CollectiveError when MPI refuses
-  /// the memory.
+  /// name given twice, bytes that are not dtype × shape, or both bytes and copy_out;
+  /// CollectiveError when MPI refuses the memory; what a copy_out throws while hashing.
   Publication publish(std::string version, std::string base, std::vector<PublishedTensor> tensors);
 
   /// True while `version` is offered (published and not withdrawn).
