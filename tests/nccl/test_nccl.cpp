@@ -3,10 +3,15 @@
 // rank has a CUDA device of its own: every dtype and reduction against an exact reference,
 // gathers (into a new or a recycled output) and exchanges in rank order, two collectives in
 // stream order, refusals with a real group, and a collective or a creation a peer never joins,
-// which fails within the timeout, typed, and leaves the communicator aborted.
+// which fails within the timeout, typed, and leaves the communicator aborted. Also a trainer's
+// device tensor offered to a live-update subscriber (nccl::published_tensor), where the
+// publisher's rank has a device.
 
 #include <cuda_runtime_api.h>
 
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+#include <asio/use_awaitable.hpp>
 #include <asio/use_future.hpp>
 #include <bit>
 #include <catch2/catch.hpp>
@@ -15,7 +20,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <future>
+#include <memory>
+#include <stdexcept>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -26,11 +34,15 @@
 #include "eredu/cuda/device.hpp"
 #include "eredu/cuda/executor.hpp"
 #include "eredu/engine/backend/collective_backend.hpp"
+#include "eredu/mpi/published_source.hpp"
+#include "eredu/mpi/publisher.hpp"
 #include "eredu/nccl/backend.hpp"
 #include "eredu/nccl/communicator.hpp"
 #include "eredu/nccl/data_type.hpp"
 #include "eredu/nccl/nccl_error.hpp"
+#include "eredu/nccl/published_tensor.hpp"
 #include "nccl/nccl_fixture.hpp"
+#include "support/error_kind.hpp"
 
 using namespace eredu;
 using engine::ReduceOp;
@@ -179,6 +191,21 @@ template <class T>
 T get_within(std::future<T>& future, std::chrono::milliseconds limit = std::chrono::seconds(60)) {
   if (future.wait_for(limit) != std::future_status::ready)
     throw std::runtime_error(fmt::format("no completion within {} ms", limit.count()));
+  return future.get();
+}
+
+/// Runs `ctx` until `future` is ready (its work completes on MPI's progress thread), then its
+/// value or failure; fails the test after `limit` instead of hanging.
+template <class T>
+T run_within(asio::io_context& ctx, std::future<T>& future,
+             std::chrono::milliseconds limit = std::chrono::seconds(60)) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (future.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+    if (std::chrono::steady_clock::now() > deadline)
+      throw std::runtime_error(fmt::format("no completion within {} ms", limit.count()));
+    ctx.restart();
+    ctx.run_one_for(std::chrono::milliseconds(5));
+  }
   return future.get();
 }
 
@@ -499,4 +526,83 @@ TEST_CASE("nccl – a creation a peer never joins fails within the timeout, type
   }
   auto c = mpi_world().async_barrier(asio::use_future);
   get_within(c);
+}
+
+TEST_CASE("nccl – an empty device tensor handle cannot be published", "[nccl][live]") {
+  CHECK(test::kind_of([] { (void)nccl::published_tensor("w", cuda::Tensor{}); }) == errc::invalid_argument);
+}
+
+TEST_CASE("nccl – a subscriber reads a device tensor's exact bytes, staged through the publisher's host",
+          "[nccl][live][gpu]") {
+  if (mpi_world().size() != 2) {
+    WARN("needs 2 ranks: a publisher and a subscriber");
+    return;
+  }
+  // Only the publisher (rank 0) needs a device; every rank learns whether it has one.
+  auto [has, gathered] =
+      mpi_world().all_gather_bytes({std::byte{cuda::device_count() > 0 ? std::uint8_t{1} : std::uint8_t{0}}});
+  gathered.get();
+  if ((*has)[0] != std::byte{1}) {
+    WARN("the publisher's rank has no CUDA device (" << cuda::no_device_reason() << "): skipping");
+    return;
+  }
+  // Not powers of two, and a bf16 one whose column shard reads strided runs.
+  const std::vector<std::tuple<std::string, DType, Shape>> specs = {{"w.bf16", DType::BF16, {37, 53}},
+                                                                    {"w.f32", DType::F32, {1037}}};
+  std::vector<std::vector<std::byte>> bytes;
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    const auto& [name, dtype, shape] = specs[i];
+    std::vector<std::byte> b(checked_element_count(shape).value_or(0) * dtype_bits(dtype) / 8);
+    for (std::size_t k = 0; k < b.size(); ++k) b[k] = static_cast<std::byte>((k * 131 + i * 17 + k / 251) & 0xFF);
+    bytes.push_back(std::move(b));
+  }
+  mpi::Communicator& world = mpi_world();
+  if (world.rank() == 0) {
+    cuda::Executor ex(0);
+    std::vector<mpi::PublishedTensor> tensors;
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      const auto& [name, dtype, shape] = specs[i];
+      tensors.push_back(nccl::published_tensor(name, upload(ex, dtype, shape, bytes[i])));
+    }
+    // The copier alone: exact bytes at an offset, and a copy past the end refused.
+    std::vector<std::byte> piece(100);
+    tensors[0].copy_out(5, piece);
+    CHECK(std::memcmp(piece.data(), bytes[0].data() + 5, piece.size()) == 0);
+    CHECK(test::kind_of([&] { tensors[0].copy_out(bytes[0].size() - 50, piece); }) == errc::invalid_argument);
+    mpi::Publisher publisher(world);
+    mpi::Publication v = publisher.publish("d-1", "", std::move(tensors));
+    auto b = world.async_barrier(asio::use_future);  // published: the subscriber may open it
+    get_within(b);
+    CHECK(v.wait_served(1, std::chrono::seconds(30)));
+    CHECK(v.served() == 1);
+    auto done = world.async_barrier(asio::use_future);
+    get_within(done);
+    return;
+  }
+  asio::io_context ctx;
+  mpi::Subscriber subscriber(world, 0, ctx.get_executor(), {.part_size = 1000});
+  auto b = world.async_barrier(asio::use_future);
+  get_within(b);
+  auto opened = asio::co_spawn(ctx, subscriber.async_open("d-1", asio::use_awaitable), asio::use_future);
+  std::unique_ptr<mpi::PublishedSource> source = run_within(ctx, opened);
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    const auto& [name, dtype, shape] = specs[i];
+    // The whole tensor, and its second half of columns (strided runs).
+    for (const Selection& selection : {Selection::all(), Selection::columns(shape, shape.back() / 2, shape.back())}) {
+      if (shape.size() == 1 && !selection.is_all()) continue;
+      const io::TensorReadRequest request{.key = name, .selection = selection};
+      std::vector<std::byte> got(source->selected_bytes(request));
+      auto read = asio::co_spawn(ctx, source->async_read_into(request, got, asio::use_awaitable), asio::use_future);
+      run_within(ctx, read);
+      std::vector<std::byte> expected;
+      for (const ByteRun& r : selection_runs(shape, dtype, selection))
+        expected.insert(expected.end(), bytes[i].begin() + static_cast<std::ptrdiff_t>(r.source_offset),
+                        bytes[i].begin() + static_cast<std::ptrdiff_t>(r.source_offset + r.length));
+      CHECK(got == expected);
+    }
+  }
+  CHECK(source->transferred_bytes() > 0);
+  source->finish(true);
+  auto done = world.async_barrier(asio::use_future);
+  get_within(done);
 }
