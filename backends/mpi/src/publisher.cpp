@@ -48,6 +48,7 @@ constexpr std::size_t staging_piece = std::size_t{8} << 20;
 /// Copies bytes [offset, offset + out.size()) of staged tensor `t` into `out`: what `copy`
 /// throws, as a BackendError naming the tensor and the offset.
 void copy_staged(const CopyOut& copy, const ManifestTensor& t, std::uint64_t offset, std::span<std::byte> out) {
+  if (out.empty()) return;  // a copier need not handle nothing
   try {
     copy(offset, out);
   } catch (const BackendError&) {
@@ -375,22 +376,33 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
     reply(head.sender, head.reply_tag, ReplyStatus::ok, std::move(out.bytes()));
   }
 
+  /// A read request's runs (u64 count, then count × (u64 offset, u64 length)) and their total,
+  /// at most 1 GiB. Throws Error(invalid_argument).
+  static std::pair<std::vector<std::pair<std::uint64_t, std::uint64_t>>, std::uint64_t> requested_runs(WireReader& r) {
+    const std::uint64_t count = r.u64();
+    if (count > max_request_bytes / 16) throw Error(errc::invalid_argument, {}, "a read of too many runs");
+    constexpr std::uint64_t most = std::uint64_t{1} << 30;
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> runs;
+    std::uint64_t total = 0;
+    for (std::uint64_t i = 0; i < count; ++i) {
+      const std::uint64_t offset = r.u64(), length = r.u64();
+      if (length > most || total + length > most) throw Error(errc::invalid_argument, {}, "a read of more than 1 GiB");
+      runs.emplace_back(offset, length);
+      total += length;
+    }
+    return {std::move(runs), total};
+  }
+
   /// The bytes a two-sided read asks for, copied from attached memory: each run must lie
   /// within one region still attached (a withdrawn version's memory may be the caller's again).
   std::vector<std::byte> read_attached(WireReader& r) {
     if (window) throw Error(errc::invalid_argument, {}, "this publisher's subscribers read its window (one_sided)");
     const std::uint64_t address = r.u64();
-    const std::uint64_t count = r.u64();
-    if (count > max_request_bytes / 16) throw Error(errc::invalid_argument, {}, "a read of too many runs");
-    std::vector<std::pair<std::uint64_t, std::uint64_t>> runs;
-    std::uint64_t total = 0;
-    for (std::uint64_t i = 0; i < count; ++i) {
-      const std::uint64_t offset = r.u64(), length = r.u64();
-      if (offset > std::numeric_limits<std::uint64_t>::max() - address || length > (std::uint64_t{1} << 30) ||
-          total + length > (std::uint64_t{1} << 30))
-        throw Error(errc::invalid_argument, {}, "a read past the address space, or of more than 1 GiB");
-      runs.emplace_back(address + offset, length);
-      total += length;
+    auto [runs, total] = requested_runs(r);
+    for (auto& [offset, length] : runs) {
+      if (offset > std::numeric_limits<std::uint64_t>::max() - address)
+        throw Error(errc::invalid_argument, {}, "a read past the address space");
+      offset += address;
     }
     std::vector<std::byte> out(total);
     std::size_t at = 0;
@@ -417,22 +429,14 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
   /// The caller checked that `p` is not withdrawn, and withdraw() waits for this worker.
   static std::vector<std::byte> read_staged(const PublicationState& p, WireReader& r) {
     const std::uint64_t index = r.u64();
-    const std::uint64_t count = r.u64();
     if (index >= p.manifest.tensors.size() || !p.copy_out[index])
       throw Error(errc::invalid_argument, {}, fmt::format("a staged read of tensor {}, which is not staged", index));
     const ManifestTensor& t = p.manifest.tensors[index];
-    if (count > max_request_bytes / 16) throw Error(errc::invalid_argument, {}, "a read of too many runs");
-    std::vector<std::pair<std::uint64_t, std::uint64_t>> runs;
-    std::uint64_t total = 0;
-    for (std::uint64_t i = 0; i < count; ++i) {
-      const std::uint64_t offset = r.u64(), length = r.u64();
-      if (offset > t.nbytes || length > t.nbytes - offset || total + length > (std::uint64_t{1} << 30))
+    const auto [runs, total] = requested_runs(r);
+    for (const auto& [offset, length] : runs)
+      if (offset > t.nbytes || length > t.nbytes - offset)
         throw Error(errc::invalid_argument, {.tensor = t.name},
-                    fmt::format("a read of {} bytes at offset {} of a {}-byte tensor, or of more than 1 GiB", length,
-                                offset, t.nbytes));
-      runs.emplace_back(offset, length);
-      total += length;
-    }
+                    fmt::format("a read of {} bytes at offset {} of a {}-byte tensor", length, offset, t.nbytes));
     std::vector<std::byte> out(static_cast<std::size_t>(total));
     std::size_t at = 0;
     for (const auto& [offset, length] : runs) {
