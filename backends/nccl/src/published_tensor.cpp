@@ -23,9 +23,9 @@ mpi::PublishedTensor published_tensor(std::string name, cuda::Tensor tensor) {
   // The handle travels with the copier: the device memory lives as long as the publication.
   out.copy_out = [name = std::move(name), tensor = std::move(tensor)](std::uint64_t offset, std::span<std::byte> to) {
     if (offset > tensor.nbytes() || to.size() > tensor.nbytes() - offset)
-      throw Error(errc::invalid_argument, {.tensor = name, .offset = offset},
-                  fmt::format("a copy of {} bytes past the end of a {}-byte device tensor", to.size(),
-                              tensor.nbytes()));
+      throw Error(
+          errc::invalid_argument, {.tensor = name, .offset = offset},
+          fmt::format("a copy of {} bytes past the end of a {}-byte device tensor", to.size(), tensor.nbytes()));
     if (to.empty()) return;
     const cuda::DeviceGuard on(tensor.device());
     cuda::check(cudaMemcpy(to.data(), tensor.data() + offset, to.size(), cudaMemcpyDeviceToHost), "cudaMemcpy", name);
