@@ -51,8 +51,12 @@ void copy_staged(const CopyOut& copy, const ManifestTensor& t, std::uint64_t off
   if (out.empty()) return;  // a copier need not handle nothing
   try {
     copy(offset, out);
-  } catch (const BackendError&) {
-    throw;
+  } catch (const BackendError& e) {
+    if (e.context().offset) throw;
+    ErrorContext where = e.context();  // a device's error names neither the piece nor, maybe, the tensor
+    where.tensor = t.name;
+    where.offset = offset;
+    throw BackendError(e.kind(), std::move(where), e.detail());
   } catch (const std::exception& e) {
     throw BackendError(errc::backend_failure, {.tensor = t.name, .offset = offset},
                        fmt::format("copying {} bytes out of the tensor's memory failed: {}", out.size(), e.what()));
