@@ -102,7 +102,7 @@ struct Weights {
 /// What the publisher copied out of staged tensors (Weights::staged), and a switch that makes
 /// every later copy fail, as a lost device would.
 struct Staging {
-  std::atomic<std::uint64_t> largest{0};  // the largest single copy
+  std::atomic<std::uint64_t> largest{0};  // the most bytes one call copied
   std::atomic<std::uint64_t> copied{0};   // bytes copied in all
   std::atomic<bool> broken{false};
 };
@@ -115,11 +115,14 @@ std::vector<mpi::PublishedTensor> staged(const Weights& weights, std::initialize
   for (std::size_t i : staged) {
     const std::vector<std::byte>* memory = &weights.memory[i];
     out[i].bytes = {};
-    out[i].copy_out = [memory, &staging](std::uint64_t offset, std::span<std::byte> to) {
+    out[i].copy_out = [memory, &staging](std::span<const ByteRun> runs, std::span<std::byte> to) {
       if (staging.broken) throw BackendError(errc::backend_failure, {}, "the device was lost (injected)");
-      // Thrown, not checked: Catch2 assertions are not for the publisher's threads.
-      if (offset + to.size() > memory->size()) throw std::out_of_range("a copy past the tensor's end");
-      std::memcpy(to.data(), memory->data() + offset, to.size());
+      for (const ByteRun& r : runs) {
+        // Thrown, not checked: Catch2 assertions are not for the publisher's threads.
+        if (r.source_offset + r.length > memory->size() || r.dest_offset + r.length > to.size())
+          throw std::out_of_range("a copy past the tensor's or the destination's end");
+        std::memcpy(to.data() + r.dest_offset, memory->data() + r.source_offset, r.length);
+      }
       staging.copied += to.size();
       std::uint64_t seen = staging.largest;
       while (to.size() > seen && !staging.largest.compare_exchange_weak(seen, to.size())) {}

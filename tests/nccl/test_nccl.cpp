@@ -564,11 +564,20 @@ TEST_CASE("nccl – a subscriber reads a device tensor's exact bytes, staged thr
       const auto& [name, dtype, shape] = specs[i];
       tensors.push_back(nccl::published_tensor(name, upload(ex, dtype, shape, bytes[i])));
     }
-    // The copier alone: exact bytes at an offset, and a copy past the end refused.
+    // The copier alone: exact bytes at an offset, rows at one stride (one strided copy) packed,
+    // and a copy past the end refused.
     std::vector<std::byte> piece(100);
-    tensors[0].copy_out(5, piece);
+    const ByteRun at5{.source_offset = 5, .length = 100};
+    tensors[0].copy_out(std::span(&at5, 1), piece);
     CHECK(std::memcmp(piece.data(), bytes[0].data() + 5, piece.size()) == 0);
-    CHECK(test::kind_of([&] { tensors[0].copy_out(bytes[0].size() - 50, piece); }) == errc::invalid_argument);
+    const std::vector<ByteRun> rows =
+        selection_runs(std::get<2>(specs[0]), std::get<1>(specs[0]), Selection::columns(std::get<2>(specs[0]), 3, 20));
+    std::vector<std::byte> strided(rows.back().dest_offset + rows.back().length);
+    tensors[0].copy_out(rows, strided);
+    for (const ByteRun& r : rows)
+      CHECK(std::memcmp(strided.data() + r.dest_offset, bytes[0].data() + r.source_offset, r.length) == 0);
+    const ByteRun past{.source_offset = bytes[0].size() - 50, .length = 100};
+    CHECK(test::kind_of([&] { tensors[0].copy_out(std::span(&past, 1), piece); }) == errc::invalid_argument);
     mpi::Publisher publisher(world);
     mpi::Publication v = publisher.publish("d-1", "", std::move(tensors));
     auto b = world.async_barrier(asio::use_future);  // published: the subscriber may open it

@@ -45,12 +45,14 @@ std::string selection_digest(const ManifestTensor& t, std::span<const std::byte>
 /// Bytes a staged tensor's hashing copies out at a time, per hashing thread.
 constexpr std::size_t staging_piece = std::size_t{8} << 20;
 
-/// Copies bytes [offset, offset + out.size()) of staged tensor `t` into `out`: what `copy`
-/// throws, as a BackendError naming the tensor and the offset.
-void copy_staged(const CopyOut& copy, const ManifestTensor& t, std::uint64_t offset, std::span<std::byte> out) {
+/// Copies `runs` (non-empty, packed into `out` in order) of staged tensor `t`: what `copy`
+/// throws, as a BackendError naming the tensor and the offset of the first run.
+void copy_staged(const CopyOut& copy, const ManifestTensor& t, std::span<const ByteRun> runs,
+                 std::span<std::byte> out) {
   if (out.empty()) return;  // a copier need not handle nothing
+  const std::uint64_t offset = runs.front().source_offset;
   try {
-    copy(offset, out);
+    copy(runs, out);
   } catch (const BackendError& e) {
     if (e.context().offset) throw;
     ErrorContext where = e.context();  // a device's error names neither the piece nor, maybe, the tensor
@@ -63,22 +65,34 @@ void copy_staged(const CopyOut& copy, const ManifestTensor& t, std::uint64_t off
   }
 }
 
-/// selection_digest of a staged tensor, copied out through `copy` in pieces of staging_piece.
+/// selection_digest of a staged tensor, copied out through `copy` in pieces of at most
+/// staging_piece, each one call for all the runs (or parts of runs) it packs.
 std::string staged_digest(const ManifestTensor& t, const CopyOut& copy, const Selection& selection) {
   const std::vector<ByteRun> runs = selection.is_all()
                                         ? std::vector<ByteRun>{ByteRun{.source_offset = 0, .length = t.nbytes}}
                                         : selection_runs(t.shape, t.dtype, selection);
-  std::uint64_t largest = 0;
-  for (const ByteRun& run : runs) largest = std::max(largest, run.length);
-  std::vector<std::byte> piece(static_cast<std::size_t>(std::min<std::uint64_t>(largest, staging_piece)));
+  std::uint64_t total = 0;
+  for (const ByteRun& run : runs) total += run.length;
+  std::vector<std::byte> piece(static_cast<std::size_t>(std::min<std::uint64_t>(total, staging_piece)));
   io::Hasher h(io::DigestKind::xxh3_128);
+  std::vector<ByteRun> batch;
+  std::uint64_t filled = 0;
+  const auto flush = [&] {
+    const std::span<std::byte> out(piece.data(), static_cast<std::size_t>(filled));
+    copy_staged(copy, t, batch, out);
+    h.update(out);  // packed in order: the selection's bytes as a load delivers them
+    batch.clear();
+    filled = 0;
+  };
   for (const ByteRun& run : runs)
-    for (std::uint64_t at = 0; at < run.length; at += piece.size()) {
-      const std::span<std::byte> out(piece.data(),
-                                     static_cast<std::size_t>(std::min<std::uint64_t>(piece.size(), run.length - at)));
-      copy_staged(copy, t, run.source_offset + at, out);
-      h.update(out);
+    for (std::uint64_t at = 0; at < run.length;) {
+      const std::uint64_t n = std::min<std::uint64_t>(piece.size() - filled, run.length - at);
+      batch.push_back(ByteRun{.source_offset = run.source_offset + at, .dest_offset = filled, .length = n});
+      filled += n;
+      at += n;
+      if (filled == piece.size()) flush();
     }
+  if (filled > 0) flush();
   return h.hex_digest();
 }
 
@@ -437,17 +451,17 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
       throw Error(errc::invalid_argument, {}, fmt::format("a staged read of tensor {}, which is not staged", index));
     const ManifestTensor& t = p.manifest.tensors[index];
     const auto [runs, total] = requested_runs(r);
-    for (const auto& [offset, length] : runs)
+    std::vector<ByteRun> packed;  // the reply holds the runs in order
+    std::uint64_t at = 0;
+    for (const auto& [offset, length] : runs) {
       if (offset > t.nbytes || length > t.nbytes - offset)
         throw Error(errc::invalid_argument, {.tensor = t.name},
                     fmt::format("a read of {} bytes at offset {} of a {}-byte tensor", length, offset, t.nbytes));
-    std::vector<std::byte> out(static_cast<std::size_t>(total));
-    std::size_t at = 0;
-    for (const auto& [offset, length] : runs) {
-      copy_staged(p.copy_out[index], t, offset,
-                  std::span<std::byte>(out).subspan(at, static_cast<std::size_t>(length)));
-      at += static_cast<std::size_t>(length);
+      if (length > 0) packed.push_back(ByteRun{.source_offset = offset, .dest_offset = at, .length = length});
+      at += length;
     }
+    std::vector<std::byte> out(static_cast<std::size_t>(total));
+    copy_staged(p.copy_out[index], t, packed, out);  // one call: the copier may batch the runs
     return out;
   }
 

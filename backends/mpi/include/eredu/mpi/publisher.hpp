@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "eredu/core/dtype.hpp"
+#include "eredu/core/selection.hpp"
 #include "eredu/core/shape.hpp"
 #include "eredu/mpi/communicator.hpp"
 #include "eredu/mpi/live_transport.hpp"
@@ -56,9 +57,11 @@ struct PublisherState;
 struct PublicationState;
 }  // namespace detail
 
-/// Copies bytes [offset, offset + out.size()) of a tensor the host cannot address into `out`
-/// (PublishedTensor::copy_out). May throw; a BackendError reaches the subscriber as one.
-using CopyOut = std::function<void(std::uint64_t offset, std::span<std::byte> out)>;
+/// Copies `runs` of a tensor the host cannot address into `out` (each run's bytes
+/// [source_offset, + length) of the tensor to [dest_offset, + length) of `out`), all of one reply
+/// or hashing piece at once, so that a copier can batch them (a column shard's rows as one
+/// strided copy). PublishedTensor::copy_out. May throw; a BackendError reaches the subscriber.
+using CopyOut = std::function<void(std::span<const ByteRun> runs, std::span<std::byte> out)>;
 
 /// One tensor a publisher offers: the bytes stay the caller's memory.
 struct PublishedTensor {

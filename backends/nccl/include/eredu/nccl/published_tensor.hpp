@@ -2,8 +2,9 @@
 /// \file
 /// eredu::nccl::published_tensor: a trainer's CUDA device tensor as one tensor of a live-update
 /// version (mpi::Publisher::publish). The host cannot address device memory, so the tensor is
-/// staged: each subscriber's read is copied out of the device (cudaMemcpy) into that one reply,
-/// and hashing copies it out 8 MiB at a time. Nothing of the model is copied to the host ahead
+/// staged: each subscriber's read is copied out of the device into that one reply (cudaMemcpy,
+/// or one cudaMemcpy2D for rows of one length at one stride: a column shard), and hashing
+/// copies it out 8 MiB at a time. Nothing of the model is copied to the host ahead
 /// of time, and the device memory stays the trainer's: the PublishedTensor holds a handle to
 /// it, so it is not freed before the publication is withdrawn.
 ///
