@@ -264,7 +264,7 @@ asio::awaitable<void> PublishedSource::request_runs(const io::TensorInfo& t, std
                                                     std::vector<ByteRun> runs, std::span<std::byte> out,
                                                     std::uint64_t size) {
   // A staged tensor is named by its index; attached memory by its address.
-  const std::size_t index = static_cast<std::size_t>(&t - &catalog_.tensors()[0]);
+  const std::size_t index = index_of(t);
   const bool staged = manifest_->tensors[index].staged;
   detail::WireWriter body;
   body.u64(staged ? index : address);
@@ -314,7 +314,7 @@ asio::awaitable<void> PublishedSource::read_runs(const io::TensorInfo& t, std::u
         r.dest_offset -= lo;
       }
       transferred_ += size;
-      if (!subscriber_->window || manifest_->tensors[static_cast<std::size_t>(&t - &catalog_.tensors()[0])].staged) {
+      if (!subscriber_->window || manifest_->tensors[index_of(t)].staged) {
         // One request at a time, awaited here: a request spawned apart could outlive this
         // source when the load gives up on it (ASan saw one).
         co_await request_runs(t, address, std::move(group), out.subspan(lo, hi - lo), size);
@@ -351,7 +351,7 @@ asio::awaitable<void> PublishedSource::read_runs(const io::TensorInfo& t, std::u
 asio::awaitable<void> PublishedSource::fetch(const io::TensorReadRequest& request, const io::TensorInfo& t,
                                              const std::vector<ByteRun>& runs, std::uint64_t from,
                                              std::span<std::byte> out) {
-  const detail::ManifestTensor& m = manifest_->tensors[static_cast<std::size_t>(&t - &catalog_.tensors()[0])];
+  const detail::ManifestTensor& m = manifest_->tensors[index_of(t)];
   const std::size_t part = subscriber_->options.part_size;
   const std::vector<ByteRun> wanted = slice_runs(runs, from, out.size());
   bool done = false;
@@ -383,7 +383,7 @@ asio::awaitable<void> PublishedSource::fetch(const io::TensorReadRequest& reques
 
 asio::awaitable<bool> PublishedSource::apply_sparse(const io::TensorInfo& t, std::vector<ByteRun> wanted,
                                                     std::span<std::byte> out) {
-  const detail::ManifestTensor& m = manifest_->tensors[static_cast<std::size_t>(&t - &catalog_.tensors()[0])];
+  const detail::ManifestTensor& m = manifest_->tensors[index_of(t)];
   const std::uint64_t element = dtype_bits(m.dtype) / 8;
   const std::uint64_t block = manifest_->delta_block;
   std::sort(wanted.begin(), wanted.end(),
@@ -455,7 +455,7 @@ asio::awaitable<bool> PublishedSource::apply_sparse(const io::TensorInfo& t, std
 
 asio::awaitable<bool> PublishedSource::apply_xor(const io::TensorInfo& t, std::vector<ByteRun> wanted,
                                                  std::span<std::byte> out) {
-  const detail::ManifestTensor& m = manifest_->tensors[static_cast<std::size_t>(&t - &catalog_.tensors()[0])];
+  const detail::ManifestTensor& m = manifest_->tensors[index_of(t)];
   const std::uint64_t size = m.encoded_bytes;
   const std::size_t element = dtype_bits(m.dtype) / 8;
   // The whole encoded delta (both shards' chunks: a chunk is a frame, and the table comes

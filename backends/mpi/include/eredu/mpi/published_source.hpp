@@ -208,6 +208,10 @@ class PublishedSource {
 
  private:
   friend class PublishedChunks;
+  /// The index of `t`, one of catalog()'s tensors, in the catalog and the manifest.
+  std::size_t index_of(const io::TensorInfo& t) const noexcept {
+    return static_cast<std::size_t>(&t - catalog_.tensors().data());
+  }
   std::pair<const io::TensorInfo*, std::vector<ByteRun>> runs_of(const io::TensorReadRequest& request) const;
   asio::awaitable<void> fetch(const io::TensorReadRequest& request, const io::TensorInfo& t,
                               const std::vector<ByteRun>& runs, std::uint64_t from, std::span<std::byte> out);
