@@ -8,13 +8,14 @@
 # (drift), against the full update of the same round; and the full update
 # over the two-sided transport (update2) against the one-sided one. Rows (one JSON line per round and contender) go to OUT.
 #
-# usage: bench/live_update.sh BUILD_DIR [size MiB=2048] [rounds=7] [out.jsonl]
+# usage: [ONLY=update,update2,...] bench/live_update.sh BUILD_DIR [size MiB=2048] [rounds=7] [out.jsonl]
+# ONLY times just those contenders (update, bcast, file, delta1, delta10, sparse, update2, drift).
 # Hold /tmp/eredu-build.lock around it on a shared machine so that no build runs meanwhile.
 set -euo pipefail
 build="$1"; size="${2:-2048}"; rounds="${3:-7}"; out="${4:-$(mktemp --suffix=.jsonl)}"
 read -r -a mpirun <<< "mpirun ${MPIRUN_FLAGS:---allow-run-as-root --oversubscribe --mca mpi_yield_when_idle 1} -np 3"
 "${mpirun[@]}" "$build/bench/distributed/live_update" --size-mib "$size" --rounds "$rounds" \
-  --dir "${DIR:-/dev/shm/eredu-live}" 2>/dev/null | grep '^{' > "$out"
+  --dir "${DIR:-/dev/shm/eredu-live}" ${ONLY:+--only "$ONLY"} 2>/dev/null | grep '^{' > "$out"
 /usr/bin/python3 - "$out" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
@@ -24,25 +25,33 @@ read = summary.get("rank_read_bytes", model / 2)
 def stat(case, key="seconds"):
     v = [r[key] for r in rows if r.get("case") == case]
     return statistics.median(v), min(v), max(v), v
+def have(case):
+    return any(r.get("case") == case for r in rows)
 print(f"model {model / 2**30:.2f} GiB, each rank reads {read / 2**30:.2f} GiB; {len([r for r in rows if r.get('case') == 'update'])} rounds")
 per_rank = {"update": read, "file": read, "bcast": model}
 for case in ("update", "bcast", "file"):
+    if not have(case):
+        continue
     m, lo, hi, _ = stat(case)
     b = per_rank[case]
     print(f"{case:7s} {m:.3f} s ({lo:.3f}-{hi:.3f})   {b / m / 1e9:.2f} GB/s per rank ({b / hi / 1e9:.2f}-{b / lo / 1e9:.2f})")
 for key in ("publish_s", "open_s", "digests_s", "load_s", "canary_s", "commit_s"):
+    if not have("update"):
+        break
     m, lo, hi, _ = stat("update", key)
     print(f"  update {key:10s} {m:.4f} s ({lo:.4f}-{hi:.4f})")
 u = {r["round"]: r["seconds"] for r in rows if r.get("case") == "update"}
 bc = {r["round"]: r["seconds"] for r in rows if r.get("case") == "bcast"}
 f = {r["round"]: r["seconds"] for r in rows if r.get("case") == "file"}
-bw = [(read / u[k]) / (model / bc[k]) for k in u]
-tm = [bc[k] / u[k] for k in u]
-fl = [f[k] / u[k] for k in u]
-print(f"update bandwidth / MPI_Bcast bandwidth (per round): {statistics.median(bw):.2f} ({min(bw):.2f}-{max(bw):.2f})")
-print(f"MPI_Bcast time / update time (per round):           {statistics.median(tm):.2f} ({min(tm):.2f}-{max(tm):.2f})")
-print(f"hot-file swap time / update time (per round):       {statistics.median(fl):.2f} ({min(fl):.2f}-{max(fl):.2f})")
-if any(r.get("case") == "update2" for r in rows):
+if u and bc:
+    bw = [(read / u[k]) / (model / bc[k]) for k in u]
+    tm = [bc[k] / u[k] for k in u]
+    print(f"update bandwidth / MPI_Bcast bandwidth (per round): {statistics.median(bw):.2f} ({min(bw):.2f}-{max(bw):.2f})")
+    print(f"MPI_Bcast time / update time (per round):           {statistics.median(tm):.2f} ({min(tm):.2f}-{max(tm):.2f})")
+if u and f:
+    fl = [f[k] / u[k] for k in u]
+    print(f"hot-file swap time / update time (per round):       {statistics.median(fl):.2f} ({min(fl):.2f}-{max(fl):.2f})")
+if have("update2") and u:
     m, lo, hi, _ = stat("update2")
     u2 = {r["round"]: r["seconds"] for r in rows if r.get("case") == "update2"}
     ratio = [u2[k] / u[k] for k in u2 if k in u]
@@ -51,7 +60,7 @@ if any(r.get("case") == "update2" for r in rows):
     m, lo, hi, _ = stat("update2", "load_s")
     print(f"  update2 load_s     {m:.4f} s ({lo:.4f}-{hi:.4f})")
 for case in ("delta1", "delta10", "sparse", "drift"):
-    if not any(r.get("case") == case for r in rows):
+    if not have(case) or not u:
         continue
     m, lo, hi, _ = stat(case)
     d = {r["round"]: r for r in rows if r.get("case") == case}

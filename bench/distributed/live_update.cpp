@@ -5,6 +5,7 @@
 // rank 0 publishes, ranks 1 and 2 serve; rank 0 prints one JSON line per round and a summary.
 //
 //   mpirun -np 3 build/release/bench/distributed/live_update [--size-mib 2048] [--rounds 7] [--dir /dev/shm/eredu-live]
+//     [--only update,update2]   (time only these contenders; bench/live_update.sh needs them all)
 //
 // Each round, on the subscribers:
 //   update  open the newest version, fetch the publisher's digests of this rank's selections,
@@ -34,6 +35,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <array>
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <asio/use_awaitable.hpp>
@@ -152,9 +154,28 @@ struct Server {
   }
 };
 
-int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const std::filesystem::path& dir);
+int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const std::filesystem::path& dir,
+              unsigned only);
+
+/// The contenders, in the order their numbers rotate.
+constexpr std::array<std::string_view, 8> contender_names{"update",  "bcast",  "file",    "delta1",
+                                                          "delta10", "sparse", "update2", "drift"};
+
+/// The bit set of the contenders `list` names ("update,update2"), to time only those.
+unsigned contender_set(std::string_view list) {
+  unsigned set = 0;
+  while (!list.empty()) {
+    const std::string_view name = list.substr(0, list.find(','));
+    list.remove_prefix(std::min(list.size(), name.size() + 1));
+    const auto it = std::find(contender_names.begin(), contender_names.end(), name);
+    if (it == contender_names.end()) throw std::invalid_argument(fmt::format("--only: no contender '{}'", name));
+    set |= 1u << (it - contender_names.begin());
+  }
+  return set;
+}
 
 int run_bench(int argc, char** argv) {
+  unsigned only = 0xff;  // every contender
   std::uint64_t size_mib = 2048;
   int rounds = 7;
   std::filesystem::path dir = "/dev/shm/eredu-live";
@@ -166,12 +187,15 @@ int run_bench(int argc, char** argv) {
       rounds = std::atoi(argv[i + 1]);
     else if (flag == "--dir")
       dir = argv[i + 1];
+    else if (flag == "--only")
+      only = contender_set(argv[i + 1]);
     else
-      throw std::invalid_argument(fmt::format("unknown option '{}' (--size-mib N, --rounds N, --dir D)", flag));
+      throw std::invalid_argument(
+          fmt::format("unknown option '{}' (--size-mib N, --rounds N, --dir D, --only NAME,...)", flag));
   }
   mpi::Environment env(argc, argv, {.required = mpi::ThreadLevel::multiple, .progress = {}});
   try {
-    return run_ranks(env, size_mib, rounds, dir);
+    return run_ranks(env, size_mib, rounds, dir, only);
   } catch (const std::exception& e) {
     // The other ranks wait for this one in a barrier: end the job rather than hang it.
     std::fprintf(stderr, "live_update: rank %d: %s\n", env.world_rank(), e.what());
@@ -181,7 +205,8 @@ int run_bench(int argc, char** argv) {
   }
 }
 
-int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const std::filesystem::path& dir) {
+int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const std::filesystem::path& dir,
+              unsigned only) {
   // update, bcast, file, delta1, delta10, sparse, update2 (two-sided), drift
   constexpr int contenders = 8;
   mpi::Communicator world = mpi::Communicator::world(env, {.timeout = std::chrono::minutes(5)});
@@ -244,6 +269,7 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
     for (int r = -2; r < rounds; ++r) {  // warm-up updates first, one per version and transport
       for (int k = 0; k < (r < 0 ? 2 : contenders); ++k) {
         const int contender = r < 0 ? (k == 0 ? 0 : 6) : (r + k) % contenders;
+        if (!(only >> contender & 1)) continue;
         MPI_Barrier(MPI_COMM_WORLD);
         if ((contender >= 3 && contender <= 5) || contender == 7) {
           auto& base = ((r + 2) % 2 == 0) ? mem_a : mem_b;
@@ -400,6 +426,7 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
     const int version = (r + 2) % 2;
     for (int k = 0; k < (r < 0 ? 2 : contenders); ++k) {
       const int contender = r < 0 ? (k == 0 ? 0 : 6) : (r + k) % contenders;
+      if (!(only >> contender & 1)) continue;
       MPI_Barrier(MPI_COMM_WORLD);
       if ((contender >= 3 && contender <= 5) || contender == 7) {
         // The base, whole and untimed (the serving thread sees it as steady state).

@@ -251,6 +251,7 @@ bool Progress::poll(std::vector<std::shared_ptr<Operation>>& active) {
     Operation& op = *active[i];
     op.requests[j] = MPI_REQUEST_NULL;
     --op.remaining;
+    if (op.spec.on_status && !op.timed_out) op.spec.on_status(statuses[static_cast<std::size_t>(k)]);
     if (rc == MPI_ERR_IN_STATUS && statuses[static_cast<std::size_t>(k)].MPI_ERROR != MPI_SUCCESS &&
         op.failure_rc == MPI_SUCCESS)
       op.failure_rc = statuses[static_cast<std::size_t>(k)].MPI_ERROR;

@@ -61,6 +61,9 @@ struct OperationSpec {
   /// Runs on the progress thread once every request has completed successfully, before the
   /// completion is finished (a split records the new communicator, say); may throw.
   UniqueFunction<void()> on_success{};
+  /// Runs on the progress thread with each request's status as it completes, before
+  /// on_success (a receive learns how many bytes came).
+  UniqueFunction<void(const MPI_Status&)> on_status{};
   /// Buffers the requests read and write: released only once MPI is done with them.
   std::shared_ptr<void> keep{};
   /// A wait that may be long (a vote): the thread sleeps between polls while only such

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <set>
 #include <utility>
 
@@ -21,6 +22,9 @@
 
 namespace eredu::mpi {
 namespace detail {
+
+/// A reply's status and body.
+using Reply = std::pair<ReplyStatus, MessageBuffer>;
 
 struct SubscriberState {
   SubscriberState(std::shared_ptr<CommState> c, int p, asio::any_io_executor e, SubscriberOptions o)
@@ -51,9 +55,39 @@ struct SubscriberState {
     return std::move(w.bytes());
   }
 
+  /// Reply buffers kept for the next reads, at most `spare_bytes` of them: a fresh buffer's
+  /// pages would be faulted in one by one inside the single-copy receive (process_vm_readv),
+  /// measured slower than the copy itself (docs/performance.md).
+  static constexpr std::size_t spare_bytes = std::size_t{64} << 20;
+  std::mutex spare_mutex;
+  std::vector<MessageBuffer> spare;
+
+  /// A buffer for a reply of `size` bytes: a spare one, or a new one faulted in here.
+  MessageBuffer buffer_for(std::size_t size) {
+    {
+      std::lock_guard lock(spare_mutex);
+      for (auto it = spare.begin(); it != spare.end(); ++it)
+        if (it->capacity() >= size && it->capacity() <= 2 * size) {
+          MessageBuffer b = std::move(*it);
+          spare.erase(it);
+          return b;
+        }
+    }
+    MessageBuffer b(size);
+    std::memset(b.data(), 0, size);
+    return b;
+  }
+
+  /// Keeps `b` for a later reply, while the spares hold at most `spare_bytes`.
+  void recycle(MessageBuffer b) {
+    std::lock_guard lock(spare_mutex);
+    std::size_t held = 0;
+    for (const MessageBuffer& s : spare) held += s.capacity();
+    if (held + b.capacity() <= spare_bytes) spare.push_back(std::move(b));
+  }
+
   /// Sends a request and waits for its reply: (status, body).
-  asio::awaitable<std::pair<ReplyStatus, std::vector<std::byte>>> request(RequestKind kind, std::uint64_t publication,
-                                                                          std::vector<std::byte> body) {
+  asio::awaitable<Reply> request(RequestKind kind, std::uint64_t publication, std::vector<std::byte> body) {
     const int tag = reply_tag_base + 2 * static_cast<int>(sequence.fetch_add(1) % reply_tags);
     std::vector<std::byte> message = head(kind, tag, publication);
     message.insert(message.end(), body.begin(), body.end());
@@ -66,16 +100,16 @@ struct SubscriberState {
                      "a request to the publisher", options.timeout);
     co_await sent.async_wait(asio::use_awaitable);
     co_await header_done.async_wait(asio::use_awaitable);
-    WireReader r(header->buffer, "reply header");
+    WireReader r(header->buffer.bytes(), "reply header");
     const auto status = static_cast<ReplyStatus>(r.u32());
     r.u32();
     const std::uint64_t size = r.u64();
-    std::vector<std::byte> reply;
+    MessageBuffer reply;
     if (size > 0) {
       if (size > (std::uint64_t{1} << 31))
         throw Error(errc::invalid_argument, {}, "the publisher announced a reply larger than 2 GiB");
-      auto [rx, done] =
-          receive_message(comm, publisher, tag + 1, size, "the publisher's reply", options.timeout, false);
+      auto [rx, done] = receive_message(comm, publisher, tag + 1, buffer_for(static_cast<std::size_t>(size)),
+                                        "the publisher's reply", options.timeout, false);
       co_await done.async_wait(asio::use_awaitable);
       reply = std::move(rx->buffer);
     }
@@ -83,7 +117,7 @@ struct SubscriberState {
   }
 
   /// Throws the error a non-ok reply stands for.
-  void check(ReplyStatus status, const std::vector<std::byte>& body, const std::string& version) const {
+  void check(ReplyStatus status, std::span<const std::byte> body, const std::string& version) const {
     if (status == ReplyStatus::ok) return;
     std::string detail;
     try {
@@ -148,14 +182,14 @@ asio::awaitable<std::unique_ptr<PublishedSource>> Subscriber::open(std::string v
   std::shared_ptr<detail::SubscriberState> s = state_;
   detail::WireWriter body;
   body.str(version);
-  std::pair<detail::ReplyStatus, std::vector<std::byte>> reply;
+  detail::Reply reply;
   try {
     reply = co_await s->request(detail::RequestKind::open, 0, std::move(body.bytes()));
   } catch (...) {
     s->rethrow_located(version.empty() ? "(newest)" : version, {});
   }
-  s->check(reply.first, reply.second, version);
-  detail::Manifest manifest = detail::decode_manifest(reply.second);
+  s->check(reply.first, reply.second.bytes(), version);
+  detail::Manifest manifest = detail::decode_manifest(reply.second.bytes());
   co_return std::make_unique<PublishedSource>(s, std::move(manifest));
 }
 
@@ -273,9 +307,10 @@ asio::awaitable<void> PublishedSource::request_runs(const io::TensorInfo& t, std
     body.u64(r.source_offset);
     body.u64(r.length);
   }
-  auto [status, bytes] =
+  auto [status, reply] =
       co_await subscriber_->request(staged ? detail::RequestKind::read_staged : detail::RequestKind::read,
                                     manifest_->publication, std::move(body.bytes()));
+  const std::span<const std::byte> bytes = reply.bytes();
   try {
     subscriber_->check(status, bytes, manifest_->version);
   } catch (const BackendError& e) {  // the publisher's copy of a staged tensor failed
@@ -291,6 +326,7 @@ asio::awaitable<void> PublishedSource::request_runs(const io::TensorInfo& t, std
     std::memcpy(out.data() + r.dest_offset, bytes.data() + at, r.length);
     at += r.length;
   }
+  subscriber_->recycle(std::move(reply));
 }
 
 asio::awaitable<void> PublishedSource::read_runs(const io::TensorInfo& t, std::uint64_t address,
@@ -631,15 +667,15 @@ asio::awaitable<io::Checksums> PublishedSource::checksums(engine::WeightBindingP
     }
     body.u64(last - first);
     body.bytes().insert(body.bytes().end(), list.bytes().begin(), list.bytes().end());
-    std::pair<detail::ReplyStatus, std::vector<std::byte>> reply;
+    detail::Reply reply;
     try {
       reply =
           co_await subscriber_->request(detail::RequestKind::digests, manifest_->publication, std::move(body.bytes()));
     } catch (...) {
       subscriber_->rethrow_located(manifest_->version, {});
     }
-    subscriber_->check(reply.first, reply.second, manifest_->version);
-    detail::WireReader r(reply.second, "digests");
+    subscriber_->check(reply.first, reply.second.bytes(), manifest_->version);
+    detail::WireReader r(reply.second.bytes(), "digests");
     if (r.u64() != last - first)
       throw Error(errc::invalid_argument, {.file = location_}, "the publisher answered another number of digests");
     for (std::size_t i = first; i < last; ++i) {
@@ -661,13 +697,13 @@ asio::awaitable<io::Checksums> PublishedSource::checksums(engine::WeightBindingP
 }
 
 asio::awaitable<void> PublishedSource::confirm() {
-  std::pair<detail::ReplyStatus, std::vector<std::byte>> reply;
+  detail::Reply reply;
   try {
     reply = co_await subscriber_->request(detail::RequestKind::confirm, manifest_->publication, {});
   } catch (...) {
     subscriber_->rethrow_located(manifest_->version, {});
   }
-  subscriber_->check(reply.first, reply.second, manifest_->version);
+  subscriber_->check(reply.first, reply.second.bytes(), manifest_->version);
 }
 
 void PublishedSource::finish(bool ok) noexcept {

@@ -186,6 +186,11 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
   };
   std::mutex attach_mutex;
   std::map<const std::byte*, Attached> attached;
+  /// Two-sided replies in flight from each region, by first byte (taken inside attach_mutex,
+  /// never around a wait for the progress thread, which decrements them).
+  std::mutex send_mutex;
+  std::condition_variable send_done;
+  std::map<const std::byte*, int> sending;
 
   /// Attaches `region` (or counts one more use of it); its window address. Throws
   /// Error(invalid_argument) when it overlaps a region attached in another extent.
@@ -212,13 +217,18 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
     return address;
   }
 
-  /// One use fewer of `region`; detached when unused.
+  /// One use fewer of `region`; detached when unused, once no reply is being sent from it
+  /// (each send ends within reply_timeout, by completing or timing out).
   void release(std::span<const std::byte> region) noexcept {
-    std::lock_guard lock(attach_mutex);
-    auto it = attached.find(region.data());
-    if (it == attached.end() || --it->second.uses > 0) return;
-    if (window) window->detach(region);
-    attached.erase(it);
+    {
+      std::lock_guard lock(attach_mutex);
+      auto it = attached.find(region.data());
+      if (it == attached.end() || --it->second.uses > 0) return;
+      if (window) window->detach(region);
+      attached.erase(it);  // no read can start a send from it now
+    }
+    std::unique_lock lock(send_mutex);
+    send_done.wait(lock, [&] { return sending.find(region.data()) == sending.end(); });
   }
 
   /// Waits for the next request (on the progress thread).
@@ -253,7 +263,7 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
         }
         return;
       }
-      asio::post(self->worker, [self, rx] { self->handle(rx->buffer); });
+      asio::post(self->worker, [self, rx] { self->handle(rx->buffer.bytes()); });
       self->post_receive();
     });
   }
@@ -282,7 +292,7 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
     return std::move(w.bytes());
   }
 
-  void handle(const std::vector<std::byte>& message) {
+  void handle(std::span<const std::byte> message) {
     RequestHead head;
     try {
       WireReader r(message, "request");
@@ -363,7 +373,7 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
       return;
     }
     if (head.kind == RequestKind::read) {
-      reply(head.sender, head.reply_tag, ReplyStatus::ok, read_attached(r));
+      reply_attached(head, r);
       return;
     }
     if (head.kind == RequestKind::read_staged) {
@@ -411,36 +421,87 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
     return {std::move(runs), total};
   }
 
-  /// The bytes a two-sided read asks for, copied from attached memory: each run must lie
-  /// within one region still attached (a withdrawn version's memory may be the caller's again).
-  std::vector<std::byte> read_attached(WireReader& r) {
+  /// Answers a two-sided read from attached memory: each run must lie within one region still
+  /// attached (a withdrawn version's memory may be the caller's again). A read of one run (a
+  /// row shard's part) is sent from that memory itself, not a copy: its region counts the send
+  /// until it completes, and release() waits for it before the memory goes back to the trainer.
+  /// Several runs (a column shard's rows, a delta's blocks) are packed into one buffer first,
+  /// under attach_mutex; sending them as an indexed datatype from the memory was not measured.
+  void reply_attached(const RequestHead& head, WireReader& r) {
     if (window) throw Error(errc::invalid_argument, {}, "this publisher's subscribers read its window (one_sided)");
     const std::uint64_t address = r.u64();
     auto [runs, total] = requested_runs(r);
-    for (auto& [offset, length] : runs) {
-      if (offset > std::numeric_limits<std::uint64_t>::max() - address)
-        throw Error(errc::invalid_argument, {}, "a read past the address space");
-      offset += address;
-    }
-    std::vector<std::byte> out(total);
-    std::size_t at = 0;
-    std::lock_guard lock(attach_mutex);  // withdraw detaches under it: no region goes mid-copy
-    for (const auto& [from, length] : runs) {
-      const auto* first = reinterpret_cast<const std::byte*>(static_cast<std::uintptr_t>(from));
-      auto it = attached.upper_bound(first);
-      bool inside = false;
-      if (it != attached.begin()) {  // the region that starts at or before `first`
-        const Attached& a = std::prev(it)->second;
-        const std::uint64_t start = reinterpret_cast<std::uintptr_t>(a.memory.data());
-        inside = from >= start && from - start <= a.memory.size() && length <= a.memory.size() - (from - start);
+    const auto what = fmt::format("a reply to rank {}", head.sender);
+    std::shared_ptr<MessageBuffer> packed;
+    const std::byte* region = nullptr;  // the one run's region, counted while its send is in flight
+    std::span<const std::byte> memory;
+    {
+      std::lock_guard lock(attach_mutex);  // withdraw detaches under it: no region goes mid-copy
+      if (runs.size() != 1) packed = std::make_shared<MessageBuffer>(static_cast<std::size_t>(total));
+      std::size_t at = 0;
+      for (const auto& [offset, length] : runs) {
+        if (offset > std::numeric_limits<std::uint64_t>::max() - address)
+          throw Error(errc::invalid_argument, {}, "a read past the address space");
+        const std::uint64_t from = offset + address;
+        const auto* first = reinterpret_cast<const std::byte*>(static_cast<std::uintptr_t>(from));
+        auto it = attached.upper_bound(first);
+        bool inside = false;
+        if (it != attached.begin()) {  // the region that starts at or before `first`
+          --it;
+          const std::uint64_t start = reinterpret_cast<std::uintptr_t>(it->second.memory.data());
+          inside = from >= start && from - start <= it->second.memory.size() &&
+                   length <= it->second.memory.size() - (from - start);
+        }
+        if (!inside)
+          throw Error(
+              errc::invalid_argument, {},
+              fmt::format("a read of {} bytes at {:#x} outside the memory this publisher offers", length, from));
+        if (packed) {
+          std::memcpy(packed->data() + at, first, length);
+          at += length;
+        } else {
+          region = it->first;
+          memory = {first, static_cast<std::size_t>(length)};
+        }
       }
-      if (!inside)
-        throw Error(errc::invalid_argument, {},
-                    fmt::format("a read of {} bytes at {:#x} outside the memory this publisher offers", length, from));
-      std::memcpy(out.data() + at, first, length);
-      at += length;
+      if (packed) packed->set_size(at);
+      if (region != nullptr) {
+        std::lock_guard count(send_mutex);
+        ++sending[region];
+      }
     }
-    return out;
+    Completion body;
+    try {
+      WireWriter header;
+      header.u32(static_cast<std::uint32_t>(ReplyStatus::ok));
+      header.u32(0);
+      header.u64(total);
+      send_message(comm, head.sender, head.reply_tag,
+                   std::make_shared<const std::vector<std::byte>>(std::move(header.bytes())), what,
+                   options.reply_timeout);
+      if (packed && total > 0)
+        send_message(comm, head.sender, head.reply_tag + 1, std::move(packed), what, options.reply_timeout);
+      else if (region != nullptr && total > 0)
+        body = send_memory(comm, head.sender, head.reply_tag + 1, memory, what, options.reply_timeout);
+    } catch (...) {
+      if (region != nullptr) sent(region);
+      throw;
+    }
+    if (region == nullptr) return;
+    if (!body.valid()) {
+      sent(region);
+      return;
+    }
+    body.on_complete([weak = weak_from_this(), region](std::exception_ptr) {
+      if (std::shared_ptr<PublisherState> self = weak.lock()) self->sent(region);
+    });
+  }
+
+  /// One send fewer from `region` (on the progress thread, or the worker).
+  void sent(const std::byte* region) {
+    std::lock_guard lock(send_mutex);
+    if (auto it = sending.find(region); it != sending.end() && --it->second == 0) sending.erase(it);
+    send_done.notify_all();
   }
 
   /// The bytes a read of a staged tensor asks for, copied out of its memory into the reply.

@@ -159,30 +159,63 @@ Completion LiveWindow::read(int target, MPI_Aint base, std::vector<ByteRun> runs
   return comm_->progress->submit(comm_, std::move(spec));
 }
 
-Completion send_message(const std::shared_ptr<CommState>& comm, int dest, int tag,
-                        std::shared_ptr<const std::vector<std::byte>> bytes, std::string what,
-                        std::chrono::milliseconds timeout) {
+namespace {
+
+/// MPI_Isend of `bytes`, which `keep` holds until MPI is done with them.
+Completion send_bytes(const std::shared_ptr<CommState>& comm, int dest, int tag, std::span<const std::byte> bytes,
+                      std::shared_ptr<void> keep, std::string what, std::chrono::milliseconds timeout) {
   OperationSpec spec;
   spec.operation = "live message";
   spec.what = std::move(what);
   spec.timeout = timeout;
-  spec.start = [dest, tag, data = bytes.get()](MPI_Comm c, std::vector<MPI_Request>& requests) {
-    if (data->size() > static_cast<std::size_t>(INT_MAX)) return static_cast<int>(MPI_ERR_COUNT);
+  spec.start = [dest, tag, bytes](MPI_Comm c, std::vector<MPI_Request>& requests) {
+    if (bytes.size() > static_cast<std::size_t>(INT_MAX)) return static_cast<int>(MPI_ERR_COUNT);
     MPI_Request r = MPI_REQUEST_NULL;
-    const int rc = MPI_Isend(data->data(), static_cast<int>(data->size()), MPI_BYTE, dest, tag, c, &r);
+    const int rc = MPI_Isend(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, dest, tag, c, &r);
     if (rc == MPI_SUCCESS) requests.push_back(r);
     return rc;
   };
-  spec.keep = std::const_pointer_cast<std::vector<std::byte>>(std::move(bytes));
+  spec.keep = std::move(keep);
   return comm->progress->submit(comm, std::move(spec));
+}
+
+}  // namespace
+
+Completion send_message(const std::shared_ptr<CommState>& comm, int dest, int tag,
+                        std::shared_ptr<const std::vector<std::byte>> bytes, std::string what,
+                        std::chrono::milliseconds timeout) {
+  const std::span<const std::byte> view(*bytes);
+  return send_bytes(comm, dest, tag, view, std::const_pointer_cast<std::vector<std::byte>>(std::move(bytes)),
+                    std::move(what), timeout);
+}
+
+Completion send_message(const std::shared_ptr<CommState>& comm, int dest, int tag,
+                        std::shared_ptr<const MessageBuffer> message, std::string what,
+                        std::chrono::milliseconds timeout) {
+  const std::span<const std::byte> view = message->bytes();
+  return send_bytes(comm, dest, tag, view, std::const_pointer_cast<MessageBuffer>(std::move(message)), std::move(what),
+                    timeout);
+}
+
+Completion send_memory(const std::shared_ptr<CommState>& comm, int dest, int tag, std::span<const std::byte> memory,
+                       std::string what, std::chrono::milliseconds timeout) {
+  return send_bytes(comm, dest, tag, memory, nullptr, std::move(what), timeout);
 }
 
 std::pair<std::shared_ptr<PostedReceive>, Completion> receive_message(const std::shared_ptr<CommState>& comm,
                                                                       int source, int tag, std::size_t capacity,
                                                                       std::string what,
                                                                       std::chrono::milliseconds timeout, bool patient) {
+  return receive_message(comm, source, tag, MessageBuffer(capacity), std::move(what), timeout, patient);
+}
+
+std::pair<std::shared_ptr<PostedReceive>, Completion> receive_message(const std::shared_ptr<CommState>& comm,
+                                                                      int source, int tag, MessageBuffer buffer,
+                                                                      std::string what,
+                                                                      std::chrono::milliseconds timeout, bool patient) {
   auto receive = std::make_shared<PostedReceive>();
-  receive->buffer.resize(capacity);
+  receive->buffer = std::move(buffer);
+  receive->buffer.set_size(0);  // until the message comes
   OperationSpec spec;
   spec.operation = "live message";
   spec.what = std::move(what);
@@ -192,9 +225,14 @@ std::pair<std::shared_ptr<PostedReceive>, Completion> receive_message(const std:
   spec.start = [source, tag, rx = receive.get()](MPI_Comm c, std::vector<MPI_Request>& requests) {
     if (rx->cancel_requested) return static_cast<int>(MPI_SUCCESS);  // cancelled before it started
     const int rc =
-        MPI_Irecv(rx->buffer.data(), static_cast<int>(rx->buffer.size()), MPI_BYTE, source, tag, c, &rx->request);
+        MPI_Irecv(rx->buffer.data(), static_cast<int>(rx->buffer.capacity()), MPI_BYTE, source, tag, c, &rx->request);
     if (rc == MPI_SUCCESS) requests.push_back(rx->request);
     return rc;
+  };
+  spec.on_status = [rx = receive.get()](const MPI_Status& status) {
+    int count = 0;
+    if (MPI_Get_count(&status, MPI_BYTE, &count) == MPI_SUCCESS && count >= 0)
+      rx->buffer.set_size(static_cast<std::size_t>(count));
   };
   Completion done = comm->progress->submit(comm, std::move(spec));
   // Runs on the progress thread (or inline when it already failed): the handle is spent.

@@ -8,12 +8,14 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "eredu/core/completion.hpp"
@@ -57,14 +59,49 @@ class LiveWindow {
   bool locked_ = false;
 };
 
+/// A message's bytes: allocated unzeroed (a receive writes them, and a reply of 16 MiB would
+/// otherwise be zeroed first), then sized to what came.
+class MessageBuffer {
+ public:
+  /// No bytes.
+  MessageBuffer() = default;
+  /// Room for `capacity` bytes, none of them yet the message's.
+  explicit MessageBuffer(std::size_t capacity)
+      : data_(std::make_unique_for_overwrite<std::byte[]>(capacity)), capacity_(capacity) {}
+
+  /// Where a receive writes.
+  std::byte* data() noexcept { return data_.get(); }
+  /// The most a receive may write.
+  std::size_t capacity() const noexcept { return capacity_; }
+  /// Records how many bytes the message had (at most capacity()).
+  void set_size(std::size_t size) noexcept { size_ = std::min(size, capacity_); }
+  /// The message.
+  std::span<const std::byte> bytes() const noexcept { return {data_.get(), size_}; }
+
+ private:
+  std::unique_ptr<std::byte[]> data_;
+  std::size_t capacity_ = 0;
+  std::size_t size_ = 0;
+};
+
 /// Sends `bytes` to `dest` with `tag` (MPI_Isend). Never throws.
 Completion send_message(const std::shared_ptr<CommState>& comm, int dest, int tag,
                         std::shared_ptr<const std::vector<std::byte>> bytes, std::string what,
                         std::chrono::milliseconds timeout);
+/// Sends `message`'s bytes to `dest` with `tag` (MPI_Isend). Never throws.
+Completion send_message(const std::shared_ptr<CommState>& comm, int dest, int tag,
+                        std::shared_ptr<const MessageBuffer> message, std::string what,
+                        std::chrono::milliseconds timeout);
+
+/// Sends `memory` to `dest` with `tag` straight from where it lies (no copy, so MPI may copy it
+/// once, into the receiver). The caller keeps it unchanged until the completion finishes.
+/// Never throws.
+Completion send_memory(const std::shared_ptr<CommState>& comm, int dest, int tag, std::span<const std::byte> memory,
+                       std::string what, std::chrono::milliseconds timeout);
 
 /// A receive posted on the progress thread, cancellable while it waits.
 struct PostedReceive {
-  std::vector<std::byte> buffer;           ///< the message, once completed (capacity bytes)
+  MessageBuffer buffer;                    ///< the message, once completed
   MPI_Request request = MPI_REQUEST_NULL;  ///< set on the progress thread when started
   bool cancel_requested = false;           ///< read on the progress thread
 };
@@ -74,6 +111,11 @@ struct PostedReceive {
 /// progress thread spinning. Never throws.
 std::pair<std::shared_ptr<PostedReceive>, Completion> receive_message(const std::shared_ptr<CommState>& comm,
                                                                       int source, int tag, std::size_t capacity,
+                                                                      std::string what,
+                                                                      std::chrono::milliseconds timeout, bool patient);
+/// The same, into `buffer` (a message of at most its capacity).
+std::pair<std::shared_ptr<PostedReceive>, Completion> receive_message(const std::shared_ptr<CommState>& comm,
+                                                                      int source, int tag, MessageBuffer buffer,
                                                                       std::string what,
                                                                       std::chrono::milliseconds timeout, bool patient);
 
