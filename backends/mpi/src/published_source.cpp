@@ -17,6 +17,7 @@
 #include "eredu/core/log.hpp"
 #include "eredu/core/printable.hpp"
 #include "live/channel.hpp"
+#include "live/element_width.hpp"
 #include "live/wire.hpp"
 #include "live/xor_planes.hpp"
 #include "progress.hpp"
@@ -505,22 +506,7 @@ asio::awaitable<bool> PublishedSource::apply_sparse(const io::TensorInfo& t, std
       }
     }
   };
-  switch (element) {
-    case 1:
-      scatter(std::integral_constant<std::size_t, 1>{});
-      break;
-    case 2:
-      scatter(std::integral_constant<std::size_t, 2>{});
-      break;
-    case 4:
-      scatter(std::integral_constant<std::size_t, 4>{});
-      break;
-    case 8:
-      scatter(std::integral_constant<std::size_t, 8>{});
-      break;
-    default:
-      scatter(std::integral_constant<std::size_t, 0>{});
-  }
+  detail::with_element_width(element, scatter);
   co_return true;
 }
 

@@ -26,6 +26,7 @@
 #include "eredu/core/selection.hpp"
 #include "eredu/io/integrity/digest.hpp"
 #include "live/channel.hpp"
+#include "live/element_width.hpp"
 #include "live/wire.hpp"
 #include "live/xor_planes.hpp"
 #include "progress.hpp"
@@ -100,31 +101,11 @@ std::string staged_digest(const ManifestTensor& t, const CopyOut& copy, const Se
 /// `before` (equal sizes, a multiple of `element`), comparing whole integers where it can.
 template <class F>
 void for_each_changed(std::span<const std::byte> now, std::span<const std::byte> before, std::size_t element, F&& f) {
-  const auto scan = [&]<class T>(T) {
-    for (std::size_t at = 0; at + sizeof(T) <= now.size(); at += sizeof(T)) {
-      T a, b;
-      std::memcpy(&a, now.data() + at, sizeof a);
-      std::memcpy(&b, before.data() + at, sizeof b);
-      if (a != b) f(at);
-    }
-  };
-  switch (element) {
-    case 1:
-      scan(std::uint8_t{});
-      break;
-    case 2:
-      scan(std::uint16_t{});
-      break;
-    case 4:
-      scan(std::uint32_t{});
-      break;
-    case 8:
-      scan(std::uint64_t{});
-      break;
-    default:
-      for (std::size_t at = 0; at + element <= now.size(); at += element)
-        if (std::memcmp(now.data() + at, before.data() + at, element) != 0) f(at);
-  }
+  with_element_width(element, [&]<std::size_t W>(std::integral_constant<std::size_t, W>) {
+    const std::size_t width = W != 0 ? W : element;  // a memcmp of constant 1-8 bytes is one compare
+    for (std::size_t at = 0; at + width <= now.size(); at += width)
+      if (std::memcmp(now.data() + at, before.data() + at, width) != 0) f(at);
+  });
 }
 
 /// One offered version: its manifest, its memory, and which subscribers opened and finished it.
@@ -273,14 +254,20 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
     return it == publications.end() ? nullptr : it->second;
   }
 
-  void reply(int dest, int tag, ReplyStatus status, std::vector<std::byte> body) {
+  /// Sends a reply's header to `dest` on `tag`: its status and the size of the body that
+  /// follows on tag + 1.
+  void send_header(int dest, int tag, ReplyStatus status, std::uint64_t size, const std::string& what) {
     WireWriter head;
     head.u32(static_cast<std::uint32_t>(status));
     head.u32(0);
-    head.u64(body.size());
-    const auto what = fmt::format("a reply to rank {}", dest);
+    head.u64(size);
     send_message(comm, dest, tag, std::make_shared<const std::vector<std::byte>>(std::move(head.bytes())), what,
                  options.reply_timeout);
+  }
+
+  void reply(int dest, int tag, ReplyStatus status, std::vector<std::byte> body) {
+    const auto what = fmt::format("a reply to rank {}", dest);
+    send_header(dest, tag, status, body.size(), what);
     if (!body.empty())
       send_message(comm, dest, tag + 1, std::make_shared<const std::vector<std::byte>>(std::move(body)), what,
                    options.reply_timeout);
@@ -472,13 +459,7 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
     }
     Completion body;
     try {
-      WireWriter header;
-      header.u32(static_cast<std::uint32_t>(ReplyStatus::ok));
-      header.u32(0);
-      header.u64(total);
-      send_message(comm, head.sender, head.reply_tag,
-                   std::make_shared<const std::vector<std::byte>>(std::move(header.bytes())), what,
-                   options.reply_timeout);
+      send_header(head.sender, head.reply_tag, ReplyStatus::ok, total, what);
       if (packed && total > 0)
         send_message(comm, head.sender, head.reply_tag + 1, std::move(packed), what, options.reply_timeout);
       else if (region != nullptr && total > 0)

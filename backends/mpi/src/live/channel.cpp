@@ -39,6 +39,24 @@ void barrier(const std::shared_ptr<CommState>& comm, const char* operation) {
   comm->progress->submit(comm, std::move(spec)).get();
 }
 
+/// MPI_Isend of `bytes`, which `keep` holds until MPI is done with them.
+Completion send_bytes(const std::shared_ptr<CommState>& comm, int dest, int tag, std::span<const std::byte> bytes,
+                      std::shared_ptr<void> keep, std::string what, std::chrono::milliseconds timeout) {
+  OperationSpec spec;
+  spec.operation = "live message";
+  spec.what = std::move(what);
+  spec.timeout = timeout;
+  spec.start = [dest, tag, bytes](MPI_Comm c, std::vector<MPI_Request>& requests) {
+    if (bytes.size() > static_cast<std::size_t>(INT_MAX)) return static_cast<int>(MPI_ERR_COUNT);
+    MPI_Request r = MPI_REQUEST_NULL;
+    const int rc = MPI_Isend(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, dest, tag, c, &r);
+    if (rc == MPI_SUCCESS) requests.push_back(r);
+    return rc;
+  };
+  spec.keep = std::move(keep);
+  return comm->progress->submit(comm, std::move(spec));
+}
+
 }  // namespace
 
 LiveWindow::LiveWindow(std::shared_ptr<CommState> comm, bool lock_all) : comm_(std::move(comm)) {
@@ -158,28 +176,6 @@ Completion LiveWindow::read(int target, MPI_Aint base, std::vector<ByteRun> runs
   };
   return comm_->progress->submit(comm_, std::move(spec));
 }
-
-namespace {
-
-/// MPI_Isend of `bytes`, which `keep` holds until MPI is done with them.
-Completion send_bytes(const std::shared_ptr<CommState>& comm, int dest, int tag, std::span<const std::byte> bytes,
-                      std::shared_ptr<void> keep, std::string what, std::chrono::milliseconds timeout) {
-  OperationSpec spec;
-  spec.operation = "live message";
-  spec.what = std::move(what);
-  spec.timeout = timeout;
-  spec.start = [dest, tag, bytes](MPI_Comm c, std::vector<MPI_Request>& requests) {
-    if (bytes.size() > static_cast<std::size_t>(INT_MAX)) return static_cast<int>(MPI_ERR_COUNT);
-    MPI_Request r = MPI_REQUEST_NULL;
-    const int rc = MPI_Isend(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, dest, tag, c, &r);
-    if (rc == MPI_SUCCESS) requests.push_back(r);
-    return rc;
-  };
-  spec.keep = std::move(keep);
-  return comm->progress->submit(comm, std::move(spec));
-}
-
-}  // namespace
 
 Completion send_message(const std::shared_ptr<CommState>& comm, int dest, int tag,
                         std::shared_ptr<const std::vector<std::byte>> bytes, std::string what,

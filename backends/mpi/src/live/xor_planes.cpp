@@ -12,6 +12,7 @@
 
 #include "eredu/core/error.hpp"
 #include "eredu/core/printable.hpp"
+#include "live/element_width.hpp"
 
 namespace eredu::mpi::detail {
 namespace {
@@ -25,14 +26,6 @@ std::uint64_t get_u64(const std::byte* at) {
   std::uint64_t v = 0;
   std::memcpy(&v, at, 8);
   return v;
-}
-
-/// XORs elements [k0, k1) of a chunk of n elements of E bytes, in byte planes at `planes`, onto
-/// `out` (element k0's first byte).
-template <std::size_t E>
-void xor_elements(const std::byte* planes, std::uint64_t n, std::uint64_t k0, std::uint64_t k1, std::byte* out) {
-  for (std::uint64_t k = k0; k < k1; ++k, out += E)
-    for (std::size_t j = 0; j < E; ++j) out[j] ^= planes[j * n + k];
 }
 
 }  // namespace
@@ -130,23 +123,12 @@ void XorPlanes::apply(std::size_t c, std::span<const std::byte> planes, std::uin
   for (std::uint64_t local = first; local < std::min(end, k0 * element_); ++local) one(local);
   std::byte* to = out.data() + (k0 * element_ - first);
   const std::byte* plane = planes.data();
-  switch (element_) {
-    case 1:
-      xor_elements<1>(plane, n, k0, k1, to);
-      break;
-    case 2:
-      xor_elements<2>(plane, n, k0, k1, to);
-      break;
-    case 4:
-      xor_elements<4>(plane, n, k0, k1, to);
-      break;
-    case 8:
-      xor_elements<8>(plane, n, k0, k1, to);
-      break;
-    default:
-      for (std::uint64_t k = k0; k < k1; ++k, to += element_)
-        for (std::size_t j = 0; j < element_; ++j) to[j] ^= plane[j * n + k];
-  }
+  // Elements [k0, k1), each XORed from its bytes in the n-element planes.
+  with_element_width(element_, [&]<std::size_t W>(std::integral_constant<std::size_t, W>) {
+    const std::size_t width = W != 0 ? W : element_;
+    for (std::uint64_t k = k0; k < k1; ++k, to += width)
+      for (std::size_t j = 0; j < width; ++j) to[j] ^= plane[j * n + k];
+  });
   for (std::uint64_t local = k1 * element_; local < end; ++local) one(local);  // k1 ≥ k0
 }
 
