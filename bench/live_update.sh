@@ -8,14 +8,15 @@
 # (drift), against the full update of the same round; and the full update
 # over the two-sided transport (update2) against the one-sided one. Rows (one JSON line per round and contender) go to OUT.
 #
-# usage: [ONLY=update,update2,...] bench/live_update.sh BUILD_DIR [size MiB=2048] [rounds=7] [out.jsonl]
+# usage: [ONLY=update,update2,...] [TRANSPORT=two_sided] bench/live_update.sh BUILD_DIR [size MiB=2048] [rounds=7] [out.jsonl]
 # ONLY times just those contenders (update, bcast, file, delta1, delta10, sparse, update2, drift).
+# TRANSPORT is the live transport of every contender but update2 (default one_sided).
 # Hold /tmp/eredu-build.lock around it on a shared machine so that no build runs meanwhile.
 set -euo pipefail
 build="$1"; size="${2:-2048}"; rounds="${3:-7}"; out="${4:-$(mktemp --suffix=.jsonl)}"
 read -r -a mpirun <<< "mpirun ${MPIRUN_FLAGS:---allow-run-as-root --oversubscribe --mca mpi_yield_when_idle 1} -np 3"
 "${mpirun[@]}" "$build/bench/distributed/live_update" --size-mib "$size" --rounds "$rounds" \
-  --dir "${DIR:-/dev/shm/eredu-live}" ${ONLY:+--only "$ONLY"} 2>/dev/null | grep '^{' > "$out"
+  --dir "${DIR:-/dev/shm/eredu-live}" ${ONLY:+--only "$ONLY"} ${TRANSPORT:+--transport "$TRANSPORT"} 2>/dev/null | grep '^{' > "$out"
 /usr/bin/python3 - "$out" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]

@@ -6,6 +6,9 @@
 //
 //   mpirun -np 3 build/release/bench/distributed/live_update [--size-mib 2048] [--rounds 7] [--dir /dev/shm/eredu-live]
 //     [--only update,update2]   (time only these contenders; bench/live_update.sh needs them all)
+//     [--transport two_sided]   (every contender's transport but update2's; default one_sided,
+//                                which is not the library's default: the sections of
+//                                docs/performance.md compare this update with update2)
 //
 // Each round, on the subscribers:
 //   update  open the newest version, fetch the publisher's digests of this rank's selections,
@@ -155,7 +158,7 @@ struct Server {
 };
 
 int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const std::filesystem::path& dir,
-              unsigned only);
+              unsigned only, mpi::LiveTransport transport);
 
 /// The contenders, in the order their numbers rotate.
 constexpr std::array<std::string_view, 8> contender_names{"update",  "bcast",  "file",    "delta1",
@@ -179,6 +182,7 @@ int run_bench(int argc, char** argv) {
   std::uint64_t size_mib = 2048;
   int rounds = 7;
   std::filesystem::path dir = "/dev/shm/eredu-live";
+  mpi::LiveTransport transport = mpi::LiveTransport::one_sided;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string_view flag = argv[i];
     if (flag == "--size-mib")
@@ -189,13 +193,18 @@ int run_bench(int argc, char** argv) {
       dir = argv[i + 1];
     else if (flag == "--only")
       only = contender_set(argv[i + 1]);
+    else if (flag == "--transport" &&
+             (argv[i + 1] == std::string_view("one_sided") || argv[i + 1] == std::string_view("two_sided")))
+      transport =
+          argv[i + 1] == std::string_view("one_sided") ? mpi::LiveTransport::one_sided : mpi::LiveTransport::two_sided;
     else
-      throw std::invalid_argument(
-          fmt::format("unknown option '{}' (--size-mib N, --rounds N, --dir D, --only NAME,...)", flag));
+      throw std::invalid_argument(fmt::format(
+          "unknown option '{}' (--size-mib N, --rounds N, --dir D, --only NAME,..., --transport one_sided|two_sided)",
+          flag));
   }
   mpi::Environment env(argc, argv, {.required = mpi::ThreadLevel::multiple, .progress = {}});
   try {
-    return run_ranks(env, size_mib, rounds, dir, only);
+    return run_ranks(env, size_mib, rounds, dir, only, transport);
   } catch (const std::exception& e) {
     // The other ranks wait for this one in a barrier: end the job rather than hang it.
     std::fprintf(stderr, "live_update: rank %d: %s\n", env.world_rank(), e.what());
@@ -206,7 +215,7 @@ int run_bench(int argc, char** argv) {
 }
 
 int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const std::filesystem::path& dir,
-              unsigned only) {
+              unsigned only, mpi::LiveTransport transport) {
   // update, bcast, file, delta1, delta10, sparse, update2 (two-sided), drift
   constexpr int contenders = 8;
   mpi::Communicator world = mpi::Communicator::world(env, {.timeout = std::chrono::minutes(5)});
@@ -264,7 +273,7 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
         checked.insert(p.tensors.back().key);
       }
     }
-    mpi::Publisher publisher(live, {.xor_deltas = true});  // drift goes as the compressed XOR
+    mpi::Publisher publisher(live, {.transport = transport, .xor_deltas = true});  // drift: the compressed XOR
     mpi::Publisher publisher2(live2, {.transport = mpi::LiveTransport::two_sided});
     for (int r = -2; r < rounds; ++r) {  // warm-up updates first, one per version and transport
       for (int k = 0; k < (r < 0 ? 2 : contenders); ++k) {
@@ -383,8 +392,9 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
     return 0;
   }
 
-  mpi::Subscriber subscriber(live, 0, ctx.get_executor(),
-                             {.timeout = std::chrono::minutes(2), .budget = std::size_t{256} << 20});
+  mpi::Subscriber subscriber(
+      live, 0, ctx.get_executor(),
+      {.timeout = std::chrono::minutes(2), .budget = std::size_t{256} << 20, .transport = transport});
   mpi::Subscriber subscriber2(live2, 0, ctx.get_executor(),
                               {.timeout = std::chrono::minutes(2),
                                .budget = std::size_t{256} << 20,
