@@ -99,12 +99,14 @@ struct Weights {
   }
 };
 
-/// What the publisher copied out of staged tensors (Weights::staged), and a switch that makes
-/// every later copy fail, as a lost device would.
+/// What the publisher copied out of staged tensors (Weights::staged), a switch that makes
+/// every later copy fail, as a lost device would, and one that kills the publisher in its next
+/// copy: while it answers a read.
 struct Staging {
   std::atomic<std::uint64_t> largest{0};  // the most bytes one call copied
   std::atomic<std::uint64_t> copied{0};   // bytes copied in all
   std::atomic<bool> broken{false};
+  std::atomic<bool> dies{false};
 };
 
 /// `weights`' tensors, those at `staged` offered as memory the host cannot address: through
@@ -116,6 +118,7 @@ std::vector<mpi::PublishedTensor> staged(const Weights& weights, std::initialize
     const std::vector<std::byte>* memory = &weights.memory[i];
     out[i].bytes = {};
     out[i].copy_out = [memory, &staging](std::span<const ByteRun> runs, std::span<std::byte> to) {
+      if (staging.dies) std::raise(SIGKILL);
       if (staging.broken) throw BackendError(errc::backend_failure, {}, "the device was lost (injected)");
       for (const ByteRun& r : runs) {
         // Thrown, not checked: Catch2 assertions are not for the publisher's threads.
@@ -810,6 +813,58 @@ TEST_CASE("live – a publisher that dies mid-update leaves both ranks on the ol
                   static_cast<long long>(waited.count()), cause.c_str());
     std::fflush(stdout);
   }
+}
+
+// Run only by its own ctest ("[dead_publisher_mid_read]", with --enable-recovery, over two-sided
+// requests); it passes on the line world rank 1 prints.
+TEST_CASE(
+    "live – a publisher that dies while it answers a read leaves both ranks on the old version within the "
+    "timeout",
+    "[mpi][dead_publisher_mid_read]") {
+  REQUIRE(mpi_world().size() == 3);
+  const auto timeout = std::chrono::milliseconds(3000);
+  LiveEnv env(timeout);
+  if (env.publishing()) {
+    Weights w1(1), w2(2);
+    Staging staging;
+    mpi::Publication v1 = env.publisher->publish("step-1", "", w1.tensors());
+    env.world.barrier().get();
+    CHECK(v1.wait_served(2, std::chrono::seconds(30)));
+    // The subscribers asked for their selections' digests at step-1, so publish() hashes them
+    // now; the first copy after it is one a read asked for.
+    mpi::Publication v2 = env.publisher->publish("step-2", "", staged(w2, {2}, staging));
+    staging.dies = true;
+    env.world.barrier().get();
+    std::this_thread::sleep_for(std::chrono::seconds(60));  // the request thread ends the process first
+    FAIL("no read of the staged tensor came");
+  }
+  env.world.barrier().get();
+  REQUIRE(env.swap_to("step-1").generation == 1);
+  env.world.barrier().get();
+  const auto start = std::chrono::steady_clock::now();
+  std::string cause;
+  bool located = true;
+  try {
+    env.swap_to("step-2");
+    FAIL("a version was published from a publisher that died while answering");
+  } catch (const CollectiveError& e) {
+    cause = e.what();
+    REQUIRE_FALSE(e.failures().empty());
+    // Each rank's failure names the version's location, a tensor and the exited publisher.
+    for (const auto& f : e.failures())
+      located = located && f.message.find("mpi://live/rank0/step-2") != std::string::npos &&
+                f.message.find("tensor 'model.") != std::string::npos &&
+                f.message.find("rank 0 (pid") != std::string::npos;
+    CHECK(located);
+  }
+  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+  CHECK(waited < timeout + std::chrono::seconds(10));
+  const bool kept = env.slot->generation() == 1 && env.serves(1);
+  CHECK(kept);
+  if (kept && located && !cause.empty() && waited < timeout + std::chrono::seconds(10))
+    std::printf("dead-publisher-mid-read: rank %d kept step-1 after %lld ms: %s\n", env.rank,
+                static_cast<long long>(waited.count()), cause.c_str());
+  std::fflush(stdout);
 }
 
 // Run only by its own ctest ("[dead_subscriber]", with --enable-recovery); it passes on the
