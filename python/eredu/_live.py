@@ -48,11 +48,12 @@ class LiveGroup:
     another job started separately, through MPI's name server (both launched with
     `mpirun --ompi-server file:FILE` of one `ompi-server`): the group is then both jobs, the
     accepting job's ranks first, and joining gives up after `timeout`. It must be the
-    process's first LiveGroup. `transport`: how subscribers read, "one_sided" (MPI_Rget from
-    the publisher's memory), "two_sided" (requests answered with the bytes: what reaches
-    another job over TCP) or "auto" (two_sided when joining, else one_sided)."""
+    process's first LiveGroup. `transport`: how subscribers read, "two_sided" (requests
+    answered with the bytes, each within `timeout` even if the trainer dies mid-read; also what
+    reaches another job over TCP) or "one_sided" (MPI_Rget from the publisher's memory: faster
+    in one job, but a trainer that dies during a read can hang the servers' MPI)."""
 
-    def __init__(self, timeout=60.0, *, transport="auto", accept=None, connect=None):
+    def __init__(self, timeout=60.0, *, transport="two_sided", accept=None, connect=None):
         _require()
         self._native = _native.LiveGroup(float(timeout), str(transport), accept, connect)
 

@@ -48,13 +48,13 @@ class LiveGroup {
       throw Error(errc::invalid_argument, {}, "a live group either accepts or connects, not both");
     const bool joining = !accept.is_none() || !connect.is_none();
     const std::string service = joining ? text_bytes(accept.is_none() ? connect : accept, "service") : std::string();
-    if (transport == "one_sided" || (transport == "auto" && !joining))
-      transport_ = mpi::LiveTransport::one_sided;
-    else if (transport == "two_sided" || transport == "auto")
-      transport_ = mpi::LiveTransport::two_sided;  // OpenMPI 4.1's windows do not reach another job
+    if (transport == "one_sided")
+      transport_ = mpi::LiveTransport::one_sided;  // OpenMPI 4.1's windows do not reach another job
+    else if (transport == "two_sided")
+      transport_ = mpi::LiveTransport::two_sided;
     else
       throw Error(errc::invalid_argument, {},
-                  fmt::format("transport '{}': one of 'auto', 'one_sided', 'two_sided'", printable(transport)));
+                  fmt::format("transport '{}': one of 'two_sided', 'one_sided'", printable(transport)));
     const auto timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
     std::lock_guard lock(world_mutex);
     LiveWorld& w = live_world();
@@ -90,7 +90,7 @@ class LiveGroup {
 
  private:
   std::shared_ptr<mpi::Communicator> group_;
-  mpi::LiveTransport transport_ = mpi::LiveTransport::one_sided;
+  mpi::LiveTransport transport_ = mpi::LiveTransport::two_sided;
 };
 
 /// A publication and the Python objects whose memory it offers.

@@ -48,8 +48,11 @@ SCRIPT = textwrap.dedent(r'''
     # EREDU_TEST_JOIN="accept:NAME" (the trainer's job) or "connect:NAME" (the servers' job):
     # two jobs started separately (test_publish_and_swap_across_two_jobs).
     join = os.environ.get("EREDU_TEST_JOIN")
-    group = eredu.LiveGroup(timeout=30, **({join.split(":", 1)[0]: join.split(":", 1)[1]} if join else {}))
-    assert group.transport == ("two_sided" if join else "one_sided"), group.transport
+    # EREDU_TEST_LIVE_TRANSPORT: the transport asked for (the default, two_sided, when unset).
+    chosen = os.environ.get("EREDU_TEST_LIVE_TRANSPORT")
+    group = eredu.LiveGroup(timeout=30, **({join.split(":", 1)[0]: join.split(":", 1)[1]} if join else {}),
+                            **({"transport": chosen} if chosen else {}))
+    assert group.transport == (chosen or "two_sided"), group.transport
     assert group.size == 3, group.size
     rank = group.rank
     if rank == 0:
@@ -137,11 +140,13 @@ SCRIPT = textwrap.dedent(r'''
 
 @pytest.mark.skipif(not eredu._live.available(), reason="this build has no live updates (no MPI)")
 @pytest.mark.skipif(MPIRUN is None, reason="mpirun is not installed")
-def test_publish_and_swap_under_mpirun(tmp_path):
+@pytest.mark.parametrize("transport", [None, "one_sided"])
+def test_publish_and_swap_under_mpirun(tmp_path, transport):
     script = tmp_path / "live.py"
     script.write_text(SCRIPT)
+    env = dict(os.environ, **({"EREDU_TEST_LIVE_TRANSPORT": transport} if transport else {}))
     result = subprocess.run([MPIRUN, *MPIRUN_FLAGS, "-np", "3", sys.executable, str(script)],
-                            capture_output=True, text=True, timeout=110, env=dict(os.environ))
+                            capture_output=True, text=True, timeout=110, env=env)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
     for line in ("rank 0: published", "rank 1: ok", "rank 2: ok"):

@@ -100,9 +100,10 @@ TEST_CASE("rendezvous – live-update windows across two joined jobs: a typed er
   asio::io_context ctx;
   try {
     if (live.rank() == 0) {
-      mpi::Publisher publisher(live, {.linger = std::chrono::seconds(5)});
+      mpi::Publisher publisher(live, {.linger = std::chrono::seconds(5), .transport = mpi::LiveTransport::one_sided});
     } else {
-      mpi::Subscriber subscriber(live, 0, ctx.get_executor(), {.timeout = std::chrono::seconds(5)});
+      mpi::Subscriber subscriber(live, 0, ctx.get_executor(),
+                                 {.timeout = std::chrono::seconds(5), .transport = mpi::LiveTransport::one_sided});
     }
     FAIL("the live window reaches across jobs with this MPI: run the [live] cases under two_jobs.sh");
   } catch (const CollectiveError& e) {

@@ -67,10 +67,10 @@ struct SubscriberOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
   /// Staging memory for lease and stream reads (reads into tensor storage use none).
   std::size_t budget = std::size_t{256} << 20;
-  /// Bytes one MPI_Rget reads at most.
+  /// Bytes one read (an MPI_Rget, or a request's reply) moves at most.
   std::size_t part_size = std::size_t{16} << 20;
   /// How it reads: the publisher's choice (PublisherOptions::transport).
-  LiveTransport transport = LiveTransport::one_sided;
+  LiveTransport transport = LiveTransport::two_sided;
 };
 
 class PublishedSource;

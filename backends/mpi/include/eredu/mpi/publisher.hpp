@@ -86,7 +86,7 @@ struct PublisherOptions {
   /// in blocks of this many bytes (see Publisher::publish). 0: never deltas.
   std::size_t delta_block = std::size_t{64} << 10;
   /// How subscribers read: the same on the publisher and every subscriber of its group.
-  LiveTransport transport = LiveTransport::one_sided;
+  LiveTransport transport = LiveTransport::two_sided;
   /// Whether a tensor most of whose values changed (the drift of an RL step) may go as its
   /// XOR with the base, compressed. Off by default: it pays only where the link is slower
   /// than the subscriber's decompression, about 0.3 GB/s per rank (two jobs over TCP). Over
