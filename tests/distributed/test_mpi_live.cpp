@@ -164,8 +164,11 @@ struct LiveEnv {
                    std::chrono::milliseconds linger = std::chrono::seconds(20), bool xor_deltas = true) {
     if (rank == 0) {
       publisher = std::make_unique<mpi::Publisher>(
-          live, mpi::PublisherOptions{
-                    .linger = linger, .delta_block = delta_block, .transport = transport(), .xor_deltas = xor_deltas});
+          live, mpi::PublisherOptions{.linger = linger,
+                                      .reply_timeout = timeout,  // no subscriber waits for a reply longer
+                                      .delta_block = delta_block,
+                                      .transport = transport(),
+                                      .xor_deltas = xor_deltas});
     } else {
       subscriber = std::make_unique<mpi::Subscriber>(
           live, 0, ctx.get_executor(),
