@@ -65,7 +65,8 @@ struct Manifest;
 struct SubscriberOptions {
   /// The longest any request or read waits for the publisher.
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
-  /// Staging memory for lease and stream reads (reads into tensor storage use none).
+  /// Staging memory for lease and stream reads (reads into tensor storage use none). Not
+  /// counted: two-sided replies' buffers, up to 64 MiB kept plus one per part in flight.
   std::size_t budget = std::size_t{256} << 20;
   /// Bytes one read (an MPI_Rget, or a request's reply) moves at most.
   std::size_t part_size = std::size_t{16} << 20;
