@@ -825,7 +825,8 @@ TEST_CASE(
     "timeout",
     "[mpi][dead_publisher_mid_read]") {
   REQUIRE(mpi_world().size() == 3);
-  const auto timeout = std::chrono::milliseconds(3000);
+  // Far longer than the test may take: the exit is seen within about 100 ms, not at this.
+  const auto timeout = std::chrono::milliseconds(30000);
   LiveEnv env(timeout);
   if (env.publishing()) {
     Weights w1(1), w2(2);
@@ -861,10 +862,10 @@ TEST_CASE(
     CHECK(located);
   }
   const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
-  CHECK(waited < timeout + std::chrono::seconds(10));
+  CHECK(waited < std::chrono::seconds(10));
   const bool kept = env.slot->generation() == 1 && env.serves(1);
   CHECK(kept);
-  if (kept && located && !cause.empty() && waited < timeout + std::chrono::seconds(10))
+  if (kept && located && !cause.empty() && waited < std::chrono::seconds(10))
     std::printf("dead-publisher-mid-read: rank %d kept step-1 after %lld ms: %s\n", env.rank,
                 static_cast<long long>(waited.count()), cause.c_str());
   std::fflush(stdout);
@@ -881,7 +882,7 @@ TEST_CASE(
   LiveEnv env(std::chrono::milliseconds(3000), std::size_t{64} << 10, linger);
   // The publisher and the surviving subscriber, to meet after rank 2 is gone.
   mpi::Communicator pair = env.world.split(env.rank == 2 ? -1 : 0, env.rank, "pair");
-  env.vote_timeout = std::chrono::milliseconds(3000);
+  env.vote_timeout = std::chrono::milliseconds(30000);  // the vote sees the exit long before
   if (env.publishing()) {
     Weights w1(1), w2(2), w3(3);
     mpi::Publication v1 = env.publisher->publish("step-1", "", w1.tensors());

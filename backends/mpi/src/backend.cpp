@@ -65,6 +65,7 @@ std::string describe(const cpu::Tensor& t) {
 /// work after it.
 Completion submit_ordered(cpu::Executor& executor, Communicator& group, detail::OperationSpec spec) {
   spec.after = executor.fence();
+  spec.watch_all = true;  // every one is a collective: a rank that exits dooms it
   Completion done = group.state()->progress->submit(group.state(), std::move(spec));
   executor.order_after(done);
   return done;

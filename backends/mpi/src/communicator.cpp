@@ -58,6 +58,7 @@ std::vector<PeerRecord> gather_records(const std::shared_ptr<detail::CommState>&
   detail::OperationSpec spec;
   spec.operation = operation;
   spec.what = "the exchange of ranks, colors and process ids";
+  spec.watch_all = true;
   spec.keep = std::make_shared<std::pair<decltype(records), decltype(mine)>>(records, mine);
   spec.start = [records = records.get(), mine = mine.get(), color, key](MPI_Comm comm,
                                                                         std::vector<MPI_Request>& requests) {
@@ -142,6 +143,7 @@ Communicator Communicator::world(Environment& env, CommunicatorOptions options) 
   };
   wait_for(state->progress->submit(state, std::move(dup)));
   state->peers = peers_of(gather_records(state, 0, state->rank, "create"));
+  state->progress->note_world(state->peers);
   return Communicator(std::move(state));
 }
 
@@ -270,6 +272,7 @@ std::pair<std::shared_ptr<const std::vector<std::byte>>, Completion> Communicato
   detail::OperationSpec spec;
   spec.operation = "all_gather";
   spec.what = fmt::format("{} bytes per rank", in->size());
+  spec.watch_all = true;
   spec.timeout = timeout.value_or(std::chrono::milliseconds(0));
   spec.patient = patient;
   spec.keep = std::make_shared<std::pair<decltype(in), decltype(out)>>(in, out);
@@ -291,6 +294,7 @@ Completion Communicator::barrier(std::optional<std::chrono::milliseconds> timeou
   detail::OperationSpec spec;
   spec.operation = "barrier";
   spec.what = "the barrier";
+  spec.watch_all = true;
   spec.timeout = timeout.value_or(std::chrono::milliseconds(0));
   spec.start = [](MPI_Comm comm, std::vector<MPI_Request>& requests) {
     MPI_Request request = MPI_REQUEST_NULL;

@@ -117,6 +117,10 @@ Environment::~Environment() {
     log::warn(
         "MPI is not finalized: a collective that timed out is still inside MPI, or a window was left to MPI (a "
         "peer died or stalled), and MPI_Finalize would wait for it");
+  } else if (progress_ && progress_->peer_exited()) {
+    log::warn(
+        "MPI is not finalized: a process of this job on this host has exited without it, and MPI_Finalize "
+        "would wait for it");
   } else {
     detail::free_custom_types();
     if (initialized_here_) {

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <fstream>
+#include <map>
 #include <string>
 #include <utility>
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include "eredu/core/error.hpp"
 #include "eredu/core/log.hpp"
@@ -58,6 +60,11 @@ bool Progress::has_stuck_operations() const { return stuck_.load(std::memory_ord
 bool Progress::is_broken(const CommState& comm) const {
   std::lock_guard lock(mutex_);
   return comm.broken;
+}
+
+void Progress::note_world(std::vector<Peer> peers) {
+  std::lock_guard lock(mutex_);
+  world_ = std::move(peers);
 }
 
 void Progress::wake() {
@@ -307,8 +314,36 @@ void Progress::expire(std::vector<std::shared_ptr<Operation>>& active) {
   }
 }
 
+void Progress::fail_exited(std::vector<std::shared_ptr<Operation>>& active) {
+  std::map<const CommState*, std::vector<int>> gone;  // one look at /proc per communicator
+  for (const std::shared_ptr<Operation>& op : active) {
+    if (op->timed_out || (!op->spec.watch_all && op->spec.watch_peer < 0)) continue;
+    auto [it, fresh] = gone.try_emplace(op->comm.get());
+    if (fresh) it->second = exited_peers(*op->comm);
+    std::vector<int> doomed;
+    for (int r : it->second)
+      if (op->spec.watch_all || r == op->spec.watch_peer) doomed.push_back(r);
+    if (doomed.empty()) continue;
+    // As at a timeout: the requests stay with MPI, and the group is unusable.
+    op->timed_out = true;
+    stuck_.fetch_add(1, std::memory_order_acq_rel);
+    const CommState& c = *op->comm;
+    std::vector<std::string> who;
+    for (int r : doomed) who.push_back(fmt::format("rank {} (pid {})", r, c.peers[static_cast<std::size_t>(r)].pid));
+    {
+      std::lock_guard lock(mutex_);
+      op->comm->broken = true;
+      op->comm->broken_reason = fmt::format("{} exited during {}", fmt::join(who, ", "), op->spec.operation);
+    }
+    std::string detail = fmt::format("{} cannot complete: {} of the group {} exited; the group is unusable from now on",
+                                     op->spec.what, fmt::join(who, ", "), doomed.size() == 1 ? "has" : "have");
+    finish(op, std::make_exception_ptr(collective_failure(c, op->spec.operation, detail, std::move(doomed))));
+  }
+}
+
 void Progress::run() {
   std::vector<std::shared_ptr<Operation>> active;
+  Clock::time_point next_exit_check{};  // watched operations look for exited peers this often
   std::chrono::microseconds sleep{1};
   std::chrono::steady_clock::time_point spin_until{};  // patient waits poll without sleeping until then
   std::chrono::steady_clock::time_point idle_until{};  // with nothing to do, poll for new work until then
@@ -343,6 +378,10 @@ void Progress::run() {
     if (!active.empty()) {
       progressed |= poll(active);
       expire(active);
+      if (const Clock::time_point now = Clock::now(); now >= next_exit_check) {
+        fail_exited(active);
+        next_exit_check = now + std::chrono::milliseconds(100);
+      }
     }
     const bool urgent =
         std::any_of(active.begin(), active.end(), [](const auto& op) { return !op->timed_out && !op->spec.patient; });
@@ -407,6 +446,20 @@ bool process_exited(std::int64_t pid) {
 }
 
 }  // namespace
+
+bool Progress::peer_exited() const {
+  std::vector<Peer> world;
+  {
+    std::lock_guard lock(mutex_);
+    world = world_;
+  }
+  const auto self = static_cast<std::int64_t>(::getpid());
+  const auto me = std::find_if(world.begin(), world.end(), [&](const Peer& p) { return p.pid == self; });
+  if (me == world.end()) return false;
+  return std::any_of(world.begin(), world.end(), [&](const Peer& p) {
+    return p.pid != self && p.host == me->host && p.pid > 0 && process_exited(p.pid);
+  });
+}
 
 std::vector<int> exited_peers(const CommState& comm) {
   std::vector<int> out;

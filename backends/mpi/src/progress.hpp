@@ -71,6 +71,11 @@ struct OperationSpec {
   bool patient = false;
   /// Runs even on an unusable communicator (freeing it); never fails for that reason.
   bool cleanup = false;
+  /// The ranks whose exit means it can never complete, watched while it waits (those on this
+  /// host: exited_peers): every peer (a collective), or `watch_peer` (a receive from one
+  /// rank). It then fails as at its timeout, but as soon as the exit is seen.
+  bool watch_all = false;
+  int watch_peer = -1;  ///< -1: none
 };
 
 /// The progress thread and its queues (see file comment). Shared by the Environment, every
@@ -97,6 +102,13 @@ class Progress : public std::enable_shared_from_this<Progress> {
   void leave_to_mpi() noexcept { stuck_.fetch_add(1, std::memory_order_acq_rel); }
   /// True once a collective failed or timed out on `comm`.
   bool is_broken(const CommState& comm) const;
+  /// Remembers the processes of this job's world (`peers`, this one among them), so that
+  /// peer_exited() can look at them before MPI_Finalize.
+  void note_world(std::vector<Peer> peers);
+  /// True when a process of the noted world on this host has exited. Every rank of a job
+  /// enters MPI_Finalize before any leaves it, so such a process died or skipped finalizing,
+  /// and finalizing here would wait for it forever.
+  bool peer_exited() const;
 
   /// Queues `spec` on `comm` and returns its completion. Never throws for MPI's reasons (a
   /// failure fails the completion); after stop() the completion fails with cancelled.
@@ -110,6 +122,7 @@ class Progress : public std::enable_shared_from_this<Progress> {
   void start_operation(const std::shared_ptr<Operation>& op, std::vector<std::shared_ptr<Operation>>& active);
   bool poll(std::vector<std::shared_ptr<Operation>>& active);
   void expire(std::vector<std::shared_ptr<Operation>>& active);
+  void fail_exited(std::vector<std::shared_ptr<Operation>>& active);
   void finish(const std::shared_ptr<Operation>& op, std::exception_ptr error);
   std::exception_ptr broken_error(const Operation& op, const CommState& comm) const;
   std::exception_ptr timeout_error(const Operation& op) const;
@@ -122,6 +135,7 @@ class Progress : public std::enable_shared_from_this<Progress> {
   bool started_ = false;
   bool stopping_ = false;
   std::atomic<int> stuck_{0};  // timed-out operations still inside MPI
+  std::vector<Peer> world_;    // note_world(), under mutex_
   std::thread thread_;
 };
 

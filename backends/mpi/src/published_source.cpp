@@ -99,7 +99,7 @@ struct SubscriberState {
         receive_message(comm, publisher, tag, reply_header_bytes, "the publisher's reply", options.timeout, false);
     Completion sent =
         send_message(comm, publisher, request_tag, std::make_shared<const std::vector<std::byte>>(std::move(message)),
-                     "a request to the publisher", options.timeout);
+                     "a request to the publisher", options.timeout, true);
     co_await sent.async_wait(asio::use_awaitable);
     co_await header_done.async_wait(asio::use_awaitable);
     WireReader r(header->buffer.bytes(), "reply header");
@@ -737,7 +737,7 @@ void PublishedSource::finish(bool ok) noexcept {
     message.insert(message.end(), flag.bytes().begin(), flag.bytes().end());
     detail::send_message(subscriber_->comm, subscriber_->publisher, detail::request_tag,
                          std::make_shared<const std::vector<std::byte>>(std::move(message)),
-                         "the end of a read to the publisher", subscriber_->options.timeout);
+                         "the end of a read to the publisher", subscriber_->options.timeout, true);
   } catch (const std::exception& e) {
     log::warn("live subscriber: telling the publisher that version {} is done failed: {}",
               printable(manifest_->version), e.what());

@@ -30,6 +30,7 @@ void barrier(const std::shared_ptr<CommState>& comm, const char* operation) {
   spec.operation = operation;
   spec.what = "the barrier before the window's creation or release";
   spec.patient = true;
+  spec.watch_all = true;
   spec.start = [](MPI_Comm c, std::vector<MPI_Request>& requests) {
     MPI_Request r = MPI_REQUEST_NULL;
     const int rc = MPI_Ibarrier(c, &r);
@@ -41,11 +42,13 @@ void barrier(const std::shared_ptr<CommState>& comm, const char* operation) {
 
 /// MPI_Isend of `bytes`, which `keep` holds until MPI is done with them.
 Completion send_bytes(const std::shared_ptr<CommState>& comm, int dest, int tag, std::span<const std::byte> bytes,
-                      std::shared_ptr<void> keep, std::string what, std::chrono::milliseconds timeout) {
+                      std::shared_ptr<void> keep, std::string what, std::chrono::milliseconds timeout,
+                      bool watch_dest = false) {
   OperationSpec spec;
   spec.operation = "live message";
   spec.what = std::move(what);
   spec.timeout = timeout;
+  spec.watch_peer = watch_dest ? dest : -1;
   spec.start = [dest, tag, bytes](MPI_Comm c, std::vector<MPI_Request>& requests) {
     if (bytes.size() > static_cast<std::size_t>(INT_MAX)) return static_cast<int>(MPI_ERR_COUNT);
     MPI_Request r = MPI_REQUEST_NULL;
@@ -179,10 +182,10 @@ Completion LiveWindow::read(int target, MPI_Aint base, std::vector<ByteRun> runs
 
 Completion send_message(const std::shared_ptr<CommState>& comm, int dest, int tag,
                         std::shared_ptr<const std::vector<std::byte>> bytes, std::string what,
-                        std::chrono::milliseconds timeout) {
+                        std::chrono::milliseconds timeout, bool watch_dest) {
   const std::span<const std::byte> view(*bytes);
   return send_bytes(comm, dest, tag, view, std::const_pointer_cast<std::vector<std::byte>>(std::move(bytes)),
-                    std::move(what), timeout);
+                    std::move(what), timeout, watch_dest);
 }
 
 Completion send_message(const std::shared_ptr<CommState>& comm, int dest, int tag,
@@ -217,6 +220,7 @@ std::pair<std::shared_ptr<PostedReceive>, Completion> receive_message(const std:
   spec.what = std::move(what);
   spec.timeout = timeout;
   spec.patient = patient;
+  spec.watch_peer = source >= 0 ? source : -1;  // a receive from any rank waits for no one rank
   spec.keep = receive;
   spec.start = [source, tag, rx = receive.get()](MPI_Comm c, std::vector<MPI_Request>& requests) {
     if (rx->cancel_requested) return static_cast<int>(MPI_SUCCESS);  // cancelled before it started

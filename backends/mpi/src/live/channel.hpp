@@ -84,10 +84,12 @@ class MessageBuffer {
   std::size_t size_ = 0;
 };
 
-/// Sends `bytes` to `dest` with `tag` (MPI_Isend). Never throws.
+/// Sends `bytes` to `dest` with `tag` (MPI_Isend). `watch_dest`: fail as soon as `dest` is
+/// seen to have exited (a subscriber's message to its publisher), not at the timeout; that
+/// makes the group unusable, as a timeout does. Never throws.
 Completion send_message(const std::shared_ptr<CommState>& comm, int dest, int tag,
                         std::shared_ptr<const std::vector<std::byte>> bytes, std::string what,
-                        std::chrono::milliseconds timeout);
+                        std::chrono::milliseconds timeout, bool watch_dest = false);
 /// Sends `message`'s bytes to `dest` with `tag` (MPI_Isend). Never throws.
 Completion send_message(const std::shared_ptr<CommState>& comm, int dest, int tag,
                         std::shared_ptr<const MessageBuffer> message, std::string what,
