@@ -1,6 +1,7 @@
 #include "eredu/mpi/communicator.hpp"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,7 +30,16 @@ struct PeerRecord {
   std::int32_t reserved = 0;
   std::int64_t pid = 0;
   std::uint64_t host = 0;
+  std::uint64_t pid_namespace = 0;
 };
+
+/// The inode of this process's PID namespace (0 where /proc does not say): containers that
+/// share a host name (Docker's host network) but not their pids differ here.
+std::uint64_t pid_namespace() {
+  struct stat st {};
+  if (::stat("/proc/self/ns/pid", &st) != 0) return 0;
+  return static_cast<std::uint64_t>(st.st_ino);
+}
 
 /// FNV-1a of the host name: equal on every process of one host, and independent of the
 /// standard library's hash (which may differ between builds).
@@ -44,7 +54,12 @@ std::uint64_t host_hash() {
 PeerRecord my_record(int color, int key) {
   int world_rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);  // only used on the progress thread (see gather_records)
-  return {.color = color, .key = key, .world_rank = world_rank, .pid = getpid(), .host = host_hash()};
+  return {.color = color,
+          .key = key,
+          .world_rank = world_rank,
+          .pid = getpid(),
+          .host = host_hash(),
+          .pid_namespace = pid_namespace()};
 }
 
 /// Blocks the calling thread until `done` finishes; rethrows its failure.
@@ -75,7 +90,8 @@ std::vector<PeerRecord> gather_records(const std::shared_ptr<detail::CommState>&
 
 std::vector<Peer> peers_of(const std::vector<PeerRecord>& records) {
   std::vector<Peer> peers;
-  for (const PeerRecord& r : records) peers.push_back({.world_rank = r.world_rank, .pid = r.pid, .host = r.host});
+  for (const PeerRecord& r : records)
+    peers.push_back({.world_rank = r.world_rank, .pid = r.pid, .host = r.host, .pid_namespace = r.pid_namespace});
   return peers;
 }
 
@@ -186,7 +202,8 @@ Communicator Communicator::split(int color, int key, std::string name) const {
         fmt::format("MPI made a group of {} ranks where the exchanged colors give {}", state->size, members.size()));
   for (int m : members) {
     const PeerRecord& r = table[static_cast<std::size_t>(m)];
-    state->peers.push_back({.world_rank = r.world_rank, .pid = r.pid, .host = r.host});
+    state->peers.push_back(
+        {.world_rank = r.world_rank, .pid = r.pid, .host = r.host, .pid_namespace = r.pid_namespace});
   }
   return Communicator(std::move(state));
 }

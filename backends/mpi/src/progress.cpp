@@ -457,17 +457,21 @@ bool Progress::peer_exited() const {
   const auto me = std::find_if(world.begin(), world.end(), [&](const Peer& p) { return p.pid == self; });
   if (me == world.end()) return false;
   return std::any_of(world.begin(), world.end(), [&](const Peer& p) {
-    return p.pid != self && p.host == me->host && p.pid > 0 && process_exited(p.pid);
+    return p.pid != self && p.host == me->host && p.pid_namespace == me->pid_namespace && p.pid > 0 &&
+           process_exited(p.pid);
   });
 }
 
 std::vector<int> exited_peers(const CommState& comm) {
   std::vector<int> out;
   if (comm.peers.size() != static_cast<std::size_t>(comm.size) || comm.rank < 0 || comm.rank >= comm.size) return out;
-  const std::uint64_t here = comm.peers[static_cast<std::size_t>(comm.rank)].host;
+  const Peer& me = comm.peers[static_cast<std::size_t>(comm.rank)];
   for (int r = 0; r < comm.size; ++r) {
     const Peer& p = comm.peers[static_cast<std::size_t>(r)];
-    if (r != comm.rank && p.host == here && p.pid > 0 && process_exited(p.pid)) out.push_back(r);
+    // A pid from another PID namespace (a container beside ours) names no process here.
+    if (r != comm.rank && p.host == me.host && p.pid_namespace == me.pid_namespace && p.pid > 0 &&
+        process_exited(p.pid))
+      out.push_back(r);
   }
   return out;
 }

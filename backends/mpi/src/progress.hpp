@@ -146,8 +146,8 @@ std::string mpi_error_text(int rc);
 CollectiveError collective_failure(const CommState& comm, const std::string& operation, const std::string& detail,
                                    std::vector<int> ranks = {});
 
-/// The peers of `comm` on this host whose process has exited (the dead ranks a timeout can
-/// name), by rank.
+/// The peers of `comm` on this host, in this PID namespace, whose process has exited (the
+/// dead ranks a timeout can name), by rank.
 std::vector<int> exited_peers(const CommState& comm);
 
 }  // namespace eredu::mpi::detail

@@ -68,6 +68,9 @@ struct Peer {
   int world_rank = -1;     ///< its rank in MPI_COMM_WORLD
   std::int64_t pid = 0;    ///< its process id
   std::uint64_t host = 0;  ///< a hash of its host name (same value: same host)
+  /// Its PID namespace (an inode number; 0: unknown): its pid means something here only where
+  /// this and `host` equal ours.
+  std::uint64_t pid_namespace = 0;
 };
 
 /// An owned MPI communicator (see file comment). Move-only; the MPI communicator is freed on
