@@ -88,10 +88,13 @@ std::vector<PeerRecord> gather_records(const std::shared_ptr<detail::CommState>&
   return *records;
 }
 
+Peer peer_of(const PeerRecord& r) {
+  return {.world_rank = r.world_rank, .pid = r.pid, .host = r.host, .pid_namespace = r.pid_namespace};
+}
+
 std::vector<Peer> peers_of(const std::vector<PeerRecord>& records) {
   std::vector<Peer> peers;
-  for (const PeerRecord& r : records)
-    peers.push_back({.world_rank = r.world_rank, .pid = r.pid, .host = r.host, .pid_namespace = r.pid_namespace});
+  for (const PeerRecord& r : records) peers.push_back(peer_of(r));
   return peers;
 }
 
@@ -200,11 +203,7 @@ Communicator Communicator::split(int color, int key, std::string name) const {
     throw detail::collective_failure(
         *state, "split",
         fmt::format("MPI made a group of {} ranks where the exchanged colors give {}", state->size, members.size()));
-  for (int m : members) {
-    const PeerRecord& r = table[static_cast<std::size_t>(m)];
-    state->peers.push_back(
-        {.world_rank = r.world_rank, .pid = r.pid, .host = r.host, .pid_namespace = r.pid_namespace});
-  }
+  for (int m : members) state->peers.push_back(peer_of(table[static_cast<std::size_t>(m)]));
   return Communicator(std::move(state));
 }
 

@@ -29,7 +29,28 @@ struct Progress::Operation {
 };
 
 namespace {
+
 using Clock = std::chrono::steady_clock;
+
+/// True when process `pid` of this host no longer runs: no /proc entry, or a zombie.
+bool process_exited(std::int64_t pid) {
+  std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+  if (!stat) return true;
+  std::string line;
+  std::getline(stat, line);
+  const std::size_t close = line.rfind(')');  // the command name may hold spaces and parentheses
+  if (close == std::string::npos || close + 2 >= line.size()) return false;
+  const char state = line[close + 2];
+  return state == 'Z' || state == 'X';
+}
+
+/// "rank 1 (pid 4711) of the group has exited", for the exited `ranks` of `c`.
+std::string exited_text(const CommState& c, const std::vector<int>& ranks) {
+  std::vector<std::string> who;
+  for (int r : ranks) who.push_back(fmt::format("rank {} (pid {})", r, c.peers[static_cast<std::size_t>(r)].pid));
+  return fmt::format("{} of the group {} exited", fmt::join(who, ", "), ranks.size() == 1 ? "has" : "have");
+}
+
 }  // namespace
 
 Progress::~Progress() { stop(); }
@@ -138,10 +159,8 @@ std::exception_ptr Progress::timeout_error(const Operation& op) const {
   std::vector<int> gone = exited_peers(c);
   std::string detail;
   if (!gone.empty()) {
-    std::vector<std::string> who;
-    for (int r : gone) who.push_back(fmt::format("rank {} (pid {})", r, c.peers[static_cast<std::size_t>(r)].pid));
-    detail = fmt::format("{} did not complete within {} ms: {} of the group {} exited", op.spec.what,
-                         op.timeout.count(), fmt::join(who, ", "), gone.size() == 1 ? "has" : "have");
+    detail =
+        fmt::format("{} did not complete within {} ms: {}", op.spec.what, op.timeout.count(), exited_text(c, gone));
   } else {
     for (int r = 0; r < c.size; ++r)
       if (r != c.rank) gone.push_back(r);
@@ -299,18 +318,22 @@ bool Progress::poll(std::vector<std::shared_ptr<Operation>>& active) {
   return true;
 }
 
+void Progress::abandon(const std::shared_ptr<Operation>& op, std::string reason, std::exception_ptr error) {
+  op->timed_out = true;
+  stuck_.fetch_add(1, std::memory_order_acq_rel);
+  {
+    std::lock_guard lock(mutex_);
+    op->comm->broken = true;
+    op->comm->broken_reason = std::move(reason);
+  }
+  finish(op, std::move(error));
+}
+
 void Progress::expire(std::vector<std::shared_ptr<Operation>>& active) {
   const Clock::time_point now = Clock::now();
   for (const std::shared_ptr<Operation>& op : active) {
     if (op->timed_out || now < op->deadline) continue;
-    op->timed_out = true;
-    stuck_.fetch_add(1, std::memory_order_acq_rel);
-    {
-      std::lock_guard lock(mutex_);
-      op->comm->broken = true;
-      op->comm->broken_reason = fmt::format("{} timed out after {} ms", op->spec.operation, op->timeout.count());
-    }
-    finish(op, timeout_error(*op));
+    abandon(op, fmt::format("{} timed out after {} ms", op->spec.operation, op->timeout.count()), timeout_error(*op));
   }
 }
 
@@ -325,19 +348,12 @@ void Progress::fail_exited(std::vector<std::shared_ptr<Operation>>& active) {
       if (op->spec.watch_all || r == op->spec.watch_peer) doomed.push_back(r);
     if (doomed.empty()) continue;
     // As at a timeout: the requests stay with MPI, and the group is unusable.
-    op->timed_out = true;
-    stuck_.fetch_add(1, std::memory_order_acq_rel);
-    const CommState& c = *op->comm;
-    std::vector<std::string> who;
-    for (int r : doomed) who.push_back(fmt::format("rank {} (pid {})", r, c.peers[static_cast<std::size_t>(r)].pid));
-    {
-      std::lock_guard lock(mutex_);
-      op->comm->broken = true;
-      op->comm->broken_reason = fmt::format("{} exited during {}", fmt::join(who, ", "), op->spec.operation);
-    }
-    std::string detail = fmt::format("{} cannot complete: {} of the group {} exited; the group is unusable from now on",
-                                     op->spec.what, fmt::join(who, ", "), doomed.size() == 1 ? "has" : "have");
-    finish(op, std::make_exception_ptr(collective_failure(c, op->spec.operation, detail, std::move(doomed))));
+    const std::string exited = exited_text(*op->comm, doomed);
+    std::exception_ptr error = std::make_exception_ptr(collective_failure(
+        *op->comm, op->spec.operation,
+        fmt::format("{} cannot complete: {}; the group is unusable from now on", op->spec.what, exited),
+        std::move(doomed)));
+    abandon(op, fmt::format("{} during {}", exited, op->spec.operation), std::move(error));
   }
 }
 
@@ -430,22 +446,6 @@ CollectiveError collective_failure(const CommState& comm, const std::string& ope
       {.operation = operation, .group = comm.name, .rank = comm.rank, .size = comm.size, .ranks = std::move(ranks)},
       detail);
 }
-
-namespace {
-
-/// True when process `pid` of this host no longer runs: no /proc entry, or a zombie.
-bool process_exited(std::int64_t pid) {
-  std::ifstream stat(fmt::format("/proc/{}/stat", pid));
-  if (!stat) return true;
-  std::string line;
-  std::getline(stat, line);
-  const std::size_t close = line.rfind(')');  // the command name may hold spaces and parentheses
-  if (close == std::string::npos || close + 2 >= line.size()) return false;
-  const char state = line[close + 2];
-  return state == 'Z' || state == 'X';
-}
-
-}  // namespace
 
 bool Progress::peer_exited() const {
   std::vector<Peer> world;

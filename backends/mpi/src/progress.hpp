@@ -121,6 +121,9 @@ class Progress : public std::enable_shared_from_this<Progress> {
   void take_startable(std::vector<std::shared_ptr<Operation>>& out);
   void start_operation(const std::shared_ptr<Operation>& op, std::vector<std::shared_ptr<Operation>>& active);
   bool poll(std::vector<std::shared_ptr<Operation>>& active);
+  /// Gives up on `op` as at a timeout: its requests stay with MPI (stuck), its group becomes
+  /// unusable for `reason`, and its completion fails with `error`.
+  void abandon(const std::shared_ptr<Operation>& op, std::string reason, std::exception_ptr error);
   void expire(std::vector<std::shared_ptr<Operation>>& active);
   void fail_exited(std::vector<std::shared_ptr<Operation>>& active);
   void finish(const std::shared_ptr<Operation>& op, std::exception_ptr error);
