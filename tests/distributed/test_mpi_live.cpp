@@ -158,6 +158,7 @@ struct LiveEnv {
   std::chrono::milliseconds vote_timeout{std::chrono::seconds(20)};
   bool delta = false;             // the last swap reconstructed a delta
   std::uint64_t transferred = 0;  // bytes the last swap read from the publisher
+  std::size_t staged = 0;         // the last swap's source's staging high water
 
   explicit LiveEnv(std::chrono::milliseconds timeout = std::chrono::seconds(20),
                    std::size_t delta_block = std::size_t{64} << 10,
@@ -233,7 +234,10 @@ struct LiveEnv {
     struct Transferred {  // recorded however the swap ends
       LiveEnv& env;
       mpi::PublishedSource& source;
-      ~Transferred() { env.transferred = source.transferred_bytes(); }
+      ~Transferred() {
+        env.transferred = source.transferred_bytes();
+        env.staged = source.staging_high_water();
+      }
     } record{*this, *source};
     engine::SwapOptions<Module> options;
     options.origin = source->location();
@@ -308,8 +312,17 @@ TEST_CASE("live – versions published from memory commit on both ranks, each re
     return;
   }
   env.world.barrier().get();
+  // A reply's share is a quarter of the budget: a part larger than that is refused up front.
+  CHECK(kind_of([&] {
+          mpi::Subscriber(
+              env.live, 0, env.ctx.get_executor(),
+              mpi::SubscriberOptions{.budget = std::size_t{1} << 20, .part_size = (std::size_t{1} << 18) + 1});
+        }) == errc::invalid_argument);
   const engine::DistributedSwapReport first = env.swap_to("");  // the newest: step-1
   CHECK(first.generation == 1);
+  // Two-sided replies are staged within the budget (1 MiB), counted with the leases.
+  CHECK(env.staged <= std::size_t{1} << 20);
+  if (transport() == mpi::LiveTransport::two_sided) CHECK(env.staged > 0);
   CHECK(env.slot->current()->origin == "mpi://live/rank0/step-1");
   CHECK(env.serves(1));
   // Each rank read its shard: half of every split tensor, all of each replicated one.

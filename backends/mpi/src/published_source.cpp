@@ -18,12 +18,16 @@
 #include "eredu/core/printable.hpp"
 #include "live/channel.hpp"
 #include "live/element_width.hpp"
+#include "live/reply_buffers.hpp"
 #include "live/wire.hpp"
 #include "live/xor_planes.hpp"
 #include "progress.hpp"
 
 namespace eredu::mpi {
 namespace detail {
+
+/// The share of a subscriber's budget that holds two-sided replies (SubscriberOptions::budget).
+std::size_t reply_share(std::size_t budget) noexcept { return budget / 4; }
 
 /// A reply's status and body.
 using Reply = std::pair<ReplyStatus, MessageBuffer>;
@@ -42,6 +46,8 @@ struct SubscriberState {
   SubscriberOptions options;
   std::unique_ptr<LiveWindow> window;  ///< none under LiveTransport::two_sided
   std::atomic<std::uint64_t> sequence{0};
+  /// Reply buffers, shared by the versions it opens: kept from one version to the next.
+  ReplyBuffers replies{reply_share(options.budget)};
 
   /// The location errors name.
   std::string location(const std::string& version) const {
@@ -57,39 +63,11 @@ struct SubscriberState {
     return std::move(w.bytes());
   }
 
-  /// Reply buffers kept for the next reads, at most `spare_bytes` of them: a fresh buffer's
-  /// pages would be faulted in one by one inside the single-copy receive (process_vm_readv),
-  /// measured slower than the copy itself (docs/performance.md).
-  static constexpr std::size_t spare_bytes = std::size_t{64} << 20;
-  std::mutex spare_mutex;
-  std::vector<MessageBuffer> spare;
-
-  /// A buffer for a reply of `size` bytes: a spare one, or a new one faulted in here.
-  MessageBuffer buffer_for(std::size_t size) {
-    {
-      std::lock_guard lock(spare_mutex);
-      for (auto it = spare.begin(); it != spare.end(); ++it)
-        if (it->capacity() >= size && it->capacity() <= 2 * size) {
-          MessageBuffer b = std::move(*it);
-          spare.erase(it);
-          return b;
-        }
-    }
-    MessageBuffer b(size);
-    std::memset(b.data(), 0, size);
-    return b;
-  }
-
-  /// Keeps `b` for a later reply, while the spares hold at most `spare_bytes`.
-  void recycle(MessageBuffer b) {
-    std::lock_guard lock(spare_mutex);
-    std::size_t held = 0;
-    for (const MessageBuffer& s : spare) held += s.capacity();
-    if (held + b.capacity() <= spare_bytes) spare.push_back(std::move(b));
-  }
-
-  /// Sends a request and waits for its reply: (status, body).
-  asio::awaitable<Reply> request(RequestKind kind, std::uint64_t publication, std::vector<std::byte> body) {
+  /// Sends a request and waits for its reply: (status, body). `read`: the reply to a read of
+  /// `asked` bytes, received into a buffer of `replies`, which the caller gives back
+  /// (ReplyBuffers::release); otherwise, and for a refusal, into a message buffer of its own.
+  asio::awaitable<Reply> request(RequestKind kind, std::uint64_t publication, std::vector<std::byte> body,
+                                 bool read = false, std::uint64_t asked = 0) {
     const int tag = reply_tag_base + 2 * static_cast<int>(sequence.fetch_add(1) % reply_tags);
     std::vector<std::byte> message = head(kind, tag, publication);
     message.insert(message.end(), body.begin(), body.end());
@@ -110,10 +88,29 @@ struct SubscriberState {
     if (size > 0) {
       if (size > (std::uint64_t{1} << 31))
         throw Error(errc::invalid_argument, {}, "the publisher announced a reply larger than 2 GiB");
-      auto [rx, done] = receive_message(comm, publisher, tag + 1, buffer_for(static_cast<std::size_t>(size)),
-                                        "the publisher's reply", options.timeout, false);
-      co_await done.async_wait(asio::use_awaitable);
-      reply = std::move(rx->buffer);
+      if (!read || status != ReplyStatus::ok) {
+        auto [rx, done] = receive_message(comm, publisher, tag + 1, static_cast<std::size_t>(size),
+                                          "the publisher's reply", options.timeout, false);
+        co_await done.async_wait(asio::use_awaitable);
+        reply = std::move(rx->buffer);
+      } else {
+        // Checked before any memory is taken: a reply larger than the read never fits the budget.
+        if (size > asked)
+          throw Error(
+              errc::incomplete_data, {},
+              fmt::format("the publisher (rank {}) announced {} bytes where {} were asked", publisher, size, asked));
+        MessageBuffer buffer = co_await replies.acquire(static_cast<std::size_t>(size));
+        const std::size_t capacity = buffer.capacity();
+        try {
+          auto [rx, done] = receive_message(comm, publisher, tag + 1, std::move(buffer), "the publisher's reply",
+                                            options.timeout, false);
+          co_await done.async_wait(asio::use_awaitable);
+          reply = std::move(rx->buffer);
+        } catch (...) {
+          replies.lose(capacity);  // the receive owns it, and MPI may still write it
+          throw;
+        }
+      }
     }
     co_return std::pair{status, std::move(reply)};
   }
@@ -171,6 +168,11 @@ Subscriber::Subscriber(Communicator& group, int publisher, asio::any_io_executor
                             group.size()));
   if (options.part_size == 0 || options.part_size > (std::size_t{1} << 30) || options.timeout.count() <= 0)
     throw Error(errc::invalid_argument, {}, "subscriber options: part_size must be 1 B..1 GiB and timeout positive");
+  if (options.budget > io::LeasePool::max_budget || options.part_size > detail::reply_share(options.budget))
+    throw Error(errc::invalid_argument, {},
+                fmt::format("subscriber options: part_size ({} bytes) must be at most a quarter of budget ({} bytes), "
+                            "the share that holds replies, and budget at most {} bytes",
+                            options.part_size, options.budget, io::LeasePool::max_budget));
   state_ = std::make_shared<detail::SubscriberState>(group.state(), publisher, std::move(executor), options);
 }
 
@@ -201,8 +203,10 @@ PublishedSource::PublishedSource(std::shared_ptr<detail::SubscriberState> subscr
     : subscriber_(std::move(subscriber)),
       manifest_(std::make_unique<detail::Manifest>(std::move(manifest))),
       location_(subscriber_->location(manifest_->version)),
-      pool_(subscriber_->executor,
-            io::LeasePoolOptions{.budget = subscriber_->options.budget, .huge_pages = false, .prefault = false}) {
+      pool_(subscriber_->executor, io::LeasePoolOptions{.budget = subscriber_->options.budget -
+                                                                  detail::reply_share(subscriber_->options.budget),
+                                                        .huge_pages = false,
+                                                        .prefault = false}) {
   catalog_.add_file(io::CheckpointFile{.path = location_, .format = "published"});
   std::uint64_t offset = 0;  // a catalog offset per tensor: where it lies in the version, for messages
   for (const detail::ManifestTensor& t : manifest_->tensors) {
@@ -213,6 +217,10 @@ PublishedSource::PublishedSource(std::shared_ptr<detail::SubscriberState> subscr
 }
 
 PublishedSource::~PublishedSource() { finish(false); }
+
+std::size_t PublishedSource::staging_high_water() const {
+  return pool_.high_water() + subscriber_->replies.high_water();
+}
 
 const std::string& PublishedSource::version() const noexcept { return manifest_->version; }
 const std::string& PublishedSource::base() const noexcept { return manifest_->base; }
@@ -309,9 +317,25 @@ asio::awaitable<void> PublishedSource::request_runs(const io::TensorInfo& t, std
     body.u64(r.source_offset);
     body.u64(r.length);
   }
-  auto [status, reply] =
-      co_await subscriber_->request(staged ? detail::RequestKind::read_staged : detail::RequestKind::read,
-                                    manifest_->publication, std::move(body.bytes()));
+  const std::string where = subscriber_->location(manifest_->version);
+  detail::Reply answer;
+  try {
+    answer = co_await subscriber_->request(staged ? detail::RequestKind::read_staged : detail::RequestKind::read,
+                                           manifest_->publication, std::move(body.bytes()), true, size);
+  } catch (const Error& e) {  // a reply announced larger than the part
+    if (e.kind() != errc::incomplete_data || !e.context().file.empty()) throw;
+    throw Error(errc::incomplete_data, {.file = where, .tensor = t.name, .offset = runs.front().source_offset},
+                fmt::format("{}, for the part at offset {}", e.detail(), runs.front().source_offset));
+  }
+  auto& [status, reply] = answer;
+  // A read's reply buffer goes back however this ends (a refusal came in a buffer of its own).
+  struct GiveBack {
+    detail::ReplyBuffers* to;
+    detail::MessageBuffer* buffer;
+    ~GiveBack() {
+      if (to) to->release(std::move(*buffer));
+    }
+  } give_back{status == detail::ReplyStatus::ok ? &subscriber_->replies : nullptr, &reply};
   const std::span<const std::byte> bytes = reply.bytes();
   try {
     subscriber_->check(status, bytes, manifest_->version);
@@ -320,7 +344,7 @@ asio::awaitable<void> PublishedSource::request_runs(const io::TensorInfo& t, std
                        e.detail());
   }
   if (bytes.size() != size)
-    throw Error(errc::incomplete_data, {.file = subscriber_->location(manifest_->version), .tensor = t.name},
+    throw Error(errc::incomplete_data, {.file = where, .tensor = t.name, .offset = runs.front().source_offset},
                 fmt::format("the publisher (rank {}) sent {} bytes where {} were asked, for the part at offset {}",
                             subscriber_->publisher, bytes.size(), size, runs.front().source_offset));
   std::size_t at = 0;
@@ -328,7 +352,6 @@ asio::awaitable<void> PublishedSource::request_runs(const io::TensorInfo& t, std
     std::memcpy(out.data() + r.dest_offset, bytes.data() + at, r.length);
     at += r.length;
   }
-  subscriber_->recycle(std::move(reply));
 }
 
 asio::awaitable<void> PublishedSource::read_runs(const io::TensorInfo& t, std::uint64_t address,

@@ -65,10 +65,13 @@ struct Manifest;
 struct SubscriberOptions {
   /// The longest any request or read waits for the publisher.
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
-  /// Staging memory for lease and stream reads (reads into tensor storage use none). Not
-  /// counted: two-sided replies' buffers, up to 64 MiB kept plus one per part in flight.
+  /// Staging memory, rounded up to pages: a quarter holds two-sided replies (each part is
+  /// received there, then copied to its destination), shared by the versions the subscriber
+  /// opens; the rest is each open version's (PublishedSource) lease and stream reads and
+  /// encoded deltas. Reads into tensor storage under one_sided use none.
   std::size_t budget = std::size_t{256} << 20;
-  /// Bytes one read (an MPI_Rget, or a request's reply) moves at most.
+  /// Bytes one read (an MPI_Rget, or a request's reply) moves at most: at most a quarter of
+  /// `budget`, so that a reply fits its share.
   std::size_t part_size = std::size_t{16} << 20;
   /// How it reads: the publisher's choice (PublisherOptions::transport).
   LiveTransport transport = LiveTransport::two_sided;
@@ -200,6 +203,10 @@ class PublishedSource {
   /// model. Returns true when this version is a delta against `base` with at least one tensor
   /// sent as changed blocks (otherwise every read is whole). Call it before reading.
   bool use_base(const std::string& base, BaseBytes bytes);
+  /// Most staging bytes this source held, counted as its lease pool's high water plus the
+  /// subscriber's reply buffers' (two maxima, perhaps at different times): at most
+  /// SubscriberOptions::budget (rounded up to pages).
+  std::size_t staging_high_water() const;
   /// Bytes read from the publisher so far: whole selections, or a delta's changed blocks.
   std::uint64_t transferred_bytes() const noexcept { return transferred_.load(); }
 
