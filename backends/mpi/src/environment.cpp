@@ -3,12 +3,17 @@
 #include <mpi.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <memory>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "datatypes.hpp"
 #include "eredu/core/collective_error.hpp"
+#include "eredu/core/completion.hpp"
 #include "eredu/core/log.hpp"
 #include "progress.hpp"
 
@@ -40,6 +45,41 @@ ThreadLevel from_native(int level) {
 
 [[noreturn]] void fail(const std::string& detail) {
   throw CollectiveError(errc::collective_error, {.operation = "init", .group = "world"}, detail);
+}
+
+/// True when every process of the world (`world`, by rank; this one `rank`) will call
+/// MPI_Finalize, `mine` saying whether this one will: the minimum of every process's answer,
+/// all-reduced over MPI_COMM_WORLD, which no eredu communicator uses (they are duplicates).
+/// OpenMPI's MPI_Finalize can wait for good for a process that skips it; agreeing first makes
+/// them all skip it instead. Waits as long as MPI_Finalize would for a process still at work,
+/// but fails (false) as soon as a process of this host is seen to have exited without
+/// answering (a crash, a kill).
+bool every_process_finalizes(const std::shared_ptr<detail::Progress>& progress, std::vector<Peer> world, int rank,
+                             bool mine) {
+  auto state = std::make_shared<detail::CommState>();
+  state->progress = progress;
+  state->comm = MPI_COMM_WORLD;
+  state->name = "MPI_COMM_WORLD";
+  state->rank = rank;
+  state->size = static_cast<int>(world.size());
+  state->peers = std::move(world);
+  auto answers = std::make_shared<std::pair<int, int>>(mine ? 1 : 0, 0);
+  detail::OperationSpec spec;
+  spec.operation = "finalize agreement";
+  spec.what = "whether every process finalizes MPI";
+  spec.timeout = std::chrono::hours(24 * 365);  // MPI_Finalize's own wait has no limit
+  spec.patient = true;
+  spec.watch_all = true;
+  spec.keep = answers;
+  spec.start = [answers = answers.get()](MPI_Comm comm, std::vector<MPI_Request>& requests) {
+    MPI_Request request = MPI_REQUEST_NULL;
+    const int rc = MPI_Iallreduce(&answers->first, &answers->second, 1, MPI_INT, MPI_MIN, comm, &request);
+    if (rc == MPI_SUCCESS) requests.push_back(request);
+    return rc;
+  };
+  const Completion agreed = progress->submit(state, std::move(spec));
+  agreed.wait();
+  return !agreed.error() && answers->second == 1;
 }
 
 }  // namespace
@@ -111,6 +151,16 @@ void Environment::start(int* argc, char*** argv, const EnvironmentOptions& optio
 }
 
 Environment::~Environment() {
+  // Every process decides together whether to finalize (every_process_finalizes), while the
+  // progress thread still runs. Without a world communicator (never made, so never noted)
+  // there are no peers to watch: each process decides alone, as before.
+  bool agreed = true;
+  if (progress_ && initialized_here_) {
+    const std::vector<Peer> world = progress_->world();
+    if (world.size() > 1 && static_cast<int>(world.size()) == world_size_)
+      agreed = every_process_finalizes(progress_, world, world_rank_,
+                                       !progress_->has_stuck_operations() && !progress_->peer_exited());
+  }
   if (progress_) progress_->stop();
   const bool stuck = progress_ && progress_->has_stuck_operations();
   if (stuck) {
@@ -121,6 +171,10 @@ Environment::~Environment() {
     log::warn(
         "MPI is not finalized: a process of this job on this host has exited without it, and MPI_Finalize "
         "would wait for it");
+  } else if (!agreed) {
+    log::warn(
+        "MPI is not finalized: another process of this job does not finalize it (an operation of its timed out, "
+        "or it saw a process exit), and MPI_Finalize would wait for it");
   } else {
     detail::free_custom_types();
     if (initialized_here_) {

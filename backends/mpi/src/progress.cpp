@@ -88,6 +88,11 @@ void Progress::note_world(std::vector<Peer> peers) {
   world_ = std::move(peers);
 }
 
+std::vector<Peer> Progress::world() const {
+  std::lock_guard lock(mutex_);
+  return world_;
+}
+
 void Progress::wake() {
   {
     std::lock_guard lock(mutex_);

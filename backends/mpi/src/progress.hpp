@@ -105,6 +105,8 @@ class Progress : public std::enable_shared_from_this<Progress> {
   /// Remembers the processes of this job's world (`peers`, this one among them), so that
   /// peer_exited() can look at them before MPI_Finalize.
   void note_world(std::vector<Peer> peers);
+  /// The noted world's processes, by rank (empty: none noted).
+  std::vector<Peer> world() const;
   /// True when a process of the noted world on this host has exited. Every rank of a job
   /// enters MPI_Finalize before any leaves it, so such a process died or skipped finalizing,
   /// and finalizing here would wait for it forever.

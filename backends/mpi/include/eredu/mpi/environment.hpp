@@ -28,6 +28,11 @@
 /// aborting the job, and every wait has a timeout (CommunicatorOptions). A collective that timed
 /// out may still be running inside MPI, so its buffers stay alive and its group is marked
 /// unusable; MPI_Finalize is then skipped (it would wait for the dead peer), with one warning.
+/// Since OpenMPI's MPI_Finalize can wait for good for a process that skips it, the processes
+/// of a job that made a world communicator agree first (one all-reduce over MPI_COMM_WORLD as
+/// their Environments end): either all finalize or none does. The agreement waits as
+/// MPI_Finalize would for a process still at work, and ends as soon as a process of this host
+/// has exited; so every process of such a job must end MPI through an Environment.
 
 #include <chrono>
 #include <memory>
@@ -91,9 +96,10 @@ class Environment {
   Environment(int& argc, char**& argv, EnvironmentOptions options = {});
   /// The same without the command line (MPI_Init_thread(nullptr, nullptr, ...)).
   explicit Environment(EnvironmentOptions options = {});
-  /// Stops the progress thread (after the operations already started have finished or timed
-  /// out), then finalizes MPI if this object initialized it and no collective is still running
-  /// inside MPI. Errors are logged, not thrown.
+  /// Agrees with the job's other processes whether all finalize (file comment), stops the
+  /// progress thread (after the operations already started have finished or timed out), then
+  /// finalizes MPI if this object initialized it, no collective is still running inside MPI,
+  /// and every process agreed. Errors are logged, not thrown.
   ~Environment();
   Environment(const Environment&) = delete;
   Environment& operator=(const Environment&) = delete;
