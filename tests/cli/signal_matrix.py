@@ -15,8 +15,9 @@ cell is declared hung):
     exit): in --json, one valid document without "error";
   * exit 128 + the signal (130, 143, 129), "interrupted by SIG..." on stderr, and in --json
     one document whose error kind is "interrupted";
-  * killed by the signal itself, only when it was sent in the first 50 ms (before main()
-    installs eredu's handler, when there is nothing yet to clean up).
+  * killed by the signal itself, only when it was sent before main() installed eredu's
+    handler (the signal not yet among the process's caught ones, SigCgt in /proc/PID/status,
+    read just before sending), when there is nothing yet to clean up.
 And nothing is left behind: no file in the cell's TMPDIR (swap --corrupt's copy), no
 "*.partial" or "*.tmp" file, gen's OUT either a whole checkpoint (exit 0) or gone, and
 checksum's sidecar either the one before or a whole new one.
@@ -41,7 +42,6 @@ MOMENTS = 21
 SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
 EXIT_BOUND_S = 1.0
 HANG_S = 10.0
-EARLY_S = 0.05
 
 
 def default_signals():
@@ -120,8 +120,17 @@ def leftovers(cell, tmpdir, verb, rc):
     return found
 
 
-def judge(verb, json_mode, signo, sent_after, rc, out, err, exit_after):
-    """Why this cell failed, or None."""
+def catches(pid, signo):
+    """True when process `pid` has a handler installed for `signo` (SigCgt in its status)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (signo - 1) & 1)
+    return False
+
+
+def judge(verb, json_mode, signo, sent_after, rc, out, err, exit_after, handled):
+    """Why this cell failed, or None. `handled`: eredu's handler was installed when it was sent."""
     name = signal.Signals(signo).name
     if exit_after is None:
         return f"no exit within {HANG_S} s of {name} (hung)"
@@ -129,7 +138,7 @@ def judge(verb, json_mode, signo, sent_after, rc, out, err, exit_after):
         return f"exited {exit_after:.3f} s after {name}, more than {EXIT_BOUND_S} s"
     text = err.decode("utf-8", errors="replace")
     if rc == -signo:
-        return None if sent_after < EARLY_S else f"killed by {name} {sent_after:.3f} s into the run"
+        return f"killed by {name} {sent_after:.3f} s into the run, its handler installed" if handled else None
     if rc not in (0, 128 + signo):
         return f"exit {rc} after {name} (want 0 or {128 + signo}); stderr: {text[-600:]}"
     if rc == 128 + signo and f"interrupted by {name} while" not in text:
@@ -214,7 +223,12 @@ def main():
                     while p.poll() is None and time.monotonic() < deadline:
                         time.sleep(min(0.002, max(0.0, deadline - time.monotonic())))
                     sent = None
+                    handled = False
                     if p.poll() is None:
+                        try:
+                            handled = catches(p.pid, signo)
+                        except OSError:  # it exited just now: the signal finds no process
+                            pass
                         p.send_signal(signo)
                         sent = time.monotonic()
                     try:
@@ -235,7 +249,7 @@ def main():
                 else:
                     exit_after = None if ended is None else ended - sent
                     sent_after = sent - start
-                    why = judge(verb, json_mode, signo, sent_after, rc, stdout, stderr, exit_after)
+                    why = judge(verb, json_mode, signo, sent_after, rc, stdout, stderr, exit_after, handled)
                 os.remove(os.path.join(cell, "stdout"))
                 os.remove(os.path.join(cell, "stderr"))
                 left = leftovers(cell, tmpdir, verb, rc)
