@@ -867,11 +867,18 @@ TEST_CASE(
   } catch (const CollectiveError& e) {
     cause = e.what();
     REQUIRE_FALSE(e.failures().empty());
-    // Each rank's failure names the version's location, a tensor and the exited publisher.
-    for (const auto& f : e.failures())
+    // Each rank's failure names the version's location and the exited publisher, and the
+    // read that was being answered names its tensor. A rank still asking for the version's
+    // digests when the publisher dies has no tensor to name.
+    bool tensor = false;
+    for (const auto& f : e.failures()) {
+      UNSCOPED_INFO(f.message);
       located = located && f.message.find("mpi://live/rank0/step-2") != std::string::npos &&
-                f.message.find("tensor 'model.") != std::string::npos &&
                 f.message.find("rank 0 (pid") != std::string::npos;
+      tensor = tensor || f.message.find("tensor 'model.") != std::string::npos;
+    }
+    located = located && tensor;
+    INFO(cause);
     CHECK(located);
   }
   const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);

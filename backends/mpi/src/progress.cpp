@@ -306,10 +306,12 @@ bool Progress::poll(std::vector<std::shared_ptr<Operation>>& active) {
         op->comm->broken = true;
         op->comm->broken_reason = fmt::format("{} failed: {}", op->spec.operation, mpi_error_text(op->failure_rc));
       }
-      // A peer that died is the likeliest cause: name the ones known to have exited.
-      error = std::make_exception_ptr(collective_failure(
-          *op->comm, op->spec.operation, fmt::format("{} failed: {}", op->spec.what, mpi_error_text(op->failure_rc)),
-          exited_peers(*op->comm)));
+      // A peer that died is the likeliest cause: name the ones known to have exited, in the
+      // ranks and in the text (MPI may see the death before the exit check does).
+      std::vector<int> gone = exited_peers(*op->comm);
+      std::string detail = fmt::format("{} failed: {}", op->spec.what, mpi_error_text(op->failure_rc));
+      if (!gone.empty()) detail += fmt::format("; {}", exited_text(*op->comm, gone));
+      error = std::make_exception_ptr(collective_failure(*op->comm, op->spec.operation, detail, std::move(gone)));
     } else if (op->spec.on_success) {
       try {
         op->spec.on_success();
