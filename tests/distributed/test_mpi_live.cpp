@@ -162,7 +162,8 @@ struct LiveEnv {
 
   explicit LiveEnv(std::chrono::milliseconds timeout = std::chrono::seconds(20),
                    std::size_t delta_block = std::size_t{64} << 10,
-                   std::chrono::milliseconds linger = std::chrono::seconds(20), bool xor_deltas = true) {
+                   std::chrono::milliseconds linger = std::chrono::seconds(20), bool xor_deltas = true,
+                   std::size_t budget = std::size_t{1} << 20) {
     if (rank == 0) {
       publisher = std::make_unique<mpi::Publisher>(
           live, mpi::PublisherOptions{.linger = linger,
@@ -173,8 +174,7 @@ struct LiveEnv {
     } else {
       subscriber = std::make_unique<mpi::Subscriber>(
           live, 0, ctx.get_executor(),
-          mpi::SubscriberOptions{
-              .timeout = timeout, .budget = std::size_t{1} << 20, .part_size = 1024, .transport = transport()});
+          mpi::SubscriberOptions{.timeout = timeout, .budget = budget, .part_size = 1024, .transport = transport()});
     }
   }
 
@@ -454,6 +454,65 @@ TEST_CASE("live – a sparse delta of a row shard reads only the changed values 
   CHECK(wrong.failures()[0].kind == errc::checksum_mismatch);
   CHECK(env.slot->generation() == 2);
   CHECK(env.serves(s2));
+  env.world.barrier().get();
+}
+
+TEST_CASE("live – concurrent lease reads of a delta never wait on staging they hold themselves", "[mpi][live]") {
+  REQUIRE(mpi_world().size() == 3);
+  // A 64 KiB budget: 48 KiB of leases, 12 pages. A lease read of a delta's tensor stages the
+  // tensor (2 pages of up_proj) and the changed values it reads over the base's bytes (1 page):
+  // 16 such reads at once would fill the pool with their first halves, each then waiting for
+  // its second, for good, were the two taken apart.
+  constexpr std::size_t budget = std::size_t{64} << 10;
+  LiveEnv env(std::chrono::seconds(20), std::size_t{256}, std::chrono::seconds(20), true, budget);
+  const Weights d1(41);
+  Weights d2 = d1;
+  for (std::size_t k = 0; k < 24; ++k) d2.memory[5][k * 256 + 8] ^= std::byte{0x40};
+  if (env.publishing()) {
+    const mpi::Publication p1 = env.publisher->publish("d-1", "", d1.tensors());
+    const mpi::Publication p2 = env.publisher->publish("d-2", "d-1", d2.tensors());
+    env.world.barrier().get();
+    env.world.barrier().get();
+    return;
+  }
+  env.world.barrier().get();
+  std::unique_ptr<mpi::PublishedSource> source = env.run(env.subscriber->async_open("d-2", asio::use_awaitable));
+  const std::string key = live_specs()[5].name;
+  const std::vector<std::byte>& base = d1.memory[5];
+  REQUIRE(source->use_base("d-1", [&](const io::TensorReadRequest& r, std::uint64_t from, std::span<std::byte> out) {
+    if (r.key != key || from + out.size() > base.size()) return false;
+    std::memcpy(out.data(), base.data() + from, out.size());
+    return true;
+  }));
+  constexpr int reads = 16;
+  int done = 0, right = 0;
+  std::vector<std::string> failures;
+  const auto read = [&]() -> asio::awaitable<void> {  // outlives its coroutines, which use its captures
+    const io::TensorReadRequest whole{.key = key};    // named: GCC 12 destroys a temporary of a co_await twice
+    const io::Lease lease = co_await source->async_read(whole, asio::use_awaitable);
+    const auto got = lease.bytes();
+    if (got.size() == d2.memory[5].size() && std::memcmp(got.data(), d2.memory[5].data(), got.size()) == 0) ++right;
+  };
+  for (int i = 0; i < reads; ++i)
+    asio::co_spawn(env.ctx, read(), [&](std::exception_ptr e) {
+      ++done;
+      if (!e) return;
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& x) {
+        failures.push_back(x.what());
+      }
+    });
+  env.ctx.restart();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  while (done < reads && std::chrono::steady_clock::now() < deadline) env.ctx.run_for(std::chrono::milliseconds(50));
+  for (const std::string& f : failures) UNSCOPED_INFO(f);
+  REQUIRE(done == reads);  // none left waiting (not done within 15 s: a deadlock)
+  CHECK(failures.empty());
+  CHECK(right == reads);
+  CHECK(source->transferred_bytes() < std::uint64_t{reads} * 6144);  // the changed values, not whole tensors
+  CHECK(source->staging_high_water() <= budget);
+  source->finish(true);
   env.world.barrier().get();
 }
 

@@ -411,7 +411,7 @@ asio::awaitable<void> PublishedSource::read_runs(const io::TensorInfo& t, std::u
 
 asio::awaitable<void> PublishedSource::fetch(const io::TensorReadRequest& request, const io::TensorInfo& t,
                                              const std::vector<ByteRun>& runs, std::uint64_t from,
-                                             std::span<std::byte> out) {
+                                             std::span<std::byte> out, std::optional<std::span<std::byte>> staging) {
   const detail::ManifestTensor& m = manifest_->tensors[index_of(t)];
   const std::size_t part = subscriber_->options.part_size;
   const std::vector<ByteRun> wanted = slice_runs(runs, from, out.size());
@@ -419,9 +419,9 @@ asio::awaitable<void> PublishedSource::fetch(const io::TensorReadRequest& reques
   if (m.delta && base_bytes_ && base_bytes_(request, from, out)) {
     // The base's bytes are in place: read what changed over them.
     if (m.sparse) {
-      done = co_await apply_sparse(t, wanted, out);
+      done = co_await apply_sparse(t, wanted, out, staging);
     } else if (m.xor_planes) {
-      done = co_await apply_xor(t, wanted, out);
+      done = co_await apply_xor(t, wanted, out, staging);
     } else {
       co_await read_runs(t, m.address, changed_pieces(wanted, m.changed, manifest_->delta_block, m.nbytes, part), out);
       done = true;
@@ -442,15 +442,12 @@ asio::awaitable<void> PublishedSource::fetch(const io::TensorReadRequest& reques
   }
 }
 
-asio::awaitable<bool> PublishedSource::apply_sparse(const io::TensorInfo& t, std::vector<ByteRun> wanted,
-                                                    std::span<std::byte> out) {
+std::vector<std::pair<std::uint64_t, std::uint64_t>> PublishedSource::sparse_slots(const io::TensorInfo& t,
+                                                                                   std::vector<ByteRun>& wanted) const {
   const detail::ManifestTensor& m = manifest_->tensors[index_of(t)];
-  const std::uint64_t element = dtype_bits(m.dtype) / 8;
   const std::uint64_t block = manifest_->delta_block;
   std::sort(wanted.begin(), wanted.end(),
             [](const ByteRun& a, const ByteRun& b) { return a.source_offset < b.source_offset; });
-  // The entries of the blocks this read touches (slots [first, last), ascending and disjoint):
-  // a row shard, or one chunk of a streamed tensor, reads only its own.
   std::vector<std::pair<std::uint64_t, std::uint64_t>> slots;
   for (const ByteRun& r : wanted) {
     if (r.length == 0) continue;
@@ -466,13 +463,41 @@ asio::awaitable<bool> PublishedSource::apply_sparse(const io::TensorInfo& t, std
     else
       slots.emplace_back(first, last);
   }
+  return slots;
+}
+
+std::uint64_t PublishedSource::delta_staging(const io::TensorInfo& t, std::vector<ByteRun> wanted) const {
+  const detail::ManifestTensor& m = manifest_->tensors[index_of(t)];
+  if (!m.delta || !base_bytes_) return 0;
+  if (m.xor_planes) return m.encoded_bytes + std::min<std::uint64_t>(detail::xor_chunk_bytes, m.nbytes);
+  if (!m.sparse) return 0;
+  std::uint64_t count = 0;
+  for (const auto& s : sparse_slots(t, wanted)) count += s.second - s.first;
+  return count * (4 + dtype_bits(m.dtype) / 8);
+}
+
+asio::awaitable<bool> PublishedSource::apply_sparse(const io::TensorInfo& t, std::vector<ByteRun> wanted,
+                                                    std::span<std::byte> out,
+                                                    std::optional<std::span<std::byte>> staging) {
+  const detail::ManifestTensor& m = manifest_->tensors[index_of(t)];
+  const std::uint64_t element = dtype_bits(m.dtype) / 8;
+  // The entries of the blocks this read touches: a row shard, or one chunk of a streamed
+  // tensor, reads only its own.
+  const std::vector<std::pair<std::uint64_t, std::uint64_t>> slots = sparse_slots(t, wanted);
   std::uint64_t count = 0;
   for (const auto& s : slots) count += s.second - s.first;
   if (count == 0) co_return true;
   const std::uint64_t size = count * (4 + element);
-  if (io::LeasePool::block_size(size) > pool_.budget()) co_return false;  // read it whole instead
-  io::StagingBuffer encoded = co_await pool_.async_acquire(static_cast<std::size_t>(size), asio::use_awaitable);
-  const std::span<std::byte> in(encoded.data(), static_cast<std::size_t>(size));
+  io::StagingBuffer encoded;
+  std::span<std::byte> in;
+  if (staging) {  // reserved with the caller's lease: too small, and it is read whole
+    if (staging->size() < size) co_return false;
+    in = staging->first(static_cast<std::size_t>(size));
+  } else {
+    if (io::LeasePool::block_size(size) > pool_.budget()) co_return false;  // read it whole instead
+    encoded = co_await pool_.async_acquire(static_cast<std::size_t>(size), asio::use_awaitable);
+    in = std::span(encoded.data(), static_cast<std::size_t>(size));
+  }
   // Their indices, packed, then their values, packed (the publication holds every index, then
   // every value), in parts of at most part_size: two passes, as read_runs packs destinations in
   // ascending order.
@@ -534,7 +559,8 @@ asio::awaitable<bool> PublishedSource::apply_sparse(const io::TensorInfo& t, std
 }
 
 asio::awaitable<bool> PublishedSource::apply_xor(const io::TensorInfo& t, std::vector<ByteRun> wanted,
-                                                 std::span<std::byte> out) {
+                                                 std::span<std::byte> out,
+                                                 std::optional<std::span<std::byte>> staging) {
   const detail::ManifestTensor& m = manifest_->tensors[index_of(t)];
   const std::uint64_t size = m.encoded_bytes;
   const std::size_t element = dtype_bits(m.dtype) / 8;
@@ -542,10 +568,18 @@ asio::awaitable<bool> PublishedSource::apply_xor(const io::TensorInfo& t, std::v
   // first), and room to decompress one chunk.
   const std::uint64_t chunk = std::min<std::uint64_t>(detail::xor_chunk_bytes, m.nbytes);
   const std::uint64_t staged = size + chunk;
-  if (io::LeasePool::block_size(staged) > pool_.budget()) co_return false;  // read it whole instead
-  io::StagingBuffer buffer = co_await pool_.async_acquire(static_cast<std::size_t>(staged), asio::use_awaitable);
-  const std::span<std::byte> in(buffer.data(), static_cast<std::size_t>(size));
-  const std::span<std::byte> planes(buffer.data() + size, static_cast<std::size_t>(chunk));
+  io::StagingBuffer buffer;
+  std::byte* memory = nullptr;
+  if (staging) {  // reserved with the caller's lease: too small, and it is read whole
+    if (staging->size() < staged) co_return false;
+    memory = staging->data();
+  } else {
+    if (io::LeasePool::block_size(staged) > pool_.budget()) co_return false;  // read it whole instead
+    buffer = co_await pool_.async_acquire(static_cast<std::size_t>(staged), asio::use_awaitable);
+    memory = buffer.data();
+  }
+  const std::span<std::byte> in(memory, static_cast<std::size_t>(size));
+  const std::span<std::byte> planes(memory + size, static_cast<std::size_t>(chunk));
   const std::uint64_t part = subscriber_->options.part_size;
   std::vector<ByteRun> pieces;
   for (std::uint64_t at = 0; at < size; at += part)
@@ -605,11 +639,22 @@ BaseBytes base_from_parameters(const engine::WeightBindingPlan& plan,
 asio::awaitable<io::Lease> PublishedSource::lease_of(const io::TensorReadRequest& request, const io::TensorInfo& t,
                                                      const std::vector<ByteRun>& runs, std::uint64_t from,
                                                      std::size_t size, std::uint64_t total) {
-  if (io::LeasePool::block_size(size) > pool_.budget())
+  const std::size_t block = io::LeasePool::block_size(size);
+  if (block > pool_.budget())
     throw Error(errc::exceeds_budget, {.file = location_, .tensor = t.name},
                 fmt::format("{} bytes are more than the staging budget ({} bytes): stream it", size, pool_.budget()));
-  io::StagingBuffer buffer = co_await pool_.async_acquire(size, asio::use_awaitable);
-  co_await fetch(request, t, runs, from, std::span(buffer.data(), size));
+  // A delta read over the base's bytes stages what it reads (changed values, or an XOR) besides
+  // the lease. Both come in one acquisition: a read that held its lease while it waited for
+  // more would wait for good once concurrent reads held the rest of the pool. What does not
+  // fit beside the lease is read whole.
+  std::uint64_t extra = delta_staging(t, slice_runs(runs, from, size));
+  if (extra > pool_.budget() - block ||
+      io::LeasePool::block_size(static_cast<std::size_t>(extra)) > pool_.budget() - block)
+    extra = 0;
+  const std::size_t reserved = extra > 0 ? io::LeasePool::block_size(static_cast<std::size_t>(extra)) : 0;
+  io::StagingBuffer buffer = co_await pool_.async_acquire(block + reserved, asio::use_awaitable);
+  co_await fetch(request, t, runs, from, std::span(buffer.data(), size),
+                 std::span(buffer.data() + block, static_cast<std::size_t>(extra)));
   co_return io::Lease(std::move(buffer), 0, size, &t, from, total);
 }
 

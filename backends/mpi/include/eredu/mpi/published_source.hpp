@@ -221,14 +221,26 @@ class PublishedSource {
     return static_cast<std::size_t>(&t - catalog_.tensors().data());
   }
   std::pair<const io::TensorInfo*, std::vector<ByteRun>> runs_of(const io::TensorReadRequest& request) const;
+  /// Reads [from, from + out.size()) of the selection `runs` into `out`. `staging`: memory
+  /// reserved with the caller's lease for a delta's encoding (delta_staging), so nothing more
+  /// is taken from the pool (std::nullopt: the caller holds none of the pool, take it there).
   asio::awaitable<void> fetch(const io::TensorReadRequest& request, const io::TensorInfo& t,
-                              const std::vector<ByteRun>& runs, std::uint64_t from, std::span<std::byte> out);
+                              const std::vector<ByteRun>& runs, std::uint64_t from, std::span<std::byte> out,
+                              std::optional<std::span<std::byte>> staging = std::nullopt);
   asio::awaitable<void> read_runs(const io::TensorInfo& t, std::uint64_t address, std::vector<ByteRun> runs,
                                   std::span<std::byte> out);
   asio::awaitable<void> request_runs(const io::TensorInfo& t, std::uint64_t address, std::vector<ByteRun> runs,
                                      std::span<std::byte> out, std::uint64_t size);
-  asio::awaitable<bool> apply_sparse(const io::TensorInfo& t, std::vector<ByteRun> wanted, std::span<std::byte> out);
-  asio::awaitable<bool> apply_xor(const io::TensorInfo& t, std::vector<ByteRun> wanted, std::span<std::byte> out);
+  /// The entries of a sparse delta's blocks that `wanted` touches ([first, last), ascending and
+  /// disjoint); sorts `wanted` by source offset.
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> sparse_slots(const io::TensorInfo& t,
+                                                                    std::vector<ByteRun>& wanted) const;
+  /// Bytes a delta read of `wanted` stages besides its destination (0: none).
+  std::uint64_t delta_staging(const io::TensorInfo& t, std::vector<ByteRun> wanted) const;
+  asio::awaitable<bool> apply_sparse(const io::TensorInfo& t, std::vector<ByteRun> wanted, std::span<std::byte> out,
+                                     std::optional<std::span<std::byte>> staging);
+  asio::awaitable<bool> apply_xor(const io::TensorInfo& t, std::vector<ByteRun> wanted, std::span<std::byte> out,
+                                  std::optional<std::span<std::byte>> staging);
   asio::awaitable<io::Lease> lease_of(const io::TensorReadRequest& request, const io::TensorInfo& t,
                                       const std::vector<ByteRun>& runs, std::uint64_t from, std::size_t size,
                                       std::uint64_t total);
