@@ -457,12 +457,14 @@ TEST_CASE("live – a sparse delta of a row shard reads only the changed values 
   env.world.barrier().get();
 }
 
-TEST_CASE("live – concurrent lease reads of a delta never wait on staging they hold themselves", "[mpi][live]") {
+TEST_CASE("live – concurrent lease reads of two versions stay within one budget, a delta's never waiting on itself",
+          "[mpi][live]") {
   REQUIRE(mpi_world().size() == 3);
-  // A 64 KiB budget: 48 KiB of leases, 12 pages. A lease read of a delta's tensor stages the
-  // tensor (2 pages of up_proj) and the changed values it reads over the base's bytes (1 page):
-  // 16 such reads at once would fill the pool with their first halves, each then waiting for
-  // its second, for good, were the two taken apart.
+  // A 64 KiB budget: 48 KiB of leases, 12 pages, for every version the subscriber opens. A
+  // lease read of a delta's tensor stages the tensor (2 pages of up_proj) and the changed
+  // values it reads over the base's bytes (1 page): 16 such reads at once would fill the pool
+  // with their first halves, each then waiting for its second, for good, were the two taken
+  // apart. 16 lease reads of the base version run beside them, from the same budget.
   constexpr std::size_t budget = std::size_t{64} << 10;
   LiveEnv env(std::chrono::seconds(20), std::size_t{256}, std::chrono::seconds(20), true, budget);
   const Weights d1(41);
@@ -476,10 +478,11 @@ TEST_CASE("live – concurrent lease reads of a delta never wait on staging they
     return;
   }
   env.world.barrier().get();
-  std::unique_ptr<mpi::PublishedSource> source = env.run(env.subscriber->async_open("d-2", asio::use_awaitable));
+  std::unique_ptr<mpi::PublishedSource> first = env.run(env.subscriber->async_open("d-1", asio::use_awaitable));
+  std::unique_ptr<mpi::PublishedSource> delta = env.run(env.subscriber->async_open("d-2", asio::use_awaitable));
   const std::string key = live_specs()[5].name;
   const std::vector<std::byte>& base = d1.memory[5];
-  REQUIRE(source->use_base("d-1", [&](const io::TensorReadRequest& r, std::uint64_t from, std::span<std::byte> out) {
+  REQUIRE(delta->use_base("d-1", [&](const io::TensorReadRequest& r, std::uint64_t from, std::span<std::byte> out) {
     if (r.key != key || from + out.size() > base.size()) return false;
     std::memcpy(out.data(), base.data() + from, out.size());
     return true;
@@ -487,32 +490,59 @@ TEST_CASE("live – concurrent lease reads of a delta never wait on staging they
   constexpr int reads = 16;
   int done = 0, right = 0;
   std::vector<std::string> failures;
-  const auto read = [&]() -> asio::awaitable<void> {  // outlives its coroutines, which use its captures
-    const io::TensorReadRequest whole{.key = key};    // named: GCC 12 destroys a temporary of a co_await twice
+  // Outlives its coroutines, which use its captures.
+  const auto read = [&](mpi::PublishedSource* source, const std::vector<std::byte>* want) -> asio::awaitable<void> {
+    const io::TensorReadRequest whole{.key = key};  // named: GCC 12 destroys a temporary of a co_await twice
     const io::Lease lease = co_await source->async_read(whole, asio::use_awaitable);
     const auto got = lease.bytes();
-    if (got.size() == d2.memory[5].size() && std::memcmp(got.data(), d2.memory[5].data(), got.size()) == 0) ++right;
+    if (got.size() == want->size() && std::memcmp(got.data(), want->data(), got.size()) == 0) ++right;
   };
-  for (int i = 0; i < reads; ++i)
-    asio::co_spawn(env.ctx, read(), [&](std::exception_ptr e) {
-      ++done;
-      if (!e) return;
-      try {
-        std::rethrow_exception(e);
-      } catch (const std::exception& x) {
-        failures.push_back(x.what());
-      }
-    });
+  for (int i = 0; i < 2 * reads; ++i)
+    asio::co_spawn(env.ctx, i % 2 == 0 ? read(delta.get(), &d2.memory[5]) : read(first.get(), &d1.memory[5]),
+                   [&](std::exception_ptr e) {
+                     ++done;
+                     if (!e) return;
+                     try {
+                       std::rethrow_exception(e);
+                     } catch (const std::exception& x) {
+                       failures.push_back(x.what());
+                     }
+                   });
   env.ctx.restart();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
-  while (done < reads && std::chrono::steady_clock::now() < deadline) env.ctx.run_for(std::chrono::milliseconds(50));
+  while (done < 2 * reads && std::chrono::steady_clock::now() < deadline)
+    env.ctx.run_for(std::chrono::milliseconds(50));
   for (const std::string& f : failures) UNSCOPED_INFO(f);
-  REQUIRE(done == reads);  // none left waiting (not done within 15 s: a deadlock)
+  REQUIRE(done == 2 * reads);  // none left waiting (not done within 15 s: a deadlock)
   CHECK(failures.empty());
-  CHECK(right == reads);
-  CHECK(source->transferred_bytes() < std::uint64_t{reads} * 6144);  // the changed values, not whole tensors
-  CHECK(source->staging_high_water() <= budget);
-  source->finish(true);
+  CHECK(right == 2 * reads);
+  CHECK(delta->transferred_bytes() < std::uint64_t{reads} * 6144);  // the changed values, not whole tensors
+  CHECK(first->transferred_bytes() == std::uint64_t{reads} * 6144);
+  // One budget for both: each reports the subscriber's staging, which never exceeded it.
+  CHECK(first->staging_high_water() == delta->staging_high_water());
+  CHECK(delta->staging_high_water() <= budget);
+
+  // Leases of one version holding the whole budget (6 of 2 pages) keep a read of the other
+  // waiting until they go back.
+  std::vector<io::Lease> held;
+  const io::TensorReadRequest whole{.key = key};
+  for (int i = 0; i < 6; ++i) held.push_back(env.run(first->async_read(whole, asio::use_awaitable)));
+  const int before = done;
+  asio::co_spawn(env.ctx, read(delta.get(), &d2.memory[5]), [&](std::exception_ptr e) {
+    ++done;
+    if (e) failures.emplace_back("the waiting read failed");
+  });
+  env.ctx.restart();
+  env.ctx.run_for(std::chrono::milliseconds(300));
+  CHECK(done == before);  // still waiting
+  held.clear();
+  while (done == before && std::chrono::steady_clock::now() < deadline + std::chrono::seconds(15))
+    env.ctx.run_for(std::chrono::milliseconds(50));
+  CHECK(done == before + 1);
+  CHECK(failures.empty());
+  CHECK(right == 2 * reads + 1);
+  first->finish(true);
+  delta->finish(true);
   env.world.barrier().get();
 }
 

@@ -48,6 +48,11 @@ struct SubscriberState {
   std::atomic<std::uint64_t> sequence{0};
   /// Reply buffers, shared by the versions it opens: kept from one version to the next.
   ReplyBuffers replies{reply_share(options.budget)};
+  /// Leases, streamed chunks and deltas' encodings: the rest of the budget, shared by the
+  /// versions it opens, so two versions loading at once stage no more than one.
+  io::LeasePool pool{
+      executor, io::LeasePoolOptions{
+                    .budget = options.budget - reply_share(options.budget), .huge_pages = false, .prefault = false}};
 
   /// The location errors name.
   std::string location(const std::string& version) const {
@@ -203,10 +208,7 @@ PublishedSource::PublishedSource(std::shared_ptr<detail::SubscriberState> subscr
     : subscriber_(std::move(subscriber)),
       manifest_(std::make_unique<detail::Manifest>(std::move(manifest))),
       location_(subscriber_->location(manifest_->version)),
-      pool_(subscriber_->executor, io::LeasePoolOptions{.budget = subscriber_->options.budget -
-                                                                  detail::reply_share(subscriber_->options.budget),
-                                                        .huge_pages = false,
-                                                        .prefault = false}) {
+      pool_(subscriber_->pool) {
   catalog_.add_file(io::CheckpointFile{.path = location_, .format = "published"});
   std::uint64_t offset = 0;  // a catalog offset per tensor: where it lies in the version, for messages
   for (const detail::ManifestTensor& t : manifest_->tensors) {

@@ -65,10 +65,10 @@ struct Manifest;
 struct SubscriberOptions {
   /// The longest any request or read waits for the publisher.
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
-  /// Staging memory, rounded up to pages: a quarter holds two-sided replies (each part is
-  /// received there, then copied to its destination), shared by the versions the subscriber
-  /// opens; the rest is each open version's (PublishedSource) lease and stream reads and
-  /// encoded deltas. Reads into tensor storage under one_sided use none.
+  /// Staging memory, rounded up to pages, shared by every version the subscriber opens: a
+  /// quarter holds two-sided replies (each part is received there, then copied to its
+  /// destination); the rest holds lease and stream reads and encoded deltas. Reads into
+  /// tensor storage under one_sided use none.
   std::size_t budget = std::size_t{256} << 20;
   /// Bytes one read (an MPI_Rget, or a request's reply) moves at most: at most a quarter of
   /// `budget`, so that a reply fits its share.
@@ -203,9 +203,9 @@ class PublishedSource {
   /// model. Returns true when this version is a delta against `base` with at least one tensor
   /// sent as changed blocks (otherwise every read is whole). Call it before reading.
   bool use_base(const std::string& base, BaseBytes bytes);
-  /// Most staging bytes this source held, counted as its lease pool's high water plus the
-  /// subscriber's reply buffers' (two maxima, perhaps at different times): at most
-  /// SubscriberOptions::budget (rounded up to pages).
+  /// Most staging bytes the subscriber held, for every version it opened, counted as its lease
+  /// pool's high water plus its reply buffers' (two maxima, perhaps at different times): at
+  /// most SubscriberOptions::budget (rounded up to pages).
   std::size_t staging_high_water() const;
   /// Bytes read from the publisher so far: whole selections, or a delta's changed blocks.
   std::uint64_t transferred_bytes() const noexcept { return transferred_.load(); }
@@ -254,7 +254,7 @@ class PublishedSource {
   std::unique_ptr<detail::Manifest> manifest_;
   std::string location_;
   io::Catalog catalog_;
-  io::LeasePool pool_;
+  io::LeasePool& pool_;  // the subscriber's, shared by the versions it opens
   bool finished_ = false;
   std::optional<std::uint64_t> corrupt_at_{};
   BaseBytes base_bytes_{};  // set when this version is a delta against the base this rank holds
