@@ -470,7 +470,11 @@ TEST_CASE("live – concurrent lease reads of two versions stay within one budge
   const Weights d1(41);
   Weights d2 = d1;
   for (std::size_t k = 0; k < 24; ++k) d2.memory[5][k * 256 + 8] ^= std::byte{0x40};
+  // A version whose manifest (one name of 20,000 bytes) is more than the 16 KiB of reply memory.
+  const std::vector<std::byte> small(16);
+  const std::string long_name(20000, 'n');
   if (env.publishing()) {
+    const mpi::Publication p0 = env.publisher->publish("long", "", {{long_name, DType::F32, {4}, small}});
     const mpi::Publication p1 = env.publisher->publish("d-1", "", d1.tensors());
     const mpi::Publication p2 = env.publisher->publish("d-2", "d-1", d2.tensors());
     env.world.barrier().get();
@@ -478,6 +482,15 @@ TEST_CASE("live – concurrent lease reads of two versions stay within one budge
     return;
   }
   env.world.barrier().get();
+  // Refused by the publisher, not sent: the group goes on (the opens below).
+  try {
+    env.run(env.subscriber->async_open("long", asio::use_awaitable));
+    FAIL("a manifest larger than the reply memory was taken");
+  } catch (const Error& e) {
+    CHECK(e.kind() == errc::exceeds_budget);
+    CHECK(e.context().file == "mpi://live/rank0/long");
+    CHECK_THAT(e.detail(), Catch::Contains("more than the 16384 bytes of reply memory"));
+  }
   std::unique_ptr<mpi::PublishedSource> first = env.run(env.subscriber->async_open("d-1", asio::use_awaitable));
   std::unique_ptr<mpi::PublishedSource> delta = env.run(env.subscriber->async_open("d-2", asio::use_awaitable));
   const std::string key = live_specs()[5].name;

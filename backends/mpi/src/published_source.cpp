@@ -29,8 +29,41 @@ namespace detail {
 /// The share of a subscriber's budget that holds two-sided replies (SubscriberOptions::budget).
 std::size_t reply_share(std::size_t budget) noexcept { return budget / 4; }
 
-/// A reply's status and body.
-using Reply = std::pair<ReplyStatus, MessageBuffer>;
+/// A reply's status and body, received into the subscriber's reply memory, which gets the
+/// buffer back when the reply is dropped.
+class Reply {
+ public:
+  /// No reply yet.
+  Reply() = default;
+  /// `body`, from `owner` (nullptr: an empty body, from nowhere).
+  Reply(ReplyStatus status, MessageBuffer body, ReplyBuffers* owner) noexcept
+      : status_(status), body_(std::move(body)), owner_(owner) {}
+  Reply(Reply&& other) noexcept
+      : status_(other.status_), body_(std::move(other.body_)), owner_(std::exchange(other.owner_, nullptr)) {}
+  Reply& operator=(Reply&& other) noexcept {
+    if (this != &other) {
+      give_back();
+      status_ = other.status_;
+      body_ = std::move(other.body_);
+      owner_ = std::exchange(other.owner_, nullptr);
+    }
+    return *this;
+  }
+  ~Reply() { give_back(); }
+
+  /// What the publisher answered.
+  ReplyStatus status() const noexcept { return status_; }
+  /// The reply's body.
+  std::span<const std::byte> bytes() const noexcept { return body_.bytes(); }
+
+ private:
+  void give_back() noexcept {
+    if (owner_ != nullptr) std::exchange(owner_, nullptr)->release(std::move(body_));
+  }
+  ReplyStatus status_ = ReplyStatus::ok;
+  MessageBuffer body_;
+  ReplyBuffers* owner_ = nullptr;
+};
 
 struct SubscriberState {
   SubscriberState(std::shared_ptr<CommState> c, int p, asio::any_io_executor e, SubscriberOptions o)
@@ -65,12 +98,14 @@ struct SubscriberState {
     w.u32(static_cast<std::uint32_t>(comm->rank));
     w.u32(static_cast<std::uint32_t>(reply_tag));
     w.u64(publication);
+    w.u64(replies.budget());
     return std::move(w.bytes());
   }
 
-  /// Sends a request and waits for its reply: (status, body). `read`: the reply to a read of
-  /// `asked` bytes, received into a buffer of `replies`, which the caller gives back
-  /// (ReplyBuffers::release); otherwise, and for a refusal, into a message buffer of its own.
+  /// Sends a request and waits for its reply. Every reply is received into the reply memory
+  /// (a quarter of the budget), so a publisher cannot make a subscriber take more: `read`, the
+  /// reply to a read of `asked` bytes, which must announce at most that; any other (a
+  /// manifest, digests, a refusal's text) at most the reply memory.
   asio::awaitable<Reply> request(RequestKind kind, std::uint64_t publication, std::vector<std::byte> body,
                                  bool read = false, std::uint64_t asked = 0) {
     const int tag = reply_tag_base + 2 * static_cast<int>(sequence.fetch_add(1) % reply_tags);
@@ -89,35 +124,28 @@ struct SubscriberState {
     const auto status = static_cast<ReplyStatus>(r.u32());
     r.u32();
     const std::uint64_t size = r.u64();
-    MessageBuffer reply;
-    if (size > 0) {
-      if (size > (std::uint64_t{1} << 31))
-        throw Error(errc::invalid_argument, {}, "the publisher announced a reply larger than 2 GiB");
-      if (!read || status != ReplyStatus::ok) {
-        auto [rx, done] = receive_message(comm, publisher, tag + 1, static_cast<std::size_t>(size),
-                                          "the publisher's reply", options.timeout, false);
-        co_await done.async_wait(asio::use_awaitable);
-        reply = std::move(rx->buffer);
-      } else {
-        // Checked before any memory is taken: a reply larger than the read never fits the budget.
-        if (size > asked)
-          throw Error(
-              errc::incomplete_data, {},
-              fmt::format("the publisher (rank {}) announced {} bytes where {} were asked", publisher, size, asked));
-        MessageBuffer buffer = co_await replies.acquire(static_cast<std::size_t>(size));
-        const std::size_t capacity = buffer.capacity();
-        try {
-          auto [rx, done] = receive_message(comm, publisher, tag + 1, std::move(buffer), "the publisher's reply",
-                                            options.timeout, false);
-          co_await done.async_wait(asio::use_awaitable);
-          reply = std::move(rx->buffer);
-        } catch (...) {
-          replies.lose(capacity);  // the receive owns it, and MPI may still write it
-          throw;
-        }
-      }
+    if (size == 0) co_return Reply(status, MessageBuffer{}, nullptr);
+    // Checked before any memory is taken.
+    if (read && status == ReplyStatus::ok && size > asked)
+      throw Error(
+          errc::incomplete_data, {},
+          fmt::format("the publisher (rank {}) announced {} bytes where {} were asked", publisher, size, asked));
+    if (size > replies.budget() || size > (std::uint64_t{1} << 31))
+      throw Error(errc::exceeds_budget, {},
+                  fmt::format("the publisher (rank {}) announced a reply of {} bytes, more than the {} bytes of reply "
+                              "memory (a quarter of SubscriberOptions::budget; at most 2 GiB)",
+                              publisher, size, replies.budget()));
+    MessageBuffer buffer = co_await replies.acquire(static_cast<std::size_t>(size));
+    const std::size_t capacity = buffer.capacity();
+    try {
+      auto [rx, done] =
+          receive_message(comm, publisher, tag + 1, std::move(buffer), "the publisher's reply", options.timeout, false);
+      co_await done.async_wait(asio::use_awaitable);
+      co_return Reply(status, std::move(rx->buffer), &replies);
+    } catch (...) {
+      replies.lose(capacity);  // the receive owns it, and MPI may still write it
+      throw;
     }
-    co_return std::pair{status, std::move(reply)};
   }
 
   /// Throws the error a non-ok reply stands for.
@@ -136,6 +164,11 @@ struct SubscriberState {
       case ReplyStatus::withdrawn:
         throw Error(errc::version_withdrawn, {.file = where},
                     fmt::format("the publisher (rank {}) withdrew version {}", publisher, printable(detail)));
+      case ReplyStatus::too_large:
+        throw Error(errc::exceeds_budget, {.file = where},
+                    fmt::format("the publisher (rank {}) has more to send than this subscriber's reply memory, a "
+                                "quarter of SubscriberOptions::budget, holds: {}",
+                                publisher, printable(detail)));
       case ReplyStatus::failed:
         throw BackendError(
             errc::backend_failure, {.file = where},
@@ -197,8 +230,8 @@ asio::awaitable<std::unique_ptr<PublishedSource>> Subscriber::open(std::string v
   } catch (...) {
     s->rethrow_located(version.empty() ? "(newest)" : version, {});
   }
-  s->check(reply.first, reply.second.bytes(), version);
-  detail::Manifest manifest = detail::decode_manifest(reply.second.bytes());
+  s->check(reply.status(), reply.bytes(), version);
+  detail::Manifest manifest = detail::decode_manifest(reply.bytes());
   co_return std::make_unique<PublishedSource>(s, std::move(manifest));
 }
 
@@ -324,23 +357,14 @@ asio::awaitable<void> PublishedSource::request_runs(const io::TensorInfo& t, std
   try {
     answer = co_await subscriber_->request(staged ? detail::RequestKind::read_staged : detail::RequestKind::read,
                                            manifest_->publication, std::move(body.bytes()), true, size);
-  } catch (const Error& e) {  // a reply announced larger than the part
-    if (e.kind() != errc::incomplete_data || !e.context().file.empty()) throw;
-    throw Error(errc::incomplete_data, {.file = where, .tensor = t.name, .offset = runs.front().source_offset},
+  } catch (const Error& e) {  // a reply announced larger than the part, or than the reply memory
+    if ((e.kind() != errc::incomplete_data && e.kind() != errc::exceeds_budget) || !e.context().file.empty()) throw;
+    throw Error(e.kind(), {.file = where, .tensor = t.name, .offset = runs.front().source_offset},
                 fmt::format("{}, for the part at offset {}", e.detail(), runs.front().source_offset));
   }
-  auto& [status, reply] = answer;
-  // A read's reply buffer goes back however this ends (a refusal came in a buffer of its own).
-  struct GiveBack {
-    detail::ReplyBuffers* to;
-    detail::MessageBuffer* buffer;
-    ~GiveBack() {
-      if (to) to->release(std::move(*buffer));
-    }
-  } give_back{status == detail::ReplyStatus::ok ? &subscriber_->replies : nullptr, &reply};
-  const std::span<const std::byte> bytes = reply.bytes();
+  const std::span<const std::byte> bytes = answer.bytes();
   try {
-    subscriber_->check(status, bytes, manifest_->version);
+    subscriber_->check(answer.status(), bytes, manifest_->version);
   } catch (const BackendError& e) {  // the publisher's copy of a staged tensor failed
     throw BackendError(e.kind(), {.file = e.context().file, .tensor = t.name, .offset = runs.front().source_offset},
                        e.detail());
@@ -765,8 +789,8 @@ asio::awaitable<io::Checksums> PublishedSource::checksums(engine::WeightBindingP
     } catch (...) {
       subscriber_->rethrow_located(manifest_->version, {});
     }
-    subscriber_->check(reply.first, reply.second.bytes(), manifest_->version);
-    detail::WireReader r(reply.second.bytes(), "digests");
+    subscriber_->check(reply.status(), reply.bytes(), manifest_->version);
+    detail::WireReader r(reply.bytes(), "digests");
     if (r.u64() != last - first)
       throw Error(errc::invalid_argument, {.file = location_}, "the publisher answered another number of digests");
     for (std::size_t i = first; i < last; ++i) {
@@ -794,7 +818,7 @@ asio::awaitable<void> PublishedSource::confirm() {
   } catch (...) {
     subscriber_->rethrow_located(manifest_->version, {});
   }
-  subscriber_->check(reply.first, reply.second.bytes(), manifest_->version);
+  subscriber_->check(reply.status(), reply.bytes(), manifest_->version);
 }
 
 void PublishedSource::finish(bool ok) noexcept {

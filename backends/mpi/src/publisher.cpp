@@ -265,12 +265,28 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
                  options.reply_timeout);
   }
 
-  void reply(int dest, int tag, ReplyStatus status, std::vector<std::byte> body) {
-    const auto what = fmt::format("a reply to rank {}", dest);
-    send_header(dest, tag, status, body.size(), what);
+  /// Answers `head` with `status` and `body`; a body larger than the subscriber receives is
+  /// refused instead (too_large), since a send it never receives would wait out reply_timeout
+  /// and leave the group unusable for every subscriber.
+  void reply(const RequestHead& head, ReplyStatus status, std::vector<std::byte> body) {
+    if (body.size() > head.reply_capacity) {
+      refuse_too_large(head, body.size());
+      return;
+    }
+    const auto what = fmt::format("a reply to rank {}", head.sender);
+    send_header(head.sender, head.reply_tag, status, body.size(), what);
     if (!body.empty())
-      send_message(comm, dest, tag + 1, std::make_shared<const std::vector<std::byte>>(std::move(body)), what,
-                   options.reply_timeout);
+      send_message(comm, head.sender, head.reply_tag + 1,
+                   std::make_shared<const std::vector<std::byte>>(std::move(body)), what, options.reply_timeout);
+  }
+
+  /// Answers `head` with too_large for a reply of `size` bytes (the reason as its body, if
+  /// even that fits).
+  void refuse_too_large(const RequestHead& head, std::uint64_t size) {
+    std::vector<std::byte> why =
+        text(fmt::format("a reply of {} bytes, more than the {} bytes of reply memory", size, head.reply_capacity));
+    if (why.size() > head.reply_capacity) why.clear();
+    reply(head, ReplyStatus::too_large, std::move(why));
   }
 
   static std::vector<std::byte> text(const std::string& s) {
@@ -287,17 +303,17 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
       head.sender = static_cast<int>(r.u32());
       head.reply_tag = static_cast<int>(r.u32());
       head.publication = r.u64();
+      head.reply_capacity = r.u64();
       if (head.sender < 0 || head.sender >= comm->size) return;  // nowhere to answer
       answer(head, r);
     } catch (const BackendError& e) {  // a staged tensor's copy failed
-      if (head.kind != RequestKind::done && head.reply_tag != 0)
-        reply(head.sender, head.reply_tag, ReplyStatus::failed, text(e.what()));
+      if (head.kind != RequestKind::done && head.reply_tag != 0) reply(head, ReplyStatus::failed, text(e.what()));
     } catch (const std::exception& e) {
       if (head.kind == RequestKind::done || head.sender < 0 || head.sender >= comm->size || head.reply_tag == 0) {
         log::warn("live publisher: a malformed request: {}", e.what());
         return;
       }
-      reply(head.sender, head.reply_tag, ReplyStatus::bad_request, text(e.what()));
+      reply(head, ReplyStatus::bad_request, text(e.what()));
     }
   }
 
@@ -306,6 +322,7 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
       const std::string version = r.str();
       std::shared_ptr<PublicationState> p;
       bool withdrawn = false;
+      bool first_open = false;
       {
         std::lock_guard lock(mutex);
         for (auto it = publications.rbegin(); it != publications.rend(); ++it) {
@@ -316,7 +333,7 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
             continue;
           }
           p = it->second;
-          p->opened.insert(head.sender);
+          first_open = p->opened.insert(head.sender).second;
           break;
         }
       }
@@ -326,11 +343,16 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
             withdrawn || std::find(withdrawn_tags.begin(), withdrawn_tags.end(), version) != withdrawn_tags.end();
       }
       if (!p) {
-        reply(head.sender, head.reply_tag, withdrawn ? ReplyStatus::withdrawn : ReplyStatus::not_published,
+        reply(head, withdrawn ? ReplyStatus::withdrawn : ReplyStatus::not_published,
               text(version.empty() ? "no version is offered" : version));
         return;
       }
-      reply(head.sender, head.reply_tag, ReplyStatus::ok, encode_manifest(p->manifest));
+      std::vector<std::byte> manifest = encode_manifest(p->manifest);
+      if (manifest.size() > head.reply_capacity && first_open) {  // refused: the subscriber never holds it
+        std::lock_guard lock(mutex);
+        p->opened.erase(head.sender);
+      }
+      reply(head, ReplyStatus::ok, std::move(manifest));
       return;
     }
     std::shared_ptr<PublicationState> p;
@@ -351,12 +373,12 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
     }
     if (head.kind == RequestKind::done) return;
     if (!p || withdrawn) {
-      reply(head.sender, head.reply_tag, p ? ReplyStatus::withdrawn : ReplyStatus::not_published,
+      reply(head, p ? ReplyStatus::withdrawn : ReplyStatus::not_published,
             text(p ? p->manifest.version : fmt::format("publication {}", head.publication)));
       return;
     }
     if (head.kind == RequestKind::confirm) {
-      reply(head.sender, head.reply_tag, ReplyStatus::ok, {});
+      reply(head, ReplyStatus::ok, {});
       return;
     }
     if (head.kind == RequestKind::read) {
@@ -364,7 +386,7 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
       return;
     }
     if (head.kind == RequestKind::read_staged) {
-      reply(head.sender, head.reply_tag, ReplyStatus::ok, read_staged(*p, r));
+      reply(head, ReplyStatus::ok, read_staged(*p, r));
       return;
     }
     if (head.kind != RequestKind::digests)
@@ -388,7 +410,7 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
         throw Error(errc::invalid_selection, {.tensor = t.name}, why);
       out.str(digest_of(*p, index, *selection));
     }
-    reply(head.sender, head.reply_tag, ReplyStatus::ok, std::move(out.bytes()));
+    reply(head, ReplyStatus::ok, std::move(out.bytes()));
   }
 
   /// A read request's runs (u64 count, then count × (u64 offset, u64 length)) and their total,
@@ -418,6 +440,10 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
     if (window) throw Error(errc::invalid_argument, {}, "this publisher's subscribers read its window (one_sided)");
     const std::uint64_t address = r.u64();
     auto [runs, total] = requested_runs(r);
+    if (total > head.reply_capacity) {
+      refuse_too_large(head, total);
+      return;
+    }
     const auto what = fmt::format("a reply to rank {}", head.sender);
     std::shared_ptr<MessageBuffer> packed;
     const std::byte* region = nullptr;  // the one run's region, counted while its send is in flight

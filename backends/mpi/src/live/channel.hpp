@@ -68,6 +68,18 @@ class MessageBuffer {
   /// Room for `capacity` bytes, none of them yet the message's.
   explicit MessageBuffer(std::size_t capacity)
       : data_(std::make_unique_for_overwrite<std::byte[]>(capacity)), capacity_(capacity) {}
+  /// Takes `other`'s bytes; `other` is left empty (capacity 0), never a size without memory.
+  MessageBuffer(MessageBuffer&& other) noexcept
+      : data_(std::move(other.data_)),
+        capacity_(std::exchange(other.capacity_, 0)),
+        size_(std::exchange(other.size_, 0)) {}
+  /// Takes `other`'s bytes, as the move constructor does.
+  MessageBuffer& operator=(MessageBuffer&& other) noexcept {
+    data_ = std::move(other.data_);
+    capacity_ = std::exchange(other.capacity_, 0);
+    size_ = std::exchange(other.size_, 0);
+    return *this;
+  }
 
   /// Where a receive writes.
   std::byte* data() noexcept { return data_.get(); }

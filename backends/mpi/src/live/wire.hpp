@@ -53,6 +53,10 @@ enum class ReplyStatus : std::uint32_t {
   withdrawn = 2,      ///< the publication was withdrawn
   bad_request = 3,    ///< the request was malformed (the body says why)
   failed = 4,         ///< the publisher could not copy out its own memory (the body says why)
+  /// the reply would be larger than the subscriber's reply memory (RequestHead::reply_capacity;
+  /// the body, when it fits, says how large): not sent, so nothing waits for a receive that
+  /// never comes
+  too_large = 5,
 };
 
 /// Appends fixed-size integers and length-prefixed strings.
@@ -99,6 +103,8 @@ struct RequestHead {
   int sender = 0;                 ///< rank in the live group
   int reply_tag = 0;              ///< where the answer goes
   std::uint64_t publication = 0;  ///< 0 for open
+  /// The largest reply body the subscriber receives: its reply memory.
+  std::uint64_t reply_capacity = 0;
 };
 
 /// One tensor of a manifest.
