@@ -505,7 +505,7 @@ TEST_CASE("live – concurrent lease reads of two versions stay within one budge
   std::vector<std::string> failures;
   // Outlives its coroutines, which use its captures.
   const auto read = [&](mpi::PublishedSource* source, const std::vector<std::byte>* want) -> asio::awaitable<void> {
-    const io::TensorReadRequest whole{.key = key};  // named: GCC 12 destroys a temporary of a co_await twice
+    const io::TensorReadRequest whole{.key = key};  // named, not a temporary (g++ 12: docs/io.md)
     const io::Lease lease = co_await source->async_read(whole, asio::use_awaitable);
     const auto got = lease.bytes();
     if (got.size() == want->size() && std::memcmp(got.data(), want->data(), got.size()) == 0) ++right;
