@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <initializer_list>
 #include <map>
 #include <optional>
@@ -26,6 +27,8 @@
 #include <thread>
 #include <tuple>
 #include <vector>
+
+#include <unistd.h>
 
 #include "cpu/cpu_fixture.hpp"
 #include "distributed/mpi_fixture.hpp"
@@ -140,6 +143,31 @@ mpi::LiveTransport transport() {
   const char* chosen = std::getenv("EREDU_TEST_LIVE_TRANSPORT");
   return chosen != nullptr && std::string(chosen) == "two_sided" ? mpi::LiveTransport::two_sided
                                                                  : mpi::LiveTransport::one_sided;
+}
+
+/// The file by which world rank `rank` tells the process `pid` that it is past a point.
+std::filesystem::path past_flag(std::int64_t pid, int rank) {
+  return std::filesystem::temp_directory_path() /
+         ("eredu-test-past-" + std::to_string(pid) + "-" + std::to_string(rank));
+}
+
+/// Tells `world`'s rank `victim`, which waits in wait_until_past, that this rank is past the
+/// point the victim must not die before. A barrier would race: the victim can leave it and die
+/// before its last message reaches the others, whose barrier then fails on its exit.
+void say_past(mpi::Communicator& world, int victim) {
+  std::ofstream(past_flag(world.peers()[static_cast<std::size_t>(victim)].pid, world.rank())).put('1');
+}
+
+/// Waits (60 s at most) until every other rank of `world` has called say_past for this rank.
+void wait_until_past(mpi::Communicator& world) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (int r = 0; r < world.size(); ++r) {
+    if (r == world.rank()) continue;
+    const std::filesystem::path flag = past_flag(::getpid(), r);
+    while (!std::filesystem::exists(flag) && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::filesystem::remove(flag);
+  }
 }
 
 /// Rank 0 publishes; ranks 1 and 2 subscribe and form the tensor-parallel pair.
@@ -895,9 +923,9 @@ TEST_CASE("live – a publisher that dies mid-update leaves both ranks on the ol
     env.world.barrier().get();
     CHECK(v1.wait_served(2, std::chrono::seconds(30)));
     mpi::Publication v2 = env.publisher->publish("step-2", "step-1", w2.tensors());
-    env.world.barrier().get();  // the subscribers open step-2 and get its digests
     env.world.barrier().get();
-    std::raise(SIGKILL);  // before they read a byte of it
+    wait_until_past(env.world);  // the subscribers opened step-2 and got its digests
+    std::raise(SIGKILL);         // before they read a byte of it
   }
   env.world.barrier().get();
   REQUIRE(env.swap_to("step-1").generation == 1);
@@ -907,7 +935,7 @@ TEST_CASE("live – a publisher that dies mid-update leaves both ranks on the ol
   options.checksums = env.run(v2->async_checksums(env.plan.bindings, asio::use_awaitable));
   mpi::PublishedSource* s = v2.get();
   options.canary = [s](const Module&) -> asio::awaitable<void> { co_await s->async_confirm(asio::use_awaitable); };
-  env.world.barrier().get();
+  say_past(env.world, 0);
   // The publisher is gone before a byte of step-2 is read (a death during an MPI_Rget itself is
   // not covered: see docs/live_updates.md).
   const std::string stat = "/proc/" + std::to_string(env.live.peers()[0].pid) + "/stat";
