@@ -368,6 +368,10 @@ asio::awaitable<void> PublishedSource::request_runs(const io::TensorInfo& t, std
   } catch (const BackendError& e) {  // the publisher's copy of a staged tensor failed
     throw BackendError(e.kind(), {.file = e.context().file, .tensor = t.name, .offset = runs.front().source_offset},
                        e.detail());
+  } catch (const Error& e) {  // a part the publisher refused as larger than the reply memory
+    if (e.kind() != errc::exceeds_budget) throw;
+    throw Error(e.kind(), {.file = e.context().file, .tensor = t.name, .offset = runs.front().source_offset},
+                e.detail());
   }
   if (bytes.size() != size)
     throw Error(errc::incomplete_data, {.file = where, .tensor = t.name, .offset = runs.front().source_offset},
