@@ -28,7 +28,11 @@ TEST_CASE("mpi – a rank killed before a collective gives the others a typed er
   group.set_timeout(std::chrono::milliseconds(3000));
   auto ready = world.async_barrier(asio::use_future);
   test::get_within(ready);
-  if (group.rank() == 1) std::raise(SIGKILL);
+  if (world.rank() == 1) {
+    test::wait_until_past(world);  // everyone left the barrier (see say_past)
+    std::raise(SIGKILL);
+  }
+  test::say_past(world, 1);
 
   cpu::Tensor t = cpu::Tensor::allocate(cpu::Backend::default_storage(), DType::F32, {1024});
   const auto start = std::chrono::steady_clock::now();

@@ -145,31 +145,6 @@ mpi::LiveTransport transport() {
                                                                  : mpi::LiveTransport::one_sided;
 }
 
-/// The file by which world rank `rank` tells the process `pid` that it is past a point.
-std::filesystem::path past_flag(std::int64_t pid, int rank) {
-  return std::filesystem::temp_directory_path() /
-         ("eredu-test-past-" + std::to_string(pid) + "-" + std::to_string(rank));
-}
-
-/// Tells `world`'s rank `victim`, which waits in wait_until_past, that this rank is past the
-/// point the victim must not die before. A barrier would race: the victim can leave it and die
-/// before its last message reaches the others, whose barrier then fails on its exit.
-void say_past(mpi::Communicator& world, int victim) {
-  std::ofstream(past_flag(world.peers()[static_cast<std::size_t>(victim)].pid, world.rank())).put('1');
-}
-
-/// Waits (60 s at most) until every other rank of `world` has called say_past for this rank.
-void wait_until_past(mpi::Communicator& world) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  for (int r = 0; r < world.size(); ++r) {
-    if (r == world.rank()) continue;
-    const std::filesystem::path flag = past_flag(::getpid(), r);
-    while (!std::filesystem::exists(flag) && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    std::filesystem::remove(flag);
-  }
-}
-
 /// Rank 0 publishes; ranks 1 and 2 subscribe and form the tensor-parallel pair.
 struct LiveEnv {
   mpi::Communicator& world = mpi_world();

@@ -345,7 +345,11 @@ TEST_CASE("mpi – a rank killed during a swap fails the others' vote within its
   const std::string before = tag(env.slot.current()->model);
   auto ready = env.world.async_barrier(asio::use_future);
   get_within(ready);
-  if (env.rank == 1) std::raise(SIGKILL);
+  if (env.rank == 1) {
+    wait_until_past(env.world);  // everyone left the barrier (see say_past)
+    std::raise(SIGKILL);
+  }
+  say_past(env.world, 1);
 
   auto source_b = io::CheckpointSource::open(env.ctx.get_executor(), env.b.path, env.options);
   const auto start = std::chrono::steady_clock::now();
