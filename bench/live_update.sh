@@ -6,10 +6,11 @@
 # swap; and delta updates with 1 % and 10 % of the 64 KiB blocks changed, and with 1.5 % of the
 # values changed at random, and with 78 % of the values moved by a few units in the last place
 # (drift), against the full update of the same round; and the full update
-# over the two-sided transport (update2) against the one-sided one. Rows (one JSON line per round and contender) go to OUT.
+# over the two-sided transport (update2) against the one-sided one; and the full update into an
+# InPlaceModelSlot (inplace) against the update, with its readers' pause. Rows (one JSON line per round and contender) go to OUT.
 #
 # usage: [ONLY=update,update2,...] [TRANSPORT=two_sided] bench/live_update.sh BUILD_DIR [size MiB=2048] [rounds=7] [out.jsonl]
-# ONLY times just those contenders (update, bcast, file, delta1, delta10, sparse, update2, drift).
+# ONLY times just those contenders (update, bcast, file, delta1, delta10, sparse, update2, drift, inplace).
 # TRANSPORT is the live transport of every contender but update2 (default one_sided).
 # Hold /tmp/eredu-build.lock around it on a shared machine so that no build runs meanwhile.
 set -euo pipefail
@@ -60,6 +61,20 @@ if have("update2") and u:
           f"(per round) {statistics.median(ratio):.2f} ({min(ratio):.2f}-{max(ratio):.2f})")
     m, lo, hi, _ = stat("update2", "load_s")
     print(f"  update2 load_s     {m:.4f} s ({lo:.4f}-{hi:.4f})")
+if have("inplace") and u:
+    m, lo, hi, _ = stat("inplace")
+    ip = {r["round"]: r["seconds"] for r in rows if r.get("case") == "inplace"}
+    ratio = [ip[k] / u[k] for k in ip if k in u]
+    print(f"inplace {m:.3f} s ({lo:.3f}-{hi:.3f})   {read / m / 1e9:.2f} GB/s per rank; in-place time / update "
+          f"(per round) {statistics.median(ratio):.2f} ({min(ratio):.2f}-{max(ratio):.2f})")
+    for key in ("load_s", "canary_s", "pause_s"):
+        m, lo, hi, _ = stat("inplace", key)
+        print(f"  inplace {key:10s} {m:.4f} s ({lo:.4f}-{hi:.4f})")
+    print("  inplace per round (seconds, staging blocks fresh from the system on the rank with most): " +
+          ", ".join(f"{r['seconds']:.2f} ({r['fresh_blocks']:.0f})" for r in rows if r.get("case") == "inplace"))
+    print(f"  inplace serving: steady p99 {summary['inplace_steady_p99_us']} us, during updates p99 "
+          f"{summary['inplace_during_p99_us']} us, longest wait {summary['inplace_max_pause_us'] / 1e3:.1f} ms, "
+          f"mixed responses {summary['inplace_mixed_responses']:.0f}")
 for case in ("delta1", "delta10", "sparse", "drift"):
     if not have(case) or not u:
         continue

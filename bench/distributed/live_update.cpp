@@ -29,11 +29,16 @@
 //           block and most values change, and the publisher sends the XOR with the base,
 //           compressed;
 //   update2 update over LiveTransport::two_sided: each part a request the publisher answers
-//           with a copy of the bytes (a second publisher and subscribers on their own group).
+//           with a copy of the bytes (a second publisher and subscribers on their own group);
+//   inplace the full version into an InPlaceModelSlot on each subscriber (a model of its own,
+//           made only when this contender runs): staged and verified as update, the canary
+//           confirms, then the gate closes, the requests in flight drain and the new bytes are
+//           copied over the serving ones. No vote: each rank's slot swaps alone.
 // Meanwhile a serving thread on each subscriber takes the version for each request
 // (version_for_step) and reads two tensors of it; its latencies are kept apart for requests
 // during an update and in steady state, and every response checks that both tensors come from
-// one version (a mixed response counts as an error).
+// one version (a mixed response counts as an error). With inplace, a second serving thread does
+// the same through the in-place slot's gate (async_read), where a request waits during a copy.
 
 #include <mpi.h>
 
@@ -49,6 +54,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -60,6 +67,7 @@
 #include "eredu/engine/description/plan_module.hpp"
 #include "eredu/engine/parallel/sharding.hpp"
 #include "eredu/engine/serving/distributed_model_slot.hpp"
+#include "eredu/engine/serving/in_place_model_slot.hpp"
 #include "eredu/io/reading/checkpoint_source.hpp"
 #include "eredu/mpi/backend.hpp"
 #include "eredu/mpi/environment.hpp"
@@ -73,6 +81,7 @@ namespace {
 
 using Module = engine::PlanModule<cpu::Parameter>;
 using Slot = engine::DistributedModelSlot<cpu::Backend, Module, mpi::Backend>;
+using InPlaceSlot = engine::InPlaceModelSlot<cpu::Backend, Module>;
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -124,9 +133,11 @@ auto wait(asio::io_context& ctx, F& f) {
 
 /// The serving thread of a subscriber (see file comment).
 struct Server {
-  explicit Server(Slot& s) : slot(s) {}
-  Slot& slot;
-  std::string first, last;                               // two tensors every response reads
+  /// Takes the version for request `step` and reads the first 8 bytes of the two tensors every
+  /// response reads; false while there is no version.
+  using Respond = std::function<bool(std::uint64_t step, std::uint64_t& first, std::uint64_t& last)>;
+  explicit Server(Respond r) : respond(std::move(r)) {}
+  Respond respond;
   std::vector<std::uint64_t> first_prefix, last_prefix;  // their first 8 bytes, by version seed index
   std::atomic<bool> stop{false};
   std::atomic<bool> updating{false};
@@ -139,11 +150,8 @@ struct Server {
       for (std::uint64_t step = 0; !stop.load(std::memory_order_relaxed); ++step) {
         const bool during = updating.load(std::memory_order_relaxed);
         const Clock::time_point t0 = Clock::now();
-        auto v = slot.version_for_step(step);
-        if (v) {
-          std::uint64_t a = 0, b = 0;
-          std::memcpy(&a, v->model.find(first)->value.bytes().data(), 8);
-          std::memcpy(&b, v->model.find(last)->value.bytes().data(), 8);
+        std::uint64_t a = 0, b = 0;
+        if (respond(step, a, b)) {
           const auto ia = std::find(first_prefix.begin(), first_prefix.end(), a) - first_prefix.begin();
           const auto ib = std::find(last_prefix.begin(), last_prefix.end(), b) - last_prefix.begin();
           if (ia != ib) ++mixed;
@@ -161,8 +169,10 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
               unsigned only, mpi::LiveTransport transport);
 
 /// The contenders, in the order their numbers rotate.
-constexpr std::array<std::string_view, 8> contender_names{"update",  "bcast",  "file",    "delta1",
-                                                          "delta10", "sparse", "update2", "drift"};
+constexpr std::array<std::string_view, 9> contender_names{"update", "bcast",   "file",  "delta1", "delta10",
+                                                          "sparse", "update2", "drift", "inplace"};
+/// The warm-up updates' contenders (one round per version): update, update2, inplace.
+constexpr std::array<int, 3> warm_up{0, 6, 8};
 
 /// The bit set of the contenders `list` names ("update,update2"), to time only those.
 unsigned contender_set(std::string_view list) {
@@ -178,7 +188,7 @@ unsigned contender_set(std::string_view list) {
 }
 
 int run_bench(int argc, char** argv) {
-  unsigned only = 0xff;  // every contender
+  unsigned only = 0x1ff;  // every contender
   std::uint64_t size_mib = 2048;
   int rounds = 7;
   std::filesystem::path dir = "/dev/shm/eredu-live";
@@ -216,8 +226,8 @@ int run_bench(int argc, char** argv) {
 
 int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const std::filesystem::path& dir,
               unsigned only, mpi::LiveTransport transport) {
-  // update, bcast, file, delta1, delta10, sparse, update2 (two-sided), drift
-  constexpr int contenders = 8;
+  // update, bcast, file, delta1, delta10, sparse, update2 (two-sided), drift, inplace
+  constexpr int contenders = 9;
   mpi::Communicator world = mpi::Communicator::world(env, {.timeout = std::chrono::minutes(5)});
   if (world.size() != 3) throw std::invalid_argument("run it with mpirun -np 3");
   const int rank = world.rank();
@@ -276,8 +286,8 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
     mpi::Publisher publisher(live, {.transport = transport, .xor_deltas = true});  // drift: the compressed XOR
     mpi::Publisher publisher2(live2, {.transport = mpi::LiveTransport::two_sided});
     for (int r = -2; r < rounds; ++r) {  // warm-up updates first, one per version and transport
-      for (int k = 0; k < (r < 0 ? 2 : contenders); ++k) {
-        const int contender = r < 0 ? (k == 0 ? 0 : 6) : (r + k) % contenders;
+      for (int k = 0; k < (r < 0 ? static_cast<int>(warm_up.size()) : contenders); ++k) {
+        const int contender = r < 0 ? warm_up[static_cast<std::size_t>(k)] : (r + k) % contenders;
         if (!(only >> contender & 1)) continue;
         MPI_Barrier(MPI_COMM_WORLD);
         if ((contender >= 3 && contender <= 5) || contender == 7) {
@@ -348,18 +358,25 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
                                                            : fmt::format("delta{}", percent),
                                           s, publish_s, changed, parts[0], parts[1], parts[2])
                                   .c_str());
-        } else if (contender == 0 || contender == 6) {
+        } else if (contender == 0 || contender == 6 || contender == 8) {
           auto& mem = ((r + 2) % 2 == 0) ? mem_a : mem_b;
           const Clock::time_point t0 = Clock::now();
-          mpi::Publication p =
-              (contender == 0 ? publisher : publisher2).publish(fmt::format("round-{}", r), {}, tensors_of(mem));
+          mpi::Publication p = (contender == 6 ? publisher2 : publisher)
+                                   .publish(fmt::format("round-{}-{}", r, contender), {}, tensors_of(mem));
           const double publish_s = seconds_since(t0);
           MPI_Barrier(MPI_COMM_WORLD);
           p.wait_served(2, std::chrono::minutes(5));
           const double s = slowest(0);
-          double parts[5] = {};
-          MPI_Reduce(MPI_IN_PLACE, parts, 5, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-          if (r >= 0)
+          double parts[6] = {};
+          MPI_Reduce(MPI_IN_PLACE, parts, contender == 8 ? 6 : 5, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+          if (r >= 0 && contender == 8)
+            std::printf("%s\n", fmt::format(R"({{"round": {}, "case": "inplace", "seconds": {:.4f}, )"
+                                            R"("publish_s": {:.4f}, "open_s": {:.4f}, "digests_s": {:.4f}, )"
+                                            R"("load_s": {:.4f}, "canary_s": {:.4f}, "pause_s": {:.4f}, )"
+                                            R"("fresh_blocks": {:.0f}}})",
+                                            r, s, publish_s, parts[0], parts[1], parts[2], parts[3], parts[4], parts[5])
+                                    .c_str());
+          else if (r >= 0)
             std::printf("%s\n", fmt::format(R"({{"round": {}, "case": "{}", "seconds": {:.4f}, "publish_s": {:.4f}, )"
                                             R"("open_s": {:.4f}, "digests_s": {:.4f}, "load_s": {:.4f}, )"
                                             R"("canary_s": {:.4f}, "commit_s": {:.4f}}})",
@@ -381,13 +398,15 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
         std::fflush(stdout);
       }
     }
-    double dummy[6] = {};
-    MPI_Reduce(MPI_IN_PLACE, dummy, 6, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    double dummy[10] = {};
+    MPI_Reduce(MPI_IN_PLACE, dummy, 10, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
     std::printf("%s\n", fmt::format(R"({{"model_bytes": {}, "rank_read_bytes": {:.0f}, "steady_p99_us": {:.1f}, )"
                                     R"("during_p99_us": {:.1f}, "max_pause_us": {:.1f}, "mixed_responses": {:.0f}, )"
-                                    R"("publisher_peak_rss_mib": {:.0f}, "subscriber_peak_rss_mib": {:.0f}}})",
+                                    R"("publisher_peak_rss_mib": {:.0f}, "subscriber_peak_rss_mib": {:.0f}, )"
+                                    R"("inplace_steady_p99_us": {:.1f}, "inplace_during_p99_us": {:.1f}, )"
+                                    R"("inplace_max_pause_us": {:.1f}, "inplace_mixed_responses": {:.0f}}})",
                                     model.total_bytes, dummy[4], dummy[0], dummy[1], dummy[2], dummy[3], peak_rss_mib(),
-                                    dummy[5])
+                                    dummy[5], dummy[6], dummy[7], dummy[8], dummy[9])
                             .c_str());
     return 0;
   }
@@ -411,13 +430,28 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
   probe.reset();
   Slot slot([&] { return Module::from_tensor_parallel(plan); }, tp,
             {.keep_previous = false, .vote_timeout = std::chrono::minutes(2)});
-  Server server(slot);
-  server.first = plan.tensors.front().parameter;
-  server.last = plan.tensors.back().parameter;
+  const std::string first = plan.tensors.front().parameter, last = plan.tensors.back().parameter;
+  Server server([&](std::uint64_t step, std::uint64_t& a, std::uint64_t& b) {
+    auto v = slot.version_for_step(step);
+    if (!v) return false;
+    std::memcpy(&a, v->model.find(first)->value.bytes().data(), 8);
+    std::memcpy(&b, v->model.find(last)->value.bytes().data(), 8);
+    return true;
+  });
+  // The in-place slot and its serving thread, only where its contender runs (a model more).
+  std::optional<InPlaceSlot> inplace;
+  if (only >> 8 & 1) inplace.emplace([&] { return Module::from_tensor_parallel(plan); });
+  Server inplace_server([&](std::uint64_t, std::uint64_t& a, std::uint64_t& b) {
+    // As a server would: enter at once while the gate is open, else wait for the copy to end.
+    std::optional<InPlaceSlot::Reader> entered = inplace->try_read();
+    InPlaceSlot::Reader reader = entered ? std::move(*entered) : inplace->async_read(asio::use_future).get();
+    std::memcpy(&a, reader.model().find(first)->value.bytes().data(), 8);
+    std::memcpy(&b, reader.model().find(last)->value.bytes().data(), 8);
+    return true;
+  });
   for (const synth::SyntheticOptions* o : {&options_a, static_cast<const synth::SyntheticOptions*>(&options_b)}) {
     // The first 8 bytes each rank holds of the two tensors, per version.
-    for (auto [name, prefix] :
-         {std::pair{&server.first, &server.first_prefix}, std::pair{&server.last, &server.last_prefix}}) {
+    for (auto [name, prefix] : {std::pair{&first, &server.first_prefix}, std::pair{&last, &server.last_prefix}}) {
       const auto it = std::find_if(plan.tensors.begin(), plan.tensors.end(),
                                    [&](const engine::ShardedTensor& t) { return t.parameter == *name; });
       const auto spec = std::find_if(m.tensors.begin(), m.tensors.end(),
@@ -430,12 +464,15 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
       prefix->push_back(v);
     }
   }
+  inplace_server.first_prefix = server.first_prefix;
+  inplace_server.last_prefix = server.last_prefix;
   io::Checksums sums[2];
   server.start();
   for (int r = -2; r < rounds; ++r) {
     const int version = (r + 2) % 2;
-    for (int k = 0; k < (r < 0 ? 2 : contenders); ++k) {
-      const int contender = r < 0 ? (k == 0 ? 0 : 6) : (r + k) % contenders;
+    if (r == 0 && inplace) inplace_server.start();  // the warm-ups bound a version, then copied one
+    for (int k = 0; k < (r < 0 ? static_cast<int>(warm_up.size()) : contenders); ++k) {
+      const int contender = r < 0 ? warm_up[static_cast<std::size_t>(k)] : (r + k) % contenders;
       if (!(only >> contender & 1)) continue;
       MPI_Barrier(MPI_COMM_WORLD);
       if ((contender >= 3 && contender <= 5) || contender == 7) {
@@ -493,6 +530,33 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
         slowest(mine);
         const double parts[5] = {open_s, digests_s, report.load_s, report.canary_s, report.commit_s};
         MPI_Reduce(parts, nullptr, 5, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+      } else if (contender == 8) {
+        MPI_Barrier(MPI_COMM_WORLD);  // published
+        inplace_server.updating = r >= 0;
+        const Clock::time_point t0 = Clock::now();
+        std::unique_ptr<mpi::PublishedSource> v = run(ctx, subscriber.async_open("", asio::use_awaitable));
+        const double open_s = seconds_since(t0);
+        engine::SwapOptions<Module> o;
+        o.checksums = run(ctx, v->async_checksums(plan.bindings, asio::use_awaitable));
+        const double digests_s = seconds_since(t0) - open_s;
+        mpi::PublishedSource* s = v.get();
+        o.canary = [s](const Module&) -> asio::awaitable<void> { co_await s->async_confirm(asio::use_awaitable); };
+        const cpu::StoragePoolStats before = context.storage.stats();
+        auto f = inplace->async_swap(*v, plan.bindings, context, arena, std::move(o), asio::use_future);
+        const engine::SwapReport report = wait(ctx, f);
+        const double mine = seconds_since(t0);
+        inplace_server.updating = false;
+        v->finish(true);
+        slowest(mine);
+        // Blocks of staging that came from the system (populated) rather than from the pool.
+        const double fresh = static_cast<double>(context.storage.stats().fresh_allocations - before.fresh_allocations);
+        const double parts[6] = {open_s,
+                                 digests_s,
+                                 report.load_s,
+                                 report.canary_s,
+                                 std::chrono::duration<double>(report.publish_pause).count(),
+                                 fresh};
+        MPI_Reduce(parts, nullptr, 6, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
       } else if (contender == 1) {
         const Clock::time_point t0 = Clock::now();
         for (const synth::TensorSpec& t : model.tensors) {
@@ -517,12 +581,16 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
       }
     }
   }
-  server.stop = true;
-  server.thread.join();
-  double mine[6] = {quantile(server.steady_us, 0.99),     quantile(server.during_us, 0.99),
-                    quantile(server.during_us, 1.0),      static_cast<double>(server.mixed),
-                    static_cast<double>(plan.read_bytes), peak_rss_mib()};
-  MPI_Reduce(mine, nullptr, 6, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+  for (Server* s : {&server, &inplace_server}) {
+    s->stop = true;
+    if (s->thread.joinable()) s->thread.join();
+  }
+  double mine[10] = {quantile(server.steady_us, 0.99),         quantile(server.during_us, 0.99),
+                     quantile(server.during_us, 1.0),          static_cast<double>(server.mixed),
+                     static_cast<double>(plan.read_bytes),     peak_rss_mib(),
+                     quantile(inplace_server.steady_us, 0.99), quantile(inplace_server.during_us, 0.99),
+                     quantile(inplace_server.during_us, 1.0),  static_cast<double>(inplace_server.mixed)};
+  MPI_Reduce(mine, nullptr, 10, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
   std::fprintf(stderr, "rank %d: %llu responses, plan reads %llu bytes\n", rank,
                static_cast<unsigned long long>(server.responses), static_cast<unsigned long long>(plan.read_bytes));
   return 0;

@@ -30,9 +30,10 @@
 /// change — what matters when other structures point into the weights (packed kernels,
 /// registered or device-mapped memory, captured graphs) and, on a GPU, lets the staged set
 /// live in host memory so device memory holds one version. The price is a reader pause:
-/// requests wait for the drain of the requests in flight plus the copy (milliseconds per
-/// GiB), where ModelSlot's readers never wait. A request must not call async_read while it
-/// holds a Reader (it would wait for a swap that waits for it).
+/// requests wait for the drain of the requests in flight plus the copy (0.08-1.3 s for a
+/// 0.99 GiB shard on the 2-core VM of docs/performance.md), where ModelSlot's readers never
+/// wait. A request must not call async_read while it holds a Reader (it would wait for a swap
+/// that waits for it).
 
 #include <asio/async_result.hpp>
 #include <asio/system_executor.hpp>
