@@ -53,20 +53,19 @@ if u and bc:
 if u and f:
     fl = [f[k] / u[k] for k in u]
     print(f"hot-file swap time / update time (per round):       {statistics.median(fl):.2f} ({min(fl):.2f}-{max(fl):.2f})")
-if have("update2") and u:
-    m, lo, hi, _ = stat("update2")
-    u2 = {r["round"]: r["seconds"] for r in rows if r.get("case") == "update2"}
-    ratio = [u2[k] / u[k] for k in u2 if k in u]
-    print(f"update2 {m:.3f} s ({lo:.3f}-{hi:.3f})   {read / m / 1e9:.2f} GB/s per rank; two-sided time / one-sided "
+def against_update(case, what):
+    """A full update's seconds, and its time over the (one-sided) update's of the same round."""
+    m, lo, hi, _ = stat(case)
+    c = {r["round"]: r["seconds"] for r in rows if r.get("case") == case}
+    ratio = [c[k] / u[k] for k in c if k in u]
+    print(f"{case:7s} {m:.3f} s ({lo:.3f}-{hi:.3f})   {read / m / 1e9:.2f} GB/s per rank; {what} "
           f"(per round) {statistics.median(ratio):.2f} ({min(ratio):.2f}-{max(ratio):.2f})")
+if have("update2") and u:
+    against_update("update2", "two-sided time / one-sided")
     m, lo, hi, _ = stat("update2", "load_s")
     print(f"  update2 load_s     {m:.4f} s ({lo:.4f}-{hi:.4f})")
 if have("inplace") and u:
-    m, lo, hi, _ = stat("inplace")
-    ip = {r["round"]: r["seconds"] for r in rows if r.get("case") == "inplace"}
-    ratio = [ip[k] / u[k] for k in ip if k in u]
-    print(f"inplace {m:.3f} s ({lo:.3f}-{hi:.3f})   {read / m / 1e9:.2f} GB/s per rank; in-place time / update "
-          f"(per round) {statistics.median(ratio):.2f} ({min(ratio):.2f}-{max(ratio):.2f})")
+    against_update("inplace", "in-place time / update")
     for key in ("load_s", "canary_s", "pause_s"):
         m, lo, hi, _ = stat("inplace", key)
         print(f"  inplace {key:10s} {m:.4f} s ({lo:.4f}-{hi:.4f})")
