@@ -509,54 +509,45 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
         slowest(mine);
         const double parts[3] = {report.load_s, static_cast<double>(v->transferred_bytes()), delta ? 1.0 : 0.0};
         MPI_Reduce(parts, nullptr, 3, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-      } else if (contender == 0 || contender == 6) {
+      } else if (contender == 0 || contender == 6 || contender == 8) {
+        // A full version into the double-buffered slot (update, update2) or the in-place one.
+        Server& serving_thread = contender == 8 ? inplace_server : server;
         MPI_Barrier(MPI_COMM_WORLD);  // published
-        server.updating = r >= 0;
+        serving_thread.updating = r >= 0;
         const Clock::time_point t0 = Clock::now();
         std::unique_ptr<mpi::PublishedSource> v =
-            run(ctx, (contender == 0 ? subscriber : subscriber2).async_open("", asio::use_awaitable));
+            run(ctx, (contender == 6 ? subscriber2 : subscriber).async_open("", asio::use_awaitable));
         const double open_s = seconds_since(t0);
         engine::SwapOptions<Module> o;
         o.checksums = run(ctx, v->async_checksums(plan.bindings, asio::use_awaitable));
         const double digests_s = seconds_since(t0) - open_s;
-        sums[version] = o.checksums;
+        if (contender != 8) sums[version] = o.checksums;
         mpi::PublishedSource* s = v.get();
         o.canary = [s](const Module&) -> asio::awaitable<void> { co_await s->async_confirm(asio::use_awaitable); };
-        auto f = slot.async_swap(*v, plan.bindings, context, std::move(o), asio::use_future);
-        const engine::DistributedSwapReport report = wait(ctx, f);
+        // load_s, canary_s, then commit_s, or the in-place pause and the staging blocks that came
+        // from the system (populated) rather than from the pool.
+        double steps[4] = {};
+        if (contender == 8) {
+          const std::uint64_t fresh_before = context.storage.stats().fresh_allocations;
+          auto f = inplace->async_swap(*v, plan.bindings, context, arena, std::move(o), asio::use_future);
+          const engine::SwapReport report = wait(ctx, f);
+          steps[0] = report.load_s;
+          steps[1] = report.canary_s;
+          steps[2] = std::chrono::duration<double>(report.publish_pause).count();
+          steps[3] = static_cast<double>(context.storage.stats().fresh_allocations - fresh_before);
+        } else {
+          auto f = slot.async_swap(*v, plan.bindings, context, std::move(o), asio::use_future);
+          const engine::DistributedSwapReport report = wait(ctx, f);
+          steps[0] = report.load_s;
+          steps[1] = report.canary_s;
+          steps[2] = report.commit_s;
+        }
         const double mine = seconds_since(t0);
-        server.updating = false;
+        serving_thread.updating = false;
         v->finish(true);
         slowest(mine);
-        const double parts[5] = {open_s, digests_s, report.load_s, report.canary_s, report.commit_s};
-        MPI_Reduce(parts, nullptr, 5, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-      } else if (contender == 8) {
-        MPI_Barrier(MPI_COMM_WORLD);  // published
-        inplace_server.updating = r >= 0;
-        const Clock::time_point t0 = Clock::now();
-        std::unique_ptr<mpi::PublishedSource> v = run(ctx, subscriber.async_open("", asio::use_awaitable));
-        const double open_s = seconds_since(t0);
-        engine::SwapOptions<Module> o;
-        o.checksums = run(ctx, v->async_checksums(plan.bindings, asio::use_awaitable));
-        const double digests_s = seconds_since(t0) - open_s;
-        mpi::PublishedSource* s = v.get();
-        o.canary = [s](const Module&) -> asio::awaitable<void> { co_await s->async_confirm(asio::use_awaitable); };
-        const cpu::StoragePoolStats before = context.storage.stats();
-        auto f = inplace->async_swap(*v, plan.bindings, context, arena, std::move(o), asio::use_future);
-        const engine::SwapReport report = wait(ctx, f);
-        const double mine = seconds_since(t0);
-        inplace_server.updating = false;
-        v->finish(true);
-        slowest(mine);
-        // Blocks of staging that came from the system (populated) rather than from the pool.
-        const double fresh = static_cast<double>(context.storage.stats().fresh_allocations - before.fresh_allocations);
-        const double parts[6] = {open_s,
-                                 digests_s,
-                                 report.load_s,
-                                 report.canary_s,
-                                 std::chrono::duration<double>(report.publish_pause).count(),
-                                 fresh};
-        MPI_Reduce(parts, nullptr, 6, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+        const double parts[6] = {open_s, digests_s, steps[0], steps[1], steps[2], steps[3]};
+        MPI_Reduce(parts, nullptr, contender == 8 ? 6 : 5, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
       } else if (contender == 1) {
         const Clock::time_point t0 = Clock::now();
         for (const synth::TensorSpec& t : model.tensors) {

@@ -18,7 +18,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <initializer_list>
 #include <map>
 #include <optional>
@@ -27,8 +26,6 @@
 #include <thread>
 #include <tuple>
 #include <vector>
-
-#include <unistd.h>
 
 #include "cpu/cpu_fixture.hpp"
 #include "distributed/mpi_fixture.hpp"
