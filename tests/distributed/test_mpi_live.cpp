@@ -638,10 +638,12 @@ TEST_CASE("live – without xor_deltas (the default), a drift delta sends the dr
 }
 
 TEST_CASE(
-    "live – an InPlaceModelSlot takes published versions and deltas in its own storage, a damaged one changes "
-    "no byte",
+    "live – an InPlaceModelSlot takes published versions and deltas in its own storage, staged or patched, a "
+    "damaged one changes no byte",
     "[mpi][live]") {
   REQUIRE(mpi_world().size() == 3);
+  // Every rank runs both: after the first version, async_swap (staged) or async_patch.
+  const bool patch = GENERATE(false, true);
   LiveEnv env(std::chrono::seconds(20), std::size_t{256});
   const Weights p1(1), p3(3);
   Weights p2 = p1;
@@ -665,6 +667,7 @@ TEST_CASE(
   // Made at the first open: the slot builds its serving model from the plan at once.
   std::unique_ptr<engine::InPlaceModelSlot<cpu::Backend, Module>> slot;
   cpu::Executor copier(1);
+  std::uint64_t written = 0;                 // by the last patch
   const auto held = [&](const Weights& w) {  // this rank's shard of `w`, and the slot's bytes
     auto reader = slot->try_read();
     if (!reader) return false;
@@ -707,9 +710,12 @@ TEST_CASE(
     if (corrupt) v->corrupt_next_read(*corrupt);
     engine::SwapOptions<Module> options;
     options.checksums = env.run(v->async_checksums(env.plan.bindings, asio::use_awaitable));
-    auto f = slot->async_swap(*v, env.plan.bindings, env.context, copier, std::move(options), asio::use_future);
+    auto f =
+        patch && slot->generation() > 0
+            ? slot->async_patch(*v, env.plan.bindings, std::move(options), engine::PatchOptions{}, asio::use_future)
+            : slot->async_swap(*v, env.plan.bindings, env.context, copier, std::move(options), asio::use_future);
     try {
-      run_until_ready(env.ctx, f);
+      written = run_until_ready(env.ctx, f).written_bytes;
       v->finish(true);
       return std::optional<std::uint64_t>(v->transferred_bytes());
     } catch (const Error& e) {
@@ -726,7 +732,8 @@ TEST_CASE(
   env.world.barrier().get();
   const std::optional<std::uint64_t> moved = swap("p-2", true, std::nullopt);
   REQUIRE(moved);
-  CHECK(*moved <= 256u);  // one changed 256-byte block of q_proj in each rank's half
+  CHECK(*moved <= 256u);             // one changed 256-byte block of q_proj in each rank's half
+  if (patch) CHECK(written == 64u);  // and one changed byte in it: one 64-byte block written
   CHECK(slot->generation() == 2);
   CHECK(held(p2));
   CHECK(slot->try_read()->model().find(env.plan.tensors.front().parameter)->value.bytes().data() == address);

@@ -45,6 +45,7 @@ TEST_CASE("backend requirements: the CPU backend meets every row but the collect
   STATIC_REQUIRE(f.reserving);
   STATIC_REQUIRE(f.transfer);
   STATIC_REQUIRE(f.in_place);
+  STATIC_REQUIRE(f.patching);
   STATIC_REQUIRE_FALSE(f.collective);
   STATIC_REQUIRE_FALSE(f.voting);
   constexpr BufferTraits traits = buffer_traits_of<cpu::Backend>();

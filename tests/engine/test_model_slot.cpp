@@ -24,6 +24,7 @@
 #include "eredu/cpu/convert.hpp"
 #include "eredu/engine/serving/in_place_model_slot.hpp"
 #include "eredu/engine/serving/model_slot.hpp"
+#include "eredu/io/integrity/digest.hpp"
 #include "eredu/io/integrity/sha256.hpp"
 #include "support/vector_source.hpp"
 
@@ -450,6 +451,241 @@ TEST_CASE("in-place slot – concurrent readers never see a mix while swaps repe
   // The serving model and nothing else: every staged set went back to the pool.
   CHECK(env.storage.stats().live_bytes == serving_bytes);
   CHECK(env.source_a->pool().in_use() == 0);
+}
+
+namespace model_slot_test {
+
+/// TinyModel with every weight read as stored (no recipe): what a patch can write in place.
+struct PlainModel {
+  cpu::Parameter w{DType::BF16, {64, 48}};
+  cpu::Parameter b{DType::BF16, {96}};
+  cpu::Parameter n{DType::F32, {48}};
+  cpu::Parameter b_tied{DType::BF16, {96}};
+
+  void visit_parameters(engine::ParameterVisitor<cpu::Parameter>& v, const std::string& prefix) const {
+    visit_slots(*this, v, prefix);
+  }
+  void visit_parameters_mut(engine::ParameterVisitorMut<cpu::Parameter>& v, const std::string& prefix) {
+    visit_slots_mut(*this, v, prefix);
+  }
+  template <class Self, class Fn>
+  static void each(Self& self, Fn&& fn) {
+    fn("w", self.w);
+    fn("b", self.b);
+    fn("n", self.n);
+    fn("b_tied", self.b_tied);
+  }
+  /// Every weight's bytes, in order (the tied one included): what a version's reader sees.
+  std::vector<std::byte> bytes() const {
+    std::vector<std::byte> out;
+    each(*this, [&](const char*, const cpu::Parameter& p) {
+      out.insert(out.end(), p.value.bytes().begin(), p.value.bytes().end());
+    });
+    return out;
+  }
+};
+
+std::vector<WeightBinding> plain_bindings() {
+  return {
+      WeightBinding::tensor("w", "w", Selection::all(), 64 * 48 * 2),
+      WeightBinding::tensor("b", "b", Selection::all(), 96 * 2),
+      WeightBinding::tensor("n", "n", Selection::all(), 48 * 4),
+      WeightBinding::alias("b_tied", "b", 96 * 2),
+  };
+}
+
+/// Three versions in memory: A, A with three bytes changed (in three 64-byte blocks), and B,
+/// which differs everywhere; an in-place slot serving A.
+struct PatchEnv {
+  Env env;
+  std::vector<std::vector<std::byte>> a = env.a.data, a2 = env.a.data, b = env.b.data;
+  std::unique_ptr<test::VectorSource> source_a, source_a2, source_b;
+  WeightBindingPlan plan{plain_bindings()};
+  engine::InPlaceModelSlot<cpu::Backend, PlainModel> slot{[] { return PlainModel{}; }};
+
+  PatchEnv() {
+    a2[0][5] ^= std::byte{0x40};     // w: block 0
+    a2[0][3000] ^= std::byte{0x01};  // w: block 46
+    a2[2][100] ^= std::byte{0x80};   // n: block 1
+    source_a = make(a);
+    source_a2 = make(a2);
+    source_b = make(b);
+    auto f = slot.async_swap(*source_a, plan, env.mc, env.background, asio::use_future);
+    env.get(f);
+  }
+  std::unique_ptr<test::VectorSource> make(const std::vector<std::vector<std::byte>>& data) {
+    // Chunks of 1000 bytes: blocks and changed runs straddle them.
+    auto s = std::make_unique<test::VectorSource>(env.ctx.get_executor(), std::size_t{1} << 20, 1000);
+    for (std::size_t i = 0; i < env.a.specs.size(); ++i)
+      s->add(env.a.specs[i].name, env.a.specs[i].dtype, env.a.specs[i].shape, data[i]);
+    return s;
+  }
+  /// What a reader of version `data` sees.
+  static std::vector<std::byte> expected(const std::vector<std::vector<std::byte>>& data) {
+    std::vector<std::byte> out;
+    for (int i : {0, 1, 2, 1}) out.insert(out.end(), data[i].begin(), data[i].end());
+    return out;
+  }
+  /// The XXH3-128 digests of every tensor of `data`, under A's names.
+  io::Checksums digests(const std::vector<std::vector<std::byte>>& data) const {
+    io::Checksums sums;
+    for (std::size_t i = 0; i < data.size(); ++i)
+      sums.add(env.a.specs[i].name, io::DigestKind::xxh3_128, io::digest_hex(io::DigestKind::xxh3_128, data[i]));
+    return sums;
+  }
+  engine::SwapReport patch(test::VectorSource& source, engine::SwapOptions<PlainModel> options = {},
+                           engine::PatchOptions patch_options = {}, const WeightBindingPlan* other = nullptr) {
+    auto f = slot.async_patch(source, other ? *other : plan, std::move(options), patch_options, asio::use_future);
+    return env.get(f);
+  }
+  std::vector<std::byte> serving() {
+    auto f = slot.async_read(asio::use_future);
+    return env.get(f).model().bytes();
+  }
+};
+
+}  // namespace model_slot_test
+
+TEST_CASE("in-place patch – writes only the changed blocks, in the serving storage, after checking the digests",
+          "[engine][swap][in-place][patch]") {
+  PatchEnv p;
+  const std::byte* w_address = nullptr;
+  {
+    auto reader = p.slot.try_read();
+    REQUIRE(reader);
+    w_address = reader->model().w.value.bytes().data();
+  }
+  engine::SwapReport r = p.patch(*p.source_a2, {.checksums = p.digests(p.a2)});
+  CHECK(r.generation == 2);
+  CHECK(r.written_bytes == 3 * 64);
+  CHECK(r.verified_bytes == (64 * 48 * 2) + (96 * 2) + (48 * 4));
+  CHECK(p.serving() == PatchEnv::expected(p.a2));
+  auto reader = p.slot.try_read();
+  REQUIRE(reader);
+  CHECK(reader->generation() == 2);
+  CHECK(reader->model().w.value.bytes().data() == w_address);
+  CHECK(reader->model().b_tied.value.shares_storage_with(reader->model().b.value));
+  reader.reset();
+
+  // Back to A: the same three blocks; then to B, which changes every block (within budget).
+  CHECK(p.patch(*p.source_a).written_bytes == 3 * 64);
+  CHECK(p.serving() == PatchEnv::expected(p.a));
+  engine::SwapReport to_b = p.patch(*p.source_b);
+  CHECK(to_b.written_bytes <= to_b.bytes);
+  CHECK(to_b.written_bytes > to_b.bytes / 2);
+  CHECK(p.serving() == PatchEnv::expected(p.b));
+  CHECK(p.slot.generation() == 4);
+  CHECK(p.source_b->pool().in_use() == 0);
+}
+
+TEST_CASE("in-place patch – every failure leaves the serving bytes and generation as they were",
+          "[engine][swap][in-place][patch]") {
+  PatchEnv p;
+  const std::vector<std::byte> before = p.serving();
+  auto expect_rejected = [&](errc kind, auto&& run) {
+    try {
+      run();
+      FAIL("the patch succeeded");
+    } catch (const Error& e) {
+      INFO(e.what());
+      CHECK(e.kind() == kind);
+    }
+    CHECK(p.serving() == before);
+    CHECK(p.slot.generation() == 1);
+    CHECK_FALSE(p.slot.swapping());
+  };
+  SECTION("a digest that does not match (a flipped bit in transit)") {
+    expect_rejected(errc::checksum_mismatch, [&] { p.patch(*p.source_a2, {.checksums = p.digests(p.a)}); });
+  }
+  SECTION("more changed bytes than the budget") {
+    expect_rejected(errc::exceeds_budget, [&] { p.patch(*p.source_b, {}, {.budget = 4096}); });
+  }
+  SECTION("a read error mid-load") {
+    p.source_a2->fail_after(3);
+    expect_rejected(errc::io_error, [&] { p.patch(*p.source_a2); });
+  }
+  SECTION("read errors in several readers at once (a file, read by four): the error is still typed") {
+    REQUIRE(p.env.source_b->capabilities().concurrency >= 2);
+    p.env.faults.on = true;
+    expect_rejected(errc::io_error, [&] {
+      auto f = p.slot.async_patch(*p.env.source_b, p.plan, {}, {}, asio::use_future);
+      p.env.get(f);
+    });
+  }
+  SECTION("the canary rejects the patched model: the old bytes go back before readers return") {
+    std::vector<std::byte> seen;
+    expect_rejected(errc::canary_failed, [&] {
+      p.patch(*p.source_a2, {.canary = [&](const PlainModel& m) -> asio::awaitable<void> {
+        seen = m.bytes();
+        throw std::runtime_error("bad probe");
+        co_return;
+      }});
+    });
+    CHECK(seen == PatchEnv::expected(p.a2));  // it probed the new version
+  }
+  SECTION("a weight of another shape") {
+    auto b = plain_bindings();
+    b[2] = WeightBinding::tensor("n", "n", Selection{{{0, 24}}}, 24 * 4);
+    WeightBindingPlan narrow(std::move(b));
+    expect_rejected(errc::bind_shape_mismatch, [&] { p.patch(*p.source_a2, {}, {}, &narrow); });
+  }
+  SECTION("a weight a recipe computes, or another aliasing") {
+    auto b = plain_bindings();
+    b[0] = WeightBinding::from_recipe("w", DerivedWeightRecipe::cast(DerivedWeightRecipe::source("w"), DType::BF16),
+                                      64 * 48 * 2);
+    WeightBindingPlan computed(std::move(b));
+    expect_rejected(errc::invalid_argument, [&] { p.patch(*p.source_a2, {}, {}, &computed); });
+    auto c = plain_bindings();
+    c[3] = WeightBinding::tensor("b_tied", "b", Selection::all(), 96 * 2);
+    WeightBindingPlan untied(std::move(c));
+    expect_rejected(errc::invalid_argument, [&] { p.patch(*p.source_a2, {}, {}, &untied); });
+  }
+}
+
+TEST_CASE("in-place patch – the first version cannot be a patch", "[engine][swap][in-place][patch]") {
+  Env env;
+  test::VectorSource& source = env.memory_a;
+  engine::InPlaceModelSlot<cpu::Backend, PlainModel> slot([] { return PlainModel{}; });
+  WeightBindingPlan plan(plain_bindings());
+  auto f = slot.async_patch(source, plan, {}, {}, asio::use_future);
+  try {
+    env.get(f);
+    FAIL("patched an empty model");
+  } catch (const Error& e) {
+    CHECK(e.kind() == errc::invalid_argument);
+  }
+  CHECK(slot.generation() == 0);
+}
+
+TEST_CASE("in-place patch – concurrent readers never see a mix while patches repeat",
+          "[engine][swap][in-place][patch][stress]") {
+  PatchEnv p;
+  const std::vector<std::byte> want_a = PatchEnv::expected(p.a), want_a2 = PatchEnv::expected(p.a2);
+  std::atomic<bool> stop{false};
+  std::atomic<std::uint64_t> reads{0}, mixed{0};
+  std::atomic<int> running{0};
+  std::vector<std::thread> readers;
+  for (int r = 0; r < 2; ++r)
+    readers.emplace_back([&] {
+      bool counted = false;
+      while (!stop.load(std::memory_order_relaxed)) {
+        auto reader = p.slot.try_read();
+        if (!reader) {
+          std::this_thread::yield();
+          continue;
+        }
+        if (reader->model().bytes() != (reader->generation() % 2 == 1 ? want_a : want_a2)) mixed.fetch_add(1);
+        reads.fetch_add(1);
+        if (!std::exchange(counted, true)) running.fetch_add(1);
+      }
+    });
+  while (running.load() < 2) std::this_thread::yield();
+  for (int i = 0; i < 20; ++i) p.patch(i % 2 == 0 ? *p.source_a2 : *p.source_a);
+  stop = true;
+  for (auto& t : readers) t.join();
+  CHECK(mixed.load() == 0);
+  CHECK(reads.load() > 0);
+  CHECK(p.slot.generation() == 21);
 }
 
 // The cases every slot shares (conformance/slot_conformance.hpp), for ModelSlot and

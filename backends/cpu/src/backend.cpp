@@ -189,21 +189,33 @@ Completion Backend::verify_weight(MaterializationContext& context, const Tensor&
   return context.executor.submit([weight, check = std::move(check)] { verify_bytes(weight, check); });
 }
 
-Completion Backend::overwrite(Executor& executor, Parameter& slot, const Tensor& weight) {
+namespace {
+/// Throws BackendError unless `slot` holds a tensor the host may write in place.
+void check_writable(const Parameter& slot) {
   if (!slot.value)
     throw BackendError(errc::backend_failure, {}, "an in-place overwrite needs a parameter that is already bound");
+  if (const io::MappedTensor* mapped = slot.value.storage()->mapping())
+    throw BackendError(errc::backend_failure, {.file = mapped->file().path(), .tensor = mapped->tensor()},
+                       "the bound tensor is mapped read-only from its checkpoint file: an in-place swap needs "
+                       "weights loaded into copied storage");
+}
+}  // namespace
+
+Completion Backend::overwrite(Executor& executor, Parameter& slot, const Tensor& weight) {
+  check_writable(slot);
   if (slot.value.dtype() != weight.dtype() || slot.value.shape() != weight.shape() ||
       slot.value.nbytes() != weight.nbytes())
     throw BackendError(errc::bind_shape_mismatch, {},
                        fmt::format("the bound {} {} tensor cannot be overwritten in place by a {} {} weight",
                                    dtype_name(slot.value.dtype()), format_shape(slot.value.shape()),
                                    dtype_name(weight.dtype()), format_shape(weight.shape())));
-  if (const io::MappedTensor* mapped = slot.value.storage()->mapping())
-    throw BackendError(errc::backend_failure, {.file = mapped->file().path(), .tensor = mapped->tensor()},
-                       "the bound tensor is mapped read-only from its checkpoint file: an in-place swap needs "
-                       "weights loaded into copied storage");
   if (slot.value.shares_storage_with(weight)) return Completion::ready_now();
   return executor.submit([destination = slot.value, weight] { copy_weight(weight, destination.mutable_bytes()); });
+}
+
+std::span<std::byte> Backend::writable_bytes(Parameter& slot) {
+  check_writable(slot);
+  return slot.value.mutable_bytes();
 }
 
 std::pair<Tensor, Completion> Backend::promote(Executor& executor, const HostBuffer& host, StoragePool& storage) {

@@ -100,6 +100,12 @@ struct Backend : engine::BackendGlue<Tensor, Executor> {
   /// until the copy completes, and the slot must not be read before then.
   static Completion overwrite(Executor& executor, Parameter& slot, const Tensor& weight);
 
+  // --- PatchingBackend ---
+
+  /// The bytes of the tensor bound to `slot`, to compare and write in place. Throws
+  /// BackendError when the slot is unbound or its tensor is mapped read-only from its file.
+  static std::span<std::byte> writable_bytes(Parameter& slot);
+
   // --- SubmissionBackend: engine::BackendGlue's (fork_executors, submit, order_after,
   // retain_until_complete), forwarded to the Executor. CPU tensors are written eagerly, so
   // submitting values is a fence. ---

@@ -23,6 +23,8 @@
 ///    and restore it. Without: a prefetch pipeline reads a unit again instead of parking it.
 ///  - optional: InPlaceBackend (backend/in_place_backend.hpp): overwrite a bound weight.
 ///    Without: InPlaceModelSlot is unavailable.
+///  - optional: PatchingBackend (backend/patching_backend.hpp): host-writable bound weights.
+///    Without: InPlaceModelSlot::async_patch is unavailable (async_swap stages a copy).
 ///  - optional: CollectiveBackend (backend/collective_backend.hpp): all_reduce, all_gather,
 ///    all_to_all over a group. Without: no tensor parallelism over its devices.
 ///  - optional: GatherIntoBackend (backend/collective_backend.hpp): gather into a tensor the
@@ -41,6 +43,7 @@
 #include "eredu/engine/backend/collective_backend.hpp"
 #include "eredu/engine/backend/in_place_backend.hpp"
 #include "eredu/engine/backend/parameter_backend.hpp"
+#include "eredu/engine/backend/patching_backend.hpp"
 #include "eredu/engine/backend/reserving_backend.hpp"
 #include "eredu/engine/backend/submission_backend.hpp"
 #include "eredu/engine/backend/transfer_backend.hpp"
@@ -59,6 +62,7 @@ struct BackendFeatures {
   bool reserving = false;      ///< ReservingBackend
   bool transfer = false;       ///< TransferBackend
   bool in_place = false;       ///< InPlaceBackend
+  bool patching = false;       ///< PatchingBackend
   bool collective = false;     ///< CollectiveBackend
   bool gather_into = false;    ///< GatherIntoBackend
   bool voting = false;         ///< VotingBackend
@@ -72,8 +76,8 @@ constexpr BackendFeatures backend_features() noexcept {
           .buffer_traits = requires {{B::buffer_traits} -> std::convertible_to<const BufferTraits&>;
 }
 , .submission = SubmissionBackend<B>, .verifying = VerifyingBackend<B>, .reserving = ReservingBackend<B>,
-  .transfer = TransferBackend<B>, .in_place = InPlaceBackend<B>, .collective = CollectiveBackend<B>,
-  .gather_into = GatherIntoBackend<B>, .voting = VotingBackend<B>
+  .transfer = TransferBackend<B>, .in_place = InPlaceBackend<B>, .patching = PatchingBackend<B>,
+  .collective = CollectiveBackend<B>, .gather_into = GatherIntoBackend<B>, .voting = VotingBackend<B>
 };  // namespace eredu::engine
 }
 

@@ -96,13 +96,29 @@ struct InPlaceGate {
 
   /// Records the copy's outcome (a torn gate, or one more generation), reopens the gate and
   /// admits the reads that waited.
-  static void open(const std::shared_ptr<InPlaceGate>& g, std::exception_ptr torn) {
+  static void open(const std::shared_ptr<InPlaceGate>& g, std::exception_ptr torn) { reopen(g, true, std::move(torn)); }
+
+  /// Reopens the gate after a write that was undone: the weights hold the version they held
+  /// (a torn gate stays torn). Admits the reads that waited.
+  static void reopen_unchanged(const std::shared_ptr<InPlaceGate>& g) { reopen(g, false, nullptr); }
+
+  /// The version the weights hold.
+  static std::uint64_t current_generation(const std::shared_ptr<InPlaceGate>& g) {
+    std::lock_guard lock(g->mutex);
+    return g->generation;
+  }
+
+ private:
+  /// Reopens the gate; `wrote`: records the write's outcome `torn` first (see open).
+  static void reopen(const std::shared_ptr<InPlaceGate>& g, bool wrote, std::exception_ptr torn) {
     std::vector<Deliver> admitted;
     std::uint64_t generation = 0;
     {
       std::lock_guard lock(g->mutex);
-      g->torn = std::move(torn);
-      if (!g->torn) ++g->generation;
+      if (wrote) {
+        g->torn = std::move(torn);
+        if (!g->torn) ++g->generation;
+      }
       g->writing = false;
       admitted.swap(g->waiting);
       torn = g->torn;
@@ -110,12 +126,6 @@ struct InPlaceGate {
       if (!torn) g->readers += admitted.size();
     }
     for (Deliver& d : admitted) torn ? d(torn, Reader()) : d(nullptr, Reader(g, generation));
-  }
-
-  /// The version the weights hold.
-  static std::uint64_t current_generation(const std::shared_ptr<InPlaceGate>& g) {
-    std::lock_guard lock(g->mutex);
-    return g->generation;
   }
 };
 

@@ -48,7 +48,9 @@
 #include "eredu/core/detail/handler_delivery.hpp"
 #include "eredu/core/detail/spawn_operation.hpp"
 #include "eredu/engine/backend/in_place_backend.hpp"
+#include "eredu/engine/backend/patching_backend.hpp"
 #include "eredu/engine/detail/in_place_gate.hpp"
+#include "eredu/engine/detail/in_place_patch.hpp"
 #include "eredu/engine/detail/in_place_swap.hpp"
 #include "eredu/engine/detail/swap_core.hpp"
 #include "eredu/engine/serving/swap_options.hpp"
@@ -188,6 +190,54 @@ class InPlaceModelSlot {
   auto async_swap(Source& source, const WeightBindingPlan& plan, typename B::MaterializationContext& context,
                   typename B::Executor& executor, Token&& token) {
     return async_swap(source, plan, context, executor, SwapOptions<Model>{}, std::forward<Token>(token));
+  }
+
+  /// Changes the serving version into `plan` read from `source` by writing only the bytes
+  /// that differ, with no staged copy: for a version that differs from the serving one in few
+  /// blocks (an RL step's update, a published delta), on a server without memory for a second
+  /// copy. Each weight is read in the source's bounded chunks, compared with the serving bytes
+  /// in 64-byte blocks, and hashed; the blocks that differ are kept (at most `patch.budget`
+  /// bytes). Only once every weight is read and every digest checked does the slot close its
+  /// gate, drain the requests in flight, write those blocks (keeping the bytes they replace),
+  /// and run the canary on the patched model: if it throws, the replaced bytes go back and the
+  /// serving version stays, byte for byte.
+  ///
+  /// @par Completion Signature
+  /// `void(std::exception_ptr, SwapReport)`; written_bytes is what it wrote, publish_pause how
+  /// long new readers were held back (drain, write and canary). Errors, all before any byte is
+  /// written or with every written byte restored: invalid_argument when nothing is serving
+  /// yet (the first version goes by async_swap), for another aliasing, or for a weight a recipe
+  /// computes; unexpected_bindings, bind_dtype_mismatch, bind_shape_mismatch; exceeds_budget
+  /// when the change is larger than `patch.budget`; backend_failure for weights mapped
+  /// read-only from a file; the source's read errors; checksum_mismatch; canary_failed;
+  /// swap_in_progress; cancelled.
+  ///
+  /// @par Per-Operation Cancellation
+  /// terminal, up to the write: the patch stops after its current step and fails with
+  /// errc::cancelled. Once the gate is closed it runs to its end.
+  ///
+  /// The canary runs under the closed gate, so it must not read through this slot. `source`
+  /// and `options.progress` must outlive the operation; the plan and the canary are copied.
+  template <io::ByteSource Source, asio::completion_token_for<void(std::exception_ptr, SwapReport)> Token>
+  requires PatchingBackend<B>
+  auto async_patch(Source& source, const WeightBindingPlan& plan, SwapOptions<Model> options, PatchOptions patch,
+                   Token&& token) {
+    using Context = typename B::MaterializationContext;
+    return asio::async_initiate<Token, void(std::exception_ptr, SwapReport)>(
+        [](auto handler, State* state, Source* src, const WeightBindingPlan& p, SwapOptions<Model> o, PatchOptions po) {
+          detail::SwapRequest<Source, Context, Model> request{src, detail::plan_for(handler, p), nullptr, std::move(o)};
+          detail::InPlacePatchSwap<B, Model, Gate> policy{state, request.plan, po.budget};
+          eredu::detail::spawn_operation(src->get_executor(), detail::run_swap(std::move(policy), std::move(request)),
+                                         std::move(handler));
+        },
+        token, &state_, &source, plan, std::move(options), patch);
+  }
+
+  /// async_patch with default options (no digests, no canary, the default budget).
+  template <io::ByteSource Source, asio::completion_token_for<void(std::exception_ptr, SwapReport)> Token>
+  requires PatchingBackend<B>
+  auto async_patch(Source& source, const WeightBindingPlan& plan, Token&& token) {
+    return async_patch(source, plan, SwapOptions<Model>{}, PatchOptions{}, std::forward<Token>(token));
   }
 
  private:

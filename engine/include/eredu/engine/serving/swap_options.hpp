@@ -43,6 +43,16 @@ struct SwapReport {
   std::chrono::nanoseconds publish_pause{0};
   /// InPlaceModelSlot only: the part of publish_pause spent waiting for requests in flight.
   std::chrono::nanoseconds readers_drained{0};
+  /// InPlaceModelSlot::async_patch only: the bytes it wrote into the serving weights (the
+  /// blocks that changed).
+  std::uint64_t written_bytes = 0;
+};
+
+/// Settings of InPlaceModelSlot::async_patch.
+struct PatchOptions {
+  /// The most changed bytes a patch holds (64-byte blocks): a version that differs from the
+  /// serving one by more fails with exceeds_budget before any weight is written.
+  std::uint64_t budget = std::uint64_t{256} << 20;
 };
 
 /// Settings of a DistributedModelSlot.

@@ -1,0 +1,331 @@
+#pragma once
+/// \file
+/// InPlaceModelSlot's patch policy over the swap core (swap_core.hpp). The new version is read
+/// in the source's bounded chunks and compared, block by block, with the serving weights where
+/// they lie: only the blocks that differ are kept (the patch), and every chunk is hashed on the
+/// way, so the new version's digests are checked before anything is written. Publishing closes
+/// the gate, drains the requests in flight, exchanges the patch's bytes with the serving ones
+/// (so the patch then holds the bytes it replaced), and runs the canary on the patched model;
+/// if the canary rejects it, a second exchange puts those bytes back before the gate reopens.
+/// No staged copy of the version exists at any time: the patch is the only memory it takes
+/// besides the source's staging, and PatchOptions::budget bounds it.
+
+#include <asio/awaitable.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/use_awaitable.hpp>
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "eredu/core/error.hpp"
+#include "eredu/engine/backend/backend_glue.hpp"
+#include "eredu/engine/backend/patching_backend.hpp"
+#include "eredu/engine/description/parameter_error.hpp"
+#include "eredu/engine/detail/in_place_swap.hpp"
+#include "eredu/engine/detail/swap_core.hpp"
+#include "eredu/engine/detail/swap_steps.hpp"
+#include "eredu/engine/orchestration/engine_error.hpp"
+#include "eredu/engine/serving/swap_options.hpp"
+#include "eredu/io/integrity/checksums.hpp"
+#include "eredu/io/integrity/digest.hpp"
+#include "eredu/io/reading/byte_source.hpp"
+
+namespace eredu::engine::detail {
+
+/// Bytes compared as one: a changed byte puts its whole block into the patch.
+inline constexpr std::size_t patch_block = 64;
+/// Bytes compared first as one, since most blocks of an RL step's update are unchanged.
+inline constexpr std::size_t patch_page = 4096;
+/// Most tensors a patch reads at once: fewer where the source serves fewer reads at once
+/// (SourceCapabilities::concurrency); its staging budget bounds their chunks.
+inline constexpr unsigned patch_streams = 4;
+
+/// Changed bytes of the serving storage: `bytes` go to `at`.
+struct PatchRun {
+  std::byte* at = nullptr;       ///< where they go, in a serving weight's storage
+  std::vector<std::byte> bytes;  ///< the new version's bytes
+};
+
+/// A patch staged by a load: its runs, their size, and the canary it runs once written.
+template <class Model>
+struct Patch {
+  std::vector<PatchRun> runs;  ///< every changed run, of every weight
+  std::uint64_t bytes = 0;     ///< the runs' bytes in all
+  std::uint64_t read = 0;      ///< bytes read and compared
+  /// The swap's canary step, run on the patched model under the closed gate (empty: none).
+  std::function<asio::awaitable<void>(const Model&)> canary{};
+};
+
+/// Appends to `runs` the blocks of `next` that differ from the serving bytes at `serving` (as
+/// many), merging a block into the run that ends where it starts; returns the bytes appended.
+inline std::uint64_t diff_blocks(std::span<const std::byte> next, std::byte* serving, std::vector<PatchRun>& runs) {
+  std::uint64_t appended = 0;
+  const std::size_t n = next.size();
+  std::size_t i = 0;
+  while (i < n) {
+    const std::size_t page = std::min(patch_page, n - i);
+    if (std::memcmp(next.data() + i, serving + i, page) == 0) {
+      i += page;
+      continue;
+    }
+    for (const std::size_t end = i + page; i < end;) {
+      const std::size_t len = std::min(patch_block, end - i);
+      if (std::memcmp(next.data() + i, serving + i, len) != 0) {
+        if (runs.empty() || runs.back().at + runs.back().bytes.size() != serving + i) runs.push_back({serving + i, {}});
+        runs.back().bytes.insert(runs.back().bytes.end(), next.begin() + static_cast<std::ptrdiff_t>(i),
+                                 next.begin() + static_cast<std::ptrdiff_t>(i + len));
+        appended += len;
+      }
+      i += len;
+    }
+  }
+  return appended;
+}
+
+/// InPlaceModelSlot's patch policy (see file comment and run_swap's requirements).
+template <PatchingBackend B, class Model, class Gate>
+struct InPlacePatchSwap {
+  using Report = SwapReport;                            ///< what a patch reports
+  using Staged = Patch<Model>;                          ///< the changed runs
+  using Committed = Staged;                             ///< the same, once committed
+  static constexpr const char* what = "in-place patch";  ///< the swap's name in messages
+  static constexpr bool check_after_canary = false;     ///< its canary runs in publish
+
+  InPlaceState<Model, Gate>* state;               ///< the slot's (outlives the swap)
+  std::shared_ptr<const WeightBindingPlan> plan;  ///< the swap's plan
+  std::uint64_t budget = 0;                       ///< PatchOptions::budget
+
+  /// The slot's claim flag.
+  std::atomic<bool>& swapping() const noexcept { return state->swapping; }
+  /// The generation the serving weights hold.
+  std::uint64_t serving_generation() const { return Gate::current_generation(state->gate); }
+
+  /// Refuses what a patch cannot change in place: no serving version yet, another aliasing,
+  /// a weight a recipe computes (its bytes are not the source's).
+  void admit(const WeightBindingPlan& p, std::uint64_t serving) const {
+    if (serving == 0)
+      throw OrchestrationError(errc::invalid_argument, {},
+                               "an in-place patch changes the serving version, and none is bound yet: swap to the "
+                               "first version with async_swap");
+    if (aliases_of(p) != state->aliases)
+      throw OrchestrationError(errc::invalid_argument, {},
+                               "an in-place patch needs the serving version's aliasing (the same tied weights)");
+    for (const WeightBinding* owner : p.owners())
+      if (owner->recipe() != nullptr)
+        throw OrchestrationError(errc::invalid_argument, {.parameter = owner->name()},
+                                 "an in-place patch writes the source's bytes as they are, and a recipe computes "
+                                 "this weight: swap to it with async_swap");
+  }
+
+  /// One weight to read and compare.
+  struct Target {
+    const WeightBinding* owner = nullptr;  ///< its binding
+    io::TensorReadRequest read{};          ///< its bytes in the source
+    std::span<std::byte> storage{};        ///< the serving bytes they replace
+    std::optional<io::DigestCheck> check;  ///< its digest, when the swap verifies one
+  };
+  /// What the load's readers share.
+  template <class Source>
+  struct Load {
+    Source* source = nullptr;                ///< the new version
+    std::vector<Target> targets;             ///< every owner, in the plan's order
+    std::atomic<std::size_t> next{0};        ///< the next target to take
+    std::atomic<std::uint64_t> held{0};      ///< bytes the patch holds
+    std::uint64_t budget = 0;                ///< the most it may hold
+    bool verify = false;                     ///< the swap verifies digests
+    unsigned readers = 1;                    ///< readers at once
+    MaterializeProgress* progress = nullptr; ///< the swap's counters (never null)
+    std::mutex mutex;                        ///< guards `patch` and `failure`
+    Staged patch;                            ///< the runs found so far
+    /// The first reader's failure: the others stop at their next chunk. Each reader keeps its
+    /// own (awaitable_operators would report two failures as asio::multiple_exceptions).
+    std::exception_ptr failure;
+    std::atomic<bool> failed{false};  ///< `failure` is set
+  };
+
+  /// Reads every weight of the plan and keeps what differs from the serving weights.
+  template <io::ByteSource Source>
+  asio::awaitable<Staged> load(const SwapRequest<Source, typename B::MaterializationContext, Model>& request,
+                               const MaterializeOptions& materialize) const {
+    const io::Catalog& catalog = request.source->catalog();
+    Load<Source> load;
+    load.source = request.source;
+    load.budget = budget;
+    load.progress = materialize.progress;
+    std::map<ParameterId, typename B::Parameter*> slots;
+    for (const WeightBinding* owner : plan->owners()) slots.emplace(owner->id(), nullptr);
+    struct Finder final : ParameterVisitorMut<typename B::Parameter> {
+      explicit Finder(std::map<ParameterId, typename B::Parameter*>& s) : slots(s) {}
+      void visit_mut(const ParameterMetadata& metadata, typename B::Parameter& parameter) override {
+        if (auto it = slots.find(metadata.id); it != slots.end()) it->second = &parameter;
+      }
+      std::map<ParameterId, typename B::Parameter*>& slots;
+    } finder(slots);
+    state->gate->model.visit_parameters_mut(finder, std::string());
+
+    const bool verify = materialize.verify.mode != VerifyMode::off;
+    load.verify = verify;
+    load.readers = std::clamp<unsigned>(request.source->capabilities().concurrency, 1, patch_streams);
+    std::uint64_t total = 0;
+    for (const WeightBinding* owner : plan->owners()) {
+      typename B::Parameter* slot = slots.at(owner->id());
+      if (slot == nullptr)
+        throw OrchestrationError(errc::unexpected_bindings, {.parameter = owner->name()},
+                                 "the plan binds a parameter the serving model does not declare");
+      Target target{owner, io::TensorReadRequest{owner->checkpoint_key(), owner->selection()}, {}, std::nullopt};
+      try {
+        const io::TensorInfo* tensor = catalog.find(owner->checkpoint_key());
+        if (tensor == nullptr)
+          throw Error(errc::tensor_not_found, {.tensor = owner->checkpoint_key()}, "the new version has no such tensor");
+        check_bind_fits(slot->dtype, slot->shape, tensor->dtype, owner->selection().selected_shape(tensor->shape));
+        target.storage = B::writable_bytes(*slot);
+        const std::uint64_t selected = request.source->selected_bytes(target.read);
+        if (selected != target.storage.size())
+          throw BackendError(errc::bind_shape_mismatch, {.tensor = owner->checkpoint_key()},
+                             fmt::format("the new version's {} bytes cannot replace the serving weight's {}", selected,
+                                         target.storage.size()));
+        if (verify)
+          target.check =
+              materialize.verify.checksums.check(catalog, owner->checkpoint_key(), owner->selection(),
+                                                 materialize.verify.preferred);
+      } catch (...) {
+        std::rethrow_exception(attach_parameter(std::current_exception(), owner->name()));
+      }
+      total += target.storage.size();
+      load.targets.push_back(std::move(target));
+    }
+    load.progress->owners_total += load.targets.size();
+    load.progress->bytes_total += total;
+
+    using namespace asio::experimental::awaitable_operators;
+    asio::awaitable<void> a = read_some(load, 0), b = read_some(load, 1), c = read_some(load, 2),
+                          d = read_some(load, 3);
+    static_assert(patch_streams == 4, "the readers below are patch_streams");
+    asio::awaitable<void> all = std::move(a) && std::move(b) && std::move(c) && std::move(d);
+    co_await std::move(all);
+    if (load.failure) std::rethrow_exception(load.failure);
+    co_return std::move(load.patch);
+  }
+
+  /// Reader `reader` (none past load.readers): takes the next target until none is left, reads
+  /// it chunk by chunk, hashes and compares each chunk, and adds its changed runs to the patch.
+  template <class Source>
+  static asio::awaitable<void> read_some(Load<Source>& load, unsigned reader) {
+    if (reader >= load.readers) co_return;
+    for (std::size_t i = load.next++; i < load.targets.size() && !load.failed; i = load.next++) {
+      Target& target = load.targets[i];
+      try {
+        std::optional<io::Hasher> hasher;
+        if (target.check) hasher.emplace(target.check->kind);
+        std::vector<PatchRun> runs;
+        std::uint64_t read = 0;
+        auto chunks = load.source->stream(target.read);
+        for (;;) {
+          std::optional<io::Lease> lease = co_await chunks.async_next(asio::use_awaitable);
+          if (!lease || load.failed) break;
+          const std::span<const std::byte> bytes = lease->bytes();
+          if (lease->offset() + bytes.size() > target.storage.size())
+            throw Error(errc::io_error, {.tensor = target.read.key},
+                        fmt::format("the source delivered bytes {}-{} of a {}-byte selection", lease->offset(),
+                                    lease->offset() + bytes.size(), target.storage.size()));
+          if (hasher) hasher->update(bytes);
+          const std::uint64_t changed = diff_blocks(bytes, target.storage.data() + lease->offset(), runs);
+          if (load.held.fetch_add(changed) + changed > load.budget)
+            throw Error(errc::exceeds_budget, {.tensor = target.read.key},
+                        fmt::format("the new version changes more bytes than a patch may hold ({} bytes, "
+                                    "PatchOptions::budget): swap to it with async_swap, which stages a whole copy",
+                                    load.budget));
+          read += bytes.size();
+          load.progress->bytes_done += bytes.size();
+        }
+        if (load.failed) co_return;
+        if (read != target.storage.size())
+          throw Error(errc::io_error, {.tensor = target.read.key},
+                      fmt::format("the source delivered {} of the selection's {} bytes", read, target.storage.size()));
+        if (hasher) {
+          target.check->compare(hasher->hex_digest(), read);
+          ++load.progress->tensors_verified;
+          load.progress->bytes_verified += read;
+        } else if (load.verify) {
+          ++load.progress->tensors_unverified;
+        }
+        std::lock_guard lock(load.mutex);
+        for (PatchRun& run : runs) {
+          load.patch.bytes += run.bytes.size();
+          load.patch.runs.push_back(std::move(run));
+        }
+        load.patch.read += read;
+        ++load.progress->owners_done;
+      } catch (...) {
+        std::lock_guard lock(load.mutex);
+        if (!load.failure) load.failure = attach_parameter(std::current_exception(), target.owner->name());
+        load.failed = true;
+      }
+    }
+  }
+
+  /// Nothing to add: the load checked every weight against its slot.
+  void validate(const Staged&) const noexcept {}
+  /// Keeps the canary for publish: the patched model exists only once it is written.
+  template <class Run>
+  asio::awaitable<void> canary(Staged& patch, Run run) const {
+    patch.canary = std::move(run);
+    co_return;
+  }
+  /// At once.
+  asio::awaitable<Committed> commit(std::optional<Staged> staged, std::exception_ptr failure, Report&) const {
+    return commit_locally(std::move(staged), std::move(failure));
+  }
+  /// Closes the gate, drains the requests in flight, writes the patch, runs the canary (and
+  /// undoes the patch if it fails), reopens.
+  asio::awaitable<void> publish(Committed& patch, std::uint64_t serving, const SwapCancellation& cancellation,
+                                Report& report) const {
+    cancellation.check("before the patch is written");
+    const SwapClock::time_point closed = SwapClock::now();
+    co_await Gate::close_and_drain(state->gate);
+    report.readers_drained = SwapClock::now() - closed;
+    trace_step("drain readers", closed);
+    // Swap each run's bytes with the serving ones: the run then holds the old bytes.
+    auto exchange = [&] {
+      for (PatchRun& run : patch.runs) std::swap_ranges(run.bytes.begin(), run.bytes.end(), run.at);
+    };
+    exchange();
+    std::exception_ptr rejected;
+    if (patch.canary) {
+      try {
+        co_await patch.canary(std::as_const(state->gate->model));
+      } catch (...) {
+        rejected = std::current_exception();
+      }
+    }
+    if (rejected) {
+      exchange();
+      report.publish_pause = SwapClock::now() - closed;
+      Gate::reopen_unchanged(state->gate);
+      std::rethrow_exception(rejected);
+    }
+    report.written_bytes = patch.bytes;
+    report.publish_pause = SwapClock::now() - closed;
+    trace_step("publish in place", closed);
+    report.generation = serving + 1;
+    Gate::open(state->gate, nullptr);
+  }
+  /// Nothing: the replaced bytes go with the patch.
+  asio::awaitable<void> retire(Committed&) const { co_return; }
+};
+
+}  // namespace eredu::engine::detail
