@@ -7,10 +7,12 @@
 # values changed at random, and with 78 % of the values moved by a few units in the last place
 # (drift), against the full update of the same round; and the full update
 # over the two-sided transport (update2) against the one-sided one; and the full update into an
-# InPlaceModelSlot (inplace) against the update, with its readers' pause. Rows (one JSON line per round and contender) go to OUT.
+# InPlaceModelSlot (inplace) against the update, with its readers' pause; and a 1 % delta written
+# into another InPlaceModelSlot as a patch (patch1) against delta1 and inplace. Rows (one JSON
+# line per round and contender) go to OUT.
 #
 # usage: [ONLY=update,update2,...] [TRANSPORT=two_sided] bench/live_update.sh BUILD_DIR [size MiB=2048] [rounds=7] [out.jsonl]
-# ONLY times just those contenders (update, bcast, file, delta1, delta10, sparse, update2, drift, inplace).
+# ONLY times just those contenders (update, bcast, file, delta1, delta10, sparse, update2, drift, inplace, patch1).
 # TRANSPORT is the live transport of every contender but update2 (default one_sided).
 # Hold /tmp/eredu-build.lock around it on a shared machine so that no build runs meanwhile.
 set -euo pipefail
@@ -29,7 +31,7 @@ def stat(case, key="seconds"):
     return statistics.median(v), min(v), max(v), v
 def have(case):
     return any(r.get("case") == case for r in rows)
-print(f"model {model / 2**30:.2f} GiB, each rank reads {read / 2**30:.2f} GiB; {len([r for r in rows if r.get('case') == 'update'])} rounds")
+print(f"model {model / 2**30:.2f} GiB, each rank reads {read / 2**30:.2f} GiB; {len({r['round'] for r in rows if 'round' in r})} rounds")
 per_rank = {"update": read, "file": read, "bcast": model}
 for case in ("update", "bcast", "file"):
     if not have(case):
@@ -58,13 +60,14 @@ def against_update(case, what):
     m, lo, hi, _ = stat(case)
     c = {r["round"]: r["seconds"] for r in rows if r.get("case") == case}
     ratio = [c[k] / u[k] for k in c if k in u]
-    print(f"{case:7s} {m:.3f} s ({lo:.3f}-{hi:.3f})   {read / m / 1e9:.2f} GB/s per rank; {what} "
-          f"(per round) {statistics.median(ratio):.2f} ({min(ratio):.2f}-{max(ratio):.2f})")
+    versus = (f"; {what} (per round) {statistics.median(ratio):.2f} ({min(ratio):.2f}-{max(ratio):.2f})"
+              if ratio else "")
+    print(f"{case:7s} {m:.3f} s ({lo:.3f}-{hi:.3f})   {read / m / 1e9:.2f} GB/s per rank{versus}")
 if have("update2") and u:
     against_update("update2", "two-sided time / one-sided")
     m, lo, hi, _ = stat("update2", "load_s")
     print(f"  update2 load_s     {m:.4f} s ({lo:.4f}-{hi:.4f})")
-if have("inplace") and u:
+if have("inplace"):
     against_update("inplace", "in-place time / update")
     for key in ("load_s", "canary_s", "pause_s"):
         m, lo, hi, _ = stat("inplace", key)
@@ -75,20 +78,43 @@ if have("inplace") and u:
           f"{summary['inplace_during_p99_us']} us, longest wait {summary['inplace_max_pause_us'] / 1e3:.1f} ms, "
           f"mixed responses {summary['inplace_mixed_responses']:.0f}")
 for case in ("delta1", "delta10", "sparse", "drift"):
-    if not have(case) or not u:
+    if not have(case):
         continue
     m, lo, hi, _ = stat(case)
     d = {r["round"]: r for r in rows if r.get("case") == case}
     ratio = [d[k]["seconds"] / u[k] for k in d if k in u]
     moved = [d[k]["transferred_bytes"] / read for k in d]
-    print(f"{case:7s} {m:.3f} s ({lo:.3f}-{hi:.3f}); time / full update (per round) {statistics.median(ratio):.2f} "
-          f"({min(ratio):.2f}-{max(ratio):.2f}); bytes read / shard {statistics.median(moved):.4f} "
+    versus = (f"; time / full update (per round) {statistics.median(ratio):.2f} ({min(ratio):.2f}-{max(ratio):.2f})"
+              if ratio else "")
+    print(f"{case:7s} {m:.3f} s ({lo:.3f}-{hi:.3f}){versus}; bytes read / shard {statistics.median(moved):.4f} "
           f"({min(moved):.4f}-{max(moved):.4f}); all rounds deltas: {all(d[k]['delta'] for k in d)}")
     for key in ("publish_s", "load_s"):
         m, lo, hi, _ = stat(case, key)
         print(f"  {case} {key:10s} {m:.4f} s ({lo:.4f}-{hi:.4f})")
+if have("patch1"):
+    m, lo, hi, _ = stat("patch1")
+    p = {r["round"]: r for r in rows if r.get("case") == "patch1"}
+    line = f"patch1  {m:.3f} s ({lo:.3f}-{hi:.3f})"
+    for other in ("delta1", "inplace", "update"):
+        o = {r["round"]: r["seconds"] for r in rows if r.get("case") == other}
+        ratio = [p[k]["seconds"] / o[k] for k in p if k in o]
+        if ratio:
+            line += f"; / {other} (per round) {statistics.median(ratio):.2f} ({min(ratio):.2f}-{max(ratio):.2f})"
+    print(line)
+    written = [p[k]["written_bytes"] / read for k in p]
+    moved = [p[k]["transferred_bytes"] / read for k in p]
+    fresh = ", ".join(str(round(p[k]["fresh_blocks"])) for k in sorted(p))
+    print(f"  patch1 bytes written / shard {statistics.median(written):.4f} ({min(written):.4f}-{max(written):.4f}); "
+          f"bytes read / shard {statistics.median(moved):.4f} ({min(moved):.4f}-{max(moved):.4f}); "
+          f"all rounds deltas: {all(p[k]['delta'] for k in p)}; staging blocks fresh from the system: {fresh}")
+    for key in ("publish_s", "load_s", "pause_s"):
+        m, lo, hi, _ = stat("patch1", key)
+        print(f"  patch1 {key:10s} {m:.4f} s ({lo:.4f}-{hi:.4f})")
+    print(f"  patch1 serving: steady p99 {summary['patch_steady_p99_us']} us, during updates p99 "
+          f"{summary['patch_during_p99_us']} us, longest wait {summary['patch_max_pause_us'] / 1e3:.1f} ms, "
+          f"mixed responses {summary['patch_mixed_responses']:.0f}")
 print(f"serving: steady p99 {summary['steady_p99_us']} us, during updates p99 {summary['during_p99_us']} us, "
       f"longest wait {summary['max_pause_us'] / 1e3:.1f} ms, mixed responses {summary['mixed_responses']:.0f}")
-print(f"peak RSS: publisher {summary['publisher_peak_rss_mib']:.0f} MiB (three versions in memory: two alternated, and a delta's), "
+print(f"peak RSS: publisher {summary['publisher_peak_rss_mib']:.0f} MiB (three versions in memory: two alternated, and a delta's; patch1 adds two), "
       f"subscriber {summary['subscriber_peak_rss_mib']:.0f} MiB (the larger)")
 PY

@@ -33,12 +33,18 @@
 //   inplace the full version into an InPlaceModelSlot on each subscriber (a model of its own,
 //           made only when this contender runs): staged and verified as update, the canary
 //           confirms, then the gate closes, the requests in flight drain and the new bytes are
-//           copied over the serving ones. No vote: each rank's slot swaps alone.
+//           copied over the serving ones. No vote: each rank's slot swaps alone;
+//   patch1  a delta with 1 % of its 64 KiB blocks changed (as delta1) into another
+//           InPlaceModelSlot with async_patch: each version is the last one changed again, and
+//           each rank reads the changed blocks of its shard over its serving bytes, compares them
+//           with those and writes only the 64-byte blocks that differ, with no staged copy. Its
+//           first version (warm-up) is bound by async_swap, which adopts the staged weights.
 // Meanwhile a serving thread on each subscriber takes the version for each request
 // (version_for_step) and reads two tensors of it; its latencies are kept apart for requests
 // during an update and in steady state, and every response checks that both tensors come from
-// one version (a mixed response counts as an error). With inplace, a second serving thread does
-// the same through the in-place slot's gate (async_read), where a request waits during a copy.
+// one version (a mixed response counts as an error). With inplace (patch1), another serving
+// thread does the same through that in-place slot's gate (async_read), where a request waits
+// during a copy (a patch's write).
 
 #include <mpi.h>
 
@@ -55,8 +61,10 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -103,6 +111,19 @@ double peak_rss_mib() {
     if (std::strncmp(line, "VmHWM:", 6) == 0) kib = std::strtod(line + 6, nullptr);
   std::fclose(f);
   return kib / 1024;
+}
+
+/// Flips the lowest bit of every value of `percent` % of the `block`-byte blocks of `t`, as
+/// where a layer was trained (`next` draws which); returns the blocks changed.
+template <class Next>
+std::uint64_t change_blocks(std::vector<std::byte>& t, std::size_t block, int percent, Next& next) {
+  std::uint64_t changed = 0;
+  for (std::size_t o = 0; o < t.size(); o += block) {
+    if (next() % 100 >= static_cast<std::uint64_t>(percent)) continue;
+    for (std::size_t v = o; v < std::min(o + block, t.size()); v += 2) t[v] ^= std::byte{0x01};
+    ++changed;
+  }
+  return changed;
 }
 
 /// The slowest rank's value (every rank gets it).
@@ -169,10 +190,12 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
               unsigned only, mpi::LiveTransport transport);
 
 /// The contenders, in the order their numbers rotate.
-constexpr std::array<std::string_view, 9> contender_names{"update", "bcast",   "file",  "delta1", "delta10",
-                                                          "sparse", "update2", "drift", "inplace"};
-/// The warm-up updates' contenders (one round per version): update, update2, inplace.
-constexpr std::array<int, 3> warm_up{0, 6, 8};
+constexpr std::array<std::string_view, 10> contender_names{"update", "bcast",   "file",  "delta1",  "delta10",
+                                                           "sparse", "update2", "drift", "inplace", "patch1"};
+/// The warm-up updates' contenders (one round per version): update, update2, inplace, patch1.
+constexpr std::array<int, 4> warm_up{0, 6, 8, 9};
+/// The most a patch1 update may change (PatchOptions::budget): 1 % of the blocks is less.
+constexpr std::uint64_t patch_budget = std::uint64_t{256} << 20;
 
 /// The bit set of the contenders `list` names ("update,update2"), to time only those.
 unsigned contender_set(std::string_view list) {
@@ -188,7 +211,7 @@ unsigned contender_set(std::string_view list) {
 }
 
 int run_bench(int argc, char** argv) {
-  unsigned only = 0x1ff;  // every contender
+  unsigned only = 0x3ff;  // every contender
   std::uint64_t size_mib = 2048;
   int rounds = 7;
   std::filesystem::path dir = "/dev/shm/eredu-live";
@@ -226,8 +249,8 @@ int run_bench(int argc, char** argv) {
 
 int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const std::filesystem::path& dir,
               unsigned only, mpi::LiveTransport transport) {
-  // update, bcast, file, delta1, delta10, sparse, update2 (two-sided), drift, inplace
-  constexpr int contenders = 9;
+  // update, bcast, file, delta1, delta10, sparse, update2 (two-sided), drift, inplace, patch1
+  constexpr int contenders = 10;
   mpi::Communicator world = mpi::Communicator::world(env, {.timeout = std::chrono::minutes(5)});
   if (world.size() != 3) throw std::invalid_argument("run it with mpirun -np 3");
   const int rank = world.rank();
@@ -284,6 +307,12 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
       }
     }
     mpi::Publisher publisher(live, {.transport = transport, .xor_deltas = true});  // drift: the compressed XOR
+    // patch1's versions: the one offered (patch_last, in patch_mem[patch_cur]) and the next.
+    std::vector<std::vector<std::byte>> patch_mem[2];
+    if (only >> 9 & 1) patch_mem[0] = patch_mem[1] = mem_a;
+    std::optional<mpi::Publication> patch_last;
+    std::string patch_last_tag;
+    int patch_cur = 0;
     mpi::Publisher publisher2(live2, {.transport = mpi::LiveTransport::two_sided});
     for (int r = -2; r < rounds; ++r) {  // warm-up updates first, one per version and transport
       for (int k = 0; k < (r < 0 ? static_cast<int>(warm_up.size()) : contenders); ++k) {
@@ -334,12 +363,7 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
                 t[(next() % values) * 2] ^= std::byte{0x01};
               continue;
             }
-            for (std::size_t o = 0; o < t.size(); o += block) {
-              if (next() % 100 >= static_cast<std::uint64_t>(percent)) continue;
-              // Every value of the block changes (its lowest bit), as where a layer was trained.
-              for (std::size_t v = o; v < std::min(o + block, t.size()); v += 2) t[v] ^= std::byte{0x01};
-              ++changed;
-            }
+            changed += change_blocks(t, block, percent, next);
           }
           const Clock::time_point t0 = Clock::now();
           mpi::Publication p = publisher.publish(fmt::format("delta-{}-{}", r, k), base_tag, tensors_of(mem_d));
@@ -383,6 +407,48 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
                                             r, contender == 0 ? "update" : "update2", s, publish_s, parts[0], parts[1],
                                             parts[2], parts[3], parts[4])
                                     .c_str());
+        } else if (contender == 9) {
+          // patch1: the last version with 1 % of its blocks changed again (the first, whole).
+          const std::string tag = fmt::format("patch-{}", r);
+          std::uint64_t changed = 0;
+          std::optional<mpi::Publication> p;
+          Clock::time_point t0 = Clock::now();
+          if (!patch_last) {
+            p.emplace(publisher.publish(tag, {}, tensors_of(patch_mem[0])));
+          } else {
+            const auto& from = patch_mem[patch_cur];
+            auto& to = patch_mem[1 - patch_cur];  // the version before patch_last: withdrawn
+            std::uint64_t x = 0xD1B54A32D192ED03ull * static_cast<std::uint64_t>(r + 3);
+            const auto next = [&x] {
+              x ^= x << 13;
+              x ^= x >> 7;
+              x ^= x << 17;
+              return x;
+            };
+            for (std::size_t i = 0; i < to.size(); ++i) {
+              std::copy(from[i].begin(), from[i].end(), to[i].begin());
+              if (!checked.contains(model.tensors[i].name)) changed += change_blocks(to[i], block, 1, next);
+            }
+            t0 = Clock::now();
+            p.emplace(publisher.publish(tag, patch_last_tag, tensors_of(to)));
+            patch_cur = 1 - patch_cur;
+          }
+          const double publish_s = seconds_since(t0);
+          MPI_Barrier(MPI_COMM_WORLD);
+          p->wait_served(2, std::chrono::minutes(5));
+          patch_last = std::move(p);
+          patch_last_tag = tag;
+          const double s = slowest(0);
+          double parts[6] = {};
+          MPI_Reduce(MPI_IN_PLACE, parts, 6, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+          if (r >= 0)
+            std::printf("%s\n", fmt::format(R"({{"round": {}, "case": "patch1", "seconds": {:.4f}, )"
+                                            R"("publish_s": {:.4f}, "changed": {}, "load_s": {:.4f}, )"
+                                            R"("pause_s": {:.4f}, "written_bytes": {:.0f}, )"
+                                            R"("transferred_bytes": {:.0f}, "delta": {:.0f}, "fresh_blocks": {:.0f}}})",
+                                            r, s, publish_s, changed, parts[0], parts[1], parts[2], parts[3], parts[4],
+                                            parts[5])
+                                    .c_str());
         } else if (contender == 1) {
           const Clock::time_point t0 = Clock::now();
           auto& mem = ((r + 2) % 2 == 0) ? mem_a : mem_b;
@@ -398,15 +464,18 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
         std::fflush(stdout);
       }
     }
-    double dummy[10] = {};
-    MPI_Reduce(MPI_IN_PLACE, dummy, 10, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    double dummy[14] = {};
+    MPI_Reduce(MPI_IN_PLACE, dummy, 14, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
     std::printf("%s\n", fmt::format(R"({{"model_bytes": {}, "rank_read_bytes": {:.0f}, "steady_p99_us": {:.1f}, )"
                                     R"("during_p99_us": {:.1f}, "max_pause_us": {:.1f}, "mixed_responses": {:.0f}, )"
                                     R"("publisher_peak_rss_mib": {:.0f}, "subscriber_peak_rss_mib": {:.0f}, )"
                                     R"("inplace_steady_p99_us": {:.1f}, "inplace_during_p99_us": {:.1f}, )"
-                                    R"("inplace_max_pause_us": {:.1f}, "inplace_mixed_responses": {:.0f}}})",
+                                    R"("inplace_max_pause_us": {:.1f}, "inplace_mixed_responses": {:.0f}, )"
+                                    R"("patch_steady_p99_us": {:.1f}, "patch_during_p99_us": {:.1f}, )"
+                                    R"("patch_max_pause_us": {:.1f}, "patch_mixed_responses": {:.0f}}})",
                                     model.total_bytes, dummy[4], dummy[0], dummy[1], dummy[2], dummy[3], peak_rss_mib(),
-                                    dummy[5], dummy[6], dummy[7], dummy[8], dummy[9])
+                                    dummy[5], dummy[6], dummy[7], dummy[8], dummy[9], dummy[10], dummy[11], dummy[12],
+                                    dummy[13])
                             .c_str());
     return 0;
   }
@@ -441,14 +510,18 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
   // The in-place slot and its serving thread, only where its contender runs (a model more).
   std::optional<InPlaceSlot> inplace;
   if (only >> 8 & 1) inplace.emplace([&] { return Module::from_tensor_parallel(plan); });
-  Server inplace_server([&](std::uint64_t, std::uint64_t& a, std::uint64_t& b) {
-    // As a server would: enter at once while the gate is open, else wait for the copy to end.
-    std::optional<InPlaceSlot::Reader> entered = inplace->try_read();
-    InPlaceSlot::Reader reader = entered ? std::move(*entered) : inplace->async_read(asio::use_future).get();
-    std::memcpy(&a, reader.model().find(first)->value.bytes().data(), 8);
-    std::memcpy(&b, reader.model().find(last)->value.bytes().data(), 8);
-    return true;
-  });
+  // A request to an in-place slot, as a server would make it: it enters at once while the gate
+  // is open, else waits for the copy (the patch's write) to end.
+  const auto in_place_request = [&](std::optional<InPlaceSlot>& in_place) {
+    return [&](std::uint64_t, std::uint64_t& a, std::uint64_t& b) {
+      std::optional<InPlaceSlot::Reader> entered = in_place->try_read();
+      InPlaceSlot::Reader reader = entered ? std::move(*entered) : in_place->async_read(asio::use_future).get();
+      std::memcpy(&a, reader.model().find(first)->value.bytes().data(), 8);
+      std::memcpy(&b, reader.model().find(last)->value.bytes().data(), 8);
+      return true;
+    };
+  };
+  Server inplace_server(in_place_request(inplace));
   for (const synth::SyntheticOptions* o : {&options_a, static_cast<const synth::SyntheticOptions*>(&options_b)}) {
     // The first 8 bytes each rank holds of the two tensors, per version.
     for (auto [name, prefix] : {std::pair{&first, &server.first_prefix}, std::pair{&last, &server.last_prefix}}) {
@@ -466,11 +539,19 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
   }
   inplace_server.first_prefix = server.first_prefix;
   inplace_server.last_prefix = server.last_prefix;
+  // patch1's slot and serving thread, likewise; its versions all keep version A's prefixes.
+  std::optional<InPlaceSlot> patched;
+  if (only >> 9 & 1) patched.emplace([&] { return Module::from_tensor_parallel(plan); });
+  std::string patched_tag;  // the version it serves
+  Server patch_server(in_place_request(patched));
+  patch_server.first_prefix = server.first_prefix;
+  patch_server.last_prefix = server.last_prefix;
   io::Checksums sums[2];
   server.start();
   for (int r = -2; r < rounds; ++r) {
     const int version = (r + 2) % 2;
     if (r == 0 && inplace) inplace_server.start();  // the warm-ups bound a version, then copied one
+    if (r == 0 && patched) patch_server.start();    // the warm-ups bound a version, then patched it
     for (int k = 0; k < (r < 0 ? static_cast<int>(warm_up.size()) : contenders); ++k) {
       const int contender = r < 0 ? warm_up[static_cast<std::size_t>(k)] : (r + k) % contenders;
       if (!(only >> contender & 1)) continue;
@@ -548,6 +629,49 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
         slowest(mine);
         const double parts[6] = {open_s, digests_s, steps[0], steps[1], steps[2], steps[3]};
         MPI_Reduce(parts, nullptr, contender == 8 ? 6 : 5, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+      } else if (contender == 9) {
+        // patch1: its first version bound whole (adopted: no copy), then each written as a patch.
+        MPI_Barrier(MPI_COMM_WORLD);  // published
+        patch_server.updating = r >= 0;
+        const Clock::time_point t0 = Clock::now();
+        std::unique_ptr<mpi::PublishedSource> v = run(ctx, subscriber.async_open("", asio::use_awaitable));
+        engine::SwapOptions<Module> o;
+        o.checksums = run(ctx, v->async_checksums(plan.bindings, asio::use_awaitable));
+        mpi::PublishedSource* s = v.get();
+        o.canary = [s](const Module&) -> asio::awaitable<void> { co_await s->async_confirm(asio::use_awaitable); };
+        // load_s, pause_s, written bytes, bytes read, whether a delta, fresh staging blocks.
+        double parts[6] = {};
+        const std::uint64_t fresh_before = context.storage.stats().fresh_allocations;
+        if (patched->generation() == 0) {
+          auto f = patched->async_swap(*v, plan.bindings, context, arena, std::move(o), asio::use_future);
+          wait(ctx, f);
+        } else {
+          // The serving bytes are the base: written only after every read, with the gate closed.
+          std::map<std::string, std::span<const std::byte>> held;
+          if (std::optional<InPlaceSlot::Reader> reader = patched->try_read())
+            for (const engine::ShardedTensor& t : plan.tensors)
+              held[t.parameter] = reader->model().find(t.parameter)->value.bytes();
+          const bool delta =
+              v->use_base(patched_tag, mpi::base_from_parameters(plan.bindings, [&held](const std::string& name) {
+                            const auto it = held.find(name);
+                            return it == held.end() ? std::span<const std::byte>{} : it->second;
+                          }));
+          auto f =
+              patched->async_patch(*v, plan.bindings, arena, std::move(o), {.budget = patch_budget}, asio::use_future);
+          const engine::SwapReport report = wait(ctx, f);
+          parts[0] = report.load_s;
+          parts[1] = std::chrono::duration<double>(report.publish_pause).count();
+          parts[2] = static_cast<double>(report.written_bytes);
+          parts[3] = static_cast<double>(v->transferred_bytes());
+          parts[4] = delta ? 1.0 : 0.0;
+        }
+        parts[5] = static_cast<double>(context.storage.stats().fresh_allocations - fresh_before);
+        patched_tag = v->version();
+        const double mine = seconds_since(t0);
+        patch_server.updating = false;
+        v->finish(true);
+        slowest(mine);
+        MPI_Reduce(parts, nullptr, 6, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
       } else if (contender == 1) {
         const Clock::time_point t0 = Clock::now();
         for (const synth::TensorSpec& t : model.tensors) {
@@ -572,16 +696,18 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
       }
     }
   }
-  for (Server* s : {&server, &inplace_server}) {
+  for (Server* s : {&server, &inplace_server, &patch_server}) {
     s->stop = true;
     if (s->thread.joinable()) s->thread.join();
   }
-  double mine[10] = {quantile(server.steady_us, 0.99),         quantile(server.during_us, 0.99),
+  double mine[14] = {quantile(server.steady_us, 0.99),         quantile(server.during_us, 0.99),
                      quantile(server.during_us, 1.0),          static_cast<double>(server.mixed),
                      static_cast<double>(plan.read_bytes),     peak_rss_mib(),
                      quantile(inplace_server.steady_us, 0.99), quantile(inplace_server.during_us, 0.99),
-                     quantile(inplace_server.during_us, 1.0),  static_cast<double>(inplace_server.mixed)};
-  MPI_Reduce(mine, nullptr, 10, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+                     quantile(inplace_server.during_us, 1.0),  static_cast<double>(inplace_server.mixed),
+                     quantile(patch_server.steady_us, 0.99),   quantile(patch_server.during_us, 0.99),
+                     quantile(patch_server.during_us, 1.0),    static_cast<double>(patch_server.mixed)};
+  MPI_Reduce(mine, nullptr, 14, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
   std::fprintf(stderr, "rank %d: %llu responses, plan reads %llu bytes\n", rank,
                static_cast<unsigned long long>(server.responses), static_cast<unsigned long long>(plan.read_bytes));
   return 0;

@@ -710,10 +710,9 @@ TEST_CASE(
     if (corrupt) v->corrupt_next_read(*corrupt);
     engine::SwapOptions<Module> options;
     options.checksums = env.run(v->async_checksums(env.plan.bindings, asio::use_awaitable));
-    auto f =
-        patch && slot->generation() > 0
-            ? slot->async_patch(*v, env.plan.bindings, std::move(options), engine::PatchOptions{}, asio::use_future)
-            : slot->async_swap(*v, env.plan.bindings, env.context, copier, std::move(options), asio::use_future);
+    auto f = patch && slot->generation() > 0
+                 ? slot->async_patch(*v, env.plan.bindings, copier, std::move(options), {}, asio::use_future)
+                 : slot->async_swap(*v, env.plan.bindings, env.context, copier, std::move(options), asio::use_future);
     try {
       written = run_until_ready(env.ctx, f).written_bytes;
       v->finish(true);

@@ -12,7 +12,9 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -43,9 +45,11 @@ std::vector<synth::TensorSpec> model_specs() {
   return {{"w", DType::BF16, {64, 48}}, {"b", DType::BF16, {96}}, {"n", DType::F32, {48}}};
 }
 
-/// A small model: a cast matrix, a kept vector, and a tied alias of the vector.
-struct TinyModel {
-  cpu::Parameter w{DType::F32, {64, 48}};
+/// A small model: a matrix (of dtype W: F32 is the stored BF16 cast), a kept vector, and a
+/// tied alias of the vector.
+template <DType W>
+struct BasicTinyModel {
+  cpu::Parameter w{W, {64, 48}};
   cpu::Parameter b{DType::BF16, {96}};
   cpu::Parameter n{DType::F32, {48}};
   cpu::Parameter b_tied{DType::BF16, {96}};
@@ -69,7 +73,18 @@ struct TinyModel {
     each(*this, [&](const char*, const cpu::Parameter& p) { h.update(p.value.bytes()); });
     return h.hex_digest();
   }
+  /// Every weight's bytes, in order (the tied one included): what a version's reader sees.
+  std::vector<std::byte> bytes() const {
+    std::vector<std::byte> out;
+    each(*this, [&](const char*, const cpu::Parameter& p) {
+      out.insert(out.end(), p.value.bytes().begin(), p.value.bytes().end());
+    });
+    return out;
+  }
 };
+
+/// The model most cases load: its matrix is cast by a recipe.
+using TinyModel = BasicTinyModel<DType::F32>;
 
 std::vector<WeightBinding> bindings() {
   return {
@@ -94,6 +109,50 @@ std::string expected_tag(const CpuCheckpoint& ckpt) {
   h.update(ckpt.bytes("b"));
   return h.hex_digest();
 }
+
+/// Threads that read a slot as requests would until stop(), counting reads and mixed
+/// versions. `read` makes one request: std::nullopt when it could not read (the slot is
+/// writing), else whether what it read was one whole version. Starts once every thread has read.
+class Readers {
+ public:
+  Readers(int n, std::function<std::optional<bool>()> read) : read_(std::move(read)) {
+    for (int r = 0; r < n; ++r)
+      threads_.emplace_back([this] {
+        bool counted = false;  // this reader has read once: swaps may start
+        while (!stop_.load(std::memory_order_relaxed)) {
+          const std::optional<bool> whole = read_();
+          if (!whole) {
+            std::this_thread::yield();
+            continue;
+          }
+          if (!*whole) mixed_.fetch_add(1);
+          reads_.fetch_add(1);
+          if (!std::exchange(counted, true)) running_.fetch_add(1);
+        }
+      });
+    while (running_.load() < n) std::this_thread::yield();
+  }
+  ~Readers() { stop(); }
+  Readers(const Readers&) = delete;
+  Readers& operator=(const Readers&) = delete;
+  /// Stops and joins every thread.
+  void stop() {
+    stop_ = true;
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+  }
+  /// Requests that read a version.
+  std::uint64_t reads() const { return reads_.load(); }
+  /// Of those, the ones that saw a mix of versions.
+  std::uint64_t mixed() const { return mixed_.load(); }
+
+ private:
+  std::function<std::optional<bool>()> read_;
+  std::atomic<bool> stop_{false};
+  std::atomic<std::uint64_t> reads_{0}, mixed_{0};
+  std::atomic<int> running_{0};
+  std::vector<std::thread> threads_;
+};
 
 struct Env {
   CpuCheckpoint a{model_specs(), 11};
@@ -283,30 +342,16 @@ TEST_CASE("model slot – concurrent readers see whole versions while swaps repe
   const std::string tag_a = expected_tag(env.a), tag_b = expected_tag(env.b);
   const std::uint64_t one_version = env.storage.stats().live_bytes;
 
-  std::atomic<bool> stop{false};
-  std::atomic<std::uint64_t> reads{0}, mixed{0};
-  std::atomic<int> running{0};
-  std::vector<std::thread> readers;
-  for (int r = 0; r < 3; ++r)
-    readers.emplace_back([&] {
-      bool counted = false;  // this reader has read once: swaps may start
-      while (!stop.load(std::memory_order_relaxed)) {
-        auto v = env.slot.current();  // held for the whole "request"
-        const std::string tag = v->model.tag();
-        const std::string& want = v->generation % 2 == 1 ? tag_a : tag_b;
-        if (tag != want) mixed.fetch_add(1);
-        reads.fetch_add(1);
-        if (!std::exchange(counted, true)) running.fetch_add(1);
-      }
-    });
-  while (running.load() < 3) std::this_thread::yield();  // swap while every reader reads
+  Readers readers(3, [&]() -> std::optional<bool> {
+    auto v = env.slot.current();  // held for the whole "request"
+    return v->model.tag() == (v->generation % 2 == 1 ? tag_a : tag_b);
+  });
   const int swaps = 20;
   for (int i = 0; i < swaps; ++i) env.swap(i % 2 == 0 ? *env.source_b : *env.source_a);
-  stop = true;
-  for (auto& t : readers) t.join();
+  readers.stop();
 
-  CHECK(mixed.load() == 0);
-  CHECK(reads.load() > 0);
+  CHECK(readers.mixed() == 0);
+  CHECK(readers.reads() > 0);
   CHECK(env.slot.generation() == 1 + swaps);
   // Only the serving version is live; every retired version's storage went back to the pool,
   // and later swaps reused it rather than asking the system again.
@@ -422,31 +467,15 @@ TEST_CASE("in-place slot – concurrent readers never see a mix while swaps repe
   swap_in_place(env, slot, *env.source_a, env.plan);
   const std::uint64_t serving_bytes = env.storage.stats().live_bytes;
   const std::string tag_a = expected_tag(env.a), tag_b = expected_tag(env.b);
-  std::atomic<bool> stop{false};
-  std::atomic<std::uint64_t> reads{0}, mixed{0};
-  std::atomic<int> running{0};
-  std::vector<std::thread> readers;
-  for (int r = 0; r < 2; ++r)
-    readers.emplace_back([&] {
-      bool counted = false;  // this reader has read once: swaps may start
-      while (!stop.load(std::memory_order_relaxed)) {
-        auto reader = slot.try_read();
-        if (!reader) {
-          std::this_thread::yield();
-          continue;
-        }
-        const std::string& want = reader->generation() % 2 == 1 ? tag_a : tag_b;
-        if (reader->model().tag() != want) mixed.fetch_add(1);
-        reads.fetch_add(1);
-        if (!std::exchange(counted, true)) running.fetch_add(1);
-      }
-    });
-  while (running.load() < 2) std::this_thread::yield();  // swap while every reader reads
+  Readers readers(2, [&]() -> std::optional<bool> {
+    auto reader = slot.try_read();
+    if (!reader) return std::nullopt;
+    return reader->model().tag() == (reader->generation() % 2 == 1 ? tag_a : tag_b);
+  });
   for (int i = 0; i < 10; ++i) swap_in_place(env, slot, i % 2 == 0 ? *env.source_b : *env.source_a, env.plan);
-  stop = true;
-  for (auto& t : readers) t.join();
-  CHECK(mixed.load() == 0);
-  CHECK(reads.load() > 0);
+  readers.stop();
+  CHECK(readers.mixed() == 0);
+  CHECK(readers.reads() > 0);
   CHECK(slot.generation() == 11);
   // The serving model and nothing else: every staged set went back to the pool.
   CHECK(env.storage.stats().live_bytes == serving_bytes);
@@ -456,34 +485,7 @@ TEST_CASE("in-place slot – concurrent readers never see a mix while swaps repe
 namespace model_slot_test {
 
 /// TinyModel with every weight read as stored (no recipe): what a patch can write in place.
-struct PlainModel {
-  cpu::Parameter w{DType::BF16, {64, 48}};
-  cpu::Parameter b{DType::BF16, {96}};
-  cpu::Parameter n{DType::F32, {48}};
-  cpu::Parameter b_tied{DType::BF16, {96}};
-
-  void visit_parameters(engine::ParameterVisitor<cpu::Parameter>& v, const std::string& prefix) const {
-    visit_slots(*this, v, prefix);
-  }
-  void visit_parameters_mut(engine::ParameterVisitorMut<cpu::Parameter>& v, const std::string& prefix) {
-    visit_slots_mut(*this, v, prefix);
-  }
-  template <class Self, class Fn>
-  static void each(Self& self, Fn&& fn) {
-    fn("w", self.w);
-    fn("b", self.b);
-    fn("n", self.n);
-    fn("b_tied", self.b_tied);
-  }
-  /// Every weight's bytes, in order (the tied one included): what a version's reader sees.
-  std::vector<std::byte> bytes() const {
-    std::vector<std::byte> out;
-    each(*this, [&](const char*, const cpu::Parameter& p) {
-      out.insert(out.end(), p.value.bytes().begin(), p.value.bytes().end());
-    });
-    return out;
-  }
-};
+using PlainModel = BasicTinyModel<DType::BF16>;
 
 std::vector<WeightBinding> plain_bindings() {
   return {
@@ -535,7 +537,8 @@ struct PatchEnv {
   }
   engine::SwapReport patch(test::VectorSource& source, engine::SwapOptions<PlainModel> options = {},
                            engine::PatchOptions patch_options = {}, const WeightBindingPlan* other = nullptr) {
-    auto f = slot.async_patch(source, other ? *other : plan, std::move(options), patch_options, asio::use_future);
+    auto f = slot.async_patch(source, other ? *other : plan, env.background, std::move(options), patch_options,
+                              asio::use_future);
     return env.get(f);
   }
   std::vector<std::byte> serving() {
@@ -608,7 +611,7 @@ TEST_CASE("in-place patch – every failure leaves the serving bytes and generat
     REQUIRE(p.env.source_b->capabilities().concurrency >= 2);
     p.env.faults.on = true;
     expect_rejected(errc::io_error, [&] {
-      auto f = p.slot.async_patch(*p.env.source_b, p.plan, {}, {}, asio::use_future);
+      auto f = p.slot.async_patch(*p.env.source_b, p.plan, p.env.background, asio::use_future);
       p.env.get(f);
     });
   }
@@ -647,7 +650,7 @@ TEST_CASE("in-place patch – the first version cannot be a patch", "[engine][sw
   test::VectorSource& source = env.memory_a;
   engine::InPlaceModelSlot<cpu::Backend, PlainModel> slot([] { return PlainModel{}; });
   WeightBindingPlan plan(plain_bindings());
-  auto f = slot.async_patch(source, plan, {}, {}, asio::use_future);
+  auto f = slot.async_patch(source, plan, env.background, asio::use_future);
   try {
     env.get(f);
     FAIL("patched an empty model");
@@ -661,30 +664,15 @@ TEST_CASE("in-place patch – concurrent readers never see a mix while patches r
           "[engine][swap][in-place][patch][stress]") {
   PatchEnv p;
   const std::vector<std::byte> want_a = PatchEnv::expected(p.a), want_a2 = PatchEnv::expected(p.a2);
-  std::atomic<bool> stop{false};
-  std::atomic<std::uint64_t> reads{0}, mixed{0};
-  std::atomic<int> running{0};
-  std::vector<std::thread> readers;
-  for (int r = 0; r < 2; ++r)
-    readers.emplace_back([&] {
-      bool counted = false;
-      while (!stop.load(std::memory_order_relaxed)) {
-        auto reader = p.slot.try_read();
-        if (!reader) {
-          std::this_thread::yield();
-          continue;
-        }
-        if (reader->model().bytes() != (reader->generation() % 2 == 1 ? want_a : want_a2)) mixed.fetch_add(1);
-        reads.fetch_add(1);
-        if (!std::exchange(counted, true)) running.fetch_add(1);
-      }
-    });
-  while (running.load() < 2) std::this_thread::yield();
+  Readers readers(2, [&]() -> std::optional<bool> {
+    auto reader = p.slot.try_read();
+    if (!reader) return std::nullopt;
+    return reader->model().bytes() == (reader->generation() % 2 == 1 ? want_a : want_a2);
+  });
   for (int i = 0; i < 20; ++i) p.patch(i % 2 == 0 ? *p.source_a2 : *p.source_a);
-  stop = true;
-  for (auto& t : readers) t.join();
-  CHECK(mixed.load() == 0);
-  CHECK(reads.load() > 0);
+  readers.stop();
+  CHECK(readers.mixed() == 0);
+  CHECK(readers.reads() > 0);
   CHECK(p.slot.generation() == 21);
 }
 

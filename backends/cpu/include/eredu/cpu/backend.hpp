@@ -105,6 +105,10 @@ struct Backend : engine::BackendGlue<Tensor, Executor> {
   /// The bytes of the tensor bound to `slot`, to compare and write in place. Throws
   /// BackendError when the slot is unbound or its tensor is mapped read-only from its file.
   static std::span<std::byte> writable_bytes(Parameter& slot);
+  /// Runs `work` on `executor` (a task of its arena).
+  static Completion submit_host_work(Executor& executor, UniqueFunction<void()> work) {
+    return executor.submit(std::move(work));
+  }
 
   // --- SubmissionBackend: engine::BackendGlue's (fork_executors, submit, order_after,
   // retain_until_complete), forwarded to the Executor. CPU tensors are written eagerly, so

@@ -1,19 +1,18 @@
 #pragma once
 /// \file
 /// InPlaceModelSlot's patch policy over the swap core (swap_core.hpp). The new version is read
-/// in the source's bounded chunks and compared, block by block, with the serving weights where
-/// they lie: only the blocks that differ are kept (the patch), and every chunk is hashed on the
-/// way, so the new version's digests are checked before anything is written. Publishing closes
-/// the gate, drains the requests in flight, exchanges the patch's bytes with the serving ones
-/// (so the patch then holds the bytes it replaced), and runs the canary on the patched model;
-/// if the canary rejects it, a second exchange puts those bytes back before the gate reopens.
-/// No staged copy of the version exists at any time: the patch is the only memory it takes
-/// besides the source's staging, and PatchOptions::budget bounds it.
+/// in the source's bounded chunks and compared (on the backend's executor), block by block,
+/// with the serving weights where they lie: only the blocks that differ are kept (the patch), and every chunk is hashed
+/// on the way, so the new version's digests are checked before anything is written. Publishing closes the gate, drains
+/// the requests in flight, exchanges the patch's bytes with the serving ones (so the patch then holds the bytes it
+/// replaced), and runs the canary on the patched model; if the canary rejects it, a second exchange puts those bytes
+/// back before the gate reopens. No staged copy of the version exists at any time: the patch is the only memory it
+/// takes besides the source's staging, and PatchOptions::budget bounds it.
 
+#include <algorithm>
 #include <asio/awaitable.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/use_awaitable.hpp>
-#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -99,15 +98,16 @@ inline std::uint64_t diff_blocks(std::span<const std::byte> next, std::byte* ser
 /// InPlaceModelSlot's patch policy (see file comment and run_swap's requirements).
 template <PatchingBackend B, class Model, class Gate>
 struct InPlacePatchSwap {
-  using Report = SwapReport;                            ///< what a patch reports
-  using Staged = Patch<Model>;                          ///< the changed runs
-  using Committed = Staged;                             ///< the same, once committed
+  using Report = SwapReport;                             ///< what a patch reports
+  using Staged = Patch<Model>;                           ///< the changed runs
+  using Committed = Staged;                              ///< the same, once committed
   static constexpr const char* what = "in-place patch";  ///< the swap's name in messages
-  static constexpr bool check_after_canary = false;     ///< its canary runs in publish
+  static constexpr bool check_after_canary = false;      ///< its canary runs in publish
 
   InPlaceState<Model, Gate>* state;               ///< the slot's (outlives the swap)
   std::shared_ptr<const WeightBindingPlan> plan;  ///< the swap's plan
   std::uint64_t budget = 0;                       ///< PatchOptions::budget
+  typename B::Executor* executor = nullptr;       ///< compares and hashes (outlives the swap)
 
   /// The slot's claim flag.
   std::atomic<bool>& swapping() const noexcept { return state->swapping; }
@@ -141,16 +141,17 @@ struct InPlacePatchSwap {
   /// What the load's readers share.
   template <class Source>
   struct Load {
-    Source* source = nullptr;                ///< the new version
-    std::vector<Target> targets;             ///< every owner, in the plan's order
-    std::atomic<std::size_t> next{0};        ///< the next target to take
-    std::atomic<std::uint64_t> held{0};      ///< bytes the patch holds
-    std::uint64_t budget = 0;                ///< the most it may hold
-    bool verify = false;                     ///< the swap verifies digests
-    unsigned readers = 1;                    ///< readers at once
-    MaterializeProgress* progress = nullptr; ///< the swap's counters (never null)
-    std::mutex mutex;                        ///< guards `patch` and `failure`
-    Staged patch;                            ///< the runs found so far
+    Source* source = nullptr;                  ///< the new version
+    std::vector<Target> targets;               ///< every owner, in the plan's order
+    std::atomic<std::size_t> next{0};          ///< the next target to take
+    std::atomic<std::uint64_t> held{0};        ///< bytes the patch holds
+    std::uint64_t budget = 0;                  ///< the most it may hold
+    bool verify = false;                       ///< the swap verifies digests
+    unsigned readers = 1;                      ///< readers at once
+    MaterializeProgress* progress = nullptr;   ///< the swap's counters (never null)
+    typename B::Executor* executor = nullptr;  ///< compares and hashes the chunks
+    std::mutex mutex;                          ///< guards `patch` and `failure`
+    Staged patch;                              ///< the runs found so far
     /// The first reader's failure: the others stop at their next chunk. Each reader keeps its
     /// own (awaitable_operators would report two failures as asio::multiple_exceptions).
     std::exception_ptr failure;
@@ -166,6 +167,7 @@ struct InPlacePatchSwap {
     load.source = request.source;
     load.budget = budget;
     load.progress = materialize.progress;
+    load.executor = executor;
     std::map<ParameterId, typename B::Parameter*> slots;
     for (const WeightBinding* owner : plan->owners()) slots.emplace(owner->id(), nullptr);
     struct Finder final : ParameterVisitorMut<typename B::Parameter> {
@@ -190,7 +192,8 @@ struct InPlacePatchSwap {
       try {
         const io::TensorInfo* tensor = catalog.find(owner->checkpoint_key());
         if (tensor == nullptr)
-          throw Error(errc::tensor_not_found, {.tensor = owner->checkpoint_key()}, "the new version has no such tensor");
+          throw Error(errc::tensor_not_found, {.tensor = owner->checkpoint_key()},
+                      "the new version has no such tensor");
         check_bind_fits(slot->dtype, slot->shape, tensor->dtype, owner->selection().selected_shape(tensor->shape));
         target.storage = B::writable_bytes(*slot);
         const std::uint64_t selected = request.source->selected_bytes(target.read);
@@ -199,9 +202,8 @@ struct InPlacePatchSwap {
                              fmt::format("the new version's {} bytes cannot replace the serving weight's {}", selected,
                                          target.storage.size()));
         if (verify)
-          target.check =
-              materialize.verify.checksums.check(catalog, owner->checkpoint_key(), owner->selection(),
-                                                 materialize.verify.preferred);
+          target.check = materialize.verify.checksums.check(catalog, owner->checkpoint_key(), owner->selection(),
+                                                            materialize.verify.preferred);
       } catch (...) {
         std::rethrow_exception(attach_parameter(std::current_exception(), owner->name()));
       }
@@ -242,8 +244,14 @@ struct InPlacePatchSwap {
             throw Error(errc::io_error, {.tensor = target.read.key},
                         fmt::format("the source delivered bytes {}-{} of a {}-byte selection", lease->offset(),
                                     lease->offset() + bytes.size(), target.storage.size()));
-          if (hasher) hasher->update(bytes);
-          const std::uint64_t changed = diff_blocks(bytes, target.storage.data() + lease->offset(), runs);
+          // Compared and hashed on the executor: the event loop goes on with the other readers.
+          std::uint64_t changed = 0;
+          std::byte* serving = target.storage.data() + lease->offset();
+          Completion compared = B::submit_host_work(*load.executor, [&] {
+            if (hasher) hasher->update(bytes);
+            changed = diff_blocks(bytes, serving, runs);
+          });
+          co_await compared.async_wait(asio::use_awaitable);
           if (load.held.fetch_add(changed) + changed > load.budget)
             throw Error(errc::exceeds_budget, {.tensor = target.read.key},
                         fmt::format("the new version changes more bytes than a patch may hold ({} bytes, "
@@ -295,10 +303,7 @@ struct InPlacePatchSwap {
   asio::awaitable<void> publish(Committed& patch, std::uint64_t serving, const SwapCancellation& cancellation,
                                 Report& report) const {
     cancellation.check("before the patch is written");
-    const SwapClock::time_point closed = SwapClock::now();
-    co_await Gate::close_and_drain(state->gate);
-    report.readers_drained = SwapClock::now() - closed;
-    trace_step("drain readers", closed);
+    const SwapClock::time_point closed = co_await close_for_write(state->gate, report);
     // Swap each run's bytes with the serving ones: the run then holds the old bytes.
     auto exchange = [&] {
       for (PatchRun& run : patch.runs) std::swap_ranges(run.bytes.begin(), run.bytes.end(), run.at);

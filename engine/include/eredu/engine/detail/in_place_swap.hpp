@@ -44,6 +44,17 @@ inline InPlaceAliases aliases_of(const WeightBindingPlan& plan) {
   return out;
 }
 
+/// Closes `gate` to new readers and waits for the requests in flight, recording the wait in
+/// `report`; returns when it closed, from which the pause is timed. `gate` outlives the wait.
+template <class Gate>
+asio::awaitable<SwapClock::time_point> close_for_write(const std::shared_ptr<Gate>& gate, SwapReport& report) {
+  const SwapClock::time_point closed = SwapClock::now();
+  co_await Gate::close_and_drain(gate);
+  report.readers_drained = SwapClock::now() - closed;
+  trace_step("drain readers", closed);
+  co_return closed;
+}
+
 /// What an InPlaceModelSlot holds: its factory, the gate around the serving model, the
 /// serving version's aliasing and its claim flag. `Gate` is the slot's InPlaceGate.
 template <class Model, class Gate>
@@ -103,10 +114,7 @@ struct InPlaceSwap {
   asio::awaitable<void> publish(Committed& unit, std::uint64_t serving, const SwapCancellation& cancellation,
                                 Report& report) const {
     cancellation.check("before the copy");
-    const SwapClock::time_point closed = SwapClock::now();
-    co_await Gate::close_and_drain(state->gate);
-    report.readers_drained = SwapClock::now() - closed;
-    trace_step("drain readers", closed);
+    const SwapClock::time_point closed = co_await close_for_write(state->gate, report);
 
     std::exception_ptr copy_error;
     if (serving == 0) {

@@ -25,6 +25,11 @@
 /// later read fails with that error (backend_failure) until a swap succeeds. The swap is the swap core every slot runs
 /// (detail/swap_core.hpp) with this slot's policy (detail/in_place_swap.hpp); the gate is detail/in_place_gate.hpp.
 ///
+/// async_patch is the variant without the staged copy, for a version that differs from the
+/// serving one in few bytes: it compares the new bytes with the serving ones as it reads them,
+/// keeps only the blocks that differ, verifies every digest, and writes those blocks under the
+/// gate, undoing them if the canary refuses (detail/in_place_patch.hpp).
+///
 /// Trade-off against the double-buffered ModelSlot (see docs/hot_swap.md): the same peak
 /// memory on a CPU (serving model + staged set), but the serving model's addresses never
 /// change — what matters when other structures point into the weights (packed kernels,
@@ -216,28 +221,30 @@ class InPlaceModelSlot {
   /// terminal, up to the write: the patch stops after its current step and fails with
   /// errc::cancelled. Once the gate is closed it runs to its end.
   ///
-  /// The canary runs under the closed gate, so it must not read through this slot. `source`
-  /// and `options.progress` must outlive the operation; the plan and the canary are copied.
+  /// `executor` compares and hashes the chunks, off the source's event loop. The canary runs
+  /// under the closed gate, so it must not read through this slot. `source`, `executor` and
+  /// `options.progress` must outlive the operation; the plan and the canary are copied.
   template <io::ByteSource Source, asio::completion_token_for<void(std::exception_ptr, SwapReport)> Token>
   requires PatchingBackend<B>
-  auto async_patch(Source& source, const WeightBindingPlan& plan, SwapOptions<Model> options, PatchOptions patch,
-                   Token&& token) {
+  auto async_patch(Source& source, const WeightBindingPlan& plan, typename B::Executor& executor,
+                   SwapOptions<Model> options, PatchOptions patch, Token&& token) {
     using Context = typename B::MaterializationContext;
     return asio::async_initiate<Token, void(std::exception_ptr, SwapReport)>(
-        [](auto handler, State* state, Source* src, const WeightBindingPlan& p, SwapOptions<Model> o, PatchOptions po) {
+        [](auto handler, State* state, Source* src, const WeightBindingPlan& p, typename B::Executor* ex,
+           SwapOptions<Model> o, PatchOptions po) {
           detail::SwapRequest<Source, Context, Model> request{src, detail::plan_for(handler, p), nullptr, std::move(o)};
-          detail::InPlacePatchSwap<B, Model, Gate> policy{state, request.plan, po.budget};
+          detail::InPlacePatchSwap<B, Model, Gate> policy{state, request.plan, po.budget, ex};
           eredu::detail::spawn_operation(src->get_executor(), detail::run_swap(std::move(policy), std::move(request)),
                                          std::move(handler));
         },
-        token, &state_, &source, plan, std::move(options), patch);
+        token, &state_, &source, plan, &executor, std::move(options), patch);
   }
 
   /// async_patch with default options (no digests, no canary, the default budget).
   template <io::ByteSource Source, asio::completion_token_for<void(std::exception_ptr, SwapReport)> Token>
   requires PatchingBackend<B>
-  auto async_patch(Source& source, const WeightBindingPlan& plan, Token&& token) {
-    return async_patch(source, plan, SwapOptions<Model>{}, PatchOptions{}, std::forward<Token>(token));
+  auto async_patch(Source& source, const WeightBindingPlan& plan, typename B::Executor& executor, Token&& token) {
+    return async_patch(source, plan, executor, SwapOptions<Model>{}, PatchOptions{}, std::forward<Token>(token));
   }
 
  private:
