@@ -603,6 +603,13 @@ TEST_CASE("in-place patch – every failure leaves the serving bytes and generat
   SECTION("more changed bytes than the budget") {
     expect_rejected(errc::exceeds_budget, [&] { p.patch(*p.source_b, {}, {.budget = 4096}); });
   }
+  SECTION("a budget one byte short of the patch: its blocks and their bookkeeping") {
+    // A2's three changed blocks lie in three chunks of 1000 bytes: a piece of one run each.
+    const std::uint64_t patch = 3 * engine::detail::PatchPiece::held(64, 1);
+    expect_rejected(errc::exceeds_budget, [&] { p.patch(*p.source_a2, {}, {.budget = patch - 1}); });
+    CHECK(p.patch(*p.source_a2, {}, {.budget = patch}).written_bytes == 3 * 64);
+    CHECK(p.serving() == PatchEnv::expected(p.a2));
+  }
   SECTION("a read error mid-load") {
     p.source_a2->fail_after(3);
     expect_rejected(errc::io_error, [&] { p.patch(*p.source_a2); });

@@ -53,46 +53,65 @@ inline constexpr std::size_t patch_page = 4096;
 /// (SourceCapabilities::concurrency); its staging budget bounds their chunks.
 inline constexpr unsigned patch_streams = 4;
 
-/// Changed bytes of the serving storage: `bytes` go to `at`.
-struct PatchRun {
-  std::byte* at = nullptr;       ///< where they go, in a serving weight's storage
-  std::vector<std::byte> bytes;  ///< the new version's bytes
+/// The changed blocks of one chunk of the new version, each run of them bound for its place in
+/// a serving weight's storage.
+struct PatchPiece {
+  /// `length` bytes from `bytes[from]` go to `at`.
+  struct Run {
+    std::byte* at = nullptr;  ///< where they go
+    std::size_t from = 0;     ///< where they are in `bytes`
+    std::size_t length = 0;   ///< how many
+  };
+  std::vector<std::byte> bytes;  ///< every run's new bytes, in order
+  std::vector<Run> runs;         ///< the runs
+  /// What a piece of `bytes` changed bytes in `runs` runs holds: what PatchOptions::budget bounds.
+  static std::uint64_t held(std::uint64_t bytes, std::uint64_t runs) {
+    return bytes + runs * sizeof(Run) + sizeof(PatchPiece);
+  }
+  /// Exchanges each run's bytes with the serving ones: after it, the piece holds those.
+  void exchange() {
+    for (const Run& run : runs)
+      std::swap_ranges(bytes.begin() + static_cast<std::ptrdiff_t>(run.from),
+                       bytes.begin() + static_cast<std::ptrdiff_t>(run.from + run.length), run.at);
+  }
 };
 
-/// A patch staged by a load: its runs, their size, and the canary it runs once written.
+/// A patch staged by a load: its pieces, their changed bytes, and the canary it runs once written.
 template <class Model>
 struct Patch {
-  std::vector<PatchRun> runs;  ///< every changed run, of every weight
-  std::uint64_t bytes = 0;     ///< the runs' bytes in all
-  std::uint64_t read = 0;      ///< bytes read and compared
+  std::vector<PatchPiece> pieces;  ///< every chunk's changed runs, of every weight
+  std::uint64_t bytes = 0;         ///< the changed bytes in all
+  std::uint64_t read = 0;          ///< bytes read and compared
   /// The swap's canary step, run on the patched model under the closed gate (empty: none).
   std::function<asio::awaitable<void>(const Model&)> canary{};
 };
 
-/// Appends to `runs` the blocks of `next` that differ from the serving bytes at `serving` (as
-/// many), merging a block into the run that ends where it starts; returns the bytes appended.
-inline std::uint64_t diff_blocks(std::span<const std::byte> next, std::byte* serving, std::vector<PatchRun>& runs) {
-  std::uint64_t appended = 0;
+/// Calls `run(offset, length)` for each run of consecutive patch_block-byte blocks in which
+/// `next` differs from the serving bytes at `serving` (as many).
+template <class Run>
+void for_each_changed_run(std::span<const std::byte> next, const std::byte* serving, Run&& run) {
   const std::size_t n = next.size();
+  std::size_t open = 0, length = 0;  // the run being extended
   std::size_t i = 0;
   while (i < n) {
     const std::size_t page = std::min(patch_page, n - i);
     if (std::memcmp(next.data() + i, serving + i, page) == 0) {
+      if (length > 0) run(open, std::exchange(length, 0));
       i += page;
       continue;
     }
     for (const std::size_t end = i + page; i < end;) {
       const std::size_t len = std::min(patch_block, end - i);
       if (std::memcmp(next.data() + i, serving + i, len) != 0) {
-        if (runs.empty() || runs.back().at + runs.back().bytes.size() != serving + i) runs.push_back({serving + i, {}});
-        runs.back().bytes.insert(runs.back().bytes.end(), next.begin() + static_cast<std::ptrdiff_t>(i),
-                                 next.begin() + static_cast<std::ptrdiff_t>(i + len));
-        appended += len;
+        if (length == 0) open = i;
+        length += len;
+      } else if (length > 0) {
+        run(open, std::exchange(length, 0));
       }
       i += len;
     }
   }
-  return appended;
+  if (length > 0) run(open, length);
 }
 
 /// InPlaceModelSlot's patch policy (see file comment and run_swap's requirements).
@@ -233,8 +252,8 @@ struct InPlacePatchSwap {
       try {
         std::optional<io::Hasher> hasher;
         if (target.check) hasher.emplace(target.check->kind);
-        std::vector<PatchRun> runs;
-        std::uint64_t read = 0;
+        std::vector<PatchPiece> pieces;
+        std::uint64_t read = 0, changed = 0;
         auto chunks = load.source->stream(target.read);
         for (;;) {
           std::optional<io::Lease> lease = co_await chunks.async_next(asio::use_awaitable);
@@ -245,14 +264,35 @@ struct InPlacePatchSwap {
                         fmt::format("the source delivered bytes {}-{} of a {}-byte selection", lease->offset(),
                                     lease->offset() + bytes.size(), target.storage.size()));
           // Compared and hashed on the executor: the event loop goes on with the other readers.
-          std::uint64_t changed = 0;
+          // The changed blocks are counted first and reserved from the budget, then copied, so
+          // the patch never holds more than the budget.
           std::byte* serving = target.storage.data() + lease->offset();
+          bool over = false;
           Completion compared = B::submit_host_work(*load.executor, [&] {
             if (hasher) hasher->update(bytes);
-            changed = diff_blocks(bytes, serving, runs);
+            std::uint64_t n = 0, count = 0;
+            for_each_changed_run(bytes, serving, [&](std::size_t, std::size_t length) {
+              n += length;
+              ++count;
+            });
+            if (count == 0) return;
+            const std::uint64_t held = PatchPiece::held(n, count);
+            if (load.held.fetch_add(held) + held > load.budget) {
+              over = true;
+              return;
+            }
+            PatchPiece& piece = pieces.emplace_back();
+            piece.bytes.reserve(n);
+            piece.runs.reserve(count);
+            for_each_changed_run(bytes, serving, [&](std::size_t from, std::size_t length) {
+              piece.runs.push_back({serving + from, piece.bytes.size(), length});
+              piece.bytes.insert(piece.bytes.end(), bytes.begin() + static_cast<std::ptrdiff_t>(from),
+                                 bytes.begin() + static_cast<std::ptrdiff_t>(from + length));
+            });
+            changed += n;
           });
           co_await compared.async_wait(asio::use_awaitable);
-          if (load.held.fetch_add(changed) + changed > load.budget)
+          if (over)
             throw Error(errc::exceeds_budget, {.tensor = target.read.key},
                         fmt::format("the new version changes more bytes than a patch may hold ({} bytes, "
                                     "PatchOptions::budget): swap to it with async_swap, which stages a whole copy",
@@ -272,10 +312,8 @@ struct InPlacePatchSwap {
           ++load.progress->tensors_unverified;
         }
         std::lock_guard lock(load.mutex);
-        for (PatchRun& run : runs) {
-          load.patch.bytes += run.bytes.size();
-          load.patch.runs.push_back(std::move(run));
-        }
+        for (PatchPiece& piece : pieces) load.patch.pieces.push_back(std::move(piece));
+        load.patch.bytes += changed;
         load.patch.read += read;
         ++load.progress->owners_done;
       } catch (...) {
@@ -304,9 +342,9 @@ struct InPlacePatchSwap {
                                 Report& report) const {
     cancellation.check("before the patch is written");
     const SwapClock::time_point closed = co_await close_for_write(state->gate, report);
-    // Swap each run's bytes with the serving ones: the run then holds the old bytes.
+    // Swap each run's bytes with the serving ones: the patch then holds the old bytes.
     auto exchange = [&] {
-      for (PatchRun& run : patch.runs) std::swap_ranges(run.bytes.begin(), run.bytes.end(), run.at);
+      for (PatchPiece& piece : patch.pieces) piece.exchange();
     };
     exchange();
     std::exception_ptr rejected;

@@ -50,8 +50,9 @@ struct SwapReport {
 
 /// Settings of InPlaceModelSlot::async_patch.
 struct PatchOptions {
-  /// The most changed bytes a patch holds (64-byte blocks): a version that differs from the
-  /// serving one by more fails with exceeds_budget before any weight is written.
+  /// The most memory a patch holds: the changed 64-byte blocks, 24 bytes for each run of them
+  /// and a few dozen for each chunk read. A version that differs from the serving one by more
+  /// fails with exceeds_budget before any weight is written.
   std::uint64_t budget = std::uint64_t{256} << 20;
 };
 
