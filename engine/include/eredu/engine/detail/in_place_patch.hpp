@@ -156,6 +156,7 @@ struct InPlacePatchSwap {
     io::TensorReadRequest read{};          ///< its bytes in the source
     std::span<std::byte> storage{};        ///< the serving bytes they replace
     std::optional<io::DigestCheck> check;  ///< its digest, when the swap verifies one
+    std::string file{};                    ///< the source's file of its tensor, for messages
   };
   /// What the load's readers share.
   template <class Source>
@@ -198,8 +199,7 @@ struct InPlacePatchSwap {
     } finder(slots);
     state->gate->model.visit_parameters_mut(finder, std::string());
 
-    const bool verify = materialize.verify.mode != VerifyMode::off;
-    load.verify = verify;
+    load.verify = materialize.verify.mode != VerifyMode::off;
     load.readers = std::clamp<unsigned>(request.source->capabilities().concurrency, 1, patch_streams);
     std::uint64_t total = 0;
     for (const WeightBinding* owner : plan->owners()) {
@@ -220,7 +220,8 @@ struct InPlacePatchSwap {
           throw BackendError(errc::bind_shape_mismatch, {.tensor = owner->checkpoint_key()},
                              fmt::format("the new version's {} bytes cannot replace the serving weight's {}", selected,
                                          target.storage.size()));
-        if (verify)
+        target.file = catalog.file_of(*tensor).path;
+        if (load.verify)
           target.check = materialize.verify.checksums.check(catalog, owner->checkpoint_key(), owner->selection(),
                                                             materialize.verify.preferred);
       } catch (...) {
@@ -260,7 +261,7 @@ struct InPlacePatchSwap {
           if (!lease || load.failed) break;
           const std::span<const std::byte> bytes = lease->bytes();
           if (lease->offset() + bytes.size() > target.storage.size())
-            throw Error(errc::io_error, {.tensor = target.read.key},
+            throw Error(errc::io_error, {.file = target.file, .tensor = target.read.key},
                         fmt::format("the source delivered bytes {}-{} of a {}-byte selection", lease->offset(),
                                     lease->offset() + bytes.size(), target.storage.size()));
           // Compared and hashed on the executor: the event loop goes on with the other readers.
@@ -293,16 +294,17 @@ struct InPlacePatchSwap {
           });
           co_await compared.async_wait(asio::use_awaitable);
           if (over)
-            throw Error(errc::exceeds_budget, {.tensor = target.read.key},
+            throw Error(errc::exceeds_budget, {.file = target.file, .tensor = target.read.key},
                         fmt::format("the new version changes more bytes than a patch may hold ({} bytes, "
-                                    "PatchOptions::budget): swap to it with async_swap, which stages a whole copy",
-                                    load.budget));
+                                    "PatchOptions::budget), reached at byte {} of the selection {}: swap to it "
+                                    "with async_swap, which stages a whole copy",
+                                    load.budget, lease->offset(), target.read.selection.to_string()));
           read += bytes.size();
           load.progress->bytes_done += bytes.size();
         }
         if (load.failed) co_return;
         if (read != target.storage.size())
-          throw Error(errc::io_error, {.tensor = target.read.key},
+          throw Error(errc::io_error, {.file = target.file, .tensor = target.read.key},
                       fmt::format("the source delivered {} of the selection's {} bytes", read, target.storage.size()));
         if (hasher) {
           target.check->compare(hasher->hex_digest(), read);
