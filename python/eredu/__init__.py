@@ -7,6 +7,7 @@
     state_dict = await eredu.aload("model/", framework="np")           # asyncio
     for unit in eredu.prefetch("model/", lookahead=2): ...            # layer by layer
     slot = eredu.ModelSlot("v1/"); await slot.swap("v2/")              # hot-swap
+    slot = eredu.InPlaceModelSlot("v1/"); await slot.patch("v2/")      # one copy, changed bytes written
     slot.swap_sync(eredu.Subscriber(group).open("step-9"))            # live update from a trainer
 
 Tensors arrive zero-copy through DLPack and own their storage. eredu works on its own event-loop
@@ -23,6 +24,7 @@ from ._errors import (AccessDeniedError, BackendError, BudgetError, CancelledErr
                       SwapInProgressError, TensorNotFoundError, UnsupportedDTypeError, _from_native)
 from ._live import LiveGroup, Publication, Publisher, Subscriber
 from ._loading import aload, aread, load_file
+from ._in_place_slot import InPlaceModelSlot
 from ._model_slot import ModelSlot, Version
 from ._prefetch import Unit, prefetch
 from ._safe_open import Slice, TensorInfo, safe_open
@@ -100,7 +102,7 @@ def write_checksums(path, digest="sha256", *, tensor_parallel=None, heads=None, 
 
 __all__ = [
     "__version__", "safe_open", "Slice", "TensorInfo", "load_file", "aload", "aread", "prefetch", "Unit",
-    "ModelSlot", "Version", "storage_stats", "set_storage_retention", "trim_storage",
+    "ModelSlot", "InPlaceModelSlot", "Version", "storage_stats", "set_storage_retention", "trim_storage",
     "write_checksums", "TensorSpec", "serialize", "serialize_file", "deserialize",
     "Error", "SafetensorError", "SharedTensorsError", "FormatError", "StoreError", "IoError", "TensorNotFoundError", "SelectionError", "BudgetError",
     "ChecksumError", "RecipeError", "DeclarationError", "OrchestrationError", "CanaryError", "SwapInProgressError",

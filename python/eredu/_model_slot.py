@@ -65,31 +65,20 @@ class Version:
 
 
 
-class ModelSlot:
-    """The serving version of a model, hot-swapped (see the module comment).
+class _Slot:
+    """What ModelSlot and InPlaceModelSlot share: the tensor rules, the swap and its report."""
 
-    ModelSlot(path=None, *, framework="np", dtype=None, bf16=None, unsupported="error", threads=1,
-              verify=None, canary=None, budget=None, ...)
-
-    Paths (here and in swap) are a str, bytes or os.PathLike. With a path, the first version is loaded (blocking) before the constructor returns; without
-    one, current() is None until the first swap.
-    """
-
-    def __init__(self, path=None, *, framework="np", dtype=None, bf16=None, unsupported="error", threads=1,
-                 verify=None, canary=None, **options):
+    def __init__(self, native, framework, dtype, bf16, unsupported, options, where):
         self._rules = _Reader.options(framework, dtype, bf16, unsupported)
-        check_weights(options, self._rules[0], where="ModelSlot")
+        check_weights(options, self._rules[0], where=where)
         if self._rules[0] == "pt":
             # Imported now, not by the first swap's canary: a swap's canary_s must time the
             # canary, not torch's import (seconds, on a cold start).
             from ._frameworks import torch_module
             torch_module()
         self._options = options
-        self._native = _native.ModelSlot(parse_count("threads", threads))
+        self._native = native
         self._plans = None
-        self._cached = None
-        if path is not None:
-            self.swap_sync(path, verify=verify, canary=canary)
 
     @property
     def generation(self):
@@ -100,25 +89,15 @@ class ModelSlot:
     def swapping(self):
         return self._native.swapping
 
-    def current(self):
-        """The serving Version (wait-free), or None before the first swap."""
-        native = self._native.current()
-        if native is None:
-            return None
-        cached = self._cached
-        if cached is not None and cached.generation == native.generation:
-            return cached
-        version = self._version(native.keys(), native.tensors(), native.generation, native.origin, native)
-        self._cached = version
-        return version
+    def _convert(self, keys, tensors):
+        from ._frameworks import to_framework
+        reader_fw = self._rules[0]
+        return {k: to_framework(t, reader_fw, self._plans[k].post) for k, t in zip(keys, tensors)}
 
     def _version(self, keys, tensors, generation, origin, native=None):
-        reader_fw = self._rules[0]
-        from ._frameworks import to_framework
-        converted = {k: to_framework(t, reader_fw, self._plans[k].post) for k, t in zip(keys, tensors)}
-        return Version(converted, generation, origin, native)
+        return Version(self._convert(keys, tensors), generation, origin, native)
 
-    def _start(self, path, verify, canary, origin, blocking, options):
+    def _start(self, path, verify, canary, origin, blocking, options, **native_options):
         fw, cast, bf16, unsupported = self._rules
         mode = verify_mode(verify)
         published = isinstance(path, getattr(_native, "PublishedVersion", ()))
@@ -132,7 +111,7 @@ class ModelSlot:
             path = os_path(path)
             if not origin:
                 origin = os.fsdecode(path)
-            reader = _Reader.open(path, fw, cast, bf16, unsupported, copy_resident=False, copier="ModelSlot",
+            reader = _Reader.open(path, fw, cast, bf16, unsupported, copy_resident=False, copier=type(self).__name__,
                                   **{**self._options, **options})
         try:
             specs = None
@@ -144,6 +123,7 @@ class ModelSlot:
                     plans[name] = plan
                 self._plans = plans
             record = _Rejection()
+            record.origin = origin
             job = None
             if canary is not None:
                 keys = list(self._plans)
@@ -152,38 +132,30 @@ class ModelSlot:
                     candidate = self._version(keys, tensors, self.generation + 1, origin)
                     _bridge.run_canary(canary, candidate, finish, is_blocking, record)
 
-            op = self._native.swap(reader.native, specs, mode, job, blocking, origin)
+            op = self._native.swap(reader.native, specs, mode, job, blocking, origin, **native_options)
         finally:
             if not published:
                 reader.native.close()  # the swap keeps it open while it runs
         return op, record
 
-    def _finished(self, report):
-        self._cached = None  # the retired version goes when its last reader lets go
+    def _finished(self, report, record):
         return report
 
-    def swap_sync(self, path, *, verify=None, canary=None, origin=None, progress=None, **options):
-        """swap(), blocking (Ctrl-C cancels it); returns the swap report."""
+    def _run_sync(self, path, verify, canary, origin, progress, options, **native_options):
         _bridge.check_progress(progress)
-        op, record = self._start(path, verify, canary, origin, True, options)
+        op, record = self._start(path, verify, canary, origin, True, options, **native_options)
         try:
-            report = self._finished(_bridge.wait(op, progress))
+            report = self._finished(_bridge.wait(op, progress), record)
         except CanaryError as e:
             raise e from record.exception
         _bridge.done(op, progress)
         return report
 
-    async def swap(self, path, *, verify=None, canary=None, origin=None, progress=None, **options):
-        """Loads, verifies, canaries and publishes `path`; returns the report (generation, bytes,
-        verified_bytes, load_s, verify_s, canary_s, publish_pause_ns). Raises, leaving the old
-        version serving, on any failure; cancelling the task cancels the swap (before publication).
-        `progress(done, total, phase)` is called on the loop's thread as the new version's bytes
-        land ("read"), and once the swap has published ("done"); what it raises cancels the swap.
-        `options` (budget, reader, ...) override the slot's for this swap."""
+    async def _run(self, path, verify, canary, origin, progress, options, **native_options):
         _bridge.check_progress(progress)
-        op, record = self._start(path, verify, canary, origin, False, options)
+        op, record = self._start(path, verify, canary, origin, False, options, **native_options)
         try:
-            report = self._finished(await _bridge.wait_async(op, progress))
+            report = self._finished(await _bridge.wait_async(op, progress), record)
         except CanaryError as e:
             raise e from record.exception
         _bridge.done(op, progress)
@@ -193,15 +165,64 @@ class ModelSlot:
         """The slot's storage pool: live_bytes, retained_bytes (kept for the next swap), ..."""
         return self._native.storage()
 
+
+class ModelSlot(_Slot):
+    """The serving version of a model, hot-swapped (see the module comment).
+
+    ModelSlot(path=None, *, framework="np", dtype=None, bf16=None, unsupported="error", threads=1,
+              verify=None, canary=None, budget=None, ...)
+
+    Paths (here and in swap) are a str, bytes or os.PathLike. With a path, the first version is loaded (blocking) before the constructor returns; without
+    one, current() is None until the first swap.
+    """
+
+    def __init__(self, path=None, *, framework="np", dtype=None, bf16=None, unsupported="error", threads=1,
+                 verify=None, canary=None, **options):
+        super().__init__(_native.ModelSlot(parse_count("threads", threads)), framework, dtype, bf16, unsupported,
+                         options, "ModelSlot")
+        self._cached = None
+        if path is not None:
+            self.swap_sync(path, verify=verify, canary=canary)
+
+    def current(self):
+        """The serving Version (wait-free), or None before the first swap."""
+        native = self._native.current()
+        if native is None:
+            return None
+        cached = self._cached
+        if cached is not None and cached.generation == native.generation:
+            return cached
+        version = self._version(native.keys(), native.tensors(), native.generation, native.origin, native)
+        self._cached = version
+        return version
+
+    def _finished(self, report, record):
+        self._cached = None  # the retired version goes when its last reader lets go
+        return report
+
+    def swap_sync(self, path, *, verify=None, canary=None, origin=None, progress=None, **options):
+        """swap(), blocking (Ctrl-C cancels it); returns the swap report."""
+        return self._run_sync(path, verify, canary, origin, progress, options)
+
+    async def swap(self, path, *, verify=None, canary=None, origin=None, progress=None, **options):
+        """Loads, verifies, canaries and publishes `path`; returns the report (generation, bytes,
+        verified_bytes, load_s, verify_s, canary_s, publish_pause_ns). Raises, leaving the old
+        version serving, on any failure; cancelling the task cancels the swap (before publication).
+        `progress(done, total, phase)` is called on the loop's thread as the new version's bytes
+        land ("read"), and once the swap has published ("done"); what it raises cancels the swap.
+        `options` (budget, reader, ...) override the slot's for this swap."""
+        return await self._run(path, verify, canary, origin, progress, options)
+
     def __repr__(self):
         return f"<eredu.ModelSlot generation {self.generation}>"
 
 
 class _Rejection:
-    """Keeps the exception a canary raised, to chain it to the CanaryError."""
+    """Keeps the exception a canary raised, to chain it to the CanaryError, and the swap's origin."""
 
     def __init__(self):
         self.exception = None
+        self.origin = None
 
     def __call__(self, e):
         self.exception = e

@@ -59,6 +59,7 @@ RANGES = {
     "nbytes": (0, (1 << 64) - 1),  # set_storage_retention: a cap, kept in 64 bits
     "keep": (0, (1 << 64) - 1),    # trim_storage
     "readahead": (0, (1 << 64) - 1),  # safe_open: bytes get_tensor reads ahead (0: none)
+    "patch_budget": (0, (1 << 64) - 1),  # InPlaceModelSlot.patch: the changed blocks it may hold
     # Remote checkpoints (io::RemoteOptions' ranges, validated again there).
     "cache_max": (0, 1 << 50),
     "part_size": (4096, 1 << 30),

@@ -10,9 +10,7 @@
 /// tensor_not_found, an extra one with unexpected_bindings, a different shape with
 /// bind_shape_mismatch — and the old version keeps serving.
 ///
-/// The canary is Python code that must not run on the loop thread: the swap's canary step
-/// queues it to the operation's consumer (the asyncio loop that awaits the swap, or the
-/// blocked caller) and awaits its verdict, so the loop keeps serving reads meanwhile.
+/// The swap itself is start_slot_swap (slot_swap.hpp); this binding launches the engine's.
 
 #include <pybind11/pybind11.h>
 
@@ -23,21 +21,11 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint.hpp"
 #include "eredu/cpu/backend.hpp"
 #include "eredu/engine/serving/model_slot.hpp"
-#include "operation.hpp"
-#include "py_handle.hpp"
-#include "tensor_set.hpp"
-#ifdef EREDU_PYTHON_LIVE
-#include "live.hpp"
-#endif
+#include "slot_swap.hpp"
 
 namespace eredu::python {
-
-/// What a swap reads from (model_slot.cpp).
-template <class Source>
-struct SwapInput;
 
 /// The slot type of the module.
 using Slot = engine::ModelSlot<cpu::Backend, TensorSetModule>;
@@ -70,21 +58,25 @@ class SlotBinding : public std::enable_shared_from_this<SlotBinding> {
   /// Bytes of the slot's storage pool in use and kept for the next swap.
   cpu::StoragePoolStats storage() const { return storage_.stats(); }
 
+  // What start_slot_swap uses, on the loop thread (slot_swap.hpp).
+  std::shared_ptr<const TensorSetModule> blueprint;  ///< the slot's tensors, once defined
+  std::map<std::uint64_t, std::string> published;    ///< generation -> published version
+  /// The serving version's tensors, or nullopt before the first swap.
+  std::optional<ServingTensors> serving() const;
+  /// The serving generation.
+  std::uint64_t generation() const { return slot_.generation(); }
+
  private:
-  /// The swap itself, for any source `open()` gives on the loop thread (model_slot.cpp).
+  /// swap() for any source.
   template <class Source>
-  std::shared_ptr<Operation> start_swap(std::function<SwapInput<Source>()> open,
+  std::shared_ptr<Operation> start_swap(std::function<SwapInput<Source>()> input,
                                         std::optional<std::vector<ReadSpec>> specs, const pybind11::object& canary_job,
                                         bool blocking, std::string origin, const std::string& what);
 
   std::unique_ptr<cpu::Executor> background_;
   cpu::StoragePool storage_;  // keeps the retired version's storage for the next swap
   cpu::MaterializationContext context_;
-  std::shared_ptr<const TensorSetModule> blueprint_;  // loop thread only
   Slot slot_;
-  /// The published version each recent generation was loaded from (loop thread only): a
-  /// delta against it reads only what changed.
-  std::map<std::uint64_t, std::string> published_;
 };
 
 /// Registers eredu._native.ModelSlot and eredu._native.SlotVersion.

@@ -14,6 +14,7 @@
 #include "eredu/core/error.hpp"
 #include "eredu/core/float_formats.hpp"
 #include "error_translation.hpp"
+#include "in_place_slot.hpp"
 #include "log_forwarding.hpp"
 #include "model_slot.hpp"
 #include "operation.hpp"
@@ -73,6 +74,7 @@ PYBIND11_MODULE(_native, m) {
   bind_checkpoint(m);
   bind_prefetch(m);
   bind_model_slot(m);
+  bind_in_place_slot(m);
   bind_read_gate(m);
   bind_read_into(m);
   bind_write_checksums(m);
