@@ -4,7 +4,8 @@
 # against the version rank 2 serves reads only the changed tensor's delta there, and whole on
 # rank 1; a version withdrawn before it is opened, and one never published, are typed StoreErrors. The
 # same again with the trainer and the servers started as two jobs that join through
-# ompi-server, over the two-sided transport.
+# ompi-server, over the two-sided transport. Then an InPlaceModelSlot on each server patches its
+# one copy to a delta, or refuses it whole when a bit flips in flight.
 import os
 import shutil
 import subprocess
@@ -138,6 +139,65 @@ SCRIPT = textwrap.dedent(r'''
 ''')
 
 
+# Rank 0 publishes step-1, then step-2: step-1 with one row of one tensor changed, as a delta.
+# Ranks 1 and 2 serve from an InPlaceModelSlot: swap to step-1, then patch to step-2. Rank 2
+# writes only the changed blocks, into the same storage; on rank 1 a bit flips in flight, and
+# every serving byte stays step-1's.
+IN_PLACE_SCRIPT = textwrap.dedent(r'''
+    import numpy as np
+    import eredu
+
+    def weights(step):
+        rng = np.random.default_rng(step)
+        return {"embed.weight": rng.standard_normal((64, 32)).astype(np.float32),
+                "mlp.down.weight": rng.integers(-100, 100, (32, 48)).astype(np.int32)}
+
+    w1 = weights(1)
+    w2 = {k: v.copy() for k, v in w1.items()}
+    w2["mlp.down.weight"][5] += 1  # one row: 192 bytes, in at most 4 of the 64-byte blocks
+
+    group = eredu.LiveGroup(timeout=30)
+    rank = group.rank
+    if rank == 0:
+        with eredu.Publisher(group, linger=30) as publisher:
+            v1 = publisher.publish("step-1", w1)
+            assert v1.wait_served(2, 60) and v1.served == 2, v1.served
+            v2 = publisher.publish("step-2", w2, base="step-1")
+            assert v2.wait_served(2, 60)
+            assert v2.served == 1 and v2.failed == 1, (v2.served, v2.failed)
+        print("rank 0: published")
+        raise SystemExit(0)
+
+    with eredu.Subscriber(group, publisher=0, timeout=30) as subscriber:
+        slot = eredu.InPlaceModelSlot(framework="np")
+        assert slot.swap_sync(subscriber.open("step-1", wait=60))["generation"] == 1
+        with slot.read() as w:
+            where = {k: w[k].__array_interface__["data"][0] for k in w}
+            assert all(w[k].tobytes() == w1[k].tobytes() for k in w1)
+        v2 = subscriber.open("step-2", wait=60)
+        if rank == 1:
+            v2.corrupt_next_read(3)
+            try:
+                slot.patch_sync(v2)
+                raise AssertionError("a corrupted version was written")
+            except eredu.ChecksumError as e:
+                assert "step-2" in str(e), e
+            expected, generation = w1, 1
+        else:
+            report = slot.patch_sync(v2)
+            assert 0 < report["written_bytes"] <= 4 * 64, report
+            assert v2.transferred_bytes < w1["mlp.down.weight"].nbytes, v2.transferred_bytes
+            expected, generation = w2, 2
+        with slot.read() as w:
+            assert w.generation == generation and slot.generation == generation
+            assert {k: w[k].__array_interface__["data"][0] for k in w} == where
+            for k, v in expected.items():
+                assert w[k].tobytes() == v.tobytes(), (rank, k)
+        del v2  # a subscriber closes once no version it opened is referenced
+    print(f"rank {rank}: ok")
+''')
+
+
 @pytest.mark.skipif(not eredu._live.available(), reason="this build has no live updates (no MPI)")
 @pytest.mark.skipif(MPIRUN is None, reason="mpirun is not installed")
 @pytest.mark.parametrize("transport", [None, "one_sided"])
@@ -182,5 +242,18 @@ def test_publish_and_swap_across_two_jobs(tmp_path):
         server.wait()
     out = trainer_out + servers.stdout + servers.stderr
     assert trainer.returncode == 0 and servers.returncode == 0, out
+    for line in ("rank 0: published", "rank 1: ok", "rank 2: ok"):
+        assert line in out, out
+
+
+@pytest.mark.skipif(not eredu._live.available(), reason="this build has no live updates (no MPI)")
+@pytest.mark.skipif(MPIRUN is None, reason="mpirun is not installed")
+def test_an_in_place_slot_patches_to_a_published_delta(tmp_path):
+    script = tmp_path / "in_place.py"
+    script.write_text(IN_PLACE_SCRIPT)
+    result = subprocess.run([MPIRUN, *MPIRUN_FLAGS, "-np", "3", sys.executable, str(script)],
+                            capture_output=True, text=True, timeout=110)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
     for line in ("rank 0: published", "rank 1: ok", "rank 2: ok"):
         assert line in out, out
