@@ -17,14 +17,14 @@ const TensorSetModule& InPlaceRead::model() const {
 InPlaceSlotBinding::InPlaceSlotBinding(int threads)
     : background_(std::make_unique<cpu::Executor>(threads)), context_{*background_, storage_, false} {}
 
-std::shared_ptr<InPlaceSlot> InPlaceSlotBinding::slot_for_blueprint() {
-  std::shared_ptr<InPlaceSlot> slot = slot_.load();
+std::shared_ptr<NumberedSlot> InPlaceSlotBinding::slot_for_blueprint() {
+  std::shared_ptr<NumberedSlot> slot = slot_.load();
   if (slot && slot_blueprint_ == blueprint) return slot;
   // A first swap: the tensors were (re)defined, so the slot that served nothing goes.
+  const std::uint64_t instance = slot ? slot->instance + 1 : 1;
   if (slot) unused_.push_back(std::move(slot));
-  slot = std::make_shared<InPlaceSlot>([model = blueprint] { return model->unbound(); });
+  slot = std::make_shared<NumberedSlot>([model = blueprint] { return model->unbound(); }, instance);
   slot_blueprint_ = blueprint;
-  instance_.fetch_add(1, std::memory_order_relaxed);
   slot_.store(slot);
   return slot;
 }
@@ -38,11 +38,11 @@ std::shared_ptr<Operation> InPlaceSlotBinding::swap(std::function<SwapInput<Sour
   std::shared_ptr<InPlaceSlotBinding> self = shared_from_this();
   auto launch = [self, patch](Source& source, const engine::WeightBindingPlan& plan,
                               engine::SwapOptions<TensorSetModule> options, auto handler) {
-    std::shared_ptr<InPlaceSlot> slot = self->slot_for_blueprint();
+    InPlaceSlot& slot = self->slot_for_blueprint()->slot;
     if (patch)
-      slot->async_patch(source, plan, *self->background_, std::move(options), *patch, std::move(handler));
+      slot.async_patch(source, plan, *self->background_, std::move(options), *patch, std::move(handler));
     else
-      slot->async_swap(source, plan, self->context_, *self->background_, std::move(options), std::move(handler));
+      slot.async_swap(source, plan, self->context_, *self->background_, std::move(options), std::move(handler));
   };
   return start_slot_swap<Source>(self, std::move(input), std::move(specs), canary_job, blocking, std::move(origin),
                                  what, std::move(launch));
@@ -57,23 +57,21 @@ std::optional<ServingTensors> InPlaceSlotBinding::serving() const {
 }
 
 std::shared_ptr<InPlaceRead> InPlaceSlotBinding::try_read() const {
-  std::shared_ptr<InPlaceSlot> slot = slot_.load();
+  std::shared_ptr<NumberedSlot> slot = slot_.load();
   if (!slot) return nullptr;
-  const std::uint64_t instance = instance_.load(std::memory_order_relaxed);
-  std::optional<InPlaceSlot::Reader> reader = slot->try_read();
+  std::optional<InPlaceSlot::Reader> reader = slot->slot.try_read();
   if (!reader || reader->generation() == 0) return nullptr;
-  return std::make_shared<InPlaceRead>(std::move(slot), std::move(*reader), instance);
+  return std::make_shared<InPlaceRead>(std::move(slot), std::move(*reader));
 }
 
 std::shared_ptr<Operation> InPlaceSlotBinding::read() {
   auto op = Operation::create("read of an in-place slot");
-  std::shared_ptr<InPlaceSlot> slot = slot_.load();
+  std::shared_ptr<NumberedSlot> slot = slot_.load();
   if (!slot) {
     op->finish(nullptr, [] { return py::object(py::none()); });
     return op;
   }
-  const std::uint64_t instance = instance_.load(std::memory_order_relaxed);
-  slot->async_read([op, slot, instance](std::exception_ptr error, InPlaceSlot::Reader reader) mutable {
+  slot->slot.async_read([op, slot](std::exception_ptr error, InPlaceSlot::Reader reader) mutable {
     if (error) {
       op->finish(std::move(error));
       return;
@@ -82,20 +80,20 @@ std::shared_ptr<Operation> InPlaceSlotBinding::read() {
       op->finish(nullptr, [] { return py::object(py::none()); });
       return;
     }
-    auto read = std::make_shared<InPlaceRead>(std::move(slot), std::move(reader), instance);
+    auto read = std::make_shared<InPlaceRead>(std::move(slot), std::move(reader));
     op->finish(nullptr, [read] { return py::cast(read); });
   });
   return op;
 }
 
 std::uint64_t InPlaceSlotBinding::generation() const {
-  std::shared_ptr<InPlaceSlot> slot = slot_.load();
-  return slot ? slot->generation() : 0;
+  std::shared_ptr<NumberedSlot> slot = slot_.load();
+  return slot ? slot->slot.generation() : 0;
 }
 
 bool InPlaceSlotBinding::swapping() const {
-  std::shared_ptr<InPlaceSlot> slot = slot_.load();
-  return slot && slot->swapping();
+  std::shared_ptr<NumberedSlot> slot = slot_.load();
+  return slot && slot->slot.swapping();
 }
 
 namespace {
@@ -162,8 +160,7 @@ void bind_in_place_slot(py::module_& m) {
       .def_property_readonly("generation", &InPlaceSlotBinding::generation)
       .def_property_readonly("swapping", &InPlaceSlotBinding::swapping)
       .def(
-          "storage",
-          [](const InPlaceSlotBinding& s) { return storage_dict(s.storage()); },
+          "storage", [](const InPlaceSlotBinding& s) { return storage_dict(s.storage()); },
           "The slot's storage pool counters.");
 }
 

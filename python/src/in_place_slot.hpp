@@ -29,28 +29,35 @@ namespace eredu::python {
 /// The in-place slot type of the module.
 using InPlaceSlot = engine::InPlaceModelSlot<cpu::Backend, TensorSetModule>;
 
+/// An engine slot and which one its binding made it (the storage its tensors are): the same for
+/// every version until a first swap has to define the tensors again.
+struct NumberedSlot {
+  /// The `instance`-th slot, whose model `make_model` makes.
+  NumberedSlot(InPlaceSlot::Factory make_model, std::uint64_t n) : slot(std::move(make_model)), instance(n) {}
+  InPlaceSlot slot;              ///< the engine's slot
+  const std::uint64_t instance;  ///< 1 for the binding's first
+};
+
 /// One read of an in-place slot's serving version: the next swap's write waits until it is
 /// released. Its tensors are the serving storage itself.
 class InPlaceRead {
  public:
-  /// Holds `reader` of `slot` (the slot made `instance`-th by its binding).
-  InPlaceRead(std::shared_ptr<InPlaceSlot> slot, InPlaceSlot::Reader reader, std::uint64_t instance)
-      : slot_(std::move(slot)), reader_(std::move(reader)), instance_(instance) {}
+  /// Holds `reader` of `slot`.
+  InPlaceRead(std::shared_ptr<NumberedSlot> slot, InPlaceSlot::Reader reader)
+      : slot_(std::move(slot)), reader_(std::move(reader)) {}
 
   /// The version read; 0 once released.
   std::uint64_t generation() const noexcept { return reader_ ? reader_.generation() : 0; }
-  /// Which engine slot this is (the storage its tensors are): the same for every version
-  /// until a first swap has to define the tensors again.
-  std::uint64_t instance() const noexcept { return instance_; }
+  /// Which engine slot this reads (NumberedSlot::instance).
+  std::uint64_t instance() const noexcept { return slot_->instance; }
   /// The model read. Throws Error(invalid_argument) once released.
   const TensorSetModule& model() const;
   /// Ends the read (idempotent).
   void release() { reader_.release(); }
 
  private:
-  std::shared_ptr<InPlaceSlot> slot_;  // declared first: the reader goes before its slot
+  std::shared_ptr<NumberedSlot> slot_;  // declared first: the reader goes before its slot
   InPlaceSlot::Reader reader_;
-  std::uint64_t instance_ = 0;
 };
 
 /// See file comment. Held by std::shared_ptr (Python's reference and each swap in flight).
@@ -82,23 +89,22 @@ class InPlaceSlotBinding : public std::enable_shared_from_this<InPlaceSlotBindin
 
   // What start_slot_swap uses, on the loop thread (slot_swap.hpp).
   std::shared_ptr<const TensorSetModule> blueprint;  ///< the slot's tensors, once defined
-  std::map<std::uint64_t, std::string> published;   ///< generation -> published version
+  std::map<std::uint64_t, std::string> published;    ///< generation -> published version
   /// The serving version's tensors, or nullopt before the first swap.
   std::optional<ServingTensors> serving() const;
 
  private:
   /// The engine's slot for the current blueprint, made on the first swap. Loop thread.
-  std::shared_ptr<InPlaceSlot> slot_for_blueprint();
+  std::shared_ptr<NumberedSlot> slot_for_blueprint();
 
   std::unique_ptr<cpu::Executor> background_;
   cpu::StoragePool storage_;
   cpu::MaterializationContext context_;
-  std::atomic<std::shared_ptr<InPlaceSlot>> slot_;  // read from any thread
+  std::atomic<std::shared_ptr<NumberedSlot>> slot_;  // read from any thread
   std::shared_ptr<const TensorSetModule> slot_blueprint_;
-  std::atomic<std::uint64_t> instance_{0};
   /// Slots whose first swap failed: kept until the binding goes, as their swaps may still be
   /// unwinding when the next first swap makes a new one.
-  std::vector<std::shared_ptr<InPlaceSlot>> unused_;
+  std::vector<std::shared_ptr<NumberedSlot>> unused_;
 };
 
 /// Registers eredu._native.InPlaceModelSlot and eredu._native.InPlaceRead.

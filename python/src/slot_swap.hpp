@@ -38,11 +38,11 @@
 
 #include <fmt/format.h>
 
+#include "checkpoint.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/cpu/backend.hpp"
 #include "eredu/engine/orchestration/engine_error.hpp"
 #include "eredu/engine/serving/swap_options.hpp"
-#include "checkpoint.hpp"
 #include "operation.hpp"
 #include "py_handle.hpp"
 #include "runtime.hpp"
@@ -175,27 +175,29 @@ std::shared_ptr<Operation> start_slot_swap(std::shared_ptr<Slot> slot, std::func
         };
       }
       start(*in.source, set.plan(), std::move(options),
-                   asio::bind_cancellation_slot(
-                       operation->cancellation_slot(),
-                       [self, keep = in.keep, operation, defined_here, finished, location = in.location](
-                           std::exception_ptr error, engine::SwapReport report) {
-                         if (finished) finished(!error);
-                         if (!error && !location.empty()) {
-                           self->published[report.generation] = location;
-                           // Only the versions a slot may still serve can be a delta's base.
-                           while (self->published.size() > 16) self->published.erase(self->published.begin());
-                         }
-                         // A first swap that failed leaves the slot empty: the next one defines it afresh.
-                         if (error && defined_here && self->generation() == 0) self->blueprint.reset();
-                         if (error) {
-                           operation->finish(std::move(error));
-                           return;
-                         }
-                         operation->settle([&] {
-                           operation->finish(nullptr,
-                                             [report] { return pybind11::object(report_dict(report)); });
-                         });
-                       }));
+            asio::bind_cancellation_slot(operation->cancellation_slot(),
+                                         [self, keep = in.keep, operation, defined_here, finished,
+                                          location = in.location](std::exception_ptr error, engine::SwapReport report) {
+                                           if (finished) finished(!error);
+                                           if (!error && !location.empty()) {
+                                             self->published[report.generation] = location;
+                                             // Only the versions a slot may still serve can be a delta's base.
+                                             while (self->published.size() > 16)
+                                               self->published.erase(self->published.begin());
+                                           }
+                                           // A first swap that failed leaves the slot empty: the next one defines it
+                                           // afresh.
+                                           if (error && defined_here && self->generation() == 0)
+                                             self->blueprint.reset();
+                                           if (error) {
+                                             operation->finish(std::move(error));
+                                             return;
+                                           }
+                                           operation->settle([&] {
+                                             operation->finish(
+                                                 nullptr, [report] { return pybind11::object(report_dict(report)); });
+                                           });
+                                         }));
     } catch (...) {
       if (finished) finished(false);
       if (defined_here) self->blueprint.reset();

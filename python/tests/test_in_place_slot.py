@@ -71,16 +71,24 @@ def test_swap_and_patch_write_into_the_same_storage(files):
     assert all((v == i).all() for i, v in enumerate(snapshot(slot).values()))
 
 
-def test_an_empty_slot_reads_none_and_patches_nothing(files):
+def test_an_empty_slot_reads_none_and_patches_nothing(files, tmp_path, writer):
     slot = eredu.InPlaceModelSlot()
     with slot.read() as w:
         assert w is None
     with pytest.raises(eredu.InvalidArgumentError, match="empty|nothing|first"):
         slot.patch_sync(files["a"])
     assert slot.generation == 0
-    slot.swap_sync(files["a"], origin="v1")
+    with pytest.raises(eredu.CanaryError):  # a first version refused leaves the slot empty...
+        slot.swap_sync(files["a"], canary=lambda c: False)
     with slot.read() as w:
-        assert w.origin == "v1" and w["a.w"][0, 0] == 0
+        assert w is None and slot.generation == 0
+    small = model(writer, tmp_path / "small.safetensors", 50, shape=(128, 64))
+    slot.swap_sync(small, origin="v1")  # ...so the next one may have other shapes
+    with slot.read() as w:
+        assert w.origin == "v1" and w["a.w"].shape == (128, 64) and w["c.w"][-1, -1] == 52
+    with pytest.raises(eredu.BackendError) as e:  # from now on, they are fixed
+        slot.swap_sync(files["a"])
+    assert e.value.kind == "bind_shape_mismatch" and slot.generation == 1
 
 
 def test_a_failed_patch_leaves_every_byte(files, tmp_path, writer):
