@@ -45,6 +45,17 @@ def write_safetensors(path, tensors, metadata=None):
     return Path(path)
 
 
+def write_sidecar(path, corrupt_from=None):
+    """Writes <file>.sha256.json with each tensor's SHA-256 (of `corrupt_from`'s bytes when given),
+    read from the safetensors layout itself."""
+    data = Path(corrupt_from or path).read_bytes()
+    (n,) = struct.unpack_from("<Q", data)
+    start = 8 + n
+    digests = {name: sha256(data[start + e["data_offsets"][0]:start + e["data_offsets"][1]])
+               for name, e in json.loads(data[8:start]).items() if name != "__metadata__"}
+    Path(str(path) + ".sha256.json").write_text(json.dumps(digests))
+
+
 def bf16_bits(values):
     """BF16 bits of float32 values, rounded to nearest even (as torch and eredu round)."""
     u = np.asarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)

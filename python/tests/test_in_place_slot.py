@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import eredu
+from conftest import write_sidecar as sidecar
 
 SHAPE = (256, 64)
 NAMES = ["a.w", "b.w", "c.w"]
@@ -20,14 +21,6 @@ def model(writer, path, value, shape=SHAPE, changed=None):
     if changed is not None:
         arrays["b.w"][0, 0] = changed
     return writer(path, arrays)
-
-
-def sidecar(path, corrupt_from=None):
-    import hashlib
-    import json
-    source = corrupt_from or path
-    digests = {k: hashlib.sha256(v.tobytes()).hexdigest() for k, v in eredu.load_file(source).items()}
-    (path.parent / (path.name + ".sha256.json")).write_text(json.dumps(digests))
 
 
 @pytest.fixture

@@ -2,14 +2,13 @@
 # load, shape, missing or extra tensor, checksum, canary, cancellation — leaving the old version
 # serving; versions stay consistent for readers on other threads.
 import asyncio
-import hashlib
-import json
 import threading
 
 import numpy as np
 import pytest
 
 import eredu
+from conftest import write_sidecar as sidecar
 from eredu import _native
 
 
@@ -20,13 +19,6 @@ def model(writer, path, value, shape=(256, 64), extra=None, drop=None):
     if extra:
         arrays[extra] = np.zeros(4, np.float32)
     return writer(path, arrays)
-
-
-def sidecar(path, corrupt_from=None):
-    """Writes <file>.sha256.json with each tensor's digest (of `corrupt_from`'s bytes when given)."""
-    source = corrupt_from or path
-    digests = {k: hashlib.sha256(v.tobytes()).hexdigest() for k, v in eredu.load_file(source).items()}
-    (path.parent / (path.name + ".sha256.json")).write_text(json.dumps(digests))
 
 
 @pytest.fixture
