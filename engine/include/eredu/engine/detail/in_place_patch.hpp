@@ -64,7 +64,8 @@ struct PatchPiece {
   };
   std::vector<std::byte> bytes;  ///< every run's new bytes, in order
   std::vector<Run> runs;         ///< the runs
-  /// What a piece of `bytes` changed bytes in `runs` runs holds: what PatchOptions::budget bounds.
+  /// What a piece of `bytes` changed bytes, with room for `runs` runs, holds: what
+  /// PatchOptions::budget bounds.
   static std::uint64_t held(std::uint64_t bytes, std::uint64_t runs) {
     return bytes + runs * sizeof(Run) + sizeof(PatchPiece);
   }
@@ -87,16 +88,17 @@ struct Patch {
 };
 
 /// Calls `run(offset, length)` for each run of consecutive patch_block-byte blocks in which
-/// `next` differs from the serving bytes at `serving` (as many).
+/// `next` differs from the serving bytes at `serving` (as many), in order, until it returns
+/// false. Returns false if a call did.
 template <class Run>
-void for_each_changed_run(std::span<const std::byte> next, const std::byte* serving, Run&& run) {
+bool for_each_changed_run(std::span<const std::byte> next, const std::byte* serving, Run&& run) {
   const std::size_t n = next.size();
   std::size_t open = 0, length = 0;  // the run being extended
   std::size_t i = 0;
   while (i < n) {
     const std::size_t page = std::min(patch_page, n - i);
     if (std::memcmp(next.data() + i, serving + i, page) == 0) {
-      if (length > 0) run(open, std::exchange(length, 0));
+      if (length > 0 && !run(open, std::exchange(length, 0))) return false;
       i += page;
       continue;
     }
@@ -105,13 +107,13 @@ void for_each_changed_run(std::span<const std::byte> next, const std::byte* serv
       if (std::memcmp(next.data() + i, serving + i, len) != 0) {
         if (length == 0) open = i;
         length += len;
-      } else if (length > 0) {
-        run(open, std::exchange(length, 0));
+      } else if (length > 0 && !run(open, std::exchange(length, 0))) {
+        return false;
       }
       i += len;
     }
   }
-  if (length > 0) run(open, length);
+  return length == 0 || run(open, length);
 }
 
 /// InPlaceModelSlot's patch policy (see file comment and run_swap's requirements).
@@ -265,32 +267,38 @@ struct InPlacePatchSwap {
                         fmt::format("the source delivered bytes {}-{} of a {}-byte selection", lease->offset(),
                                     lease->offset() + bytes.size(), target.storage.size()));
           // Compared and hashed on the executor: the event loop goes on with the other readers.
-          // The changed blocks are counted first and reserved from the budget, then copied, so
-          // the patch never holds more than the budget.
+          // One comparison finds the changed runs. Their list grows only by what the budget still
+          // allows, and their bytes are reserved before they are copied, so the patch never
+          // holds more than the budget (PatchPiece::held counts the list's capacity).
           std::byte* serving = target.storage.data() + lease->offset();
           bool over = false;
           Completion compared = B::submit_host_work(*load.executor, [&] {
             if (hasher) hasher->update(bytes);
-            std::uint64_t n = 0, count = 0;
-            for_each_changed_run(bytes, serving, [&](std::size_t, std::size_t length) {
-              n += length;
-              ++count;
-            });
-            if (count == 0) return;
-            const std::uint64_t held = PatchPiece::held(n, count);
-            if (load.held.fetch_add(held) + held > load.budget) {
+            const auto reserve = [&](std::uint64_t more) {
+              if (load.held.fetch_add(more) + more <= load.budget) return true;
               over = true;
-              return;
-            }
-            PatchPiece& piece = pieces.emplace_back();
-            piece.bytes.reserve(n);
-            piece.runs.reserve(count);
-            for_each_changed_run(bytes, serving, [&](std::size_t from, std::size_t length) {
-              piece.runs.push_back({serving + from, piece.bytes.size(), length});
-              piece.bytes.insert(piece.bytes.end(), bytes.begin() + static_cast<std::ptrdiff_t>(from),
-                                 bytes.begin() + static_cast<std::ptrdiff_t>(from + length));
+              return false;
+            };
+            PatchPiece piece;
+            std::uint64_t n = 0;
+            const bool within = for_each_changed_run(bytes, serving, [&](std::size_t from, std::size_t length) {
+              if (const std::size_t room = piece.runs.capacity(); piece.runs.size() == room) {
+                // The list doubles: the new one is reserved in full, as the old one is held while it moves.
+                const std::size_t grown = std::max<std::size_t>(1, 2 * room);
+                if (!reserve((room == 0 ? sizeof(PatchPiece) : 0) + grown * sizeof(PatchPiece::Run))) return false;
+                piece.runs.reserve(grown);
+                load.held.fetch_sub(room * sizeof(PatchPiece::Run));
+              }
+              piece.runs.push_back({serving + from, n, length});
+              n += length;
+              return true;
             });
+            if (!within || piece.runs.empty() || !reserve(n)) return;
+            piece.bytes.resize(n);
+            for (const PatchPiece::Run& run : piece.runs)
+              std::memcpy(piece.bytes.data() + run.from, bytes.data() + (run.at - serving), run.length);
             changed += n;
+            pieces.push_back(std::move(piece));
           });
           co_await compared.async_wait(asio::use_awaitable);
           if (over)
