@@ -47,8 +47,11 @@ def test_swap_and_patch_write_into_the_same_storage(files):
         assert w.generation == 1 and w.origin == str(files["a"]) and set(w) == set(NAMES)
         assert w["b.w"][0, 0] == 1 and w["b.w"][0, 1] == 1
         where = {k: address(w[k]) for k in w}
-    report = slot.patch_sync(files["a2"])
+    calls = []
+    report = slot.patch_sync(files["a2"], progress=lambda *call: calls.append(call))
     assert report["generation"] == 2 and report["written_bytes"] == 64
+    total = 3 * 256 * 64 * 4
+    assert calls[-2:] == [(total, total, "read"), (total, total, "done")], calls
     assert report["bytes"] == 3 * 256 * 64 * 4 and report["publish_pause_ns"] >= 0
     with slot.read() as w:
         assert w.generation == 2 and w["b.w"][0, 0] == 7 and w["b.w"][0, 1] == 1
@@ -123,6 +126,8 @@ def test_a_failed_patch_leaves_every_byte(files, tmp_path, writer):
 
     with pytest.raises(eredu.InvalidArgumentError, match="patch_budget"):
         slot.patch_sync(files["a2"], patch_budget=-1)
+    with pytest.raises(eredu.InvalidArgumentError, match="copies its tensors"):
+        slot.patch_sync(files["a2"], weights="map")  # its storage is written: never a file's pages
     unchanged()
 
 
