@@ -3,7 +3,7 @@
 eredu.InPlaceModelSlot's patch and swap against eredu.ModelSlot's swap, same files, same rounds.
 
     PYTHONPATH=build/release/python /usr/bin/python3 bench/python_in_place.py [--size-mib 1024]
-        [--changed 0.01] [--rounds 7] [--dir /tmp/eredu-in-place-bench]
+        [--changed 0.01] [--rounds 7] [--threads 1] [--dir /tmp/eredu-in-place-bench]
 
 Two safetensors files of 16 F32 tensors: v1 random, v2 the same with a fraction `changed` of
 its 64 KiB blocks replaced by other random bytes (an RL step's sparse update). Each contender
@@ -41,11 +41,11 @@ CHILD = r"""
 import hashlib, json, sys, time
 import numpy as np
 import eredu
-how, v1, v2, digests = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+how, v1, v2, digests, threads = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), int(sys.argv[5])
 def status(field):
     with open("/proc/self/status") as f:
         return next(int(l.split()[1]) * 1024 for l in f if l.startswith(field + ":"))
-slot = (eredu.ModelSlot if how == "ModelSlot.swap" else eredu.InPlaceModelSlot)(v1)
+slot = (eredu.ModelSlot if how == "ModelSlot.swap" else eredu.InPlaceModelSlot)(v1, threads=threads)
 loaded = status("VmRSS")
 def update(path):
     start = time.perf_counter()
@@ -109,6 +109,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--dir", type=Path, default=Path("/tmp/eredu-in-place-bench"))
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1, help="each slot's background threads (its `threads=`)")
     args = parser.parse_args()
 
     digests, blocks, total = make(args.dir, args.size_mib, args.changed, args.seed)
@@ -116,13 +117,14 @@ def main():
     for f in (v1, v2):
         f.read_bytes()  # page-cache hot
     print(f"{args.size_mib} MiB, {TENSORS} F32 tensors; v2 differs in {blocks} of {total} 64 KiB blocks "
-          f"({100 * blocks / total:.2f} %)")
+          f"({100 * blocks / total:.2f} %); threads={args.threads}")
     contenders = ["ModelSlot.swap", "InPlace.swap", "InPlace.patch"]
     rows = {c: [] for c in contenders}
     for r in range(args.rounds):
         order = contenders[r % len(contenders):] + contenders[:r % len(contenders)]
         for c in order:
-            out = subprocess.run([sys.executable, "-c", CHILD, c, str(v1), str(v2), json.dumps(digests)],
+            out = subprocess.run([sys.executable, "-c", CHILD, c, str(v1), str(v2), json.dumps(digests),
+                                  str(args.threads)],
                                  capture_output=True, text=True, check=False)
             if out.returncode != 0:
                 sys.exit(f"{c}, round {r}: failed\n{out.stdout}{out.stderr}")
