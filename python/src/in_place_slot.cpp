@@ -51,9 +51,8 @@ std::shared_ptr<Operation> InPlaceSlotBinding::swap(std::function<SwapInput<Sour
 std::optional<ServingTensors> InPlaceSlotBinding::serving() const {
   std::shared_ptr<InPlaceRead> read = try_read();
   if (!read) return std::nullopt;
-  ServingTensors out{read->generation(), {}};
-  for (const app::TensorSetModule::Slot& s : read->model().set.slots()) out.slots.emplace(s.name, s.parameter.value);
-  return out;  // the storage stays: only this slot's swaps write it, and one runs at a time
+  // The storage stays as read: only this slot's swaps write it, and one runs at a time.
+  return ServingTensors::of(read->generation(), read->model());
 }
 
 std::shared_ptr<InPlaceRead> InPlaceSlotBinding::try_read() const {
@@ -112,13 +111,7 @@ void bind_in_place_slot(py::module_& m) {
       .def_property_readonly("generation", &InPlaceRead::generation)
       .def_property_readonly("instance", &InPlaceRead::instance)
       .def(
-          "keys",
-          [](const InPlaceRead& r) {
-            py::list out;
-            for (const ReadSpec& s : *r.model().specs) out.append(text_str(s.key));
-            return out;
-          },
-          "Tensor names, in slot order.")
+          "keys", [](const InPlaceRead& r) { return export_keys(r.model()); }, "Tensor names, in slot order.")
       .def(
           "tensors", [](const InPlaceRead& r) { return export_module(r.model()); },
           "The serving tensors (the slot's storage), in slot order.")

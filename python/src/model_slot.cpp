@@ -25,9 +25,7 @@ SlotBinding::SlotBinding(int threads)
 std::optional<ServingTensors> SlotBinding::serving() const {
   std::shared_ptr<const Slot::Version> version = slot_.current();
   if (!version) return std::nullopt;
-  ServingTensors out{version->generation, {}};
-  for (const app::TensorSetModule::Slot& s : version->model.set.slots()) out.slots.emplace(s.name, s.parameter.value);
-  return out;
+  return ServingTensors::of(version->generation, version->model);
 }
 
 template <class Source>
@@ -66,13 +64,7 @@ void bind_model_slot(py::module_& m) {
       .def_property_readonly("generation", [](const SlotVersion& v) { return v.version->generation; })
       .def_property_readonly("origin", [](const SlotVersion& v) { return text_str(v.version->origin); })
       .def(
-          "keys",
-          [](const SlotVersion& v) {
-            py::list out;
-            for (const ReadSpec& s : *v.version->model.specs) out.append(text_str(s.key));
-            return out;
-          },
-          "Tensor names, in slot order.")
+          "keys", [](const SlotVersion& v) { return export_keys(v.version->model); }, "Tensor names, in slot order.")
       .def(
           "tensors", [](const SlotVersion& v) { return export_module(v.version->model); },
           "The version's tensors, in slot order.");

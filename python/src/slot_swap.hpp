@@ -5,7 +5,7 @@
 /// lives here: the tensor specs fixed by the first successful swap, the check that a later
 /// source holds exactly those tensors, a published delta rebuilt over the serving bytes, the
 /// digests, the Python canary, and the report. What differs (how the engine's slot loads and
-/// publishes) is the slot binding's `launch`.
+/// publishes) is the `launch` each call passes.
 ///
 /// A slot binding (Slot) provides, all on the loop thread:
 ///  * `blueprint`: the tensors the slot serves, fixed by its first successful swap (null before);
@@ -79,6 +79,12 @@ struct SwapInput {
 struct ServingTensors {
   std::uint64_t generation = 0;              ///< the version's generation
   std::map<std::string, cpu::Tensor> slots;  ///< slot name -> bound tensor
+  /// The bound tensors of `model`, serving as `generation`.
+  static ServingTensors of(std::uint64_t generation, const TensorSetModule& model) {
+    ServingTensors out{generation, {}};
+    for (const app::TensorSetModule::Slot& s : model.set.slots()) out.slots.emplace(s.name, s.parameter.value);
+    return out;
+  }
 };
 
 /// The canary step: hands the new version's tensors to Python on the operation's consumer

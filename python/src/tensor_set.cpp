@@ -106,4 +106,10 @@ pybind11::list export_module(const TensorSetModule& module) {
   return export_tensors(tensors, *module.specs);
 }
 
+pybind11::list export_keys(const TensorSetModule& module) {
+  pybind11::list out;
+  for (const ReadSpec& s : *module.specs) out.append(text_str(s.key));
+  return out;
+}
+
 }  // namespace eredu::python

@@ -73,6 +73,8 @@ struct TensorSet {
 
 /// The Python tensors bound in `module` (every slot bound), in slot order. GIL held.
 pybind11::list export_module(const TensorSetModule& module);
+/// The tensor names of `module`, in slot order. GIL held.
+pybind11::list export_keys(const TensorSetModule& module);
 
 /// The Python tensors of loaded `tensors` (one per spec, same order), as eredu._native.Tensor
 /// objects. Call with the GIL held.

@@ -294,9 +294,11 @@ struct InPlacePatchSwap {
               return true;
             });
             if (!within || piece.runs.empty() || !reserve(n)) return;
-            piece.bytes.resize(n);
-            for (const PatchPiece::Run& run : piece.runs)
-              std::memcpy(piece.bytes.data() + run.from, bytes.data() + (run.at - serving), run.length);
+            piece.bytes.reserve(n);
+            for (const PatchPiece::Run& run : piece.runs) {
+              const auto from = bytes.begin() + (run.at - serving);
+              piece.bytes.insert(piece.bytes.end(), from, from + static_cast<std::ptrdiff_t>(run.length));
+            }
             changed += n;
             pieces.push_back(std::move(piece));
           });
