@@ -649,6 +649,9 @@ TEST_CASE(
   Weights p2 = p1;
   p2.memory[2][10] ^= std::byte{0x40};
   p2.memory[2][2040] ^= std::byte{0x40};
+  Weights p4 = p2;  // against p-2, corrupted in flight on every rank
+  p4.memory[2][20] ^= std::byte{0x40};
+  p4.memory[2][2030] ^= std::byte{0x40};
   if (env.publishing()) {
     mpi::Publication v1 = env.publisher->publish("p-1", "", p1.tensors());
     env.world.barrier().get();
@@ -660,6 +663,10 @@ TEST_CASE(
     env.world.barrier().get();
     CHECK(v3.wait_served(2, std::chrono::seconds(30)));
     CHECK(v3.failed() == 2);
+    mpi::Publication v4 = env.publisher->publish("p-4", "p-2", p4.tensors());
+    env.world.barrier().get();
+    CHECK(v4.wait_served(2, std::chrono::seconds(30)));
+    CHECK(v4.failed() == 2);
     env.world.barrier().get();
     return;
   }
@@ -668,6 +675,7 @@ TEST_CASE(
   std::unique_ptr<engine::InPlaceModelSlot<cpu::Backend, Module>> slot;
   cpu::Executor copier(1);
   std::uint64_t written = 0;                 // by the last patch
+  std::uint64_t from_base = 0;               // bytes the last read of a delta copied from its base
   const auto held = [&](const Weights& w) {  // this rank's shard of `w`, and the slot's bytes
     auto reader = slot->try_read();
     if (!reader) return false;
@@ -701,12 +709,35 @@ TEST_CASE(
     if (auto reader = slot->try_read(); reader && reader->generation() > 0)
       for (const engine::ShardedTensor& t : env.plan.tensors)
         serving[t.parameter] = reader->model().find(t.parameter)->value.bytes();
-    const bool delta = v->use_base(version == "p-2" ? "p-1" : "p-2",
-                                   mpi::base_from_parameters(env.plan.bindings, [&](const std::string& p) {
-                                     const auto it = serving.find(p);
-                                     return it == serving.end() ? std::span<const std::byte>{} : it->second;
-                                   }));
+    mpi::BaseBytes base = mpi::base_from_parameters(env.plan.bindings, [&](const std::string& p) {
+      const auto it = serving.find(p);
+      return it == serving.end() ? std::span<const std::byte>{} : it->second;
+    });
+    from_base = 0;
+    const bool delta =
+        v->use_base(version == "p-2" ? "p-1" : "p-2",
+                    [&, base](const io::TensorReadRequest& r, std::uint64_t from, std::span<std::byte> out) {
+                      const bool copied = base(r, from, out);
+                      if (copied) from_base += out.size();
+                      return copied;
+                    });
     CHECK(delta == delta_expected);
+    if (version == "p-2") {
+      // What can differ from p-1 (io::DeltaSource): q_proj's one changed block, clipped to this
+      // rank's half; nothing of the other tensors.
+      for (const engine::WeightBinding* owner : env.plan.bindings.owners()) {
+        const io::TensorReadRequest r{owner->checkpoint_key(), owner->selection()};
+        const std::optional<std::vector<io::SelectionRange>> ranges = v->changed_ranges(r);
+        REQUIRE(ranges);
+        CHECK(ranges->size() == (owner->checkpoint_key() == live_specs()[2].name ? 1u : 0u));
+        for (const io::SelectionRange& range : *ranges) CHECK(range.length == 256u);
+        CHECK(kind_of([&] {
+                v->stream_ranges(r, {{.offset = 8, .length = 8}, {.offset = 0, .length = 8}});
+              }) == errc::invalid_argument);
+        CHECK(kind_of([&] { v->stream_ranges(r, {{.offset = v->selected_bytes(r), .length = 1}}); }) ==
+              errc::invalid_argument);
+      }
+    }
     if (corrupt) v->corrupt_next_read(*corrupt);
     engine::SwapOptions<Module> options;
     options.checksums = env.run(v->async_checksums(env.plan.bindings, asio::use_awaitable));
@@ -731,13 +762,26 @@ TEST_CASE(
   env.world.barrier().get();
   const std::optional<std::uint64_t> moved = swap("p-2", true, std::nullopt);
   REQUIRE(moved);
-  CHECK(*moved <= 256u);             // one changed 256-byte block of q_proj in each rank's half
-  if (patch) CHECK(written == 64u);  // and one changed byte in it: one 64-byte block written
+  CHECK(*moved <= 256u);  // one changed 256-byte block of q_proj in each rank's half
+  if (patch) {
+    CHECK(written == 64u);  // and one changed byte in it: one 64-byte block written
+    // Only that block was read and compared: the rest stayed where it serves, hashed there.
+    CHECK(from_base <= 256u);
+  } else {
+    CHECK(from_base > 1024u);  // a staged copy takes every unchanged byte from the base
+  }
   CHECK(slot->generation() == 2);
   CHECK(held(p2));
   CHECK(slot->try_read()->model().find(env.plan.tensors.front().parameter)->value.bytes().data() == address);
   env.world.barrier().get();
   CHECK_FALSE(swap("p-3", false, std::uint64_t{7}));  // p-3 changed every block: read whole, one bit flipped
+  CHECK(slot->generation() == 2);
+  CHECK(held(p2));
+  env.world.barrier().get();
+  // A delta whose one changed block has a bit flipped in flight: what the patch read is
+  // hashed with the bytes it kept, and refused.
+  CHECK_FALSE(swap("p-4", true, std::uint64_t{0}));
+  if (patch) CHECK(from_base <= 256u);
   CHECK(slot->generation() == 2);
   CHECK(held(p2));
   env.world.barrier().get();

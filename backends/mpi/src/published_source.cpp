@@ -709,15 +709,71 @@ PublishedChunks PublishedSource::stream(const io::TensorReadRequest& request) {
   auto [t, runs] = runs_of(request);
   std::uint64_t total = 0;
   for (const ByteRun& r : runs) total += r.length;
+  return stream_ranges(request, {io::SelectionRange{.offset = 0, .length = total}});
+}
+
+PublishedChunks PublishedSource::stream_ranges(const io::TensorReadRequest& request,
+                                               std::vector<io::SelectionRange> ranges) {
+  auto [t, runs] = runs_of(request);
+  std::uint64_t total = 0;
+  for (const ByteRun& r : runs) total += r.length;
+  std::uint64_t end = 0;
+  for (const io::SelectionRange& r : ranges) {
+    if (r.offset < end || r.offset > total || r.length > total - r.offset)
+      throw Error(errc::invalid_argument, {.file = location_, .tensor = t->name},
+                  fmt::format("a stream of bytes [{}, {}) of a {}-byte selection, after bytes up to {}: ranges must "
+                              "ascend, not overlap, and lie inside the selection",
+                              r.offset, r.offset + r.length, total, end));
+    end = r.offset + r.length;
+  }
   const std::size_t chunk = std::min<std::size_t>(subscriber_->options.part_size, pool_.budget());
-  return PublishedChunks(this, request, t, std::move(runs), total, chunk);
+  return PublishedChunks(this, request, t, std::move(runs), total, chunk, std::move(ranges));
+}
+
+std::optional<std::vector<io::SelectionRange>> PublishedSource::changed_ranges(
+    const io::TensorReadRequest& request) const {
+  auto [t, runs] = runs_of(request);
+  const detail::ManifestTensor& m = manifest_->tensors[index_of(*t)];
+  const std::uint64_t block = manifest_->delta_block;
+  if (!base_bytes_ || !m.delta || m.xor_planes || block == 0) return std::nullopt;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> sparse_blocks;  // blocks with changed values
+  if (m.sparse) {
+    const std::uint64_t blocks = (m.nbytes + block - 1) / block;
+    if (m.block_first.size() != blocks + 1) return std::nullopt;
+    for (std::uint64_t k = 0; k < blocks; ++k) {
+      if (m.block_first[k] == m.block_first[k + 1]) continue;
+      if (!sparse_blocks.empty() && sparse_blocks.back().first + sparse_blocks.back().second == k)
+        ++sparse_blocks.back().second;
+      else
+        sparse_blocks.emplace_back(k, 1);
+    }
+  }
+  // No piece is longer than the tensor: one each, in the selection's order once sorted.
+  std::vector<ByteRun> pieces =
+      changed_pieces(runs, m.sparse ? sparse_blocks : m.changed, block, m.nbytes, std::max<std::uint64_t>(m.nbytes, 1));
+  std::sort(pieces.begin(), pieces.end(),
+            [](const ByteRun& a, const ByteRun& b) { return a.dest_offset < b.dest_offset; });
+  std::vector<io::SelectionRange> out;
+  for (const ByteRun& piece : pieces) {
+    if (!out.empty() && out.back().offset + out.back().length == piece.dest_offset)
+      out.back().length += piece.length;
+    else
+      out.push_back(io::SelectionRange{.offset = piece.dest_offset, .length = piece.length});
+  }
+  return out;
 }
 
 asio::awaitable<std::optional<io::Lease>> PublishedChunks::next() {
-  if (next_ == total_) co_return std::nullopt;
-  const std::size_t size = static_cast<std::size_t>(std::min<std::uint64_t>(chunk_, total_ - next_));
-  io::Lease lease = co_await source_->lease_of(request_, *tensor_, runs_, next_, size, total_);
-  next_ += size;
+  while (range_ < ranges_.size() && into_ == ranges_[range_].length) {
+    ++range_;
+    into_ = 0;
+  }
+  if (range_ == ranges_.size()) co_return std::nullopt;
+  const io::SelectionRange& range = ranges_[range_];
+  const std::size_t size = static_cast<std::size_t>(std::min<std::uint64_t>(chunk_, range.length - into_));
+  io::Lease lease = co_await source_->lease_of(request_, *tensor_, runs_, range.offset + into_, size, total_);
+  into_ += size;
+  remaining_ -= size;
   co_return lease;
 }
 

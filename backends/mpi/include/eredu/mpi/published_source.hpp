@@ -50,6 +50,7 @@
 #include "eredu/engine/description/weight_binding_plan.hpp"
 #include "eredu/io/integrity/checksums.hpp"
 #include "eredu/io/reading/byte_source.hpp"
+#include "eredu/io/reading/delta_source.hpp"
 #include "eredu/io/reading/lease_pool.hpp"
 #include "eredu/mpi/communicator.hpp"
 #include "eredu/mpi/live_transport.hpp"
@@ -93,22 +94,28 @@ using BaseBytes =
 BaseBytes base_from_parameters(const engine::WeightBindingPlan& plan,
                                std::function<std::span<const std::byte>(const std::string& parameter)> parameter);
 
-/// PublishedSource::stream: the selection as chunk leases, each read from the publisher.
+/// PublishedSource::stream and stream_ranges: the selection, or ranges of it, as chunk leases,
+/// each read from the publisher.
 class PublishedChunks {
  public:
-  /// Chunks of at most `chunk` bytes of `tensor`'s selected `runs`.
+  /// Chunks of at most `chunk` bytes of `ranges` (ascending, disjoint) of `tensor`'s selected
+  /// `runs`, `total` bytes in all.
   PublishedChunks(PublishedSource* source, io::TensorReadRequest request, const io::TensorInfo* tensor,
-                  std::vector<ByteRun> runs, std::uint64_t total, std::size_t chunk)
+                  std::vector<ByteRun> runs, std::uint64_t total, std::size_t chunk,
+                  std::vector<io::SelectionRange> ranges)
       : source_(source),
         request_(std::move(request)),
         tensor_(tensor),
         runs_(std::move(runs)),
         total_(total),
-        chunk_(chunk) {}
+        chunk_(chunk),
+        ranges_(std::move(ranges)) {
+    for (const io::SelectionRange& r : ranges_) remaining_ += r.length;
+  }
   /// Bytes selected in all.
   std::uint64_t total() const noexcept { return total_; }
   /// Bytes not yet handed out.
-  std::uint64_t remaining() const noexcept { return total_ - next_; }
+  std::uint64_t remaining() const noexcept { return remaining_; }
   /// The next chunk lease, or an empty optional after the last.
   template <asio::completion_token_for<void(std::exception_ptr, std::optional<io::Lease>)> Token>
   auto async_next(Token&& token);
@@ -121,7 +128,10 @@ class PublishedChunks {
   std::vector<ByteRun> runs_;
   std::uint64_t total_;
   std::size_t chunk_;
-  std::uint64_t next_ = 0;
+  std::vector<io::SelectionRange> ranges_;
+  std::size_t range_ = 0;   // the range being handed out
+  std::uint64_t into_ = 0;  // bytes of it handed out
+  std::uint64_t remaining_ = 0;
 };
 
 /// One published version as a byte source (see file comment). Not movable: leases and streams
@@ -164,6 +174,13 @@ class PublishedSource {
   }
   /// The selection as chunk leases.
   PublishedChunks stream(const io::TensorReadRequest& request);
+  /// Where the selection can differ from the base use_base declared (io::DeltaSource): the
+  /// changed blocks of a tensor sent as blocks or as changed values, clipped to the selection;
+  /// std::nullopt when no base is declared, or for a tensor sent whole or as an XOR.
+  std::optional<std::vector<io::SelectionRange>> changed_ranges(const io::TensorReadRequest& request) const;
+  /// Only `ranges` of the selection (ascending, disjoint, inside it) as chunk leases, read as
+  /// stream() reads them. Throws invalid_argument for ranges that are not.
+  PublishedChunks stream_ranges(const io::TensorReadRequest& request, std::vector<io::SelectionRange> ranges);
 
   /// No pages to map.
   std::optional<io::MappedTensor> map_tensor(const io::TensorReadRequest& request) const;
@@ -266,7 +283,7 @@ auto PublishedChunks::async_next(Token&& token) {
   return eredu::detail::spawn_operation(source_->get_executor(), next(), std::forward<Token>(token));
 }
 
-static_assert(io::ByteSource<PublishedSource>);
+static_assert(io::DeltaSource<PublishedSource>);
 
 /// The inference side of a live-update group (see file comment).
 class Subscriber {

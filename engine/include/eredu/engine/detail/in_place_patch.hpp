@@ -8,6 +8,10 @@
 /// replaced), and runs the canary on the patched model; if the canary rejects it, a second exchange puts those bytes
 /// back before the gate reopens. No staged copy of the version exists at any time: the patch is the only memory it
 /// takes besides the source's staging, and PatchOptions::budget bounds it.
+///
+/// A source sent as a delta against the serving bytes (io::DeltaSource) names the ranges that
+/// can differ: with a digest to check, only those are read and compared, and the bytes between
+/// them are hashed where they serve, so the digest still covers the whole patched weight.
 
 #include <algorithm>
 #include <asio/awaitable.hpp>
@@ -42,6 +46,7 @@
 #include "eredu/io/integrity/checksums.hpp"
 #include "eredu/io/integrity/digest.hpp"
 #include "eredu/io/reading/byte_source.hpp"
+#include "eredu/io/reading/delta_source.hpp"
 
 namespace eredu::engine::detail {
 
@@ -257,15 +262,42 @@ struct InPlacePatchSwap {
         if (target.check) hasher.emplace(target.check->kind);
         std::vector<PatchPiece> pieces;
         std::uint64_t read = 0, changed = 0;
-        auto chunks = load.source->stream(target.read);
+        // A delta against the bytes serving (io::DeltaSource) sends only what can differ from
+        // them: only that is read and compared, and the rest is hashed where it serves, so the
+        // digest still covers every byte the patched weight will hold. Without a digest to
+        // check, the sender's ranges are not trusted, and every byte is read.
+        std::optional<std::vector<io::SelectionRange>> ranges;
+        if constexpr (io::DeltaSource<Source>)
+          if (hasher) ranges = load.source->changed_ranges(target.read);
+        std::uint64_t asked = target.storage.size();
+        if (ranges) {
+          asked = 0;
+          for (const io::SelectionRange& r : *ranges) asked += r.length;
+        }
+        auto chunks = [&] {
+          if constexpr (io::DeltaSource<Source>)
+            if (ranges) return load.source->stream_ranges(target.read, *ranges);
+          return load.source->stream(target.read);
+        }();
+        std::uint64_t hashed = 0;  // the selection's bytes hashed so far, in order
+        // Hashes the serving bytes [hashed, to), which the version keeps as they are.
+        const auto hash_kept = [&](std::uint64_t to) -> asio::awaitable<void> {
+          if (to <= hashed) co_return;
+          const std::span<const std::byte> kept(target.storage.data() + hashed, to - hashed);
+          Completion done = B::submit_host_work(*load.executor, [&] { hasher->update(kept); });
+          co_await done.async_wait(asio::use_awaitable);
+          load.progress->bytes_done += kept.size();
+          hashed = to;
+        };
         for (;;) {
           std::optional<io::Lease> lease = co_await chunks.async_next(asio::use_awaitable);
           if (!lease || load.failed) break;
           const std::span<const std::byte> bytes = lease->bytes();
-          if (lease->offset() + bytes.size() > target.storage.size())
+          if (lease->offset() < hashed || lease->offset() + bytes.size() > target.storage.size())
             throw Error(errc::io_error, {.file = target.file, .tensor = target.read.key},
-                        fmt::format("the source delivered bytes {}-{} of a {}-byte selection", lease->offset(),
-                                    lease->offset() + bytes.size(), target.storage.size()));
+                        fmt::format("the source delivered bytes {}-{} of a {}-byte selection, after bytes up to {}",
+                                    lease->offset(), lease->offset() + bytes.size(), target.storage.size(), hashed));
+          if (ranges) co_await hash_kept(lease->offset());
           // Compared and hashed on the executor: the event loop goes on with the other readers.
           // One comparison finds the changed runs. Their list grows only by what the budget still
           // allows, and their bytes are reserved before they are copied, so the patch never
@@ -310,16 +342,19 @@ struct InPlacePatchSwap {
                                     "with async_swap, which stages a whole copy",
                                     load.budget, lease->offset(), target.read.selection.to_string()));
           read += bytes.size();
+          hashed = lease->offset() + bytes.size();
           load.progress->bytes_done += bytes.size();
         }
         if (load.failed) co_return;
-        if (read != target.storage.size())
+        if (read != asked)
           throw Error(errc::io_error, {.file = target.file, .tensor = target.read.key},
-                      fmt::format("the source delivered {} of the selection's {} bytes", read, target.storage.size()));
+                      fmt::format("the source delivered {} of the {} bytes asked of the selection's {}", read, asked,
+                                  target.storage.size()));
+        if (ranges) co_await hash_kept(target.storage.size());
         if (hasher) {
-          target.check->compare(hasher->hex_digest(), read);
+          target.check->compare(hasher->hex_digest(), target.storage.size());
           ++load.progress->tensors_verified;
-          load.progress->bytes_verified += read;
+          load.progress->bytes_verified += target.storage.size();
         } else if (load.verify) {
           ++load.progress->tensors_unverified;
         }

@@ -205,7 +205,10 @@ class InPlaceModelSlot {
   /// bytes). Only once every weight is read and every digest checked does the slot close its
   /// gate, drain the requests in flight, write those blocks (keeping the bytes they replace),
   /// and run the canary on the patched model: if it throws, the replaced bytes go back and the
-  /// serving version stays, byte for byte.
+  /// serving version stays, byte for byte. A source sent as a delta against the serving bytes
+  /// (io::DeltaSource, such as mpi::PublishedSource after use_base) is read only where it can
+  /// differ, when the swap has a digest for the weight: the other bytes are hashed where they
+  /// serve, so the digest still checks the whole patched weight.
   ///
   /// @par Completion Signature
   /// `void(std::exception_ptr, SwapReport)`; written_bytes is what it wrote, publish_pause how
