@@ -581,6 +581,60 @@ TEST_CASE("in-place patch – writes only the changed blocks, in the serving sto
   CHECK(p.source_b->pool().in_use() == 0);
 }
 
+TEST_CASE("in-place patch – a delta is read only where its sender says it changed, the rest hashed where it serves",
+          "[engine][swap][in-place][patch]") {
+  PatchEnv p;
+  // A2 as a delta against A, which serves: its sender names the 64-byte ranges of its three
+  // changed bytes.
+  p.source_a2->declare_changed("w", {{.offset = 0, .length = 64}, {.offset = 2944, .length = 64}});
+  p.source_a2->declare_changed("b", {});
+  p.source_a2->declare_changed("n", {{.offset = 64, .length = 64}});
+  const std::uint64_t total = (64 * 48 * 2) + (96 * 2) + (48 * 4);
+  const std::vector<std::byte> before = p.serving();
+  SECTION("with digests, only those ranges are read, and every byte is checked") {
+    engine::MaterializeProgress progress;
+    engine::SwapReport r = p.patch(*p.source_a2, {.checksums = p.digests(p.a2), .progress = &progress});
+    CHECK(p.source_a2->delivered() == 3 * 64);
+    CHECK(r.written_bytes == 3 * 64);
+    CHECK(r.verified_bytes == total);
+    CHECK(progress.bytes_verified == total);
+    CHECK(progress.bytes_done == total);
+    CHECK(p.serving() == PatchEnv::expected(p.a2));
+    CHECK(p.slot.generation() == 2);
+  }
+  SECTION("without digests, the sender's ranges are not trusted: every byte is read") {
+    CHECK(p.patch(*p.source_a2).written_bytes == 3 * 64);
+    CHECK(p.source_a2->delivered() == total);
+    CHECK(p.serving() == PatchEnv::expected(p.a2));
+  }
+  SECTION("a sender that leaves a changed range out: the digest of the whole weight refuses it") {
+    p.source_a2->declare_changed("n", {});
+    try {
+      p.patch(*p.source_a2, {.checksums = p.digests(p.a2)});
+      FAIL("the patch succeeded");
+    } catch (const Error& e) {
+      INFO(e.what());
+      CHECK(e.kind() == errc::checksum_mismatch);
+      CHECK(e.context().tensor == "n");
+    }
+    CHECK(p.serving() == before);
+    CHECK(p.slot.generation() == 1);
+  }
+  SECTION("ranges out of order: an io_error, nothing written") {
+    p.source_a2->declare_changed("w", {{.offset = 2944, .length = 64}, {.offset = 0, .length = 64}});
+    try {
+      p.patch(*p.source_a2, {.checksums = p.digests(p.a2)});
+      FAIL("the patch succeeded");
+    } catch (const Error& e) {
+      INFO(e.what());
+      CHECK(e.kind() == errc::io_error);
+      CHECK(e.context().tensor == "w");
+    }
+    CHECK(p.serving() == before);
+    CHECK(p.slot.generation() == 1);
+  }
+}
+
 TEST_CASE("in-place patch – every failure leaves the serving bytes and generation as they were",
           "[engine][swap][in-place][patch]") {
   PatchEnv p;

@@ -3,13 +3,16 @@
 // read with memcpy. It declares no optional capability (no pages to map, no direct windows),
 // so its optional members answer std::nullopt or fail; it proves the concept is not shaped
 // to the local-file CheckpointSource, and lets tests feed generic engine and backend code
-// from something that is not a file.
+// from something that is not a file. It also models io::DeltaSource, where a test declares
+// which ranges of a tensor changed (declare_changed), so that tests can feed the engine a
+// delta, and one whose sender lies.
 
 #include <algorithm>
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
 #include <asio/use_awaitable.hpp>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -20,23 +23,32 @@
 #include "eredu/core/error.hpp"
 #include "eredu/core/selection.hpp"
 #include "eredu/io/reading/byte_source.hpp"
+#include "eredu/io/reading/delta_source.hpp"
 #include "eredu/io/reading/lease_pool.hpp"
 
 namespace eredu::test {
 
 class VectorSource;
 
-/// VectorSource::stream: chunk leases of at most `chunk` bytes, in order.
+/// VectorSource::stream and stream_ranges: chunk leases of at most `chunk` bytes, in the
+/// order of their ranges.
 class VectorChunks {
  public:
-  /// Chunks of the selected bytes `runs` of `tensor`, `total` bytes in all.
+  /// Chunks of `ranges` of the selected bytes `runs` of `tensor`, `total` bytes in all.
   VectorChunks(VectorSource* source, const io::TensorInfo* tensor, std::vector<ByteRun> runs, std::uint64_t total,
-               std::size_t chunk)
-      : source_(source), tensor_(tensor), runs_(std::move(runs)), total_(total), chunk_(chunk) {}
+               std::size_t chunk, std::vector<io::SelectionRange> ranges)
+      : source_(source),
+        tensor_(tensor),
+        runs_(std::move(runs)),
+        total_(total),
+        chunk_(chunk),
+        ranges_(std::move(ranges)) {
+    for (const io::SelectionRange& r : ranges_) remaining_ += r.length;
+  }
   /// Bytes selected in all.
   std::uint64_t total() const noexcept { return total_; }
   /// Bytes not yet handed out.
-  std::uint64_t remaining() const noexcept { return total_ - next_; }
+  std::uint64_t remaining() const noexcept { return remaining_; }
   /// The next chunk lease, or an empty optional after the last.
   template <asio::completion_token_for<void(std::exception_ptr, std::optional<io::Lease>)> Token>
   auto async_next(Token&& token);
@@ -47,7 +59,10 @@ class VectorChunks {
   std::vector<ByteRun> runs_;
   std::uint64_t total_;
   std::size_t chunk_;
-  std::uint64_t next_ = 0;
+  std::vector<io::SelectionRange> ranges_;
+  std::size_t range_ = 0;   // the range being handed out
+  std::uint64_t into_ = 0;  // bytes of it handed out
+  std::uint64_t remaining_ = 0;
 };
 
 /// Tensors in memory (see file comment). Not movable: leases and streams point into it.
@@ -115,8 +130,32 @@ class VectorSource {
     auto [tensor, runs] = runs_of(request);
     std::uint64_t total = 0;
     for (const ByteRun& r : runs) total += r.length;
-    return VectorChunks(this, tensor, std::move(runs), total, chunk_);
+    return VectorChunks(this, tensor, std::move(runs), total, chunk_, {{.offset = 0, .length = total}});
   }
+
+  /// Declares that tensor `key`'s bytes differ from the reader's base only in `ranges` of its
+  /// whole selection, as a delta's sender would (a test may make them wrong: they are served as
+  /// given, unchecked).
+  void declare_changed(const std::string& key, std::vector<io::SelectionRange> ranges) {
+    changed_[key] = std::move(ranges);
+  }
+  /// The ranges declare_changed gave for the tensor's whole selection; std::nullopt for
+  /// another selection or an undeclared tensor.
+  std::optional<std::vector<io::SelectionRange>> changed_ranges(const io::TensorReadRequest& request) const {
+    selected_bytes(request);
+    const auto it = changed_.find(request.key);
+    if (it == changed_.end() || !request.selection.is_all()) return std::nullopt;
+    return it->second;
+  }
+  /// Only `ranges` of the selection, in their order, unchecked (a test's source may misbehave).
+  VectorChunks stream_ranges(const io::TensorReadRequest& request, std::vector<io::SelectionRange> ranges) {
+    auto [tensor, runs] = runs_of(request);
+    std::uint64_t total = 0;
+    for (const ByteRun& r : runs) total += r.length;
+    return VectorChunks(this, tensor, std::move(runs), total, chunk_, std::move(ranges));
+  }
+  /// Bytes its reads delivered so far.
+  std::uint64_t delivered() const noexcept { return delivered_; }
 
   /// No pages to map.
   std::optional<io::MappedTensor> map_tensor(const io::TensorReadRequest& request) const {
@@ -168,6 +207,7 @@ class VectorSource {
     check_failure(t);
     copy(t, runs, from, std::span(buffer.data(), size));
     ++reads_;
+    delivered_ += size;
     co_return io::Lease(std::move(buffer), 0, size, &t, from, total);
   }
 
@@ -185,6 +225,7 @@ class VectorSource {
     check_failure(*t);
     copy(*t, runs, 0, destination);
     ++reads_;
+    delivered_ += destination.size();
     co_return;
   }
 
@@ -205,21 +246,30 @@ class VectorSource {
   io::LeasePool pool_;
   std::size_t chunk_;
   std::size_t reads_ = 0;
-  std::optional<std::size_t> fail_at_{};  // reads from this count on fail (fail_after)
+  std::uint64_t delivered_ = 0;
+  std::optional<std::size_t> fail_at_{};                            // reads from this count on fail (fail_after)
+  std::map<std::string, std::vector<io::SelectionRange>> changed_;  // declare_changed
 };
 
 template <asio::completion_token_for<void(std::exception_ptr, std::optional<io::Lease>)> Token>
 auto VectorChunks::async_next(Token&& token) {
   auto next = [](VectorChunks* self) -> asio::awaitable<std::optional<io::Lease>> {
-    if (self->next_ == self->total_) co_return std::nullopt;
-    const std::size_t size = std::min<std::uint64_t>(self->chunk_, self->total_ - self->next_);
-    io::Lease lease = co_await self->source_->lease_of(*self->tensor_, self->runs_, self->next_, size, self->total_);
-    self->next_ += size;
+    while (self->range_ < self->ranges_.size() && self->into_ == self->ranges_[self->range_].length) {
+      ++self->range_;
+      self->into_ = 0;
+    }
+    if (self->range_ == self->ranges_.size()) co_return std::nullopt;
+    const io::SelectionRange& range = self->ranges_[self->range_];
+    const std::size_t size = std::min<std::uint64_t>(self->chunk_, range.length - self->into_);
+    io::Lease lease =
+        co_await self->source_->lease_of(*self->tensor_, self->runs_, range.offset + self->into_, size, self->total_);
+    self->into_ += size;
+    self->remaining_ -= size;
     co_return lease;
   };
   return eredu::detail::spawn_operation(source_->executor_, next(this), std::forward<Token>(token));
 }
 
-static_assert(io::ByteSource<VectorSource>);
+static_assert(io::DeltaSource<VectorSource>);
 
 }  // namespace eredu::test

@@ -13,6 +13,7 @@
 #include <concepts>
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "eredu/io/reading/byte_source.hpp"
@@ -29,8 +30,8 @@ struct SelectionRange {
 
 /// A byte source that can stream only what changed against a declared base (see file comment).
 template <class S>
-concept DeltaSource = ByteSource<S> && requires(S& source, const S& const_source, const TensorReadRequest& request,
-                                                std::vector<SelectionRange> ranges) {
+concept DeltaSource = ByteSource<S> &&
+    requires(S& source, const S& const_source, const TensorReadRequest& request, std::vector<SelectionRange> ranges) {
   // The ranges of the selection, ascending and disjoint, outside which this version's bytes
   // are the declared base's; std::nullopt when any byte may differ (no base declared, or a
   // tensor not sent against it).
