@@ -607,31 +607,26 @@ TEST_CASE("in-place patch – a delta is read only where its sender says it chan
     CHECK(p.source_a2->delivered() == total);
     CHECK(p.serving() == PatchEnv::expected(p.a2));
   }
+  // A sender's ranges that are wrong for `tensor`: the patch fails with `kind` naming it, and
+  // writes nothing.
+  const auto refused = [&](const std::string& tensor, std::vector<io::SelectionRange> ranges, errc kind) {
+    p.source_a2->declare_changed(tensor, std::move(ranges));
+    try {
+      p.patch(*p.source_a2, {.checksums = p.digests(p.a2)});
+      FAIL("the patch succeeded");
+    } catch (const Error& e) {
+      INFO(e.what());
+      CHECK(e.kind() == kind);
+      CHECK(e.context().tensor == tensor);
+    }
+    CHECK(p.serving() == before);
+    CHECK(p.slot.generation() == 1);
+  };
   SECTION("a sender that leaves a changed range out: the digest of the whole weight refuses it") {
-    p.source_a2->declare_changed("n", {});
-    try {
-      p.patch(*p.source_a2, {.checksums = p.digests(p.a2)});
-      FAIL("the patch succeeded");
-    } catch (const Error& e) {
-      INFO(e.what());
-      CHECK(e.kind() == errc::checksum_mismatch);
-      CHECK(e.context().tensor == "n");
-    }
-    CHECK(p.serving() == before);
-    CHECK(p.slot.generation() == 1);
+    refused("n", {}, errc::checksum_mismatch);
   }
-  SECTION("ranges out of order: an io_error, nothing written") {
-    p.source_a2->declare_changed("w", {{.offset = 2944, .length = 64}, {.offset = 0, .length = 64}});
-    try {
-      p.patch(*p.source_a2, {.checksums = p.digests(p.a2)});
-      FAIL("the patch succeeded");
-    } catch (const Error& e) {
-      INFO(e.what());
-      CHECK(e.kind() == errc::io_error);
-      CHECK(e.context().tensor == "w");
-    }
-    CHECK(p.serving() == before);
-    CHECK(p.slot.generation() == 1);
+  SECTION("ranges out of order: an io_error") {
+    refused("w", {{.offset = 2944, .length = 64}, {.offset = 0, .length = 64}}, errc::io_error);
   }
 }
 

@@ -25,6 +25,7 @@
 #include "eredu/io/reading/byte_source.hpp"
 #include "eredu/io/reading/delta_source.hpp"
 #include "eredu/io/reading/lease_pool.hpp"
+#include "eredu/io/reading/range_chunks.hpp"
 
 namespace eredu::test {
 
@@ -37,18 +38,11 @@ class VectorChunks {
   /// Chunks of `ranges` of the selected bytes `runs` of `tensor`, `total` bytes in all.
   VectorChunks(VectorSource* source, const io::TensorInfo* tensor, std::vector<ByteRun> runs, std::uint64_t total,
                std::size_t chunk, std::vector<io::SelectionRange> ranges)
-      : source_(source),
-        tensor_(tensor),
-        runs_(std::move(runs)),
-        total_(total),
-        chunk_(chunk),
-        ranges_(std::move(ranges)) {
-    for (const io::SelectionRange& r : ranges_) remaining_ += r.length;
-  }
+      : source_(source), tensor_(tensor), runs_(std::move(runs)), total_(total), chunks_(std::move(ranges), chunk) {}
   /// Bytes selected in all.
   std::uint64_t total() const noexcept { return total_; }
   /// Bytes not yet handed out.
-  std::uint64_t remaining() const noexcept { return remaining_; }
+  std::uint64_t remaining() const noexcept { return chunks_.remaining(); }
   /// The next chunk lease, or an empty optional after the last.
   template <asio::completion_token_for<void(std::exception_ptr, std::optional<io::Lease>)> Token>
   auto async_next(Token&& token);
@@ -58,11 +52,7 @@ class VectorChunks {
   const io::TensorInfo* tensor_;
   std::vector<ByteRun> runs_;
   std::uint64_t total_;
-  std::size_t chunk_;
-  std::vector<io::SelectionRange> ranges_;
-  std::size_t range_ = 0;   // the range being handed out
-  std::uint64_t into_ = 0;  // bytes of it handed out
-  std::uint64_t remaining_ = 0;
+  io::RangeChunks chunks_;
 };
 
 /// Tensors in memory (see file comment). Not movable: leases and streams point into it.
@@ -254,18 +244,10 @@ class VectorSource {
 template <asio::completion_token_for<void(std::exception_ptr, std::optional<io::Lease>)> Token>
 auto VectorChunks::async_next(Token&& token) {
   auto next = [](VectorChunks* self) -> asio::awaitable<std::optional<io::Lease>> {
-    while (self->range_ < self->ranges_.size() && self->into_ == self->ranges_[self->range_].length) {
-      ++self->range_;
-      self->into_ = 0;
-    }
-    if (self->range_ == self->ranges_.size()) co_return std::nullopt;
-    const io::SelectionRange& range = self->ranges_[self->range_];
-    const std::size_t size = std::min<std::uint64_t>(self->chunk_, range.length - self->into_);
-    io::Lease lease =
-        co_await self->source_->lease_of(*self->tensor_, self->runs_, range.offset + self->into_, size, self->total_);
-    self->into_ += size;
-    self->remaining_ -= size;
-    co_return lease;
+    const std::optional<io::SelectionRange> chunk = self->chunks_.next();
+    if (!chunk) co_return std::nullopt;
+    co_return co_await self->source_->lease_of(*self->tensor_, self->runs_, chunk->offset,
+                                               static_cast<std::size_t>(chunk->length), self->total_);
   };
   return eredu::detail::spawn_operation(source_->executor_, next(this), std::forward<Token>(token));
 }

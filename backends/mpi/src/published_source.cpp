@@ -764,17 +764,10 @@ std::optional<std::vector<io::SelectionRange>> PublishedSource::changed_ranges(
 }
 
 asio::awaitable<std::optional<io::Lease>> PublishedChunks::next() {
-  while (range_ < ranges_.size() && into_ == ranges_[range_].length) {
-    ++range_;
-    into_ = 0;
-  }
-  if (range_ == ranges_.size()) co_return std::nullopt;
-  const io::SelectionRange& range = ranges_[range_];
-  const std::size_t size = static_cast<std::size_t>(std::min<std::uint64_t>(chunk_, range.length - into_));
-  io::Lease lease = co_await source_->lease_of(request_, *tensor_, runs_, range.offset + into_, size, total_);
-  into_ += size;
-  remaining_ -= size;
-  co_return lease;
+  const std::optional<io::SelectionRange> chunk = chunks_.next();
+  if (!chunk) co_return std::nullopt;
+  co_return co_await source_->lease_of(request_, *tensor_, runs_, chunk->offset,
+                                       static_cast<std::size_t>(chunk->length), total_);
 }
 
 asio::awaitable<io::Checksums> PublishedSource::checksums(engine::WeightBindingPlan plan) {

@@ -52,6 +52,7 @@
 #include "eredu/io/reading/byte_source.hpp"
 #include "eredu/io/reading/delta_source.hpp"
 #include "eredu/io/reading/lease_pool.hpp"
+#include "eredu/io/reading/range_chunks.hpp"
 #include "eredu/mpi/communicator.hpp"
 #include "eredu/mpi/live_transport.hpp"
 
@@ -108,14 +109,11 @@ class PublishedChunks {
         tensor_(tensor),
         runs_(std::move(runs)),
         total_(total),
-        chunk_(chunk),
-        ranges_(std::move(ranges)) {
-    for (const io::SelectionRange& r : ranges_) remaining_ += r.length;
-  }
+        chunks_(std::move(ranges), chunk) {}
   /// Bytes selected in all.
   std::uint64_t total() const noexcept { return total_; }
   /// Bytes not yet handed out.
-  std::uint64_t remaining() const noexcept { return remaining_; }
+  std::uint64_t remaining() const noexcept { return chunks_.remaining(); }
   /// The next chunk lease, or an empty optional after the last.
   template <asio::completion_token_for<void(std::exception_ptr, std::optional<io::Lease>)> Token>
   auto async_next(Token&& token);
@@ -127,11 +125,7 @@ class PublishedChunks {
   const io::TensorInfo* tensor_;
   std::vector<ByteRun> runs_;
   std::uint64_t total_;
-  std::size_t chunk_;
-  std::vector<io::SelectionRange> ranges_;
-  std::size_t range_ = 0;   // the range being handed out
-  std::uint64_t into_ = 0;  // bytes of it handed out
-  std::uint64_t remaining_ = 0;
+  io::RangeChunks chunks_;
 };
 
 /// One published version as a byte source (see file comment). Not movable: leases and streams
