@@ -709,7 +709,7 @@ PublishedChunks PublishedSource::stream(const io::TensorReadRequest& request) {
   auto [t, runs] = runs_of(request);
   std::uint64_t total = 0;
   for (const ByteRun& r : runs) total += r.length;
-  return stream_ranges(request, {io::SelectionRange{.offset = 0, .length = total}});
+  return chunks_of(request, t, std::move(runs), total, {io::SelectionRange{.offset = 0, .length = total}});
 }
 
 PublishedChunks PublishedSource::stream_ranges(const io::TensorReadRequest& request,
@@ -726,6 +726,12 @@ PublishedChunks PublishedSource::stream_ranges(const io::TensorReadRequest& requ
                               r.offset, r.offset + r.length, total, end));
     end = r.offset + r.length;
   }
+  return chunks_of(request, t, std::move(runs), total, std::move(ranges));
+}
+
+PublishedChunks PublishedSource::chunks_of(const io::TensorReadRequest& request, const io::TensorInfo* t,
+                                           std::vector<ByteRun> runs, std::uint64_t total,
+                                           std::vector<io::SelectionRange> ranges) {
   const std::size_t chunk = std::min<std::size_t>(subscriber_->options.part_size, pool_.budget());
   return PublishedChunks(this, request, t, std::move(runs), total, chunk, std::move(ranges));
 }

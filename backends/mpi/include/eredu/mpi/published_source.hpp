@@ -232,6 +232,9 @@ class PublishedSource {
     return static_cast<std::size_t>(&t - catalog_.tensors().data());
   }
   std::pair<const io::TensorInfo*, std::vector<ByteRun>> runs_of(const io::TensorReadRequest& request) const;
+  /// Chunk leases of `ranges` of `t`'s selected `runs` (`total` bytes), checked by the caller.
+  PublishedChunks chunks_of(const io::TensorReadRequest& request, const io::TensorInfo* t, std::vector<ByteRun> runs,
+                            std::uint64_t total, std::vector<io::SelectionRange> ranges);
   /// Reads [from, from + out.size()) of the selection `runs` into `out`. `staging`: memory
   /// reserved with the caller's lease for a delta's encoding (delta_staging), so nothing more
   /// is taken from the pool (std::nullopt: the caller holds none of the pool, take it there).

@@ -274,9 +274,10 @@ struct InPlacePatchSwap {
           asked = 0;
           for (const io::SelectionRange& r : *ranges) asked += r.length;
         }
+        // The stream takes the ranges; below, only whether there are any is read.
         auto chunks = [&] {
           if constexpr (io::DeltaSource<Source>)
-            if (ranges) return load.source->stream_ranges(target.read, *ranges);
+            if (ranges) return load.source->stream_ranges(target.read, std::move(*ranges));
           return load.source->stream(target.read);
         }();
         std::uint64_t hashed = 0;  // the selection's bytes hashed so far, in order
