@@ -274,13 +274,15 @@ void bind_checkpoint(py::module_& m) {
             py::dict out;
             for (const auto& [tensor, digests] : c.checksums()->digests()) {
               py::dict d;
-              if (!digests.sha256.empty()) d["sha256"] = digests.sha256;
-              if (!digests.xxh3_128.empty()) d["xxh3-128"] = digests.xxh3_128;
+              for (io::DigestKind kind : io::digest_kinds)
+                if (const std::string* digest = digests.get(kind))
+                  d[py::str(std::string(io::digest_name(kind)))] = *digest;
               out[text_str(tensor)] = d;
             }
             return out;
           },
-          "Tensor -> {'sha256': hex, 'xxh3-128': hex} (those recorded) in the metadata or the sidecar file.")
+          "Tensor -> {'sha256': hex, 'xxh3-128': hex, 'xxh3-128-blocks': hex} (those recorded) in the metadata or the "
+          "sidecar file.")
       .def(
           "close",
           [](Checkpoint& c) {

@@ -79,7 +79,7 @@ void bind_write_checksums(py::module_& m) {
         }
         std::uint64_t digests = 0;  // whole-tensor digests written, each kind counted
         for (const auto& [tensor, d] : written.checksums.digests())
-          digests += (d.get(io::DigestKind::sha256) ? 1 : 0) + (d.get(io::DigestKind::xxh3_128) ? 1 : 0);
+          for (io::DigestKind kind : io::digest_kinds) digests += d.get(kind) ? 1 : 0;
         py::dict out;
         out["sidecar"] = path_str(written.sidecar.string());
         out["tensors"] = written.stats.tensors;

@@ -341,6 +341,97 @@ TEST_CASE("checksums – XXH3-128 digests in metadata and sidecar objects, the p
   CHECK_THAT(sha_only.to_json(), !Catch::Contains("{\"sha256\""));
 }
 
+TEST_CASE("digests – XXH3-128 over 64 KiB blocks: the hasher, the block list and an update of some blocks agree",
+          "[io][checksums]") {
+  constexpr std::size_t B = BlockDigests::block_bytes;
+  // The reference, from libxxhash alone: XXH3-128 of the blocks' canonical XXH3-128s.
+  const auto reference = [](std::span<const std::byte> data) {
+    std::vector<unsigned char> digests;
+    for (std::size_t at = 0; at < data.size(); at += BlockDigests::block_bytes) {
+      XXH128_canonical_t c;
+      XXH128_canonicalFromHash(&c,
+                               XXH3_128bits(data.data() + at, std::min(BlockDigests::block_bytes, data.size() - at)));
+      digests.insert(digests.end(), std::begin(c.digest), std::end(c.digest));
+    }
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits(digests.data(), digests.size()));
+    std::string hex;
+    for (unsigned char b : c.digest) hex += fmt::format("{:02x}", b);
+    return hex;
+  };
+  std::vector<std::byte> data(3 * B + 5);
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<std::byte>((i * 2654435761u) >> 11);
+  for (std::size_t size : {std::size_t{0}, std::size_t{1}, B - 1, B, B + 1, 3 * B + 5}) {
+    CAPTURE(size);
+    const std::span<const std::byte> bytes = std::span<const std::byte>(data).first(size);
+    const BlockDigests blocks = BlockDigests::of(bytes);
+    CHECK(blocks.size() == (size + B - 1) / B);
+    CHECK(blocks.bytes() == size);
+    CHECK(blocks.hex_digest() == reference(bytes));
+    CHECK(digest_hex(DigestKind::xxh3_128_blocks, bytes) == reference(bytes));
+    // Fed in pieces that straddle the blocks' edges: the same digest and the same blocks.
+    Hasher h(DigestKind::xxh3_128_blocks);
+    for (std::size_t at = 0; at < size; at += 40961)
+      h.update(bytes.subspan(at, std::min<std::size_t>(40961, size - at)));
+    CHECK(h.hex_digest() == reference(bytes));
+    CHECK(h.take_blocks() == blocks);
+  }
+  CHECK(digest_hex(DigestKind::xxh3_128_blocks, data) != digest_hex(DigestKind::xxh3_128, data));
+  CHECK(digest_kind_named("xxh3-128-blocks") == DigestKind::xxh3_128_blocks);
+  CHECK(is_digest_hex(DigestKind::xxh3_128_blocks, digest_hex(DigestKind::xxh3_128_blocks, data)));
+  Hasher plain(DigestKind::xxh3_128);
+  plain.update(data);
+  (void)plain.hex_digest();
+  CHECK(plain.take_blocks().size() == 0);  // only the block kind keeps them
+
+  // Changing blocks 1 and 3 (the short last one): set() of their new bytes gives the digest
+  // of the changed string, and only their digests differ.
+  BlockDigests blocks = BlockDigests::of(data);
+  std::vector<std::byte> changed = data;
+  changed[B + 17] ^= std::byte{0x40};
+  changed[3 * B + 4] ^= std::byte{0x01};
+  CHECK(blocks.hex_digest() != reference(changed));
+  blocks.set(1, std::span<const std::byte>(changed).subspan(B, B));
+  CHECK(blocks.hex_digest() != reference(changed));  // block 3 still the old one
+  blocks.set(3, std::span<const std::byte>(changed).subspan(3 * B, 5));
+  CHECK(blocks.hex_digest() == reference(changed));
+  CHECK(blocks == BlockDigests::of(changed));
+  // Bytes that are not the block are refused, and nothing follows a short block.
+  CHECK(kind_of([&] { blocks.set(3, std::span<const std::byte>(changed).subspan(0, B)); }) == errc::invalid_argument);
+  CHECK(kind_of([&] { blocks.set(4, std::span<const std::byte>(changed).subspan(0, 5)); }) == errc::invalid_argument);
+  CHECK(kind_of([&] { blocks.append(BlockDigests::digest_of(changed), B); }) == errc::invalid_argument);
+  BlockDigests empty;
+  CHECK(kind_of([&] { empty.append(BlockDigests::digest_of(changed), B + 1); }) == errc::invalid_argument);
+  CHECK(kind_of([&] { empty.append(BlockDigests::digest_of(changed), 0); }) == errc::invalid_argument);
+}
+
+TEST_CASE("checksums – block digests in a sidecar: read, written, and checked where preferred or alone",
+          "[io][checksums]") {
+  ChecksumsFixture f;
+  const Catalog catalog = open_catalog(f.path);
+  const std::string ba = digest_hex(DigestKind::xxh3_128_blocks, f.data[0]);
+  Checksums sums;
+  sums.add("a", f.digest(0));
+  sums.add("a", DigestKind::xxh3_128_blocks, ba);
+  sums.add("b", DigestKind::xxh3_128_blocks, digest_hex(DigestKind::xxh3_128_blocks, f.data[1]));
+  const std::string text = sums.to_json();
+  CHECK_THAT(text, Catch::Contains("\"xxh3-128-blocks\""));
+  synth::write_text_file(Checksums::sidecar_path(f.path), text);
+  const Checksums read_back = Checksums::from_sidecar(Checksums::sidecar_path(f.path));
+  CHECK(read_back.digests() == sums.digests());
+  CHECK(read_back.check(catalog, "a")->kind == DigestKind::sha256);
+  CHECK(read_back.check(catalog, "a", DigestKind::xxh3_128_blocks)->kind == DigestKind::xxh3_128_blocks);
+  const std::optional<DigestCheck> b = read_back.check(catalog, "b");  // its only digest
+  REQUIRE(b);
+  CHECK(b->kind == DigestKind::xxh3_128_blocks);
+  CHECK_NOTHROW(b->verify(f.data[1]));
+  CHECK(kind_of([&] { b->verify(f.data[0]); }) == errc::checksum_mismatch);
+  // Only block digests: still objects, never the flat SHA-256 form.
+  Checksums blocks_only;
+  blocks_only.add("a", DigestKind::xxh3_128_blocks, ba);
+  CHECK_THAT(blocks_only.to_json(), Catch::Contains("{\"xxh3-128-blocks\""));
+}
+
 TEST_CASE("checksums – many tensors verified in parallel lanes, a bad one is named, the rest stop", "[io][checksums]") {
   test::TempDir dir;
   const auto path = dir / "many.safetensors";

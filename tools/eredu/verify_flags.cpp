@@ -1,6 +1,8 @@
 #include "verify_flags.hpp"
 
+#include <algorithm>
 #include <filesystem>
+#include <iterator>
 
 #include <fmt/format.h>
 
@@ -18,7 +20,8 @@ io::Checksums checksums_for(const std::string& path, const io::Catalog& catalog,
   const std::string where = sidecar.empty() ? io::Checksums::sidecar_path(path).string() : sidecar;
   if (mode == "require") {
     for (const io::TensorInfo& t : catalog.tensors())
-      if (!sums.find(t.name) && !sums.find(t.name, io::DigestKind::xxh3_128))
+      if (std::none_of(std::begin(io::digest_kinds), std::end(io::digest_kinds),
+                       [&](io::DigestKind kind) { return sums.find(t.name, kind) != nullptr; }))
         throw Error(errc::invalid_argument, {.file = path, .tensor = t.name},
                     fmt::format("--verify require: no digest recorded for this tensor ({} of {} tensors have one; "
                                 "digests come from \"sha256:<tensor>\" metadata or the sidecar {}, which `eredu gen "

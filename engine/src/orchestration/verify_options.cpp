@@ -1,5 +1,8 @@
 #include "eredu/engine/orchestration/verify_options.hpp"
 
+#include <algorithm>
+#include <iterator>
+
 #include <fmt/format.h>
 
 #include "eredu/core/error.hpp"
@@ -12,10 +15,10 @@ void validate(const VerifyOptions& o) {
     throw Error(errc::invalid_argument, {},
                 fmt::format("VerifyOptions::mode is {}; it must be off, on or require", mode));
   }
-  if (o.preferred != io::DigestKind::sha256 && o.preferred != io::DigestKind::xxh3_128) {
-    throw Error(
-        errc::invalid_argument, {},
-        fmt::format("VerifyOptions::preferred is {}; it must be sha256 or xxh3_128", static_cast<int>(o.preferred)));
+  if (std::find(std::begin(io::digest_kinds), std::end(io::digest_kinds), o.preferred) == std::end(io::digest_kinds)) {
+    throw Error(errc::invalid_argument, {},
+                fmt::format("VerifyOptions::preferred is {}; it must be sha256, xxh3_128 or xxh3_128_blocks",
+                            static_cast<int>(o.preferred)));
   }
 }
 

@@ -34,7 +34,7 @@ namespace {
 
 // A sidecar lists one digest per tensor: far below this even for huge checkpoints.
 constexpr std::uintmax_t max_sidecar_bytes = 64u << 20;
-constexpr DigestKind kinds[] = {DigestKind::sha256, DigestKind::xxh3_128};
+constexpr auto& kinds = digest_kinds;
 // Bytes hashed from a mapping per task: small enough that cancellation is checked often and
 // the mapped pages (which count in RSS until released) stay few, large enough that posting a
 // task costs nothing next to hashing it (4 ms at 2 GB/s).
@@ -45,9 +45,24 @@ std::string lowered(std::string s) {
   return s;
 }
 
-std::string& slot(TensorDigests& d, DigestKind kind) { return kind == DigestKind::sha256 ? d.sha256 : d.xxh3_128; }
-const std::string& slot(const TensorDigests& d, DigestKind kind) {
-  return kind == DigestKind::sha256 ? d.sha256 : d.xxh3_128;
+/// `d`'s digest of `kind` (TensorDigests, const or not).
+template <class Digests>
+auto& slot(Digests& d, DigestKind kind) {
+  switch (kind) {
+    case DigestKind::sha256:
+      return d.sha256;
+    case DigestKind::xxh3_128:
+      return d.xxh3_128;
+    case DigestKind::xxh3_128_blocks:
+      break;
+  }
+  return d.xxh3_128_blocks;
+}
+
+/// Only a SHA-256 (or nothing) is recorded: what a plain sidecar string can say.
+bool only_sha256(const TensorDigests& d) {
+  return std::all_of(std::begin(kinds), std::end(kinds),
+                     [&](DigestKind kind) { return kind == DigestKind::sha256 || slot(d, kind).empty(); });
 }
 
 /// Merges `from` into `into`; a digest present in both must agree.
@@ -98,15 +113,16 @@ void parse_shards(const json::Value& value, const std::filesystem::path& path, P
   }
 }
 
-/// The preferred digest of `digests` when recorded, else the other; nullopt when neither is.
+/// The preferred digest of `digests` when recorded, else the first other one in `kinds`;
+/// nullopt when none is.
 std::optional<std::pair<DigestKind, std::string>> pick(const TensorDigests& digests, DigestKind preferred) {
-  const DigestKind other = preferred == DigestKind::sha256 ? DigestKind::xxh3_128 : DigestKind::sha256;
-  const DigestKind kind = digests.get(preferred) ? preferred : other;
-  if (const std::string* expected = digests.get(kind)) return std::pair{kind, *expected};
+  if (const std::string* expected = digests.get(preferred)) return std::pair{preferred, *expected};
+  for (DigestKind kind : kinds)
+    if (const std::string* expected = digests.get(kind)) return std::pair{kind, *expected};
   return std::nullopt;
 }
 
-/// `{"sha256": ..., "xxh3-128": ...}`, or the bare SHA-256 string when `plain`.
+/// `{"sha256": ..., "xxh3-128": ..., "xxh3-128-blocks": ...}`, or the bare SHA-256 string when `plain`.
 std::string digests_json(const TensorDigests& d, bool plain) {
   if (plain) return fmt::format("\"{}\"", d.sha256);
   std::string fields;
@@ -119,7 +135,7 @@ std::string digests_json(const TensorDigests& d, bool plain) {
 }  // namespace
 
 const std::string* TensorDigests::get(DigestKind kind) const noexcept {
-  const std::string& d = kind == DigestKind::sha256 ? sha256 : xxh3_128;
+  const std::string& d = slot(*this, kind);
   return d.empty() ? nullptr : &d;
 }
 
@@ -200,7 +216,8 @@ Checksums Checksums::from_sidecar(const std::filesystem::path& path) {
           const std::optional<DigestKind> kind = digest_kind_named(d.key.as_string());
           if (!kind)
             throw Error(errc::invalid_metadata, {.file = path.string(), .tensor = tensor, .offset = d.key.offset()},
-                        fmt::format("unknown digest \"{}\" (sha256 and xxh3-128 are known)", d.key.as_string()));
+                        fmt::format("unknown digest \"{}\" (sha256, xxh3-128 and xxh3-128-blocks are known)",
+                                    d.key.as_string()));
           if (d.value.kind() != json::Kind::string || !is_digest_hex(*kind, d.value.as_string()))
             throw Error(errc::invalid_metadata, {.file = path.string(), .tensor = tensor, .offset = d.value.offset()},
                         fmt::format("the {} digest is not a string of {} hex digits", digest_name(*kind),
@@ -211,7 +228,7 @@ Checksums Checksums::from_sidecar(const std::filesystem::path& path) {
                         fmt::format("the {} digest is listed twice", digest_name(*kind)));
           into = lowered(std::string(d.value.as_string()));
         }
-        if (digests.sha256.empty() && digests.xxh3_128.empty())
+        if (digests == TensorDigests{})
           throw Error(errc::invalid_metadata, {.file = path.string(), .tensor = tensor, .offset = value.offset()},
                       "the tensor lists no digest");
       } else {
@@ -354,9 +371,9 @@ std::string Checksums::to_json() const {
   for (const auto& [tensor, d] : digests_) check_recordable(tensor);
   for (const auto& [tensor, shards] : shards_) check_recordable(tensor);
   bool plain =
-      std::all_of(digests_.begin(), digests_.end(), [](const auto& entry) { return entry.second.xxh3_128.empty(); });
+      std::all_of(digests_.begin(), digests_.end(), [](const auto& entry) { return only_sha256(entry.second); });
   for (const auto& [tensor, shards] : shards_)
-    for (const auto& [text, shard] : shards) plain = plain && shard.digests.xxh3_128.empty();
+    for (const auto& [text, shard] : shards) plain = plain && only_sha256(shard.digests);
   std::string out = "{";
   bool first = true;
   for (const auto& [tensor, d] : digests_) {

@@ -50,13 +50,14 @@
 
 namespace eredu::io {
 
-/// The digests recorded for one tensor (either may be missing).
+/// The digests recorded for one tensor (any may be missing).
 struct TensorDigests {
-  std::string sha256{};    ///< 64 lowercase hex digits, or empty
-  std::string xxh3_128{};  ///< 32 lowercase hex digits, or empty
+  std::string sha256{};           ///< 64 lowercase hex digits, or empty
+  std::string xxh3_128{};         ///< 32 lowercase hex digits, or empty
+  std::string xxh3_128_blocks{};  ///< 32 lowercase hex digits, or empty
   /// The digest of `kind`, or nullptr when none is recorded.
   const std::string* get(DigestKind kind) const noexcept;
-  /// Both digests equal.
+  /// Every digest equal.
   bool operator==(const TensorDigests&) const = default;
 };
 
@@ -115,8 +116,8 @@ class Checksums {
   const std::string* find(const std::string& tensor) const;
   /// The expected digest of `kind` of `tensor`, or nullptr.
   const std::string* find(const std::string& tensor, DigestKind kind) const;
-  /// The check of `tensor` in `catalog`: its `preferred` digest when recorded, else its
-  /// other one; nullopt when it has none. Throws Error(tensor_not_found) when the catalog
+  /// The check of `tensor` in `catalog`: its `preferred` digest when recorded, else another
+  /// one (in digest_kinds' order); nullopt when it has none. Throws Error(tensor_not_found) when the catalog
   /// lacks the tensor.
   std::optional<DigestCheck> check(const Catalog& catalog, const std::string& tensor,
                                    DigestKind preferred = DigestKind::sha256) const;
