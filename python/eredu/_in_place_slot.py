@@ -186,7 +186,8 @@ class InPlaceModelSlot(_Slot):
         bytes and hashed; once every digest is checked, the kept blocks (at most `patch_budget`
         bytes, else BudgetError before any write) are written while no read is held, and the
         canary runs on the patched model (its refusal puts the old bytes back). The report's
-        written_bytes is what it wrote. The first version comes by swap(), not patch()."""
+        written_bytes is what it wrote, hashed_bytes what it hashed to check the digests. The first
+        version comes by swap(), not patch()."""
         self._check_not_holding(False)
         return await self._run(path, verify, canary, origin, progress, options,
                                patch_budget=parse_count("patch_budget", patch_budget))

@@ -57,6 +57,7 @@ py::dict report_dict(const engine::SwapReport& r) {
   d["publish_pause_ns"] = r.publish_pause.count();
   d["readers_drained_ns"] = r.readers_drained.count();
   d["written_bytes"] = r.written_bytes;
+  d["hashed_bytes"] = r.hashed_bytes;
   return d;
 }
 

@@ -652,6 +652,9 @@ TEST_CASE(
   Weights p4 = p2;  // against p-2, corrupted in flight on every rank
   p4.memory[2][20] ^= std::byte{0x40};
   p4.memory[2][2030] ^= std::byte{0x40};
+  Weights p5 = p2;  // against p-2, intact: a patch hashes only q_proj's changed block
+  p5.memory[2][30] ^= std::byte{0x40};
+  p5.memory[2][2020] ^= std::byte{0x40};
   if (env.publishing()) {
     mpi::Publication v1 = env.publisher->publish("p-1", "", p1.tensors());
     env.world.barrier().get();
@@ -668,6 +671,11 @@ TEST_CASE(
     CHECK(v4.wait_served(2, std::chrono::seconds(30)));
     CHECK(v4.failed() == 2);
     env.world.barrier().get();
+    mpi::Publication v5 = env.publisher->publish("p-5", "p-2", p5.tensors());
+    env.world.barrier().get();
+    CHECK(v5.wait_served(2, std::chrono::seconds(30)));
+    CHECK(v5.failed() == 0);
+    env.world.barrier().get();
     return;
   }
   // Each subscriber on its own: a single-process in-place slot over its tensor-parallel shard.
@@ -675,6 +683,7 @@ TEST_CASE(
   std::unique_ptr<engine::InPlaceModelSlot<cpu::Backend, Module>> slot;
   cpu::Executor copier(1);
   std::uint64_t written = 0;                 // by the last patch
+  std::uint64_t hashed = 0;                  // by the last patch, to check the digests
   std::uint64_t from_base = 0;               // bytes the last read of a delta copied from its base
   const auto held = [&](const Weights& w) {  // this rank's shard of `w`, and the slot's bytes
     auto reader = slot->try_read();
@@ -745,7 +754,9 @@ TEST_CASE(
                  ? slot->async_patch(*v, env.plan.bindings, copier, std::move(options), {}, asio::use_future)
                  : slot->async_swap(*v, env.plan.bindings, env.context, copier, std::move(options), asio::use_future);
     try {
-      written = run_until_ready(env.ctx, f).written_bytes;
+      const engine::SwapReport report = run_until_ready(env.ctx, f);
+      written = report.written_bytes;
+      hashed = report.hashed_bytes;
       v->finish(true);
       return std::optional<std::uint64_t>(v->transferred_bytes());
     } catch (const Error& e) {
@@ -762,9 +773,13 @@ TEST_CASE(
   env.world.barrier().get();
   const std::optional<std::uint64_t> moved = swap("p-2", true, std::nullopt);
   REQUIRE(moved);
-  CHECK(*moved <= 256u);  // one changed 256-byte block of q_proj in each rank's half
+  CHECK(*moved <= 256u);          // one changed 256-byte block of q_proj in each rank's half
+  std::uint64_t shard_bytes = 0;  // this rank's bytes of every tensor
+  for (const engine::ShardedTensor& t : env.plan.tensors)
+    shard_bytes += slot->try_read()->model().find(t.parameter)->value.bytes().size();
   if (patch) {
-    CHECK(written == 64u);  // and one changed byte in it: one 64-byte block written
+    CHECK(written == 64u);         // and one changed byte in it: one 64-byte block written
+    CHECK(hashed == shard_bytes);  // the first patch after a swap has no block digests kept
     // Only that block was read and compared: the rest stayed where it serves, hashed there.
     CHECK(from_base <= 256u);
   } else {
@@ -784,6 +799,17 @@ TEST_CASE(
   if (patch) CHECK(from_base <= 256u);
   CHECK(slot->generation() == 2);
   CHECK(held(p2));
+  env.world.barrier().get();
+  // An intact delta against p-2: the patch, holding p-2's block digests since it checked them,
+  // hashes only the block of q_proj that changed (one: each rank's half is under 64 KiB).
+  env.world.barrier().get();
+  REQUIRE(swap("p-5", true, std::nullopt));
+  CHECK(slot->generation() == 3);
+  CHECK(held(p5));
+  if (patch) {
+    CHECK(hashed > 0u);
+    CHECK(hashed < shard_bytes);
+  }
   env.world.barrier().get();
 }
 

@@ -45,11 +45,11 @@ std::vector<synth::TensorSpec> model_specs() {
   return {{"w", DType::BF16, {64, 48}}, {"b", DType::BF16, {96}}, {"n", DType::F32, {48}}};
 }
 
-/// A small model: a matrix (of dtype W: F32 is the stored BF16 cast), a kept vector, and a
-/// tied alias of the vector.
-template <DType W>
+/// A small model: a matrix of `Rows` rows (of dtype W: F32 is the stored BF16 cast), a kept
+/// vector, and a tied alias of the vector.
+template <DType W, std::uint64_t Rows = 64>
 struct BasicTinyModel {
-  cpu::Parameter w{W, {64, 48}};
+  cpu::Parameter w{W, {Rows, 48}};
   cpu::Parameter b{DType::BF16, {96}};
   cpu::Parameter n{DType::F32, {48}};
   cpu::Parameter b_tied{DType::BF16, {96}};
@@ -627,6 +627,164 @@ TEST_CASE("in-place patch – a delta is read only where its sender says it chan
   }
   SECTION("ranges out of order: an io_error") {
     refused("w", {{.offset = 2944, .length = 64}, {.offset = 0, .length = 64}}, errc::io_error);
+  }
+}
+
+namespace model_slot_test {
+
+/// PlainModel with a matrix of 2048 rows: 192 KiB, three 64 KiB digest blocks.
+using WidePlainModel = BasicTinyModel<DType::BF16, 2048>;
+
+/// Versions of WidePlainModel in memory, a slot serving the first, and patches between them
+/// checked against block digests (io::DigestKind::xxh3_128_blocks).
+struct WidePatchEnv {
+  static constexpr std::size_t B = io::BlockDigests::block_bytes;
+  Env env;
+  std::vector<synth::TensorSpec> specs{
+      {"w", DType::BF16, {2048, 48}}, {"b", DType::BF16, {96}}, {"n", DType::F32, {48}}};
+  WeightBindingPlan plan{{
+      WeightBinding::tensor("w", "w", Selection::all(), 2048 * 48 * 2),
+      WeightBinding::tensor("b", "b", Selection::all(), 96 * 2),
+      WeightBinding::tensor("n", "n", Selection::all(), 48 * 4),
+      WeightBinding::alias("b_tied", "b", 96 * 2),
+  }};
+  engine::InPlaceModelSlot<cpu::Backend, WidePlainModel> slot{[] { return WidePlainModel{}; }};
+  std::vector<std::vector<std::byte>> v1;
+  std::uint64_t total = 0;
+
+  WidePatchEnv() {
+    std::uint64_t x = 0x243F6A8885A308D3ull;
+    for (const synth::TensorSpec& s : specs) {
+      v1.emplace_back(synth::tensor_nbytes(s));
+      for (std::byte& b : v1.back()) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        b = static_cast<std::byte>(x >> 33);
+      }
+      total += v1.back().size();
+    }
+    auto first = source(v1);
+    auto f = slot.async_swap(*first, plan, env.mc, env.background, asio::use_future);
+    env.get(f);
+  }
+  /// A source of `data` in chunks of 1000 bytes (they straddle the digest blocks), declaring
+  /// `changed` of w as the only ranges that differ from the bytes serving.
+  std::unique_ptr<test::VectorSource> source(const std::vector<std::vector<std::byte>>& data,
+                                             std::optional<std::vector<io::SelectionRange>> changed = std::nullopt) {
+    auto s = std::make_unique<test::VectorSource>(env.ctx.get_executor(), std::size_t{1} << 20, 1000);
+    for (std::size_t i = 0; i < specs.size(); ++i) s->add(specs[i].name, specs[i].dtype, specs[i].shape, data[i]);
+    if (changed) {
+      s->declare_changed("w", std::move(*changed));
+      s->declare_changed("b", {});
+      s->declare_changed("n", {});
+    }
+    return s;
+  }
+  /// The block digests of every tensor of `data`.
+  io::Checksums digests(const std::vector<std::vector<std::byte>>& data) const {
+    io::Checksums sums;
+    for (std::size_t i = 0; i < data.size(); ++i)
+      sums.add(specs[i].name, io::DigestKind::xxh3_128_blocks,
+               io::digest_hex(io::DigestKind::xxh3_128_blocks, data[i]));
+    return sums;
+  }
+  engine::SwapReport patch(test::VectorSource& from, io::Checksums sums) {
+    auto f = slot.async_patch(from, plan, env.background, {.checksums = std::move(sums)}, {}, asio::use_future);
+    return env.get(f);
+  }
+  /// Serves exactly `data`.
+  bool serves(const std::vector<std::vector<std::byte>>& data) {
+    auto f = slot.async_read(asio::use_future);
+    auto reader = env.get(f);
+    const WidePlainModel& m = reader.model();
+    return std::ranges::equal(m.w.value.bytes(), data[0]) && std::ranges::equal(m.b.value.bytes(), data[1]) &&
+           std::ranges::equal(m.n.value.bytes(), data[2]);
+  }
+};
+
+}  // namespace model_slot_test
+
+TEST_CASE("in-place patch – with block digests kept, a delta hashes only the 64 KiB blocks it changed",
+          "[engine][swap][in-place][patch]") {
+  WidePatchEnv p;
+  constexpr std::size_t B = WidePatchEnv::B;
+  // v2 changes w in block 0 and in block 2; v3 changes it across the edge of blocks 1 and 2.
+  std::vector<std::vector<std::byte>> v2 = p.v1, v3;
+  v2[0][70] ^= std::byte{0x01};
+  v2[0][2 * B + 900] ^= std::byte{0x02};
+  const std::vector<io::SelectionRange> v2_ranges{{.offset = 64, .length = 64}, {.offset = 2 * B + 896, .length = 64}};
+  v3 = v2;
+  v3[0][2 * B - 3] ^= std::byte{0x04};
+  v3[0][2 * B + 2] ^= std::byte{0x08};
+  const std::vector<io::SelectionRange> v3_ranges{{.offset = 2 * B - 64, .length = 128}};
+
+  // The first patch after a swap has no block digests to start from: it hashes every byte, and
+  // keeps the blocks' digests it went through.
+  auto s2 = p.source(v2, v2_ranges);
+  const engine::SwapReport first = p.patch(*s2, p.digests(v2));
+  CHECK(first.hashed_bytes == p.total);
+  CHECK(s2->delivered() == 128);
+  CHECK(first.written_bytes == 128);
+  CHECK(p.serves(v2));
+
+  SECTION("the next delta hashes only the two blocks its range touches, and serves every byte") {
+    engine::MaterializeProgress progress;
+    auto s3 = p.source(v3, v3_ranges);
+    auto f = p.slot.async_patch(*s3, p.plan, p.env.background, {.checksums = p.digests(v3), .progress = &progress}, {},
+                                asio::use_future);
+    const engine::SwapReport r = p.env.get(f);
+    CHECK(r.hashed_bytes == 2 * B);  // blocks 1 and 2 of w; b and n unchanged
+    CHECK(s3->delivered() == 128);
+    CHECK(r.verified_bytes == p.total);
+    CHECK(progress.bytes_done == p.total);
+    CHECK(p.serves(v3));
+    // And the one after it, back to v2, from the digests that patch kept.
+    auto back = p.source(v2, v3_ranges);
+    CHECK(p.patch(*back, p.digests(v2)).hashed_bytes == 2 * B);
+    CHECK(p.serves(v2));
+  }
+  // A delta the block digests must refuse: checksum_mismatch naming w, and every byte and the
+  // generation stay.
+  const auto refused = [&](test::VectorSource& from, const io::Checksums& sums) {
+    try {
+      p.patch(from, sums);
+      FAIL("the patch succeeded");
+    } catch (const Error& e) {
+      INFO(e.what());
+      CHECK(e.kind() == errc::checksum_mismatch);
+      CHECK(e.context().tensor == "w");
+    }
+    CHECK(p.serves(v2));
+    CHECK(p.slot.generation() == 2);
+  };
+  SECTION("a sender that leaves a changed range out") {
+    auto s3 = p.source(v3, std::vector<io::SelectionRange>{{.offset = 2 * B, .length = 64}});
+    refused(*s3, p.digests(v3));
+  }
+  SECTION("a bit flipped in flight inside a changed range") {
+    std::vector<std::vector<std::byte>> flipped = v3;
+    flipped[0][2 * B + 40] ^= std::byte{0x10};
+    auto s3 = p.source(flipped, v3_ranges);
+    refused(*s3, p.digests(v3));
+  }
+  SECTION("a delta against another base: its kept blocks are not the serving ones") {
+    std::vector<std::vector<std::byte>> other = v3;
+    other[0][5] ^= std::byte{0x20};  // the sender's base differed here, outside the ranges
+    auto s3 = p.source(v3, v3_ranges);
+    refused(*s3, p.digests(other));
+  }
+  SECTION("a swap, or a patch without digests, forgets the block digests: the next patch hashes every byte") {
+    auto unchecked = p.source(v3, v3_ranges);
+    auto f = p.slot.async_patch(*unchecked, p.plan, p.env.background, asio::use_future);
+    p.env.get(f);
+    REQUIRE(p.serves(v3));
+    auto to_v2 = p.source(v2, v3_ranges);
+    CHECK(p.patch(*to_v2, p.digests(v2)).hashed_bytes == p.total);
+    auto whole = p.source(v3);
+    auto g = p.slot.async_swap(*whole, p.plan, p.env.mc, p.env.background, asio::use_future);
+    p.env.get(g);
+    auto again = p.source(v2, v3_ranges);
+    CHECK(p.patch(*again, p.digests(v2)).hashed_bytes == p.total);
+    CHECK(p.serves(v2));
   }
 }
 

@@ -822,9 +822,9 @@ asio::awaitable<io::Checksums> PublishedSource::checksums(engine::WeightBindingP
     }
     const std::string& name = manifest_->tensors[w.first].name;
     if (w.second.is_all())
-      out.add(name, io::DigestKind::xxh3_128, *digest);
+      out.add(name, detail::live_digest, *digest);
     else
-      out.add_shard(name, w.second, io::DigestKind::xxh3_128, *digest);
+      out.add_shard(name, w.second, detail::live_digest, *digest);
   }
   wanted = std::move(missing);
   // Requests of at most ~1 MiB each, so that any plan fits the publisher's request size.
@@ -860,9 +860,9 @@ asio::awaitable<io::Checksums> PublishedSource::checksums(engine::WeightBindingP
           throw Error(errc::checksum_mismatch, {.file = location_, .tensor = name},
                       "the publisher's memory no longer matches the digest it published: the trainer wrote to "
                       "a version it still offers");
-        out.add(name, io::DigestKind::xxh3_128, std::move(digest));
+        out.add(name, detail::live_digest, std::move(digest));
       } else {
-        out.add_shard(name, wanted[i].second, io::DigestKind::xxh3_128, std::move(digest));
+        out.add_shard(name, wanted[i].second, detail::live_digest, std::move(digest));
       }
     }
     first = last;

@@ -34,10 +34,10 @@
 namespace eredu::mpi {
 namespace detail {
 
-/// XXH3-128 of `selection` of a tensor whose bytes are `bytes`, in the order a load delivers them.
+/// The live_digest of `selection` of a tensor whose bytes are `bytes`, in the order a load delivers them.
 std::string selection_digest(const ManifestTensor& t, std::span<const std::byte> bytes, const Selection& selection) {
-  if (selection.is_all()) return io::digest_hex(io::DigestKind::xxh3_128, bytes);
-  io::Hasher h(io::DigestKind::xxh3_128);
+  if (selection.is_all()) return io::digest_hex(live_digest, bytes);
+  io::Hasher h(live_digest);
   for (const ByteRun& run : selection_runs(t.shape, t.dtype, selection))
     h.update(bytes.subspan(run.source_offset, run.length));
   return h.hex_digest();
@@ -75,7 +75,7 @@ std::string staged_digest(const ManifestTensor& t, const CopyOut& copy, const Se
   std::uint64_t total = 0;
   for (const ByteRun& run : runs) total += run.length;
   std::vector<std::byte> piece(static_cast<std::size_t>(std::min<std::uint64_t>(total, staging_piece)));
-  io::Hasher h(io::DigestKind::xxh3_128);
+  io::Hasher h(live_digest);
   std::vector<ByteRun> batch;
   std::uint64_t filled = 0;
   const auto flush = [&] {

@@ -16,6 +16,7 @@
 
 #include "eredu/core/dtype.hpp"
 #include "eredu/core/shape.hpp"
+#include "eredu/io/integrity/digest.hpp"
 
 namespace eredu::mpi::detail {
 
@@ -29,6 +30,10 @@ inline constexpr int reply_tags = 4000;
 inline constexpr std::size_t max_request_bytes = std::size_t{4} << 20;
 /// The size of a reply's header message.
 inline constexpr std::size_t reply_header_bytes = 16;
+/// The digest a publisher computes and a subscriber checks: over 64 KiB blocks, so that a
+/// subscriber holding the serving version's block digests checks a delta by hashing only the
+/// blocks it changed (engine::InPlaceModelSlot::async_patch).
+inline constexpr io::DigestKind live_digest = io::DigestKind::xxh3_128_blocks;
 
 /// What a request asks.
 enum class RequestKind : std::uint32_t {

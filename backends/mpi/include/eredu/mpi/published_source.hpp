@@ -20,11 +20,11 @@
 ///   v->finish(true);  // tells the publisher this rank has its bytes
 /// \endcode
 ///
-/// Verification: async_checksums asks the publisher for the XXH3-128 of exactly the selections
-/// `plan` reads, hashed from the publisher's memory; the swap then checks each tensor where it
-/// lands, so a block corrupted in flight (or read after the trainer reused the memory) is
-/// checksum_mismatch, never a served model. A tensor read whole is also checked against the
-/// digest the publisher computed when it published.
+/// Verification: async_checksums asks the publisher for the digests (xxh3_128_blocks) of
+/// exactly the selections `plan` reads, hashed from the publisher's memory; the swap then
+/// checks each tensor where it lands, so a block corrupted in flight (or read after the trainer
+/// reused the memory) is checksum_mismatch, never a served model. A tensor read whole is also
+/// checked against the digest the publisher computed when it published.
 ///
 /// Failures name the location `mpi://<group>/rank<P>/<version>` and the tensor:
 /// version_not_published (no such version), version_withdrawn (withdrawn before this rank was

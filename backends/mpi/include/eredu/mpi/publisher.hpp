@@ -28,7 +28,9 @@
 /// the base copies it and reads only those (publish(), PublishedSource::use_base). Its digests
 /// are the full version's.
 ///
-/// Digests: publish() computes each tensor's XXH3-128; a subscriber asks for the digests of
+/// Digests: publish() computes each tensor's io::DigestKind::xxh3_128_blocks (XXH3-128 over
+/// 64 KiB blocks, which a subscriber that keeps the blocks' digests updates by hashing only
+/// the blocks a delta changes); a subscriber asks for the digests of
 /// exactly the selections it reads, which the publisher hashes from its memory, and its swap
 /// verifies each tensor where it lands against them (checksum_mismatch otherwise).
 ///
@@ -141,7 +143,7 @@ class Publisher {
   Publisher& operator=(const Publisher&) = delete;
 
   /// Offers `tensors` as `version`, whose base is `base` (empty:
-  /// none), until the Publication is withdrawn. Hashes every tensor (XXH3-128) on the calling
+  /// none), until the Publication is withdrawn. Hashes every tensor (xxh3_128_blocks) on the calling
   /// thread and attaches its memory to the window.
   ///
   /// Deltas: when `base` is a version this publisher still offers, each tensor of the same

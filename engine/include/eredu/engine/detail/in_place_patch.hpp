@@ -11,7 +11,11 @@
 ///
 /// A source sent as a delta against the serving bytes (io::DeltaSource) names the ranges that
 /// can differ: with a digest to check, only those are read and compared, and the bytes between
-/// them are hashed where they serve, so the digest still covers the whole patched weight.
+/// them are hashed where they serve, so the digest still covers the whole patched weight. With
+/// a digest of xxh3_128_blocks and the block digests the slot kept when it last checked the
+/// weight (InPlaceState::block_digests), only the 64 KiB blocks the ranges touch are hashed,
+/// rebuilt from the serving bytes with the new ones over them; the kept digests stand for the
+/// rest. A patch keeps the block digests it checked; a swap forgets them.
 
 #include <algorithm>
 #include <asio/awaitable.hpp>
@@ -43,6 +47,7 @@
 #include "eredu/engine/detail/swap_steps.hpp"
 #include "eredu/engine/orchestration/engine_error.hpp"
 #include "eredu/engine/serving/swap_options.hpp"
+#include "eredu/io/integrity/block_digests.hpp"
 #include "eredu/io/integrity/checksums.hpp"
 #include "eredu/io/integrity/digest.hpp"
 #include "eredu/io/reading/byte_source.hpp"
@@ -88,6 +93,9 @@ struct Patch {
   std::vector<PatchPiece> pieces;  ///< every chunk's changed runs, of every weight
   std::uint64_t bytes = 0;         ///< the changed bytes in all
   std::uint64_t read = 0;          ///< bytes read and compared
+  std::uint64_t hashed = 0;        ///< bytes hashed to check digests
+  /// The patched owners' new block digests, for InPlaceState::block_digests once written.
+  std::vector<std::pair<ParameterId, io::BlockDigests>> digests;
   /// The swap's canary step, run on the patched model under the closed gate (empty: none).
   std::function<asio::awaitable<void>(const Model&)> canary{};
 };
@@ -168,11 +176,13 @@ struct InPlacePatchSwap {
   /// What the load's readers share.
   template <class Source>
   struct Load {
-    Source* source = nullptr;                  ///< the new version
-    std::vector<Target> targets;               ///< every owner, in the plan's order
-    std::atomic<std::size_t> next{0};          ///< the next target to take
-    std::atomic<std::uint64_t> held{0};        ///< bytes the patch holds
-    std::uint64_t budget = 0;                  ///< the most it may hold
+    Source* source = nullptr;            ///< the new version
+    std::vector<Target> targets;         ///< every owner, in the plan's order
+    std::atomic<std::size_t> next{0};    ///< the next target to take
+    std::atomic<std::uint64_t> held{0};  ///< bytes the patch holds
+    std::uint64_t budget = 0;            ///< the most it may hold
+    /// The serving owners' block digests (InPlaceState::block_digests), read-only here.
+    const std::map<ParameterId, io::BlockDigests>* kept = nullptr;
     bool verify = false;                       ///< the swap verifies digests
     unsigned readers = 1;                      ///< readers at once
     MaterializeProgress* progress = nullptr;   ///< the swap's counters (never null)
@@ -183,6 +193,12 @@ struct InPlacePatchSwap {
     /// own (awaitable_operators would report two failures as asio::multiple_exceptions).
     std::exception_ptr failure;
     std::atomic<bool> failed{false};  ///< `failure` is set
+    /// Adds `more` to what the patch holds if the budget allows; false (nothing added) if not.
+    bool try_hold(std::uint64_t more) {
+      if (held.fetch_add(more) + more <= budget) return true;
+      held.fetch_sub(more);
+      return false;
+    }
   };
 
   /// Reads every weight of the plan and keeps what differs from the serving weights.
@@ -193,6 +209,7 @@ struct InPlacePatchSwap {
     Load<Source> load;
     load.source = request.source;
     load.budget = budget;
+    load.kept = &state->block_digests;
     load.progress = materialize.progress;
     load.executor = executor;
     std::map<ParameterId, typename B::Parameter*> slots;
@@ -280,10 +297,46 @@ struct InPlacePatchSwap {
             if (ranges) return load.source->stream_ranges(target.read, std::move(*ranges));
           return load.source->stream(target.read);
         }();
+        // With the serving bytes' block digests, kept by the patch that last checked them, a
+        // digest of xxh3_128_blocks needs only the blocks the ranges touch hashed again: each
+        // is rebuilt from the serving bytes with the ranges' new bytes laid over them.
+        std::optional<io::BlockDigests> next;  // the new version's, from the kept ones
+        if (ranges && target.check->kind == io::DigestKind::xxh3_128_blocks)
+          if (const auto it = load.kept->find(target.owner->id());
+              it != load.kept->end() && it->second.bytes() == target.storage.size() &&
+              load.try_hold(it->second.memory_bytes() + io::BlockDigests::block_bytes))
+            next = it->second;
+        std::uint64_t rehashed = 0;  // bytes of the blocks hashed again
+        std::vector<std::byte> block;
+        std::size_t open_block = 0;  // the block in `block`, if `block` is not empty
+        const auto close_block = [&] {
+          if (block.empty()) return;
+          next->set(open_block, block);
+          rehashed += block.size();
+          block.clear();
+        };
+        // Lays `bytes`, at `offset` of the selection, over the serving bytes of the blocks they
+        // touch, hashing each block they complete (leases ascend: a block never reopens).
+        const auto rebuild = [&](std::uint64_t offset, std::span<const std::byte> bytes) {
+          for (std::uint64_t at = offset, end = offset + bytes.size(); at < end;) {
+            const std::size_t j = static_cast<std::size_t>(at / io::BlockDigests::block_bytes);
+            const std::uint64_t first = next->block_first(j), last = first + next->block_length(j);
+            if (block.empty() || open_block != j) {
+              close_block();
+              block.assign(target.storage.begin() + static_cast<std::ptrdiff_t>(first),
+                           target.storage.begin() + static_cast<std::ptrdiff_t>(last));
+              open_block = j;
+            }
+            const std::uint64_t stop = std::min(end, last);
+            std::memcpy(block.data() + (at - first), bytes.data() + (at - offset), static_cast<std::size_t>(stop - at));
+            at = stop;
+            if (stop == last) close_block();
+          }
+        };
         std::uint64_t hashed = 0;  // the selection's bytes hashed so far, in order
         // Hashes the serving bytes [hashed, to), which the version keeps as they are.
         const auto hash_kept = [&](std::uint64_t to) -> asio::awaitable<void> {
-          if (to <= hashed) co_return;
+          if (next || to <= hashed) co_return;
           const std::span<const std::byte> kept(target.storage.data() + hashed, to - hashed);
           Completion done = B::submit_host_work(*load.executor, [&] { hasher->update(kept); });
           co_await done.async_wait(asio::use_awaitable);
@@ -306,7 +359,10 @@ struct InPlacePatchSwap {
           std::byte* serving = target.storage.data() + lease->offset();
           bool over = false;
           Completion compared = B::submit_host_work(*load.executor, [&] {
-            if (hasher) hasher->update(bytes);
+            if (next)
+              rebuild(lease->offset(), bytes);
+            else if (hasher)
+              hasher->update(bytes);
             const auto reserve = [&](std::uint64_t more) {
               if (load.held.fetch_add(more) + more <= load.budget) return true;
               over = true;
@@ -353,7 +409,21 @@ struct InPlacePatchSwap {
                                   target.storage.size()));
         if (ranges) co_await hash_kept(target.storage.size());
         if (hasher) {
-          target.check->compare(hasher->hex_digest(), target.storage.size());
+          std::string actual;
+          if (next) {
+            close_block();
+            load.held.fetch_sub(io::BlockDigests::block_bytes);
+            actual = next->hex_digest();
+            load.progress->bytes_done += target.storage.size() - read;  // kept as they serve
+          } else {
+            actual = hasher->hex_digest();
+            rehashed = target.storage.size();
+            // The blocks' digests the hash went through, kept if the budget allows.
+            if (io::BlockDigests all = hasher->take_blocks();
+                all.bytes() == target.storage.size() && all.size() > 0 && load.try_hold(all.memory_bytes()))
+              next = std::move(all);
+          }
+          target.check->compare(actual, target.storage.size());
           ++load.progress->tensors_verified;
           load.progress->bytes_verified += target.storage.size();
         } else if (load.verify) {
@@ -363,6 +433,8 @@ struct InPlacePatchSwap {
         for (PatchPiece& piece : pieces) load.patch.pieces.push_back(std::move(piece));
         load.patch.bytes += changed;
         load.patch.read += read;
+        load.patch.hashed += rehashed;
+        if (next) load.patch.digests.emplace_back(target.owner->id(), std::move(*next));
         ++load.progress->owners_done;
       } catch (...) {
         std::lock_guard lock(load.mutex);
@@ -410,6 +482,10 @@ struct InPlacePatchSwap {
       std::rethrow_exception(rejected);
     }
     report.written_bytes = patch.bytes;
+    report.hashed_bytes = patch.hashed;
+    // The patched owners' bytes are the new version's: digests of the old ones no longer hold.
+    for (const WeightBinding* owner : plan->owners()) state->block_digests.erase(owner->id());
+    for (auto& [id, digests] : patch.digests) state->block_digests.insert_or_assign(id, std::move(digests));
     report.publish_pause = SwapClock::now() - closed;
     trace_step("publish in place", closed);
     report.generation = serving + 1;

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -31,6 +32,7 @@
 #include "eredu/engine/orchestration/bind.hpp"
 #include "eredu/engine/orchestration/engine_error.hpp"
 #include "eredu/engine/serving/swap_options.hpp"
+#include "eredu/io/integrity/block_digests.hpp"
 
 namespace eredu::engine::detail {
 
@@ -63,6 +65,10 @@ struct InPlaceState {
   std::shared_ptr<Gate> gate;         ///< the serving model and its reader/writer gate
   InPlaceAliases aliases{};           ///< the serving version's (alias, owner) pairs
   std::atomic<bool> swapping{false};  ///< a swap holds the slot (SwapClaim)
+  /// The block digests of serving owners' bytes, as the last patch checked them (a swap
+  /// forgets them): a later patch of a delta hashes only the blocks it changes
+  /// (in_place_patch.hpp). Touched only by the swap or patch that holds the claim.
+  std::map<ParameterId, io::BlockDigests> block_digests{};
 };
 
 /// InPlaceModelSlot's swap policy (see file comment and run_swap's requirements).
@@ -115,6 +121,7 @@ struct InPlaceSwap {
                                 Report& report) const {
     cancellation.check("before the copy");
     const SwapClock::time_point closed = co_await close_for_write(state->gate, report);
+    state->block_digests.clear();  // the bytes they digest are about to be replaced
 
     std::exception_ptr copy_error;
     if (serving == 0) {

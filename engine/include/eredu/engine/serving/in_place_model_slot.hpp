@@ -208,10 +208,13 @@ class InPlaceModelSlot {
   /// serving version stays, byte for byte. A source sent as a delta against the serving bytes
   /// (io::DeltaSource, such as mpi::PublishedSource after use_base) is read only where it can
   /// differ, when the swap has a digest for the weight: the other bytes are hashed where they
-  /// serve, so the digest still checks the whole patched weight.
+  /// serve, so the digest still checks the whole patched weight. With block digests
+  /// (io::DigestKind::xxh3_128_blocks), the slot keeps each checked weight's, and the next
+  /// patch of a delta hashes only the 64 KiB blocks it changes (forgotten by async_swap).
   ///
   /// @par Completion Signature
-  /// `void(std::exception_ptr, SwapReport)`; written_bytes is what it wrote, publish_pause how
+  /// `void(std::exception_ptr, SwapReport)`; written_bytes is what it wrote, hashed_bytes what
+  /// it hashed, publish_pause how
   /// long new readers were held back (drain, write and canary). Errors, all before any byte is
   /// written or with every written byte restored: invalid_argument when nothing is serving
   /// yet (the first version goes by async_swap), for another aliasing, or for a weight a recipe

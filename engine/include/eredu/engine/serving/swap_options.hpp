@@ -46,12 +46,18 @@ struct SwapReport {
   /// InPlaceModelSlot::async_patch only: the bytes it wrote into the serving weights (the
   /// blocks that changed).
   std::uint64_t written_bytes = 0;
+  /// InPlaceModelSlot::async_patch only: the bytes it hashed to check the new version's
+  /// digests: every verified weight's, or with block digests kept from the patch before, only
+  /// the 64 KiB blocks a delta changed.
+  std::uint64_t hashed_bytes = 0;
 };
 
 /// Settings of InPlaceModelSlot::async_patch.
 struct PatchOptions {
-  /// The most memory a patch holds: the changed 64-byte blocks, 24 bytes for each run of them
-  /// and a few dozen for each chunk read. A version that differs from the serving one by more
+  /// The most memory a patch holds: the changed 64-byte blocks, 24 bytes for each run of them,
+  /// a few dozen for each chunk read, and for a weight checked against block digests
+  /// (io::BlockDigests) its new digests (1/4096 of its bytes) and one 64 KiB block; a patch that
+  /// cannot hold those hashes the whole weight instead. A version that differs from the serving one by more
   /// fails with exceeds_budget before any weight is written.
   std::uint64_t budget = std::uint64_t{256} << 20;
 };
