@@ -107,6 +107,8 @@ if have("patch1"):
     print(f"  patch1 bytes written / shard {statistics.median(written):.4f} ({min(written):.4f}-{max(written):.4f}); "
           f"bytes read / shard {statistics.median(moved):.4f} ({min(moved):.4f}-{max(moved):.4f}); "
           f"all rounds deltas: {all(p[k]['delta'] for k in p)}; staging blocks fresh from the system: {fresh}")
+    hashed = ", ".join(f"{p[k].get('hashed_bytes', 0) / read:.4f}" for k in sorted(p))
+    print(f"  patch1 bytes hashed / shard, per round: {hashed}")
     for key in ("publish_s", "load_s", "pause_s"):
         m, lo, hi, _ = stat("patch1", key)
         print(f"  patch1 {key:10s} {m:.4f} s ({lo:.4f}-{hi:.4f})")

@@ -439,15 +439,16 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
           patch_last = std::move(p);
           patch_last_tag = tag;
           const double s = slowest(0);
-          double parts[6] = {};
-          MPI_Reduce(MPI_IN_PLACE, parts, 6, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+          double parts[7] = {};
+          MPI_Reduce(MPI_IN_PLACE, parts, 7, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
           if (r >= 0)
             std::printf("%s\n", fmt::format(R"({{"round": {}, "case": "patch1", "seconds": {:.4f}, )"
                                             R"("publish_s": {:.4f}, "changed": {}, "load_s": {:.4f}, )"
                                             R"("pause_s": {:.4f}, "written_bytes": {:.0f}, )"
-                                            R"("transferred_bytes": {:.0f}, "delta": {:.0f}, "fresh_blocks": {:.0f}}})",
+                                            R"("transferred_bytes": {:.0f}, "delta": {:.0f}, "fresh_blocks": {:.0f}, )"
+                                            R"("hashed_bytes": {:.0f}}})",
                                             r, s, publish_s, changed, parts[0], parts[1], parts[2], parts[3], parts[4],
-                                            parts[5])
+                                            parts[5], parts[6])
                                     .c_str());
         } else if (contender == 1) {
           const Clock::time_point t0 = Clock::now();
@@ -639,8 +640,9 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
         o.checksums = run(ctx, v->async_checksums(plan.bindings, asio::use_awaitable));
         mpi::PublishedSource* s = v.get();
         o.canary = [s](const Module&) -> asio::awaitable<void> { co_await s->async_confirm(asio::use_awaitable); };
-        // load_s, pause_s, written bytes, bytes read, whether a delta, fresh staging blocks.
-        double parts[6] = {};
+        // load_s, pause_s, written bytes, bytes read, whether a delta, fresh staging blocks, bytes
+        // hashed.
+        double parts[7] = {};
         const std::uint64_t fresh_before = context.storage.stats().fresh_allocations;
         if (patched->generation() == 0) {
           auto f = patched->async_swap(*v, plan.bindings, context, arena, std::move(o), asio::use_future);
@@ -664,6 +666,7 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
           parts[2] = static_cast<double>(report.written_bytes);
           parts[3] = static_cast<double>(v->transferred_bytes());
           parts[4] = delta ? 1.0 : 0.0;
+          parts[6] = static_cast<double>(report.hashed_bytes);
         }
         parts[5] = static_cast<double>(context.storage.stats().fresh_allocations - fresh_before);
         patched_tag = v->version();
@@ -671,7 +674,7 @@ int run_ranks(mpi::Environment& env, std::uint64_t size_mib, int rounds, const s
         patch_server.updating = false;
         v->finish(true);
         slowest(mine);
-        MPI_Reduce(parts, nullptr, 6, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+        MPI_Reduce(parts, nullptr, 7, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
       } else if (contender == 1) {
         const Clock::time_point t0 = Clock::now();
         for (const synth::TensorSpec& t : model.tensors) {
