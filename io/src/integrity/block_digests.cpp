@@ -37,9 +37,9 @@ std::size_t BlockDigests::block_length(std::size_t i) const noexcept {
 
 void BlockDigests::append(const Digest& digest, std::size_t length) {
   if (length == 0 || length > block_bytes || bytes_ % block_bytes != 0)
-    throw Error(errc::invalid_argument, {},
-                fmt::format("a block of {} bytes cannot follow {} bytes of {}-byte blocks", length, bytes_,
-                            block_bytes));
+    throw Error(
+        errc::invalid_argument, {},
+        fmt::format("a block of {} bytes cannot follow {} bytes of {}-byte blocks", length, bytes_, block_bytes));
   digests_.push_back(digest);
   bytes_ += length;
 }
