@@ -536,8 +536,9 @@ TEST_CASE("fault matrix – short replies in FUSE page-cache mode under concurre
   // file at once. One read's kernel fallback copies zeros a short reply left cached; an
   // attribute refresh by another read (or by the check after a chunk) finds the size the
   // short reply shrank restored and drops every cached page; the first read's guard then
-  // sees none cached and trusts the zeros. Now serialized per file (OpenFile::guard_lock);
-  // this drives many chunks in flight on several workers, under every --direct mode.
+  // sees none cached and trusts the zeros. Now serialized per file (io::PageCacheGuardLock:
+  // alone from a file's first guarded read, since this server answers short from its first
+  // reply); this drives many chunks in flight on several workers, under every --direct mode.
   for (int round = 0; round < 15; ++round) {
     const DirectCase& d = directs[round % 3];
     INFO("round " << round << " | --direct " << d.name);

@@ -5,13 +5,16 @@
 #include <asio/experimental/deferred.hpp>
 #include <asio/use_awaitable.hpp>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <future>
 #include <mutex>
 #include <stdexcept>
 
 #include "eredu/core/error.hpp"
 #include "eredu/core/log.hpp"
+#include "eredu/io/reading/open_file.hpp"
 #include "eredu/io/reading/pread_reader.hpp"
 #include "eredu/io/reading/uring_reader.hpp"
 #include "io/read_fixture.hpp"
@@ -536,4 +539,66 @@ TEST_CASE("checkpoint source – staging is registered when first used and let g
   CHECK(out == ck.bytes("embed"));
   CHECK_FALSE(source->pool().populated());
   CHECK(uring.registered_bytes() == 0);
+}
+
+TEST_CASE(
+    "page-cache guard lock – a file's guarded reads go one at a time until its server answered some in full, and for "
+    "good once it answered one short",
+    "[io][read]") {
+  using namespace std::chrono_literals;
+  PageCacheGuardLock g;
+  // Whether a hold taken on another thread waits for `held` to go: it must not be ready
+  // within 50 ms while `held` is kept, and be ready once it is released.
+  const auto waits_for = [&](PageCacheGuardLock::Hold held, bool check) {
+    auto other = std::async(std::launch::async, [&] { return check ? g.hold_for_check() : g.hold_for_read(); });
+    const bool waited = other.wait_for(50ms) == std::future_status::timeout;
+    held = PageCacheGuardLock::Hold();
+    REQUIRE(other.wait_for(30s) == std::future_status::ready);
+    return waited;
+  };
+  SECTION("on trial, then shared, then alone for good") {
+    CHECK(g.serial());
+    CHECK(g.hold_for_read().alone());
+    CHECK(waits_for(g.hold_for_read(), false));  // the first reads go one at a time
+    CHECK(waits_for(g.hold_for_read(), true));   // and an attribute check waits for a read
+    CHECK(g.hold_for_check().alone());
+    for (unsigned i = 1; i < PageCacheGuardLock::reads_to_trust; ++i) g.answered_in_full();
+    CHECK(g.serial());
+    g.answered_in_full();
+    CHECK_FALSE(g.serial());
+    {
+      PageCacheGuardLock::Hold a = g.hold_for_read(), b = g.hold_for_read();  // reads share it
+      CHECK((a.held() && !a.alone() && b.held() && !b.alone()));
+      CHECK_FALSE(g.hold_for_check().held());  // a check takes nothing
+      CHECK(g.go_serial());                    // a read sharing the lock saw a fallback
+    }
+    CHECK(g.serial());
+    for (int i = 0; i < 100; ++i) g.answered_in_full();
+    CHECK(g.serial());
+    CHECK_FALSE(g.go_serial());  // logged once per file
+    CHECK(waits_for(g.hold_for_read(), false));
+  }
+  SECTION("a short answer on trial keeps reads alone whatever full answers follow") {
+    g.answered_in_full();
+    CHECK(g.go_serial());
+    for (int i = 0; i < 100; ++i) g.answered_in_full();
+    CHECK(g.serial());
+    CHECK(g.hold_for_check().alone());
+  }
+  SECTION("a read that waited through the trial shares the lock once the trial ended") {
+    // What made SIGINT slow: reads queued to be alone during the trial kept waiting to be
+    // alone, behind every read that shared the lock after it, until the load's end.
+    PageCacheGuardLock::Hold first = g.hold_for_read();
+    auto waiting = std::async(std::launch::async, [&] { return g.hold_for_read(); });
+    REQUIRE(waiting.wait_for(50ms) == std::future_status::timeout);
+    for (unsigned i = 0; i < PageCacheGuardLock::reads_to_trust; ++i) g.answered_in_full();
+    first = PageCacheGuardLock::Hold();
+    REQUIRE(waiting.wait_for(30s) == std::future_status::ready);
+    PageCacheGuardLock::Hold waited = waiting.get();
+    CHECK((waited.held() && !waited.alone()));
+    auto another = std::async(std::launch::async, [&] { return g.hold_for_read(); });
+    CHECK(another.wait_for(5s) == std::future_status::ready);  // it shares the lock with the read that waited
+    waited = PageCacheGuardLock::Hold();
+    CHECK_FALSE(another.get().alone());
+  }
 }

@@ -277,7 +277,7 @@ void CheckpointSource::check_unchanged(const TensorInfo& tensor) const {
   if (f.remote) return;  // every ranged GET carried If-Match: a changed object already failed
   struct stat st {};
   // On FUSE this fstat is a getattr that may drop the file's cached pages (PageCacheGuardLock).
-  const std::unique_lock<std::shared_mutex> alone = f.guard->hold_for_check();
+  const PageCacheGuardLock::Hold alone = f.guard->hold_for_check();
   if (::fstat(f.buffered.get(), &st) != 0) {
     throw Error(errc::io_error, {.file = f.path, .tensor = tensor.name, .os_error = sys_error(errno)}, "cannot stat");
   }

@@ -6,7 +6,6 @@
 #include <condition_variable>
 #include <mutex>
 #include <new>
-#include <shared_mutex>
 #include <thread>
 
 #include <fmt/format.h>
@@ -113,10 +112,11 @@ struct PreadReader::Impl {
       std::uint64_t trusted = 0;
       bool cached = false;
       {
-        // See PageCacheGuardLock: concurrent until the server has answered short once.
-        PageCacheGuardLock::ReadHold hold;
+        // See PageCacheGuardLock: one at a time until the server has answered a few reads in
+        // full, and for good once it answered one short.
+        PageCacheGuardLock::Hold hold;
         if (guarded) {
-          hold = PageCacheGuardLock::ReadHold(*f.guard);
+          hold = f.guard->hold_for_read();
           // Waiting may have outlasted the reader or the batch: a slow server must not
           // hold a shutdown (a signal) for one read per waiting worker, one after another.
           lock.lock();
@@ -133,7 +133,7 @@ struct PreadReader::Impl {
         const ssize_t n = ::pread(fd, dst, len, static_cast<off_t>(pos));
         res = n < 0 ? -errno : static_cast<long>(n);
         trusted = res > 0 ? static_cast<std::uint64_t>(res) : 0;
-        if (guarded && res > 0) trusted = core.trusted_after_guarded_read(file, ticket, pos, trusted, cached);
+        if (guarded && res > 0) trusted = core.trusted_after_guarded_read(file, ticket, pos, trusted, len, cached);
       }
       // Bytes past `trusted` may be the page cache's, not the server's: those are read again.
       const bool suspect = res > 0 && trusted < static_cast<std::uint64_t>(res);

@@ -79,12 +79,13 @@ bool ReaderCore::size_shrunk(std::uint32_t file) const noexcept {
 }
 
 std::uint64_t ReaderCore::trusted_after_guarded_read(std::uint32_t file, const CacheTicket& ticket, std::uint64_t pos,
-                                                     std::uint64_t n, bool& cached) const {
+                                                     std::uint64_t n, std::uint64_t requested, bool& cached) const {
   std::uint64_t trusted = guard_after(file, ticket, pos, n, cached);
   if (!cached && size_shrunk(file)) {
     trusted = 0;
     cached = true;
   }
+  if (!cached && trusted == n && n == requested) files[file].guard->answered_in_full();
   if (cached && files[file].guard->go_serial())
     log::info(
         "{}: the server answered a read short in page-cache mode: reading the file one request at a time from "

@@ -96,9 +96,11 @@ class ReaderCore {
   /// leading bytes known to come from the server (guard_after), none when the kernel's size
   /// shrank (size_shrunk: a fallback may have run and left no page to see). When either saw
   /// the server answer short (`cached` is then true), switches the file's guarded reads to one
-  /// at a time (PageCacheGuardLock::go_serial), logging it once. Thread-safe.
+  /// at a time for good (PageCacheGuardLock::go_serial), logging it once; a read of
+  /// `requested` bytes answered in full counts toward letting them share the lock
+  /// (PageCacheGuardLock::answered_in_full). Thread-safe.
   std::uint64_t trusted_after_guarded_read(std::uint32_t file, const CacheTicket& ticket, std::uint64_t pos,
-                                           std::uint64_t n, bool& cached) const;
+                                           std::uint64_t n, std::uint64_t requested, bool& cached) const;
   /// A guarded read of `p` delivered nothing that can be trusted: reads it again, shorter
   /// when a cached page was seen (a read the server answers in full needs no fallback), or
   /// fails its batch after max_cache_retries in a row.

@@ -2,12 +2,12 @@
 /// \file
 /// eredu::io::OpenFile: one checkpoint file opened for reading, buffered and direct.
 
-#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <shared_mutex>
 #include <string>
+#include <utility>
 
 #include "eredu/io/integrity/file_stamp.hpp"
 #include "eredu/io/reading/file_system.hpp"
@@ -18,39 +18,111 @@ namespace eredu::io {
 /// On a file system eredu does not trust, an attribute refresh (a read reaching past the size
 /// the kernel holds, an fstat) that finds the size a server's short reply shrank restored
 /// drops every cached page of the file — the pages the page-cache guard looks for after a
-/// read's kernel fallback. Guarded reads share `lock` until such a server shows itself, then
-/// take it alone, as the source's attribute checks do from then on.
+/// read's kernel fallback. So guarded reads of a file take this lock alone until its server has
+/// answered `reads_to_trust` of them in full, then share it; once it answers one short, they
+/// take it alone for good. The source's attribute checks take it alone whenever reads do.
+/// (Reads that shared it from the start let one read's refresh drop the zero pages another
+/// read's fallback had copied before that read's guard looked, when a server answers short
+/// from its first reply: wrong bytes, seen in CI.)
 struct PageCacheGuardLock {
-  std::shared_mutex lock;           ///< shared by guarded reads; alone once `serial`
-  std::atomic<bool> serial{false};  ///< set when a fallback or a shrunk size was seen, never cleared
+  /// Guarded reads a file's server must answer in full, one at a time, before they may share
+  /// the lock.
+  static constexpr unsigned reads_to_trust = 4;
 
-  /// What a guarded read holds from before its guard's first look at the page cache until
-  /// after its last: the lock, shared until `serial`, then alone. Empty when
-  /// default-constructed; move-only.
-  class ReadHold {
+  /// The lock as a guarded read or an attribute check holds it: alone, shared, or not at
+  /// all (default-constructed, moved from, or a check while reads share it). Move-only.
+  class Hold {
    public:
-    ReadHold() = default;
-    /// Waits for `guard` as a read must (see ReadHold).
-    explicit ReadHold(PageCacheGuardLock& guard) {
-      if (guard.serial.load())
-        alone_ = std::unique_lock(guard.lock);
-      else
-        shared_ = std::shared_lock(guard.lock);
+    Hold() = default;
+    Hold(Hold&& other) noexcept : guard_(std::exchange(other.guard_, nullptr)), alone_(other.alone_) {}
+    Hold& operator=(Hold&& other) noexcept {
+      if (this != &other) {
+        release();
+        guard_ = std::exchange(other.guard_, nullptr);
+        alone_ = other.alone_;
+      }
+      return *this;
     }
+    Hold(const Hold&) = delete;
+    Hold& operator=(const Hold&) = delete;
+    ~Hold() { release(); }
+    /// Whether this holds the lock alone.
+    bool alone() const noexcept { return guard_ != nullptr && alone_; }
+    /// Whether this holds the lock at all.
+    bool held() const noexcept { return guard_ != nullptr; }
 
    private:
-    std::shared_lock<std::shared_mutex> shared_;
-    std::unique_lock<std::shared_mutex> alone_;
+    friend struct PageCacheGuardLock;
+    Hold(PageCacheGuardLock* guard, bool alone) noexcept : guard_(guard), alone_(alone) {}
+    void release() noexcept {
+      if (!guard_) return;
+      {
+        const std::lock_guard lock(guard_->mutex_);
+        if (alone_)
+          guard_->alone_ = false;
+        else
+          --guard_->sharing_;
+      }
+      guard_->released_.notify_all();
+      guard_ = nullptr;
+    }
+    PageCacheGuardLock* guard_ = nullptr;
+    bool alone_ = false;
   };
 
-  /// What an attribute check (an fstat: a getattr on FUSE) holds: nothing until `serial`,
-  /// then the lock alone, so that no guarded read sees the pages it may drop go.
-  std::unique_lock<std::shared_mutex> hold_for_check() {
-    return serial.load() ? std::unique_lock(lock) : std::unique_lock<std::shared_mutex>();
+  /// Waits as a guarded read must, from before its guard's first look at the page cache until
+  /// after its last: for the lock alone while `serial()`, else shared. Which one is decided
+  /// when the lock is taken, so a read that waited through the trial shares it if the trial
+  /// ended meanwhile.
+  Hold hold_for_read() { return take(true); }
+  /// Waits as an attribute check (an fstat: a getattr on FUSE) must: for the lock alone while
+  /// `serial()`, so that no guarded read sees the pages the check may drop go; else holds
+  /// nothing.
+  Hold hold_for_check() { return take(false); }
+  /// Records a guarded read its server answered in full, called under the read's hold: the
+  /// `reads_to_trust`-th of a server that never answered short lets reads share the lock.
+  void answered_in_full() {
+    {
+      const std::lock_guard lock(mutex_);
+      if (!serial_ || answered_short_ || ++full_answers_ < reads_to_trust) return;
+      serial_ = false;
+    }
+    released_.notify_all();  // readers waiting to be alone may now share it
   }
-  /// Records that the file's server answered a read short; true only the first time (so the
-  /// switch is logged once per file).
-  bool go_serial() noexcept { return !serial.exchange(true); }
+  /// Records that the file's server answered a read short: its reads go one at a time for
+  /// good. True only the first time (so the switch is logged once per file).
+  bool go_serial() {
+    const std::lock_guard lock(mutex_);
+    serial_ = true;
+    return !std::exchange(answered_short_, true);
+  }
+  /// Whether guarded reads take the lock alone: on trial, or for good once the server
+  /// answered short.
+  bool serial() {
+    const std::lock_guard lock(mutex_);
+    return serial_;
+  }
+
+ private:
+  Hold take(bool share_when_trusted) {
+    std::unique_lock lock(mutex_);
+    released_.wait(lock, [&] { return !alone_ && (!serial_ || sharing_ == 0); });
+    if (serial_) {
+      alone_ = true;
+      return Hold(this, true);
+    }
+    if (!share_when_trusted) return Hold();
+    ++sharing_;
+    return Hold(this, false);
+  }
+
+  std::mutex mutex_;                  // guards every member below
+  std::condition_variable released_;  // a hold was released, or reads may now share
+  unsigned sharing_ = 0;              // reads holding the lock shared
+  bool alone_ = false;                // a read or a check holds it alone
+  bool serial_ = true;                // on trial, or answered short
+  bool answered_short_ = false;       // a fallback or a shrunk size was seen; never cleared
+  unsigned full_answers_ = 0;         // guarded reads answered in full while on trial
 };
 
 /// A checkpoint file's descriptors. `direct` is an O_DIRECT descriptor of the same file,
