@@ -357,9 +357,10 @@ constexpr ReaderCase readers[] = {
 constexpr DirectCase directs[] = {
     {"auto", io::DirectMode::automatic}, {"on", io::DirectMode::on}, {"off", io::DirectMode::off}};
 
-// Checks one cell's outcome against the rules of the matrix.
+// Checks one cell's outcome against the rules of the matrix; `cell` names it in a wrong-bytes
+// failure's own line (a CI log may keep the failed check and drop the messages after it).
 void check_cell(const CellOutcome& out, const Fault& fault, const MatrixCheckpoint& c,
-                const std::filesystem::path& path) {
+                const std::filesystem::path& path, const std::string& cell = {}) {
   if (!out.error) {
     CHECK(fault.expect == Expect::bytes_or_error);
     REQUIRE(out.bytes.size() == c.data.size());
@@ -369,8 +370,13 @@ void check_cell(const CellOutcome& out, const Fault& fault, const MatrixCheckpoi
       for (std::size_t k = 0; wrong != SIZE_MAX && k < c.data[i].size(); ++k) {
         if (out.bytes[i][k] != c.data[i][k] && wrong++ == 0) first = k;
       }
-      INFO("tensor " << c.specs[i].name << ": " << wrong << " wrong bytes, the first at " << first);
-      CHECK(wrong == 0);  // never wrong bytes
+      const std::string prefix = cell.empty() ? fmt::format("tensor {}", c.specs[i].name)
+                                              : fmt::format("{} | tensor {}", cell, c.specs[i].name);
+      const std::string wrong_bytes =
+          wrong == 0          ? std::string()
+          : wrong == SIZE_MAX ? fmt::format("{}: {} bytes, not {}", prefix, out.bytes[i].size(), c.data[i].size())
+                              : fmt::format("{}: {} wrong bytes, the first at {}", prefix, wrong, first);
+      CHECK(wrong_bytes == "");  // never wrong bytes
     }
     return;
   }
@@ -422,8 +428,9 @@ void run_matrix(const char* entry_name, const Entry& entry) {
       for (const ReaderCase& r : readers) {
         for (const DirectCase& d : directs) {
           fs.set_rules("m", rules);  // also resets the served-byte counts of shrink and replace
-          INFO(entry_name << " | " << fault.name << " | reader " << r.name << " | --direct " << d.name
-                          << " | FUSE direct_io " << (fuse_direct_io ? "on" : "off"));
+          const std::string cell = fmt::format("{} | {} | reader {} | --direct {} | FUSE direct_io {}", entry_name,
+                                               fault.name, r.name, d.name, fuse_direct_io ? "on" : "off");
+          INFO(cell);
           World w;
           io::SourceOptions o;
           o.pool.budget = std::size_t{1} << 20;  // the large tensor is chunked
@@ -432,7 +439,7 @@ void run_matrix(const char* entry_name, const Entry& entry) {
           o.reader.kind = r.kind;
           o.reader.direct = d.mode;
           const CellOutcome out = entry(w, path, o);
-          check_cell(out, fault, c, path);
+          check_cell(out, fault, c, path, cell);
         }
       }
     }
