@@ -84,8 +84,7 @@ struct PageCacheGuardLock {
   void answered_in_full() {
     {
       const std::lock_guard lock(mutex_);
-      if (!serial_ || answered_short_ || ++full_answers_ < reads_to_trust) return;
-      serial_ = false;
+      if (answered_short_ || full_answers_ >= reads_to_trust || ++full_answers_ < reads_to_trust) return;
     }
     released_.notify_all();  // readers waiting to be alone may now share it
   }
@@ -93,21 +92,21 @@ struct PageCacheGuardLock {
   /// good. True only the first time (so the switch is logged once per file).
   bool go_serial() {
     const std::lock_guard lock(mutex_);
-    serial_ = true;
     return !std::exchange(answered_short_, true);
   }
   /// Whether guarded reads take the lock alone: on trial, or for good once the server
   /// answered short.
-  bool serial() {
+  bool serial() const {
     const std::lock_guard lock(mutex_);
-    return serial_;
+    return serial_locked();
   }
 
  private:
+  bool serial_locked() const noexcept { return answered_short_ || full_answers_ < reads_to_trust; }
   Hold take(bool share_when_trusted) {
     std::unique_lock lock(mutex_);
-    released_.wait(lock, [&] { return !alone_ && (!serial_ || sharing_ == 0); });
-    if (serial_) {
+    released_.wait(lock, [&] { return !alone_ && (!serial_locked() || sharing_ == 0); });
+    if (serial_locked()) {
       alone_ = true;
       return Hold(this, true);
     }
@@ -116,11 +115,10 @@ struct PageCacheGuardLock {
     return Hold(this, false);
   }
 
-  std::mutex mutex_;                  // guards every member below
+  mutable std::mutex mutex_;          // guards every member below
   std::condition_variable released_;  // a hold was released, or reads may now share
   unsigned sharing_ = 0;              // reads holding the lock shared
   bool alone_ = false;                // a read or a check holds it alone
-  bool serial_ = true;                // on trial, or answered short
   bool answered_short_ = false;       // a fallback or a shrunk size was seen; never cleared
   unsigned full_answers_ = 0;         // guarded reads answered in full while on trial
 };
