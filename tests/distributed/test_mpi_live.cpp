@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <initializer_list>
 #include <map>
@@ -163,7 +164,7 @@ struct LiveEnv {
   explicit LiveEnv(std::chrono::milliseconds timeout = std::chrono::seconds(20),
                    std::size_t delta_block = std::size_t{64} << 10,
                    std::chrono::milliseconds linger = std::chrono::seconds(20), bool xor_deltas = true,
-                   std::size_t budget = std::size_t{1} << 20) {
+                   std::size_t budget = std::size_t{1} << 20, std::size_t part_size = 1024) {
     if (rank == 0) {
       publisher = std::make_unique<mpi::Publisher>(
           live, mpi::PublisherOptions{.linger = linger,
@@ -174,7 +175,8 @@ struct LiveEnv {
     } else {
       subscriber = std::make_unique<mpi::Subscriber>(
           live, 0, ctx.get_executor(),
-          mpi::SubscriberOptions{.timeout = timeout, .budget = budget, .part_size = 1024, .transport = transport()});
+          mpi::SubscriberOptions{
+              .timeout = timeout, .budget = budget, .part_size = part_size, .transport = transport()});
     }
   }
 
@@ -957,6 +959,81 @@ TEST_CASE("live – a corrupted block, a withdrawn version and an unknown one le
   CHECK(env.slot->generation() == 1);
   CHECK(env.serves(1));
   env.world.barrier().get();
+}
+
+// A load that fails gives up on its other reads. Their replies must still be received: a reply
+// the subscriber never took holds the publisher's send until its reply timeout, after which the
+// publisher's group is unusable and every later version fails. The reply memory holds one part
+// of 64 KiB (past MPI's eager limit, so a send waits for its receive): the other reads of the
+// failing load wait for it, their replies announced. 2 s after the failure (the reply timeout),
+// the next version must still load on both ranks.
+TEST_CASE("live – a load that fails with reads in flight leaves the publisher serving its next version",
+          "[mpi][live]") {
+  REQUIRE(mpi_world().size() == 3);
+  constexpr std::size_t part = std::size_t{64} << 10;
+  const auto timeout = std::chrono::seconds(2);
+  LiveEnv env(timeout, std::size_t{64} << 10, std::chrono::seconds(20), true, 4 * part, part);
+  // Two 1 MiB row-split tensors (8 parts per rank each) around a small one offered staged, whose
+  // copies fail once `broken` is set (after publish() has hashed it), as a lost device's would.
+  const auto bytes = [](std::uint64_t seed, std::size_t n) {
+    std::vector<std::byte> out(n);
+    std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + n;
+    for (std::byte& b : out) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      b = static_cast<std::byte>(x);
+    }
+    return out;
+  };
+  std::atomic<bool> broken{false};
+  if (env.publishing()) {
+    std::deque<std::vector<std::byte>> kept;  // every version's memory, offered to the end (never moved)
+    std::vector<mpi::Publication> offered;
+    for (std::uint64_t v = 1; v <= 3; ++v) {
+      kept.push_back(bytes(v, std::size_t{1} << 20));
+      kept.push_back(bytes(v + 10, 512));
+      kept.push_back(bytes(v + 20, std::size_t{1} << 20));
+      const std::vector<std::byte>* norm = &kept[kept.size() - 2];
+      std::vector<mpi::PublishedTensor> tensors{
+          {"model.embed_tokens.weight", DType::F32, {2048, 128}, kept[kept.size() - 3]},
+          {"model.norm.weight",
+           DType::F32,
+           {128},
+           {},
+           [norm, &broken](std::span<const ByteRun> runs, std::span<std::byte> to) {
+             if (broken) throw BackendError(errc::backend_failure, {}, "the device was lost (injected)");
+             for (const ByteRun& r : runs)
+               std::memcpy(to.data() + r.dest_offset, norm->data() + r.source_offset, r.length);
+           }},
+          {"lm_head.weight", DType::F32, {2048, 128}, kept.back()},
+      };
+      broken = false;  // publish() hashes the staged tensor through its copies
+      offered.push_back(env.publisher->publish("big-" + std::to_string(v), "", std::move(tensors)));
+      broken = v == 2;
+      env.world.barrier().get();
+      CHECK(offered.back().wait_served(2, std::chrono::seconds(30)));
+      CHECK(offered.back().failed() == (v == 2 ? 2 : 0));
+      env.world.barrier().get();  // the subscribers waited out the reply timeout after big-2
+    }
+    return;
+  }
+  for (std::uint64_t v = 1; v <= 3; ++v) {
+    env.world.barrier().get();
+    const std::string version = "big-" + std::to_string(v);
+    if (v == 2) {
+      const CollectiveError e = env.failed_swap(version);
+      CHECK(e.kind() == errc::rank_failed);
+      REQUIRE_FALSE(e.failures().empty());
+      CHECK(e.failures()[0].kind == errc::backend_failure);
+      CHECK_THAT(e.failures()[0].message, Catch::Contains("model.norm.weight"));
+      CHECK(env.slot->generation() == 1);
+      std::this_thread::sleep_for(timeout + std::chrono::seconds(1));
+    } else {
+      CHECK(env.swap_to(version).generation == (v == 1 ? 1 : 2));
+    }
+    env.world.barrier().get();
+  }
 }
 
 // Run only by its own ctest ("[dead_publisher]", with mpirun's --enable-recovery, which keeps

@@ -10,9 +10,11 @@
 #include <utility>
 
 #include <fmt/format.h>
+#include <asio/co_spawn.hpp>
 #include <asio/use_awaitable.hpp>
 
 #include "eredu/core/collective_error.hpp"
+#include "eredu/core/detail/ignore_cancellation.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/core/log.hpp"
 #include "eredu/core/printable.hpp"
@@ -106,8 +108,21 @@ struct SubscriberState {
   /// (a quarter of the budget), so a publisher cannot make a subscriber take more: `read`, the
   /// reply to a read of `asked` bytes, which must announce at most that; any other (a
   /// manifest, digests, a refusal's text) at most the reply memory.
+  ///
+  /// The caller's cancellation does not reach the exchange once it starts: a reply announced is
+  /// received whole, or its receive times out. A reply the subscriber never received would hold
+  /// the publisher's send until PublisherOptions::reply_timeout, which then leaves the
+  /// publisher's group unusable; a load that gives up on its other reads (one read failed) or
+  /// is cancelled would do that. The caller waits for at most one reply more.
   asio::awaitable<Reply> request(RequestKind kind, std::uint64_t publication, std::vector<std::byte> body,
                                  bool read = false, std::uint64_t asked = 0) {
+    co_return co_await asio::co_spawn(executor, exchange(kind, publication, std::move(body), read, asked),
+                                      eredu::detail::use_awaitable_ignoring_cancellation());
+  }
+
+  /// request's exchange, in a coroutine of its own that no cancellation reaches.
+  asio::awaitable<Reply> exchange(RequestKind kind, std::uint64_t publication, std::vector<std::byte> body, bool read,
+                                  std::uint64_t asked) {
     const int tag = reply_tag_base + 2 * static_cast<int>(sequence.fetch_add(1) % reply_tags);
     std::vector<std::byte> message = head(kind, tag, publication);
     message.insert(message.end(), body.begin(), body.end());
