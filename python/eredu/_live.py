@@ -13,7 +13,9 @@ MPI job takes part (`mpirun -np N python3 ...`):
             slot = eredu.ModelSlot(framework="pt")
             slot.swap_sync(subscriber.open("step-1", wait=60))  # verified against the publisher's digests
 
-Tensors are numpy arrays or torch CPU tensors (a CUDA tensor is copied to the host first). MPI
+Tensors are numpy arrays or torch tensors. Host memory is offered as it is; a CUDA tensor is
+staged: each subscriber's read copies exactly the bytes it asks for out of the device, one reply
+at a time, so the host never holds a copy of the model (`staged=True` stages host tensors too). MPI
 is initialized by the first LiveGroup and finalized at exit, after every publisher and
 subscriber still open is closed (their windows are freed with the other ranks'): close them in
 the same order on every rank, or let exit do it.
@@ -63,9 +65,37 @@ class LiveGroup:
                          doc='How its subscribers read: "one_sided" or "two_sided".')
 
 
-def _entries(tensors):
-    """(name, dtype, shape, bytes view) of each tensor, with no copy where the memory is
-    contiguous little-endian CPU memory."""
+def _host_copier(raw):
+    """copy(runs, out) of host bytes `raw` (a uint8 view): what a staged host tensor offers."""
+    import numpy as np
+    flat = np.frombuffer(raw, dtype=np.uint8)
+
+    def copy(runs, out):
+        into = np.frombuffer(out, dtype=np.uint8)
+        for source, dest, length in runs:
+            into[dest:dest + length] = flat[source:source + length]
+    return copy
+
+
+def _tensor_copier(tensor):
+    """copy(runs, out) of a contiguous torch tensor, on a device or not: each run copied
+    straight into the reply (from a device, torch's blocking copy on the calling thread's
+    current stream: the device's default one)."""
+    import torch
+    flat = tensor.reshape(-1).view(torch.uint8)
+
+    def copy(runs, out):
+        into = torch.frombuffer(out, dtype=torch.uint8)
+        for source, dest, length in runs:
+            into[dest:dest + length].copy_(flat[source:source + length])
+        del into  # `out` is the reply's memory, released when this returns
+    return copy
+
+
+def _entries(tensors, staged):
+    """(name, dtype, shape, bytes view or copier) of each tensor: no copy where the memory is
+    contiguous little-endian host memory; a copier for a device tensor, or for every tensor
+    when `staged`."""
     if not isinstance(tensors, dict):
         raise InvalidArgumentError("tensors must be a dict of name to numpy array or torch tensor",
                                    kind="invalid_argument")
@@ -75,9 +105,17 @@ def _entries(tensors):
     others = {k: v for k, v in tensors.items() if not isinstance(v, np.ndarray)}
     entries = dict((e[0], e) for e in numpy_entries(arrays)) if arrays else {}
     if others:
-        entries.update((e[0], e) for e in torch_entries(others))
-    return [(name, dtype, list(shape), raw if not isinstance(raw, bytes) else memoryview(raw))
-            for name, dtype, shape, raw in (entries[k] for k in tensors)]
+        entries.update((e[0], e) for e in torch_entries(others, keep="all" if staged else "device"))
+    out = []
+    for name, dtype, shape, raw in (entries[k] for k in tensors):
+        if isinstance(raw, bytes):  # no elements: nothing to stage
+            raw = memoryview(raw)
+        elif not isinstance(raw, np.ndarray):  # a torch tensor: on a device, or staged
+            raw = _tensor_copier(raw)
+        elif staged:
+            raw = _host_copier(raw)
+        out.append((name, dtype, list(shape), raw))
+    return out
 
 
 class Publication:
@@ -125,10 +163,15 @@ class Publisher(_Endpoint):
         self._native = _native.Publisher(group._native, float(linger), bool(xor_deltas))
         _endpoints.append(weakref.ref(self))
 
-    def publish(self, version, tensors, *, base=None):
+    def publish(self, version, tensors, *, base=None, staged=False):
         """Offers `tensors` ({name: numpy array or torch tensor}) as `version`; returns its
-        Publication. The memory must not be written until the Publication is withdrawn."""
-        return Publication(self._native.publish(version, base, _entries(tensors)))
+        Publication. The memory must not be written until the Publication is withdrawn.
+
+        A tensor on a device (CUDA) is staged: never copied whole to the host, each read copies
+        the bytes it asks for out of the device into its reply. Finish the step's writes first
+        (`torch.cuda.synchronize()`). `staged=True` stages host tensors the same way, instead of
+        offering their memory to MPI. Staged tensors always go whole, never as a delta."""
+        return Publication(self._native.publish(version, base, _entries(tensors, bool(staged))))
 
     def offered(self, version):
         """True while `version` is offered."""

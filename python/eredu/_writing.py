@@ -141,10 +141,12 @@ def _storage_span(t):
     return storage.data_ptr(), start, start + t.numel() * t.element_size()
 
 
-def torch_entries(tensors):
+def torch_entries(tensors, keep=None):
     """(name, dtype, shape, bytes) of each torch tensor of `tensors`, refusing what
     safetensors.torch refuses: non-tensors, sparse and non-contiguous tensors, and tensors that
-    share memory (writing both would duplicate it, and loading them back would untie them)."""
+    share memory (writing both would duplicate it, and loading them back would untie them).
+    A tensor on a device (CUDA) is copied to the host. With `keep` "device" such a tensor, with
+    "all" every tensor with elements, is given as itself (detached) in place of its bytes."""
     from ._frameworks import torch_module
     torch = torch_module()
     # The call's errors in safetensors.torch's words (ValueError, RuntimeError for shared memory),
@@ -171,17 +173,23 @@ def torch_entries(tensors):
         if dtype is None:
             raise InvalidArgumentError(f"tensor {name!r}: torch dtype {t.dtype} has no safetensors dtype",
                                        kind="invalid_argument")
-        t = t.detach().cpu()
+        t = t.detach()
+        as_is = t.numel() > 0 and (keep == "all" or (keep == "device" and t.device.type != "cpu"))
+        if not as_is:
+            t = t.cpu()
         if t.numel():
-            spans.append((_storage_span(t), name))
-        raw = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b""  # a view: no copy
+            spans.append(((str(t.device), *_storage_span(t)), name))
+        if as_is:
+            raw = t
+        else:
+            raw = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b""  # a view: no copy
         shape = tuple(t.shape)
         if dtype == "F4" and shape:  # torch's element holds two F4 values: the file counts values
             shape = shape[:-1] + (shape[-1] * 2,)
         entries.append((name, dtype, shape, raw))
     spans.sort()
-    for ((storage_a, _, end_a), a), ((storage_b, start_b, _), b) in zip(spans, spans[1:]):
-        if storage_a == storage_b and start_b < end_a:
+    for ((device_a, storage_a, _, end_a), a), ((device_b, storage_b, start_b, _), b) in zip(spans, spans[1:]):
+        if (device_a, storage_a) == (device_b, storage_b) and start_b < end_a:
             raise SharedTensorsError(
                 f"tensors {a!r} and {b!r} share memory: saving both would write it twice and load them "
                 "back untied; save one of them, or the model with save_model (safetensors.torch raises here "

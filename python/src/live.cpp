@@ -6,6 +6,8 @@
 #include <future>
 #include <mutex>
 #include <optional>
+#include <span>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -16,6 +18,7 @@
 #include "eredu/core/dtype.hpp"
 #include "eredu/core/error.hpp"
 #include "eredu/core/printable.hpp"
+#include "eredu/core/selection.hpp"
 #include "eredu/mpi/environment.hpp"
 #include "eredu/mpi/publisher.hpp"
 #include "runtime.hpp"
@@ -93,6 +96,31 @@ class LiveGroup {
   mpi::LiveTransport transport_ = mpi::LiveTransport::two_sided;
 };
 
+/// The copy_out of a staged tensor: calls the package's copier `copy` (a borrowed reference,
+/// which the publication keeps alive in PyPublication's `keep` until its withdrawal has waited
+/// for every read) with the GIL, from the publisher's hashing threads and its request thread.
+/// `publish`, `withdraw` and `close` release the GIL while they wait, so a copy never waits on
+/// the thread that waits for it. A Python exception becomes a BackendError, which reaches the
+/// subscriber naming the tensor and the offset (mpi::CopyOut).
+mpi::CopyOut staged_copier(PyObject* copy) {
+  return [copy](std::span<const ByteRun> runs, std::span<std::byte> out) {
+    py::gil_scoped_acquire gil;
+    std::string failure;
+    try {
+      py::list asked(runs.size());
+      for (std::size_t i = 0; i < runs.size(); ++i)
+        asked[i] = py::make_tuple(runs[i].source_offset, runs[i].dest_offset, runs[i].length);
+      py::memoryview view = py::memoryview::from_memory(out.data(), static_cast<py::ssize_t>(out.size()), false);
+      py::reinterpret_borrow<py::object>(copy)(asked, view);
+      view.attr("release")();  // fails while the copier still holds `out`: then it is refused
+      return;
+    } catch (py::error_already_set& e) {  // handled here, where the GIL is held
+      failure = e.what();
+    }
+    throw BackendError(errc::backend_failure, {}, std::move(failure));
+  };
+}
+
 /// A publication and the Python objects whose memory it offers.
 class PyPublication {
  public:
@@ -132,8 +160,12 @@ class PyPublisher {
                                        .transport = group.transport(),
                                        .xor_deltas = xor_deltas});
   }
-  /// tensors: (name bytes, dtype name, shape, buffer) tuples; the buffers are C-contiguous
-  /// bytes (the package makes them from numpy arrays and torch tensors without a copy).
+  /// tensors: (name bytes, dtype name, shape, buffer or copier) tuples. A buffer is the
+  /// tensor's C-contiguous bytes (the package makes them from numpy arrays and host torch
+  /// tensors without a copy), offered as they are. A copier, `copy(runs, out)`, makes the
+  /// tensor staged (mpi::PublishedTensor::copy_out): each read, and each hashing piece, calls it
+  /// with the GIL to copy the runs ((source offset, destination offset, length) tuples) into the
+  /// writable memoryview `out` (a device tensor's bytes, which the host cannot address).
   std::shared_ptr<PyPublication> publish(const py::object& version, const py::object& base, const py::list& tensors) {
     if (!publisher_) throw Error(errc::invalid_argument, {}, "the publisher is closed");
     std::vector<mpi::PublishedTensor> offered;
@@ -147,6 +179,11 @@ class PyPublisher {
       Shape shape;
       for (const py::handle& d : py::reinterpret_borrow<py::sequence>(t[2]))
         shape.push_back(py::cast<std::uint64_t>(d));
+      keep.push_back(py::reinterpret_borrow<py::object>(t[3]));
+      if (PyCallable_Check(t[3].ptr())) {
+        offered.push_back({name, *dtype, std::move(shape), {}, staged_copier(t[3].ptr())});
+        continue;
+      }
       const py::buffer buffer = py::reinterpret_borrow<py::buffer>(t[3]);
       const py::buffer_info info = buffer.request();
       std::int64_t expected_stride = info.itemsize;
@@ -158,7 +195,6 @@ class PyPublisher {
       offered.push_back({name, *dtype, std::move(shape),
                          std::span<const std::byte>(static_cast<const std::byte*>(info.ptr),
                                                     static_cast<std::size_t>(info.size * info.itemsize))});
-      keep.push_back(py::reinterpret_borrow<py::object>(t[3]));
     }
     const std::string v = text_bytes(version, "version");
     const std::string b = base.is_none() ? std::string() : text_bytes(base, "base");
@@ -169,6 +205,10 @@ class PyPublisher {
     }
     return std::make_shared<PyPublication>(std::move(*p), std::move(keep));
   }
+  PyPublisher(const PyPublisher&) = delete;
+  PyPublisher& operator=(const PyPublisher&) = delete;
+  /// Withdraws what it still offers without the GIL: a staged tensor's read may be waiting for it.
+  ~PyPublisher() { close(); }
   bool offered(const py::object& version) const {
     return publisher_ && publisher_->offered(text_bytes(version, "version"));
   }

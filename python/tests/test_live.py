@@ -200,6 +200,85 @@ IN_PLACE_SCRIPT = textwrap.dedent(r'''
 ''')
 
 
+# Rank 0 publishes staged tensors (`staged=True`: the path a CUDA tensor always takes, here with
+# host numpy arrays and torch tensors): every read copies its bytes out through the package's
+# copier. Ranks 1 and 2 swap a ModelSlot to step-1 and to step-2 (a delta, which staged tensors
+# go as whole tensors). Then the torch tensor's storage goes away after step-3 is published, as a
+# lost device's memory would: both ranks' swaps fail with a BackendError naming it, and both
+# keep serving step-2. A version whose tensor is gone before publish() is refused there.
+STAGED_SCRIPT = textwrap.dedent(r'''
+    import sys
+    import numpy as np
+    import torch
+    import eredu
+
+    def weights(step):
+        rng = np.random.default_rng(step)
+        return {
+            "embed.weight": rng.standard_normal((64, 32)).astype(np.float32),
+            "mlp.up.weight": torch.from_numpy(rng.standard_normal((48, 32)).astype(np.float32)).to(torch.bfloat16),
+            "mlp.down.weight": rng.integers(-100, 100, (32, 48)).astype(np.int32),
+        }
+
+    def as_bytes(t):
+        if isinstance(t, torch.Tensor):
+            return t.contiguous().view(torch.uint8).numpy().tobytes()
+        return np.ascontiguousarray(t).tobytes()
+
+    group = eredu.LiveGroup(timeout=30)
+    rank = group.rank
+    if rank == 0:
+        with eredu.Publisher(group, linger=30) as publisher:
+            v1 = publisher.publish("step-1", weights(1), staged=True)
+            assert v1.wait_served(2, 60) and v1.served == 2, (v1.served, v1.failed)
+            v2 = publisher.publish("step-2", weights(2), base="step-1", staged=True)
+            assert v2.wait_served(2, 60) and v2.served == 2, (v2.served, v2.failed)
+            w3 = weights(3)
+            v3 = publisher.publish("step-3", w3, staged=True)
+            w3["mlp.up.weight"].storage().resize_(0)  # its memory is gone
+            assert v3.wait_served(2, 60) and v3.failed == 2, (v3.served, v3.failed)
+            w4 = weights(4)
+            w4["mlp.up.weight"].storage().resize_(0)
+            try:
+                publisher.publish("step-4", w4, staged=True)
+                raise AssertionError("a tensor whose memory is gone was published")
+            except eredu.BackendError as e:
+                assert "mlp.up.weight" in str(e), e
+            assert not publisher.offered("step-4")
+            done = publisher.publish("done", {"x": np.zeros(1, np.float32)})
+            assert done.wait_served(2, 60)
+        print("rank 0: published")
+        sys.exit(0)
+
+    with eredu.Subscriber(group, publisher=0, timeout=30) as subscriber:
+        slot = eredu.ModelSlot(framework="np")
+        for generation, tag in ((1, "step-1"), (2, "step-2")):
+            version = subscriber.open(tag, wait=60)
+            assert slot.swap_sync(version)["generation"] == generation
+            expected = weights(generation)
+            for name, t in expected.items():
+                assert slot.current()[name].tobytes() == as_bytes(t), (tag, name)
+            # Staged tensors go whole, never as a delta against step-1.
+            assert version.transferred_bytes == sum(len(as_bytes(t)) for t in expected.values()), tag
+            del version
+        v3 = subscriber.open("step-3", wait=60)
+        try:
+            slot.swap_sync(v3)
+            raise AssertionError("a version whose memory is gone was published")
+        except eredu.BackendError as e:
+            assert e.kind == "backend_failure", e.kind
+            assert "mlp.up.weight" in str(e) and "mpi://live/rank0/step-3" in str(e), e
+        del v3
+        assert slot.generation == 2
+        for name, t in weights(2).items():
+            assert slot.current()[name].tobytes() == as_bytes(t), name
+        done = subscriber.open("done", wait=60)
+        eredu.ModelSlot(framework="np").swap_sync(done)
+        del done
+    print(f"rank {rank}: ok")
+''')
+
+
 @pytest.mark.skipif(not eredu._live.available(), reason="this build has no live updates (no MPI)")
 @pytest.mark.skipif(MPIRUN is None, reason="mpirun is not installed")
 @pytest.mark.parametrize("transport", [None, "one_sided"])
@@ -259,3 +338,33 @@ def test_an_in_place_slot_patches_to_a_published_delta(tmp_path):
     assert result.returncode == 0, out
     for line in ("rank 0: published", "rank 1: ok", "rank 2: ok"):
         assert line in out, out
+
+
+@pytest.mark.skipif(not eredu._live.available(), reason="this build has no live updates (no MPI)")
+@pytest.mark.skipif(MPIRUN is None, reason="mpirun is not installed")
+def test_staged_tensors_are_copied_out_per_read(tmp_path):
+    script = tmp_path / "staged.py"
+    script.write_text(STAGED_SCRIPT)
+    result = subprocess.run([MPIRUN, *MPIRUN_FLAGS, "-np", "3", sys.executable, str(script)],
+                            capture_output=True, text=True, timeout=110)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    for line in ("rank 0: published", "rank 1: ok", "rank 2: ok"):
+        assert line in out, out
+
+
+def test_a_staged_copier_packs_each_run_where_it_is_asked():
+    # What the publisher asks of a staged tensor's copier: runs (source offset, destination
+    # offset, length) of one reply, in any order, into one buffer.
+    import numpy as np
+    from eredu._live import _host_copier, _tensor_copier
+    torch = pytest.importorskip("torch")
+    data = np.arange(64, dtype=np.uint8)
+    runs = [(40, 0, 8), (0, 8, 3), (63, 11, 1), (10, 12, 0)]
+    expected = bytes(data[40:48]) + bytes(data[0:3]) + bytes(data[63:64])
+    for copier in (_host_copier(data), _tensor_copier(torch.from_numpy(data.copy()).view(torch.int32))):
+        out = bytearray(b"\xff" * 13)
+        view = memoryview(out)
+        copier(runs, view)
+        view.release()  # nothing of the copier holds the reply's memory
+        assert bytes(out[:12]) == expected and out[12] == 0xff
