@@ -12,13 +12,16 @@ delta. Each round publishes one version per contender, in an order rotated each 
   offered   Publisher.publish(v, tensors): the tensors' memory is offered to MPI as it is
   staged    Publisher.publish(v, tensors, staged=True): every read (and every 8 MiB piece that
             publish() hashes) calls the package's copier with the GIL, which copies the asked
-            bytes into the reply: the path a torch CUDA tensor always takes
+            bytes into the reply: the path a torch CUDA tensor now takes
+  copied    Publisher.publish(v, {name: t.clone()}): a whole copy first, then offered, as a CUDA
+            tensor was before (`.cpu()`, a device-to-host copy, which this host-to-host clone
+            stands for); the copy is in the publish time, and is held until the withdrawal
 
-Publish: rank 0's publish() call (the digests, hashed through the copier when staged). Swap:
+Publish: rank 0's publish() call (the digests, hashed through the copier when staged; the
+whole copy when copied). Swap:
 the slower server's swap_sync of the opened version (its reads, verification and publication).
 Each server checks the bytes of one tensor per version (untimed). Prints the median with
-min-max of each, and the median of per-round staged / offered ratios, with the peak RSS (VmHWM)
-of each rank.
+min-max of each, and the medians of per-round ratios, with the peak RSS (VmHWM) of each rank.
 """
 import argparse
 import json
@@ -32,7 +35,7 @@ from pathlib import Path
 
 MIB = 1 << 20
 TENSORS = 16
-CONTENDERS = ("offered", "staged")
+CONTENDERS = ("offered", "staged", "copied")
 
 WORKER = r"""
 import json, sys, time
@@ -40,31 +43,35 @@ import numpy as np
 import torch
 import eredu
 size_mib, rounds, transport, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-contenders = ("offered", "staged")
+contenders = ("offered", "staged", "copied")
 def peak():
     with open("/proc/self/status") as f:
         return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmHWM:"))
 elements = size_mib * (1 << 20) // 2 // 16
-def weights(seed):
+def weights(seed, count=16):
     g = torch.Generator().manual_seed(seed)
     return {f"layers.{i}.weight": torch.randn(elements // 1024, 1024, generator=g).to(torch.bfloat16)
-            for i in range(16)}
+            for i in range(count)}
 group = eredu.LiveGroup(timeout=120, transport=transport)
 rank = group.rank
 records = []
-plan = [(r, contenders[(i + r) % 2]) for r in range(-1, rounds) for i in range(2)]  # round -1: warm-up
+plan = [(r, contenders[(i + r) % 3]) for r in range(-1, rounds) for i in range(3)]  # round -1: warm-up
 if rank == 0:
     sets = [weights(1), weights(2)]
     with eredu.Publisher(group, linger=120) as publisher:
         for n, (r, how) in enumerate(plan):
             start = time.perf_counter()
-            v = publisher.publish(f"v{n}", sets[n % 2], staged=(how == "staged"))
+            tensors = sets[n % 2]
+            if how == "copied":
+                tensors = {k: t.clone() for k, t in tensors.items()}
+            v = publisher.publish(f"v{n}", tensors, staged=(how == "staged"))
             publish_s = time.perf_counter() - start
             assert v.wait_served(2, 300) and v.served == 2, (v.served, v.failed)
             v.withdraw()
+            del tensors
             records.append({"round": r, "how": how, "publish_s": publish_s})
 else:
-    expected = [weights(1)["layers.0.weight"], weights(2)["layers.0.weight"]]
+    expected = [weights(1, 1)["layers.0.weight"], weights(2, 1)["layers.0.weight"]]
     with eredu.Subscriber(group, publisher=0, timeout=120) as subscriber:
         slot = eredu.ModelSlot(framework="pt")
         for n, (r, how) in enumerate(plan):
@@ -114,8 +121,12 @@ def main():
         print(f"{how:<10} {summary([publish[(r, how)] for r in rounds]):<22} "
               f"{summary([swap[(r, how)] for r in rounds]):<22}")
     for name, table in (("publish", publish), ("swap", swap)):
-        ratios = [table[(r, "staged")] / table[(r, "offered")] for r in rounds]
-        print(f"staged / offered, {name}, per round: {summary(ratios)}")
+        for base in ("offered", "copied"):
+            ratios = [table[(r, "staged")] / table[(r, base)] for r in rounds]
+            print(f"staged / {base}, {name}, per round: {summary(ratios)}")
+    totals = {how: [publish[(r, how)] + swap[(r, how)] for r in rounds] for how in CONTENDERS}
+    print(f"publish + swap, staged / copied, per round: "
+          f"{summary([s / c for s, c in zip(totals['staged'], totals['copied'])])}")
     print("peak RSS (VmHWM), MiB: " + ", ".join(f"rank {r} {ranks[r]['peak'] / MIB:.0f}" for r in range(3)))
 
 
