@@ -386,7 +386,7 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
       return;
     }
     if (head.kind == RequestKind::read_staged) {
-      reply(head, ReplyStatus::ok, read_staged(*p, r));
+      reply_staged(head, *p, r);
       return;
     }
     if (head.kind != RequestKind::digests)
@@ -511,9 +511,11 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
     send_done.notify_all();
   }
 
-  /// The bytes a read of a staged tensor asks for, copied out of its memory into the reply.
-  /// The caller checked that `p` is not withdrawn, and withdraw() waits for this worker.
-  static std::vector<std::byte> read_staged(const PublicationState& p, WireReader& r) {
+  /// Answers a read of a staged tensor with the bytes it asks for, copied out of its memory
+  /// into one reply buffer, not zeroed first (the copy writes every byte), once the reply is
+  /// known to fit the subscriber's reply memory. The caller checked that `p` is not withdrawn,
+  /// and withdraw() waits for this worker.
+  void reply_staged(const RequestHead& head, const PublicationState& p, WireReader& r) {
     const std::uint64_t index = r.u64();
     if (index >= p.manifest.tensors.size() || !p.copy_out[index])
       throw Error(errc::invalid_argument, {}, fmt::format("a staged read of tensor {}, which is not staged", index));
@@ -528,9 +530,16 @@ struct PublisherState : std::enable_shared_from_this<PublisherState> {
       if (length > 0) packed.push_back(ByteRun{.source_offset = offset, .dest_offset = at, .length = length});
       at += length;
     }
-    std::vector<std::byte> out(static_cast<std::size_t>(total));
-    copy_staged(p.copy_out[index], t, packed, out);  // one call: the copier may batch the runs
-    return out;
+    if (total > head.reply_capacity) {
+      refuse_too_large(head, total);
+      return;
+    }
+    auto out = std::make_shared<MessageBuffer>(static_cast<std::size_t>(total));
+    copy_staged(p.copy_out[index], t, packed, {out->data(), out->capacity()});  // one call: it may batch the runs
+    out->set_size(out->capacity());
+    const auto what = fmt::format("a reply to rank {}", head.sender);
+    send_header(head.sender, head.reply_tag, ReplyStatus::ok, total, what);
+    if (total > 0) send_message(comm, head.sender, head.reply_tag + 1, std::move(out), what, options.reply_timeout);
   }
 
   /// Withdraws `p` and detaches its memory (see Publication::withdraw).
