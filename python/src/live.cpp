@@ -213,6 +213,7 @@ class PyPublisher {
     return publisher_ && publisher_->offered(text_bytes(version, "version"));
   }
   void close() {
+    if (!publisher_) return;  // closed: the destructor at interpreter exit touches no GIL
     py::gil_scoped_release nogil;
     publisher_.reset();
   }
