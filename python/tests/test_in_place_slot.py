@@ -56,6 +56,8 @@ def test_swap_and_patch_write_into_the_same_storage(files):
     with slot.read() as w:
         assert w.generation == 2 and w["b.w"][0, 0] == 7 and w["b.w"][0, 1] == 1
         assert {k: address(w[k]) for k in w} == where  # the same storage, written in place
+        with pytest.raises(ValueError):  # the serving storage: a later patch trusts its digests
+            w["c.w"][0, 0] = 5
     report = asyncio.run(slot.patch(files["a2"]))  # the same bytes: nothing to write
     assert report["generation"] == 3 and report["written_bytes"] == 0
     report = asyncio.run(slot.swap(files["b"]))  # a staged copy, written in
