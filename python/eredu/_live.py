@@ -147,8 +147,16 @@ class _Endpoint:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        if exc is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except Error as e:
+            # The error in flight is the caller's, and its own frames may hold the versions that
+            # keep this open: raise it, not this, and leave the closing to close() or exit.
+            exc.add_note(f"eredu: the {type(self).__name__} was left open: {e}")
 
 
 class Publisher(_Endpoint):

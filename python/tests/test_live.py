@@ -279,6 +279,50 @@ STAGED_SCRIPT = textwrap.dedent(r'''
 ''')
 
 
+# An error raised inside `with eredu.Subscriber(...)` while a version it opened is still
+# referenced (by the raising frame) is the error the caller gets, with a note that the subscriber
+# was left open; it closes once the version is released.
+WITH_SCRIPT = textwrap.dedent(r'''
+    import sys
+    import numpy as np
+    import eredu
+
+    group = eredu.LiveGroup(timeout=30)
+    if group.rank == 0:
+        with eredu.Publisher(group) as publisher:
+            v = publisher.publish("x", {"w": np.arange(4096, dtype=np.float32)})
+            assert v.wait_served(2, 60), (v.served, v.failed)
+        print("rank 0: published")
+        sys.exit(0)
+    try:
+        with eredu.Subscriber(group, publisher=0) as subscriber:
+            held = subscriber.open("x", wait=60)
+            raise KeyError("the caller's own error")
+    except KeyError as e:
+        assert "the caller's own error" in str(e), e
+        notes = "".join(getattr(e, "__notes__", []))
+        assert "Subscriber was left open" in notes and "referenced" in notes, notes
+    slot = eredu.ModelSlot(framework="np")
+    slot.swap_sync(held)
+    del held
+    subscriber.close()
+    print(f"rank {group.rank}: ok")
+''')
+
+
+@pytest.mark.skipif(not eredu._live.available(), reason="this build has no live updates (no MPI)")
+@pytest.mark.skipif(MPIRUN is None, reason="mpirun is not installed")
+def test_an_error_inside_a_with_block_is_the_one_raised(tmp_path):
+    script = tmp_path / "with.py"
+    script.write_text(WITH_SCRIPT)
+    result = subprocess.run([MPIRUN, *MPIRUN_FLAGS, "-np", "3", sys.executable, str(script)],
+                            capture_output=True, text=True, timeout=110)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    for line in ("rank 0: published", "rank 1: ok", "rank 2: ok"):
+        assert line in out, out
+
+
 @pytest.mark.skipif(not eredu._live.available(), reason="this build has no live updates (no MPI)")
 @pytest.mark.skipif(MPIRUN is None, reason="mpirun is not installed")
 @pytest.mark.parametrize("transport", [None, "one_sided"])
