@@ -21,7 +21,21 @@ MPIRUN = shutil.which("mpirun")
 OMPI_SERVER = shutil.which("ompi-server")
 MPIRUN_FLAGS = ["--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1"]
 
-SCRIPT = textwrap.dedent(r'''
+
+def run_np3(tmp_path, name, text, env=None):
+    """Runs the script `text` under `mpirun -np 3` and checks that every rank said it was done."""
+    script = tmp_path / name
+    script.write_text(text)
+    result = subprocess.run([MPIRUN, *MPIRUN_FLAGS, "-np", "3", sys.executable, str(script)],
+                            capture_output=True, text=True, timeout=110, env=env)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    for line in ("rank 0: published", "rank 1: ok", "rank 2: ok"):
+        assert line in out, out
+
+# A small model of numpy arrays and a torch tensor per step, and the bytes of either kind: the
+# start of the scripts that publish it.
+MODEL = textwrap.dedent(r'''
     import os
     import sys
     import numpy as np
@@ -36,15 +50,17 @@ SCRIPT = textwrap.dedent(r'''
             "mlp.down.weight": rng.integers(-100, 100, (32, 48)).astype(np.int32),
         }
 
-    def step_4():
-        w = weights(2)  # step-2 with one tensor changed
-        w["mlp.down.weight"] = w["mlp.down.weight"] + 1
-        return w
-
     def as_bytes(t):
         if isinstance(t, torch.Tensor):
             return t.contiguous().view(torch.uint8).numpy().tobytes()
         return np.ascontiguousarray(t).tobytes()
+''')
+
+SCRIPT = MODEL + textwrap.dedent(r'''
+    def step_4():
+        w = weights(2)  # step-2 with one tensor changed
+        w["mlp.down.weight"] = w["mlp.down.weight"] + 1
+        return w
 
     # EREDU_TEST_JOIN="accept:NAME" (the trainer's job) or "connect:NAME" (the servers' job):
     # two jobs started separately (test_publish_and_swap_across_two_jobs).
@@ -206,25 +222,7 @@ IN_PLACE_SCRIPT = textwrap.dedent(r'''
 # go as whole tensors). Then the torch tensor's storage goes away after step-3 is published, as a
 # lost device's memory would: both ranks' swaps fail with a BackendError naming it, and both
 # keep serving step-2. A version whose tensor is gone before publish() is refused there.
-STAGED_SCRIPT = textwrap.dedent(r'''
-    import sys
-    import numpy as np
-    import torch
-    import eredu
-
-    def weights(step):
-        rng = np.random.default_rng(step)
-        return {
-            "embed.weight": rng.standard_normal((64, 32)).astype(np.float32),
-            "mlp.up.weight": torch.from_numpy(rng.standard_normal((48, 32)).astype(np.float32)).to(torch.bfloat16),
-            "mlp.down.weight": rng.integers(-100, 100, (32, 48)).astype(np.int32),
-        }
-
-    def as_bytes(t):
-        if isinstance(t, torch.Tensor):
-            return t.contiguous().view(torch.uint8).numpy().tobytes()
-        return np.ascontiguousarray(t).tobytes()
-
+STAGED_SCRIPT = MODEL + textwrap.dedent(r'''
     group = eredu.LiveGroup(timeout=30)
     rank = group.rank
     if rank == 0:
@@ -313,29 +311,15 @@ WITH_SCRIPT = textwrap.dedent(r'''
 @pytest.mark.skipif(not eredu._live.available(), reason="this build has no live updates (no MPI)")
 @pytest.mark.skipif(MPIRUN is None, reason="mpirun is not installed")
 def test_an_error_inside_a_with_block_is_the_one_raised(tmp_path):
-    script = tmp_path / "with.py"
-    script.write_text(WITH_SCRIPT)
-    result = subprocess.run([MPIRUN, *MPIRUN_FLAGS, "-np", "3", sys.executable, str(script)],
-                            capture_output=True, text=True, timeout=110)
-    out = result.stdout + result.stderr
-    assert result.returncode == 0, out
-    for line in ("rank 0: published", "rank 1: ok", "rank 2: ok"):
-        assert line in out, out
+    run_np3(tmp_path, "with.py", WITH_SCRIPT)
 
 
 @pytest.mark.skipif(not eredu._live.available(), reason="this build has no live updates (no MPI)")
 @pytest.mark.skipif(MPIRUN is None, reason="mpirun is not installed")
 @pytest.mark.parametrize("transport", [None, "one_sided"])
 def test_publish_and_swap_under_mpirun(tmp_path, transport):
-    script = tmp_path / "live.py"
-    script.write_text(SCRIPT)
     env = dict(os.environ, **({"EREDU_TEST_LIVE_TRANSPORT": transport} if transport else {}))
-    result = subprocess.run([MPIRUN, *MPIRUN_FLAGS, "-np", "3", sys.executable, str(script)],
-                            capture_output=True, text=True, timeout=110, env=env)
-    out = result.stdout + result.stderr
-    assert result.returncode == 0, out
-    for line in ("rank 0: published", "rank 1: ok", "rank 2: ok"):
-        assert line in out, out
+    run_np3(tmp_path, "live.py", SCRIPT, env=env)
 
 
 @pytest.mark.skipif(not eredu._live.available(), reason="this build has no live updates (no MPI)")
@@ -374,27 +358,13 @@ def test_publish_and_swap_across_two_jobs(tmp_path):
 @pytest.mark.skipif(not eredu._live.available(), reason="this build has no live updates (no MPI)")
 @pytest.mark.skipif(MPIRUN is None, reason="mpirun is not installed")
 def test_an_in_place_slot_patches_to_a_published_delta(tmp_path):
-    script = tmp_path / "in_place.py"
-    script.write_text(IN_PLACE_SCRIPT)
-    result = subprocess.run([MPIRUN, *MPIRUN_FLAGS, "-np", "3", sys.executable, str(script)],
-                            capture_output=True, text=True, timeout=110)
-    out = result.stdout + result.stderr
-    assert result.returncode == 0, out
-    for line in ("rank 0: published", "rank 1: ok", "rank 2: ok"):
-        assert line in out, out
+    run_np3(tmp_path, "in_place.py", IN_PLACE_SCRIPT)
 
 
 @pytest.mark.skipif(not eredu._live.available(), reason="this build has no live updates (no MPI)")
 @pytest.mark.skipif(MPIRUN is None, reason="mpirun is not installed")
 def test_staged_tensors_are_copied_out_per_read(tmp_path):
-    script = tmp_path / "staged.py"
-    script.write_text(STAGED_SCRIPT)
-    result = subprocess.run([MPIRUN, *MPIRUN_FLAGS, "-np", "3", sys.executable, str(script)],
-                            capture_output=True, text=True, timeout=110)
-    out = result.stdout + result.stderr
-    assert result.returncode == 0, out
-    for line in ("rank 0: published", "rank 1: ok", "rank 2: ok"):
-        assert line in out, out
+    run_np3(tmp_path, "staged.py", STAGED_SCRIPT)
 
 
 def test_a_staged_copier_packs_each_run_where_it_is_asked():

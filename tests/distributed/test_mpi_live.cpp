@@ -70,11 +70,8 @@ std::vector<Spec> live_specs() {
   };
 }
 
-/// The bytes of tensor `i` of version `seed`: the same on every rank, different per version.
-std::vector<std::byte> bytes_of(std::uint64_t seed, std::size_t i) {
-  const Spec s = live_specs()[i];
-  std::uint64_t n = dtype_bits(s.dtype) / 8;
-  for (std::uint64_t d : s.shape) n *= d;
+/// `n` pseudo-random bytes of stream `seed`, `i` (xorshift): the same on every rank.
+std::vector<std::byte> random_bytes(std::uint64_t seed, std::uint64_t i, std::size_t n) {
   std::vector<std::byte> out(n);
   std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + i;
   for (std::byte& b : out) {
@@ -84,6 +81,14 @@ std::vector<std::byte> bytes_of(std::uint64_t seed, std::size_t i) {
     b = static_cast<std::byte>(x);
   }
   return out;
+}
+
+/// The bytes of tensor `i` of version `seed`: the same on every rank, different per version.
+std::vector<std::byte> bytes_of(std::uint64_t seed, std::size_t i) {
+  const Spec s = live_specs()[i];
+  std::uint64_t n = dtype_bits(s.dtype) / 8;
+  for (std::uint64_t d : s.shape) n *= d;
+  return random_bytes(seed, i, static_cast<std::size_t>(n));
 }
 
 /// The trainer's weights of one version, as the publisher offers them.
@@ -975,25 +980,14 @@ TEST_CASE("live – a load that fails with reads in flight leaves the publisher 
   LiveEnv env(timeout, std::size_t{64} << 10, std::chrono::seconds(20), true, 4 * part, part);
   // Two 1 MiB row-split tensors (8 parts per rank each) around a small one offered staged, whose
   // copies fail once `broken` is set (after publish() has hashed it), as a lost device's would.
-  const auto bytes = [](std::uint64_t seed, std::size_t n) {
-    std::vector<std::byte> out(n);
-    std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + n;
-    for (std::byte& b : out) {
-      x ^= x << 13;
-      x ^= x >> 7;
-      x ^= x << 17;
-      b = static_cast<std::byte>(x);
-    }
-    return out;
-  };
   std::atomic<bool> broken{false};
   if (env.publishing()) {
     std::deque<std::vector<std::byte>> kept;  // every version's memory, offered to the end (never moved)
     std::vector<mpi::Publication> offered;
     for (std::uint64_t v = 1; v <= 3; ++v) {
-      kept.push_back(bytes(v, std::size_t{1} << 20));
-      kept.push_back(bytes(v + 10, 512));
-      kept.push_back(bytes(v + 20, std::size_t{1} << 20));
+      kept.push_back(random_bytes(v, 100, std::size_t{1} << 20));
+      kept.push_back(random_bytes(v, 101, 512));
+      kept.push_back(random_bytes(v, 102, std::size_t{1} << 20));
       const std::vector<std::byte>* norm = &kept[kept.size() - 2];
       std::vector<mpi::PublishedTensor> tensors{
           {"model.embed_tokens.weight", DType::F32, {2048, 128}, kept[kept.size() - 3]},
